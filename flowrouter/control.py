@@ -1,0 +1,303 @@
+"""Control-message payloads: versioned, validated, one codec for every control frame.
+
+Every control payload starts with ``version (1 byte) | type (1 byte)``. Link-local messages
+(HELLO, ERROR, LS_ROUTES) travel on the reserved link-local flow; per-flow messages (JOIN,
+JOIN_ACK, LEAVE, MASK, PING, PONG) travel on the flow they concern, on the membership band (or
+the GC band for PING/PONG), and are consumed and regenerated hop by hop. FAULT travels to
+applications on :data:`~flowrouter.bands.BAND_FAULT`.
+
+A decoder that meets anything unexpected raises :class:`~flowrouter.header.MalformedFrame`; the
+router then drops the offending link (never itself).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+
+from .header import MalformedFrame
+
+CONTROL_VERSION = 1
+PROTOCOL_MAGIC = b"FLOW"
+
+
+class Role(enum.IntEnum):
+    ROUTER = 1
+    ENDPOINT = 2
+
+
+class MsgType(enum.IntEnum):
+    HELLO = 1
+    ERROR = 2
+    LS_ROUTES = 3
+    JOIN = 10
+    JOIN_ACK = 11
+    LEAVE = 12
+    MASK = 13
+    PING = 14
+    PONG = 15
+    FAULT = 20
+
+
+class JoinStatus(enum.IntEnum):
+    OK = 0
+    REFUSED = 1
+    NO_ROUTE = 2
+    TIMEOUT = 3
+    LIMIT = 4
+
+
+class FaultKind(enum.IntEnum):
+    LINK_DOWN = 1
+    LIMIT = 2
+    OVERFLOW = 3
+    FAILOVER = 4
+
+
+JOIN_FLAG_ADVERTISE = 0x01  #: sender-only: install the path toward the core, receive nothing
+
+_PREFIX = struct.Struct("!BB")
+
+
+class _Reader:
+    __slots__ = ("buf", "pos", "what")
+
+    def __init__(self, buf: bytes | memoryview, what: str) -> None:
+        self.buf = buf
+        self.pos = _PREFIX.size
+        self.what = what
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise MalformedFrame("bad-control", f"{self.what} truncated")
+        out = bytes(self.buf[self.pos:end])
+        self.pos = end
+        return out
+
+    def unpack(self, st: struct.Struct) -> tuple[int, ...]:
+        return st.unpack(self.take(st.size))
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def text(self, limit: int = 255) -> str:
+        n = self.u8() if limit <= 255 else int.from_bytes(self.take(2), "big")
+        try:
+            return self.take(n).decode("utf-8")
+        except UnicodeDecodeError:
+            raise MalformedFrame("bad-control", f"{self.what} has a non-UTF-8 string") from None
+
+    def blob(self) -> bytes:
+        return self.take(int.from_bytes(self.take(2), "big"))
+
+    def end(self) -> None:
+        if self.pos != len(self.buf):
+            raise MalformedFrame("bad-control", f"{self.what} has {len(self.buf) - self.pos} "
+                                                "trailing bytes")
+
+
+def _text(s: str, wide: bool = False) -> bytes:
+    raw = s.encode("utf-8")
+    limit = 0xFFFF if wide else 0xFF
+    raw = raw[:limit]
+    return (len(raw).to_bytes(2, "big") if wide else bytes([len(raw)])) + raw
+
+
+def _blob(b: bytes) -> bytes:
+    if len(b) > 0xFFFF:
+        raise ValueError("control blob too long")
+    return len(b).to_bytes(2, "big") + b
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First frame on every link, both ways: who is speaking and what it can take."""
+
+    node_id: int
+    role: Role
+    name: str
+    max_payload: int
+    default_lsid: int = 0  #: the LSID this router suggests for new flows (routers only)
+    credentials: bytes = b""
+    TYPE = MsgType.HELLO
+    _ST = struct.Struct("!4sQBII")
+
+    def encode(self) -> bytes:
+        return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
+                + self._ST.pack(PROTOCOL_MAGIC, self.node_id, self.role, self.max_payload,
+                                self.default_lsid)
+                + _text(self.name) + _blob(self.credentials))
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """Sent before closing a link so the peer's log says why."""
+
+    code: int
+    text: str
+    TYPE = MsgType.ERROR
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.code.to_bytes(2, "big") + _text(
+            self.text, wide=True)
+
+
+@dataclass(frozen=True, slots=True)
+class LsRoutes:
+    """Distance-vector advertisement of the location services a router can reach."""
+
+    routes: tuple[tuple[int, int], ...]  #: (lsid, distance in router hops)
+    TYPE = MsgType.LS_ROUTES
+    _ENTRY = struct.Struct("!IB")
+
+    def encode(self) -> bytes:
+        return (_PREFIX.pack(CONTROL_VERSION, self.TYPE) + len(self.routes).to_bytes(2, "big")
+                + b"".join(self._ENTRY.pack(lsid, dist) for lsid, dist in self.routes))
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    req_id: int
+    mask: int
+    flags: int = 0
+    TYPE = MsgType.JOIN
+    _ST = struct.Struct("!I16sB")
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(
+            self.req_id, self.mask.to_bytes(16, "big"), self.flags)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAck:
+    req_id: int
+    status: JoinStatus
+    reason: str = ""
+    TYPE = MsgType.JOIN_ACK
+    _ST = struct.Struct("!IB")
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(
+            self.req_id, self.status) + _text(self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    TYPE = MsgType.LEAVE
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE)
+
+
+@dataclass(frozen=True, slots=True)
+class Mask:
+    """The sender's new aggregate mask for this flow (sent upstream when it changes)."""
+
+    mask: int
+    TYPE = MsgType.MASK
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.mask.to_bytes(16, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    epoch: int
+    TYPE = MsgType.PING
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.epoch.to_bytes(4, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    epoch: int
+    TYPE = MsgType.PONG
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.epoch.to_bytes(4, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Application-visible fault notice (band FAULT)."""
+
+    kind: FaultKind
+    origin: str  #: router or endpoint name that saw it
+    detail: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+    TYPE = MsgType.FAULT
+
+    def encode(self) -> bytes:
+        body = _PREFIX.pack(CONTROL_VERSION, self.TYPE) + bytes([self.kind]) + _text(
+            self.origin) + _text(self.detail, wide=True) + bytes([len(self.extra)])
+        for k, v in list(self.extra.items())[:255]:
+            body += _text(k) + _text(v, wide=True)
+        return body
+
+
+ControlMessage = Hello | Error | LsRoutes | Join | JoinAck | Leave | Mask | Ping | Pong | Fault
+
+
+def decode(payload: bytes | memoryview) -> ControlMessage:
+    """Decode any control payload; raises MalformedFrame with a precise reason."""
+    if len(payload) < _PREFIX.size:
+        raise MalformedFrame("bad-control", f"control payload of {len(payload)} bytes")
+    version, mtype = _PREFIX.unpack_from(payload)
+    if version != CONTROL_VERSION:
+        raise MalformedFrame("bad-version", f"control version {version}, this router speaks "
+                                            f"{CONTROL_VERSION}")
+    try:
+        t = MsgType(mtype)
+    except ValueError:
+        raise MalformedFrame("bad-control", f"unknown control type {mtype}") from None
+    r = _Reader(payload, t.name)
+    msg: ControlMessage
+    if t is MsgType.HELLO:
+        magic, node_id, role, max_payload, lsid = r.unpack(Hello._ST)  # type: ignore[assignment]
+        if magic != PROTOCOL_MAGIC:  # type: ignore[comparison-overlap]
+            raise MalformedFrame("bad-hello", "wrong protocol magic")
+        try:
+            role_e = Role(role)
+        except ValueError:
+            raise MalformedFrame("bad-hello", f"unknown role {role}") from None
+        msg = Hello(node_id, role_e, r.text(), max_payload, lsid, r.blob())
+    elif t is MsgType.ERROR:
+        code = int.from_bytes(r.take(2), "big")
+        msg = Error(code, r.text(limit=0xFFFF))
+    elif t is MsgType.LS_ROUTES:
+        n = int.from_bytes(r.take(2), "big")
+        msg = LsRoutes(tuple(r.unpack(LsRoutes._ENTRY) for _ in range(n)))  # type: ignore[misc]
+    elif t is MsgType.JOIN:
+        req, mask, flags = r.unpack(Join._ST)
+        msg = Join(req, int.from_bytes(mask, "big"), flags)  # type: ignore[arg-type]
+    elif t is MsgType.JOIN_ACK:
+        req, status = r.unpack(JoinAck._ST)
+        try:
+            st = JoinStatus(status)
+        except ValueError:
+            raise MalformedFrame("bad-control", f"unknown join status {status}") from None
+        msg = JoinAck(req, st, r.text())
+    elif t is MsgType.LEAVE:
+        msg = Leave()
+    elif t is MsgType.MASK:
+        msg = Mask(int.from_bytes(r.take(16), "big"))
+    elif t is MsgType.PING:
+        msg = Ping(int.from_bytes(r.take(4), "big"))
+    elif t is MsgType.PONG:
+        msg = Pong(int.from_bytes(r.take(4), "big"))
+    else:  # FAULT
+        try:
+            kind = FaultKind(r.u8())
+        except ValueError:
+            raise MalformedFrame("bad-control", "unknown fault kind") from None
+        origin, detail = r.text(), r.text(limit=0xFFFF)
+        extra = {}
+        for _ in range(r.u8()):
+            k = r.text()
+            extra[k] = r.text(limit=0xFFFF)
+        msg = Fault(kind, origin, detail, extra)
+    r.end()
+    return msg

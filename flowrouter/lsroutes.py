@@ -1,0 +1,103 @@
+"""The location-service table: which link leads toward each LSID.
+
+Three sources, in order of precedence:
+
+1. this router is the core for the LSID (distance 0, no link);
+2. a static route from the config (LSID -> neighbour name), used while that neighbour is up;
+3. routes learned from neighbours by a small distance vector (LS_ROUTES messages), so an
+   overlay needs only its core routers configured, and reroutes when a link dies;
+4. the configured default neighbour.
+
+The distance vector uses split horizon with poisoned reverse and a small infinity, which is
+enough for the handful of LSIDs an overlay carries.
+"""
+
+from __future__ import annotations
+
+INFINITY = 32
+
+
+class LsRouting:
+    def __init__(self, core_lsids: frozenset[int], static: dict[int, str],
+                 default: str | None) -> None:
+        self.core = core_lsids
+        self.static = dict(static)
+        self.default = default
+        self.by_name: dict[str, int] = {}  #: neighbour router name -> link id (up links)
+        self.names: dict[int, str] = {}
+        self.learned: dict[int, dict[int, int]] = {}  #: lsid -> {link: distance}
+        self._best: dict[int, tuple[int, int | None]] = {}
+
+    # events -------------------------------------------------------------------------------
+    def link_up(self, link_id: int, name: str) -> None:
+        self.by_name.setdefault(name, link_id)
+        self.names[link_id] = name
+
+    def link_down(self, link_id: int) -> bool:
+        name = self.names.pop(link_id, None)
+        if name is not None and self.by_name.get(name) == link_id:
+            del self.by_name[name]
+            for lid, n in self.names.items():  # another link to the same neighbour
+                if n == name:
+                    self.by_name[name] = lid
+                    break
+        for routes in self.learned.values():
+            routes.pop(link_id, None)
+        return self._recompute()
+
+    def update(self, link_id: int, routes: tuple[tuple[int, int], ...]) -> bool:
+        """A neighbour's full vector replaced what we knew from it; True if our best changed."""
+        for per_lsid in self.learned.values():
+            per_lsid.pop(link_id, None)
+        for lsid, dist in routes:
+            if lsid and dist < INFINITY:
+                self.learned.setdefault(lsid, {})[link_id] = dist
+        return self._recompute()
+
+    def _recompute(self) -> bool:
+        best: dict[int, tuple[int, int | None]] = {lsid: (0, None) for lsid in self.core}
+        for lsid, per_link in self.learned.items():
+            if lsid in best or not per_link:
+                continue
+            lid, dist = min(per_link.items(), key=lambda kv: (kv[1], kv[0]))
+            if dist + 1 < INFINITY:
+                best[lsid] = (dist + 1, lid)
+        changed = best != self._best
+        self._best = best
+        return changed
+
+    # queries ------------------------------------------------------------------------------
+    def link_for(self, lsid: int) -> int | None:
+        name = self.static.get(lsid)
+        if name is not None and name in self.by_name:
+            return self.by_name[name]
+        best = self._best.get(lsid)
+        if best is not None and best[1] is not None:
+            return best[1]
+        if self.default is not None:
+            return self.by_name.get(self.default)
+        return None
+
+    def known_lsids(self) -> set[int]:
+        return set(self._best) | set(self.static)
+
+    def vector_for(self, link_id: int) -> tuple[tuple[int, int], ...]:
+        """What we tell neighbour *link_id* (poisoned reverse for routes through it)."""
+        return tuple(sorted(
+            (lsid, INFINITY if via == link_id else dist)
+            for lsid, (dist, via) in self._best.items()))
+
+    def table(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for lsid in sorted(self.known_lsids()):
+            lid = None if lsid in self.core else self.link_for(lsid)
+            dist, _ = self._best.get(lsid, (None, None))
+            rows.append({"lsid": f"{lsid:#x}", "core": lsid in self.core, "link": lid,
+                         "distance": dist,
+                         "source": "core" if lsid in self.core else
+                         "static" if lsid in self.static else "learned"})
+        if self.default:
+            rows.append({"lsid": "default", "core": False,
+                         "link": self.by_name.get(self.default), "distance": None,
+                         "source": "static"})
+        return rows

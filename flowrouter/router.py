@@ -1,0 +1,600 @@
+"""The sans-I/O flow router: events in, actions out, the clock passed in.
+
+The asyncio daemon (:mod:`flowrouter.runtime`) and the simulator drive this same object. It
+owns no sockets and never reads the time: every event method takes ``now`` (seconds, any
+monotonic origin) and returns a list of actions for the caller to carry out:
+
+* :class:`Send` ``(link, header, payload)`` — write one frame; ``payload`` is a view into the
+  received buffer (never copied), ``header`` a fresh 24 bytes;
+* :class:`Close` ``(link, reason)`` — close that link's transport (the router has already
+  forgotten it).
+
+Forwarding follows DESIGN.md section 6; join/leave/mask and the epoch GC follow seed 002
+sections 3.4 and 4.2.6. See the module docs of :mod:`flowrouter.bands` and
+:mod:`flowrouter.header` for the band allocation and the wire format.
+
+Locality semantics (the seed leaves the edge case open): a message's locality value is a
+budget; crossing a link costs the link's modifier for that locality type, and a copy whose
+budget would fall below zero is not sent on that link. So value 0 reaches only zero-cost
+links (the same host), and geography value 2 stays within the site when inter-site links
+cost 3. TTL counts routers: a router drops a message that arrives with TTL 0 and does not
+hand a TTL-0 copy to another router (endpoints still get it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from . import control as C
+from .bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END
+from .flowid import LINK_LOCAL_FLOW, flow_text, key_lsid
+from .header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, HEADER_SIZE, OFF_LOC_TYPE,
+                     OFF_LOC_VALUE, OFF_TTL, MalformedFrame, pack_header)
+from .lsroutes import LsRouting
+from .tables import FlowEntry, Link, LinkState, Modifiers
+
+log = logging.getLogger("flowrouter.core")
+
+_LINK_KEY = LINK_LOCAL_FLOW.key
+_ZERO_LSID = b"\0\0\0\0"
+
+
+class Send(NamedTuple):
+    link: int
+    header: bytes
+    payload: bytes | memoryview
+
+
+class Close(NamedTuple):
+    link: int
+    reason: str
+
+
+Action = Send | Close
+
+
+@dataclass(slots=True)
+class RouterParams:
+    """Everything the core needs to know about itself (the daemon's TOML fills it in)."""
+
+    name: str
+    node_id: int
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    #: LSIDs for which this router is the core of the shared trees
+    core_lsids: frozenset[int] = frozenset()
+    #: LSID suggested to endpoints for new flows (0: the first core LSID known)
+    default_lsid: int = 0
+    #: static LS routes: LSID -> name of the neighbouring router toward it
+    routes: dict[int, str] = field(default_factory=dict)
+    #: neighbour used for LSIDs with no other route
+    default_route: str | None = None
+    epoch_length: float = 5.0  #: seconds per GC epoch
+    gc_ping_after: int = 3  #: T1: idle epochs on (flow, link) before a keep-alive ping
+    gc_delete_after: int = 6  #: T2: idle epochs before the link leaves the entry
+    join_timeout: float = 5.0  #: seconds an upstream join may stay unanswered
+    max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
+    handshake_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.gc_delete_after > self.gc_ping_after >= 1:
+            raise ValueError("GC thresholds need 1 <= gc_ping_after (T1) < gc_delete_after (T2)")
+        if self.epoch_length <= 0:
+            raise ValueError("epoch_length must be positive")
+
+
+class Router:
+    """One overlay router's state machine."""
+
+    def __init__(self, params: RouterParams, now: float = 0.0) -> None:
+        self.p = params
+        self.links: dict[int, Link] = {}
+        self.flows: dict[bytes, FlowEntry] = {}
+        self.counters: Counter[str] = Counter()
+        self.routing = LsRouting(params.core_lsids, params.routes, params.default_route)
+        self.started = now
+        self.epoch = 0
+        self._next_req = 1
+        self._gc_keys: list[bytes] = []
+        self._gc_pos = 0
+        self._gc_last = now
+        self._hello_cache: dict[bool, bytes] = {}
+
+    # ------------------------------------------------------------------ links
+    def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
+                  modifiers: Modifiers | None = None, expected_peer: str | None = None
+                  ) -> list[Action]:
+        """A transport connected (either direction): say HELLO and await the peer's."""
+        if link_id in self.links:
+            raise ValueError(f"link id {link_id} is already in use")
+        mods = (modifiers or Modifiers()).as_tuple()
+        self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
+                                   opened_at=now)
+        hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
+                        self.default_lsid()).encode()
+        return [Send(link_id, pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
+
+    def default_lsid(self) -> int:
+        if self.p.default_lsid:
+            return self.p.default_lsid
+        known = self.routing.known_lsids()
+        return min(known) if known else 0
+
+    def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
+        """The transport is gone (or we dropped it): repair every flow that used it."""
+        link = self.links.pop(link_id, None)
+        if link is None:
+            return []
+        was_up = link.state is LinkState.UP
+        link.state = LinkState.DOWN
+        log.info("%s %s: %s", "lost" if was_up else "gave up on", link.describe(), reason)
+        self.counters["links.down"] += 1
+        out: list[Action] = []
+        if link.role is C.Role.ROUTER:
+            out += self._advertise_routes(self.routing.link_down(link_id))
+        for key in link.dependent:
+            entry = self.flows.get(key)
+            if entry is None:
+                continue
+            fault = C.Fault(C.FaultKind.LINK_DOWN, self.p.name,
+                            f"{link.describe()} went down: {reason}",
+                            {"peer": link.peer_name, "flow": flow_text(key)})
+            if entry.upstream == link_id:
+                entry.upstream = None
+                entry.joined = False
+                out += self._rejoin(key, entry, now)
+            else:
+                entry.down.pop(link_id, None)
+                entry.traffic.pop(link_id, None)
+                entry.pinged.pop(link_id, None)
+                entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
+            if key in self.flows:
+                out += self._emit_fault(key, entry, fault)
+                out += self._after_change(key, entry, now)
+        return out
+
+    def _rejoin(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+        """Our path to the core broke: graft the subtree back on by the next best route."""
+        lsid = key_lsid(key)
+        if lsid in self.p.core_lsids:
+            entry.joined = True
+            return []
+        up = self.routing.link_for(lsid)
+        if up is None or up in entry.down:
+            self.counters["flows.orphaned"] += 1
+            return []
+        entry.upstream = up
+        self.links[up].dependent.add(key)
+        return self._send_join_up(key, entry, now)
+
+    # ------------------------------------------------------------------ receive
+    def receive(self, link_id: int, header: memoryview | bytes, payload: memoryview | bytes,
+                now: float) -> list[Action]:
+        """One frame arrived on *link_id* (already split by the FrameDecoder or datagram)."""
+        link = self.links.get(link_id)
+        if link is None:
+            return []
+        link.rx += 1
+        try:
+            if link.state is not LinkState.UP:
+                return self._handshake(link, header, payload, now)
+            band = header[20]
+            if band < ROUTER_BANDS_END or header[8:12] == _ZERO_LSID:
+                return self._admin(link, header, payload, band, now)
+            return self._forward(link_id, link, header, payload, band)
+        except MalformedFrame as exc:
+            return self.drop_link(link_id, exc, now)
+
+    def drop_link(self, link_id: int, exc: MalformedFrame, now: float) -> list[Action]:
+        """Count and report a malformed frame, tell the peer why, and drop only that link."""
+        link = self.links.get(link_id)
+        self.counters["malformed"] += 1
+        self.counters[f"malformed.{exc.reason}"] += 1
+        desc = link.describe() if link else f"link {link_id}"
+        log.warning("%s: malformed frame (%s); dropping the link", desc, exc)
+        err = C.Error(1, f"malformed frame: {exc}").encode()
+        out: list[Action] = [Send(link_id, pack_header(_LINK_KEY, len(err), BAND_MEMBERSHIP),
+                                  err)]
+        out += self.close_link(link_id, now, f"malformed frame ({exc.reason})")
+        out.append(Close(link_id, f"malformed frame: {exc}"))
+        return out
+
+    def _handshake(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
+                   now: float) -> list[Action]:
+        if bytes(header[:16]) != _LINK_KEY:
+            raise MalformedFrame("no-hello", "first frame on a link must be HELLO")
+        msg = C.decode(payload)
+        if isinstance(msg, C.Error):
+            log.warning("%s refused us: %s", link.describe(), msg.text)
+            out = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
+            return out + [Close(link.link_id, "refused by peer")]
+        if not isinstance(msg, C.Hello):
+            raise MalformedFrame("no-hello", f"first frame on a link must be HELLO, got "
+                                             f"{type(msg).__name__}")
+        if link.expected_peer and msg.name != link.expected_peer:
+            log.warning("%s: expected router %r, it says it is %r", link.describe(),
+                        link.expected_peer, msg.name)
+        link.role = msg.role
+        link.peer_name = msg.name
+        link.peer_node_id = msg.node_id
+        link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload or 0)
+        link.state = LinkState.UP
+        self.counters["links.up"] += 1
+        log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
+        if msg.role is C.Role.ROUTER:
+            self.routing.link_up(link.link_id, msg.name)
+            return self._advertise_routes(changed=True, only=link.link_id)
+        return []
+
+    # ------------------------------------------------------------------ forwarding
+    def _forward(self, link_id: int, link: Link, header: memoryview | bytes,
+                 payload: memoryview | bytes, band: int) -> list[Action]:
+        counters = self.counters
+        ttl = header[OFF_TTL]
+        if ttl == 0:
+            counters["drop.ttl"] += 1
+            return []
+        key = bytes(header[:16])
+        entry = self.flows.get(key)
+        bit = 1 << band
+        if entry is None:
+            lsid = key_lsid(key)
+            if lsid in self.p.core_lsids:
+                counters["drop.no-members"] += 1
+                return []
+            out_link = self.routing.link_for(lsid)
+            if out_link is None:
+                counters["drop.no-route"] += 1
+                return []
+            if out_link == link_id:
+                counters["drop.no-state"] += 1
+                return []
+            targets = [out_link]
+            counters["forward.toward-core"] += 1
+        else:
+            if link_id in entry.down:
+                entry.traffic[link_id] = self.epoch
+            up = entry.upstream
+            if link_id == up:
+                if not entry.agg & bit:
+                    counters["drop.band-filtered"] += 1
+                    return []
+                targets = [lk for lk, m in entry.down.items() if m & bit]
+            else:
+                targets = [lk for lk, m in entry.down.items() if m & bit and lk != link_id]
+                if up is not None:
+                    targets.append(up)
+            if not targets:
+                counters["drop.no-receivers"] += 1
+                return []
+        return self._emit(targets, key, header, payload, band, ttl - 1)
+
+    def _emit(self, targets: list[int], key: bytes, header: memoryview | bytes,
+              payload: memoryview | bytes, band: int, ttl: int) -> list[Action]:
+        """Build one header per distinct (TTL, locality) and a Send per target link."""
+        links = self.links
+        loc_type = header[OFF_LOC_TYPE]
+        size = len(payload)
+        out: list[Action] = []
+        counters = self.counters
+        if loc_type == 0:
+            hdr = pack_header(key, size, band, 0, 0, ttl)
+            for t in targets:
+                lk = links[t]
+                if ttl == 0 and lk.role is C.Role.ROUTER:
+                    counters["drop.ttl"] += 1
+                    continue
+                if size > lk.max_payload:
+                    counters["drop.too-big-for-link"] += 1
+                    continue
+                lk.tx += 1
+                out.append(Send(t, hdr, payload))
+        else:
+            value = header[OFF_LOC_VALUE]
+            cache: dict[int, bytes] = {}
+            for t in targets:
+                lk = links[t]
+                left = value - lk.modifiers[loc_type]
+                if left < 0:
+                    counters["drop.locality"] += 1
+                    continue
+                if ttl == 0 and lk.role is C.Role.ROUTER:
+                    counters["drop.ttl"] += 1
+                    continue
+                if size > lk.max_payload:
+                    counters["drop.too-big-for-link"] += 1
+                    continue
+                hdr = cache.get(left)
+                if hdr is None:
+                    hdr = cache[left] = pack_header(key, size, band, loc_type, left, ttl)
+                lk.tx += 1
+                out.append(Send(t, hdr, payload))
+        counters["forwarded"] += len(out)
+        return out
+
+    # ------------------------------------------------------------------ administration
+    def _admin(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
+               band: int, now: float) -> list[Action]:
+        msg = C.decode(payload)
+        key = bytes(header[:16])
+        if key[8:12] == _ZERO_LSID:
+            if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:
+                return self._advertise_routes(self.routing.update(link.link_id, msg.routes))
+            if isinstance(msg, C.Error):
+                log.warning("%s reports: %s", link.describe(), msg.text)
+                return []
+            raise MalformedFrame("bad-control", f"{type(msg).__name__} is not a link-local "
+                                                "message")
+        if band >= ROUTER_BANDS_END:  # pragma: no cover - guarded by the caller
+            raise MalformedFrame("bad-control", "admin message on a data band")
+        self.counters[f"control.{type(msg).__name__.lower()}"] += 1
+        if isinstance(msg, C.Join):
+            return self._on_join(link, key, msg, now)
+        if isinstance(msg, C.JoinAck):
+            return self._on_join_ack(link, key, msg, now)
+        if isinstance(msg, C.Leave):
+            return self._on_leave(link, key, now)
+        if isinstance(msg, C.Mask):
+            return self._on_mask(link, key, msg, now)
+        if isinstance(msg, C.Ping):
+            return self._on_ping(link, key, msg)
+        if isinstance(msg, C.Pong):
+            return self._on_pong(link, key, msg)
+        raise MalformedFrame("bad-control", f"{type(msg).__name__} on band {band} of a flow")
+
+    def _control(self, link_id: int, key: bytes, msg: C.ControlMessage,
+                 band: int = BAND_MEMBERSHIP) -> Send:
+        body = msg.encode()
+        return Send(link_id, pack_header(key, len(body), band), body)
+
+    def _on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
+        lid = link.link_id
+        entry = self.flows.get(key)
+        if entry is None:
+            if len(self.flows) >= self.p.max_flows:
+                self.counters["refused.flow-limit"] += 1
+                log.warning("flow table full (%d entries): refusing join of %s from %s",
+                            len(self.flows), flow_text(key), link.describe())
+                return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.LIMIT,
+                                                          "router flow table is full"))]
+            lsid = key_lsid(key)
+            if lsid in self.p.core_lsids:
+                entry = FlowEntry(None, True, now)
+            else:
+                up = self.routing.link_for(lsid)
+                if up is None or up == lid:
+                    self.counters["refused.no-route"] += 1
+                    return [self._control(lid, key, C.JoinAck(
+                        msg.req_id, C.JoinStatus.NO_ROUTE,
+                        f"router {self.p.name} has no route to location service {lsid:#x}"))]
+                entry = FlowEntry(up, False, now)
+                self.links[up].dependent.add(key)
+            self.flows[key] = entry
+            self.counters["flows.created"] += 1
+        elif lid == entry.upstream:
+            return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
+                                                      "join arrived from the upstream side"))]
+        entry.down[lid] = msg.mask
+        entry.traffic[lid] = self.epoch
+        link.dependent.add(key)
+        entry.recompute()
+        if entry.joined:
+            out: list[Action] = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
+            return out + self._push_mask(key, entry)
+        entry.waiting.append((lid, msg.req_id))
+        if entry.up_req is None:
+            return self._send_join_up(key, entry, now)
+        return []
+
+    def _send_join_up(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+        assert entry.upstream is not None
+        req = self._next_req
+        self._next_req = (req + 1) & 0xFFFFFFFF or 1
+        entry.up_req = req
+        entry.up_req_at = now
+        entry.sent_up_mask = entry.agg
+        return [self._control(entry.upstream, key, C.Join(req, entry.agg))]
+
+    def _on_join_ack(self, link: Link, key: bytes, msg: C.JoinAck, now: float) -> list[Action]:
+        entry = self.flows.get(key)
+        if entry is None or link.link_id != entry.upstream or entry.up_req != msg.req_id:
+            self.counters["control.stale-ack"] += 1
+            return []
+        entry.up_req = None
+        waiting, entry.waiting = entry.waiting, []
+        if msg.status is C.JoinStatus.OK:
+            entry.joined = True
+            out: list[Action] = [self._control(lk, key, C.JoinAck(r, C.JoinStatus.OK))
+                                 for lk, r in waiting]
+            return out + self._push_mask(key, entry)
+        log.info("join of %s refused upstream: %s (%s)", flow_text(key), msg.status.name,
+                 msg.reason)
+        out = [self._control(lk, key, C.JoinAck(r, msg.status, msg.reason)) for lk, r in waiting]
+        self._remove_entry(key, entry)
+        return out
+
+    def _on_leave(self, link: Link, key: bytes, now: float) -> list[Action]:
+        entry = self.flows.get(key)
+        if entry is None or link.link_id not in entry.down:
+            self.counters["control.stale-leave"] += 1
+            return []
+        self._drop_down(entry, key, link.link_id)
+        return self._after_change(key, entry, now)
+
+    def _on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]:
+        entry = self.flows.get(key)
+        if entry is None or link.link_id not in entry.down:
+            self.counters["control.stale-mask"] += 1
+            return []
+        entry.down[link.link_id] = msg.mask
+        entry.traffic[link.link_id] = self.epoch
+        entry.recompute()
+        return self._push_mask(key, entry)
+
+    def _on_ping(self, link: Link, key: bytes, msg: C.Ping) -> list[Action]:
+        entry = self.flows.get(key)
+        if entry is None or link.link_id != entry.upstream or entry.ping_epoch == self.epoch:
+            return []
+        entry.ping_epoch = self.epoch
+        self.counters["gc.pings-relayed"] += 1
+        return [self._control(lk, key, msg, BAND_GC) for lk in entry.down]
+
+    def _on_pong(self, link: Link, key: bytes, msg: C.Pong) -> list[Action]:
+        entry = self.flows.get(key)
+        if entry is None or link.link_id not in entry.down:
+            return []
+        entry.traffic[link.link_id] = self.epoch
+        if entry.upstream is None or entry.pong_epoch == self.epoch:
+            return []
+        entry.pong_epoch = self.epoch
+        return [self._control(entry.upstream, key, msg, BAND_GC)]
+
+    # ------------------------------------------------------------------ entry maintenance
+    def _push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]:
+        """Tell upstream our aggregate when it changed, so filtering happens early."""
+        if entry.upstream is None or not entry.joined or entry.sent_up_mask == entry.agg:
+            return []
+        entry.sent_up_mask = entry.agg
+        return [self._control(entry.upstream, key, C.Mask(entry.agg))]
+
+    def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int) -> None:
+        entry.down.pop(link_id, None)
+        entry.traffic.pop(link_id, None)
+        entry.pinged.pop(link_id, None)
+        link = self.links.get(link_id)
+        if link is not None:
+            link.dependent.discard(key)
+        entry.recompute()
+
+    def _after_change(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+        if entry.down:
+            return self._push_mask(key, entry)
+        out: list[Action] = []
+        if entry.upstream is not None and entry.upstream in self.links:
+            out.append(self._control(entry.upstream, key, C.Leave()))
+        self._remove_entry(key, entry)
+        return out
+
+    def _remove_entry(self, key: bytes, entry: FlowEntry) -> None:
+        self.flows.pop(key, None)
+        self.counters["flows.removed"] += 1
+        for lid in [*entry.down, entry.upstream]:
+            if lid is not None and lid in self.links:
+                self.links[lid].dependent.discard(key)
+
+    def _emit_fault(self, key: bytes, entry: FlowEntry, fault: C.Fault) -> list[Action]:
+        """Tell the flow's members (those listening on the fault band) about a fault."""
+        body = fault.encode()
+        targets = [lk for lk, m in entry.down.items() if m >> BAND_FAULT & 1]
+        if entry.upstream is not None:
+            targets.append(entry.upstream)
+        if not targets:
+            return []
+        self.counters["faults.sent"] += len(targets)
+        hdr = pack_header(key, len(body), BAND_FAULT, 0, 0, DEFAULT_TTL)
+        return [Send(t, hdr, body) for t in targets]
+
+    # ------------------------------------------------------------------ routing
+    def _advertise_routes(self, changed: bool, only: int | None = None) -> list[Action]:
+        if not changed:
+            return []
+        out: list[Action] = []
+        targets = [only] if only is not None else [
+            lid for lid, lk in self.links.items()
+            if lk.role is C.Role.ROUTER and lk.state is LinkState.UP]
+        for lid in targets:
+            body = C.LsRoutes(self.routing.vector_for(lid)).encode()
+            out.append(Send(lid, pack_header(_LINK_KEY, len(body), BAND_MEMBERSHIP), body))
+        return out
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float) -> list[Action]:
+        """Advance the clock: epochs, incremental GC, join and handshake time-outs.
+
+        The GC visits a share of the table proportional to the time since the last tick, so
+        each entry is examined about once per epoch and pings are spread over the epoch rather
+        than sent in a burst at its boundary.
+        """
+        out: list[Action] = []
+        p = self.p
+        self.epoch = int((now - self.started) / p.epoch_length)
+        for lid, lk in list(self.links.items()):
+            if lk.state is LinkState.HANDSHAKE and now - lk.opened_at > p.handshake_timeout:
+                out += self.close_link(lid, now, "no HELLO within the handshake time-out")
+                out.append(Close(lid, "handshake time-out"))
+        if not self._gc_keys or self._gc_pos >= len(self._gc_keys):
+            self._gc_keys = list(self.flows)
+            self._gc_pos = 0
+        share = (now - self._gc_last) / p.epoch_length
+        self._gc_last = now
+        budget = min(len(self._gc_keys) - self._gc_pos,
+                     int(len(self._gc_keys) * share) + 1)
+        end = self._gc_pos + budget
+        for key in self._gc_keys[self._gc_pos:end]:
+            entry = self.flows.get(key)
+            if entry is not None:
+                out += self._gc_entry(key, entry, now)
+        self._gc_pos = end
+        return out
+
+    def _gc_entry(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+        p, epoch = self.p, self.epoch
+        out: list[Action] = []
+        if entry.up_req is not None and now - entry.up_req_at > p.join_timeout:
+            self.counters["join.timeouts"] += 1
+            out += [self._control(lk, key, C.JoinAck(r, C.JoinStatus.TIMEOUT,
+                                                     "no answer from the core"))
+                    for lk, r in entry.waiting]
+            self._remove_entry(key, entry)
+            return out
+        doomed = []
+        for lid, last in entry.traffic.items():
+            idle = epoch - last
+            if idle >= p.gc_delete_after:
+                doomed.append(lid)
+            elif idle >= p.gc_ping_after and entry.pinged.get(lid) != epoch:
+                entry.pinged[lid] = epoch
+                self.counters["gc.pings"] += 1
+                out.append(self._control(lid, key, C.Ping(epoch), BAND_GC))
+        if doomed:
+            for lid in doomed:
+                self._drop_down(entry, key, lid)
+                self.counters["gc.links-collected"] += 1
+            if not entry.down:
+                self.counters["gc.entries-collected"] += 1
+            out += self._after_change(key, entry, now)
+        return out
+
+    # ------------------------------------------------------------------ inspection
+    def status(self) -> dict[str, Any]:
+        links = [{
+            "id": lk.link_id, "peer": lk.peer_name, "role": lk.role.name.lower()
+            if lk.role else "?", "state": lk.state.value, "transport": lk.transport,
+            "address": lk.address, "flows": len(lk.dependent), "rx": lk.rx, "tx": lk.tx,
+            "max_payload": lk.max_payload,
+            "modifiers": dict(zip(("bandwidth", "delay", "geography"), lk.modifiers[1:])),
+        } for lk in self.links.values()]
+        flows = [{
+            "flow": flow_text(key),
+            "upstream": e.upstream,
+            "joined": e.joined,
+            "aggregate": _mask_text(e.agg),
+            "downstream": {str(lk): _mask_text(m) for lk, m in e.down.items()},
+        } for key, e in self.flows.items()]
+        return {
+            "name": self.p.name, "node_id": f"{self.p.node_id:016x}", "epoch": self.epoch,
+            "core_lsids": sorted(self.p.core_lsids), "links": links, "flows": flows,
+            "flow_count": len(self.flows), "ls_routes": self.routing.table(),
+            "counters": dict(sorted(self.counters.items())),
+        }
+
+
+def _mask_text(bits: int) -> str:
+    from .bands import BandMask
+
+    return str(BandMask(bits))
+
+
+assert HEADER_SIZE == 24

@@ -1,0 +1,102 @@
+"""The router's tables (seed 002 section 4.2): link table entries and flow route entries.
+
+Plain slotted objects; the logic that changes them lives in :mod:`flowrouter.router`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .control import Role
+from .header import DEFAULT_MAX_PAYLOAD, NUM_LOCALITY_TYPES, Locality
+
+
+class LinkState(enum.Enum):
+    HANDSHAKE = "handshake"  #: opened, waiting for the peer's HELLO
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class Modifiers:
+    """Per-link locality modifiers: what crossing this link costs, per locality type."""
+
+    bandwidth: int = 0
+    delay: int = 0
+    geography: int = 0
+
+    def as_tuple(self) -> tuple[int, ...]:
+        out = [0] * NUM_LOCALITY_TYPES
+        out[Locality.BANDWIDTH] = self.bandwidth
+        out[Locality.DELAY] = self.delay
+        out[Locality.GEOGRAPHY] = self.geography
+        return tuple(out)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, int] | None) -> Modifiers:
+        data = dict(data or {})
+        unknown = set(data) - {"bandwidth", "delay", "geography"}
+        if unknown:
+            raise ValueError(f"unknown locality modifier(s) {sorted(unknown)}; "
+                             "use bandwidth, delay, geography")
+        for k, v in data.items():
+            if not isinstance(v, int) or not 0 <= v <= 255:
+                raise ValueError(f"locality modifier {k} must be an integer 0..255, got {v!r}")
+        return cls(**data)
+
+
+@dataclass(slots=True, eq=False)
+class Link:
+    link_id: int
+    transport: str  #: "tcp" or "udp" (or "sim")
+    address: str  #: peer address, for status and logs
+    modifiers: tuple[int, ...]  #: indexed by Locality
+    expected_peer: str | None = None  #: configured name of the router we dialled
+    state: LinkState = LinkState.HANDSHAKE
+    role: Role | None = None
+    peer_name: str = "?"
+    peer_node_id: int = 0
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    opened_at: float = 0.0
+    #: flows whose route entry names this link (seed: "dependent flows")
+    dependent: set[bytes] = field(default_factory=set)
+    rx: int = 0
+    tx: int = 0
+
+    def describe(self) -> str:
+        return f"link {self.link_id} ({self.peer_name} via {self.transport} {self.address})"
+
+
+class FlowEntry:
+    """One flow's route: upstream link toward the core, downstream links with band masks.
+
+    ``agg`` is the union of the downstream masks, so a message from upstream that no
+    downstream wants is dropped by a single ``&``. The epoch dictionaries are the garbage
+    collector's per-(flow, link) state.
+    """
+
+    __slots__ = ("upstream", "down", "agg", "traffic", "pinged", "joined", "up_req",
+                 "up_req_at", "waiting", "sent_up_mask", "pong_epoch", "ping_epoch", "created")
+
+    def __init__(self, upstream: int | None, joined: bool, created: float) -> None:
+        self.upstream = upstream
+        self.down: dict[int, int] = {}
+        self.agg = 0
+        self.traffic: dict[int, int] = {}
+        self.pinged: dict[int, int] = {}
+        self.joined = joined
+        self.up_req: int | None = None
+        self.up_req_at = 0.0
+        self.waiting: list[tuple[int, int]] = []
+        self.sent_up_mask: int | None = None
+        self.pong_epoch = -1
+        self.ping_epoch = -1
+        self.created = created
+
+    def recompute(self) -> int:
+        agg = 0
+        for m in self.down.values():
+            agg |= m
+        self.agg = agg
+        return agg
