@@ -1,0 +1,230 @@
+"""Router daemon configuration: a TOML file (or CLI flags) turned into a checked NodeConfig.
+
+Example (every key optional except ``router.name``)::
+
+    [router]
+    name = "r1"
+    listen = "127.0.0.1:7001"     # TCP for routers and endpoints; "" disables
+    udp = "127.0.0.1:7001"        # UDP links (optional)
+    control = "127.0.0.1:7101"    # status/control interface (optional)
+    core_lsids = [0x10]           # this router is the core for these LSIDs
+    default_lsid = 0x10           # suggested to endpoints for new flows
+    max_payload = 65536
+    max_link_buffer = 4194304     # bytes queued per link before frames are dropped (counted)
+
+    [gc]
+    epoch = 5.0                   # seconds per epoch
+    ping_after = 3                # T1, epochs
+    delete_after = 6              # T2, epochs
+
+    [[peer]]                      # routers this one dials (and keeps re-dialling)
+    name = "r2"
+    address = "127.0.0.1:7002"
+    transport = "tcp"             # or "udp"
+    locality = { delay = 1, geography = 3 }
+
+    [routes]                      # static LS routes (normally learned automatically)
+    0x20 = "r2"
+    default = "r2"
+
+Every error names the file and the key that is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .header import DEFAULT_MAX_PAYLOAD, UDP_MAX_PAYLOAD
+from .router import RouterParams
+from .tables import Modifiers
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_address(text: str, what: str = "address") -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port), with a message that says what is wrong."""
+    text = text.strip()
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} {text!r} must look like HOST:PORT, e.g. 127.0.0.1:7001")
+    host = host.strip("[]")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r}: port {port_s!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{what} {text!r}: port must be 0..65535")
+    return host, port
+
+
+def node_id_for(name: str) -> int:
+    """A stable 64-bit node ID derived from the router's name (used when none is configured)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") or 1
+
+
+@dataclass(slots=True)
+class PeerConfig:
+    address: str
+    name: str | None = None
+    transport: str = "tcp"
+    modifiers: Modifiers = field(default_factory=Modifiers)
+
+    def __post_init__(self) -> None:
+        parse_address(self.address, "peer address")
+        if self.transport not in ("tcp", "udp"):
+            raise ConfigError(f"peer {self.address}: transport must be tcp or udp, "
+                              f"not {self.transport!r}")
+
+
+@dataclass(slots=True)
+class NodeConfig:
+    name: str
+    listen: str | None = "127.0.0.1:7000"
+    udp: str | None = None
+    control: str | None = None
+    node_id: int | None = None
+    core_lsids: frozenset[int] = frozenset()
+    default_lsid: int = 0
+    routes: dict[int, str] = field(default_factory=dict)
+    default_route: str | None = None
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    max_link_buffer: int = 4 * 1024 * 1024
+    epoch: float = 5.0
+    gc_ping_after: int = 3
+    gc_delete_after: int = 6
+    join_timeout: float = 5.0
+    max_flows: int = 1_000_000
+    tick_interval: float = 0.25
+    reconnect_min: float = 0.1
+    reconnect_max: float = 5.0
+    udp_idle_timeout: float = 30.0
+    endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
+    peers: list[PeerConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError("router name must be a non-empty string")
+        for what, addr in (("listen", self.listen), ("udp", self.udp),
+                           ("control", self.control)):
+            if addr:
+                parse_address(addr, what)
+        if not 0 < self.max_payload <= 0xFFFFFFFF:
+            raise ConfigError("max_payload must be positive")
+        if self.udp and self.max_payload > UDP_MAX_PAYLOAD:
+            # UDP links negotiate down to what a datagram holds; TCP links keep the maximum.
+            pass
+        for lsid in self.core_lsids:
+            if not 0 < lsid < 1 << 32:
+                raise ConfigError(f"core LSID {lsid:#x} must be 1..0xffffffff (0 is reserved)")
+        self.params()  # validates the GC thresholds
+
+    def params(self) -> RouterParams:
+        try:
+            return RouterParams(
+                name=self.name, node_id=self.node_id or node_id_for(self.name),
+                max_payload=self.max_payload, core_lsids=frozenset(self.core_lsids),
+                default_lsid=self.default_lsid, routes=dict(self.routes),
+                default_route=self.default_route, epoch_length=self.epoch,
+                gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,
+                join_timeout=self.join_timeout, max_flows=self.max_flows)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+_ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "default_lsid",
+                "max_payload", "max_link_buffer", "join_timeout", "max_flows", "tick_interval",
+                "reconnect_min", "reconnect_max", "udp_idle_timeout", "endpoint_locality"}
+_GC_KEYS = {"epoch", "ping_after", "delete_after"}
+_PEER_KEYS = {"name", "address", "transport", "locality"}
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: "
+                          f"{', '.join(sorted(allowed))}")
+
+
+def _lsid(value: Any, where: str) -> int:
+    try:
+        lsid = int(value, 0) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {value!r} is not an LSID (use e.g. 16 or 0x10)") from None
+    if not 0 < lsid < 1 << 32:
+        raise ConfigError(f"{where}: LSID {value!r} must be 1..0xffffffff")
+    return lsid
+
+
+def config_from_dict(data: dict[str, Any]) -> NodeConfig:
+    _check_keys(data, {"router", "gc", "peer", "routes"}, "the top level")
+    router = dict(data.get("router") or {})
+    _check_keys(router, _ROUTER_KEYS, "[router]")
+    if "name" not in router:
+        raise ConfigError("[router] needs a name")
+    kw: dict[str, Any] = {}
+    for key in ("name", "listen", "udp", "control", "node_id", "max_payload", "max_link_buffer",
+                "join_timeout", "max_flows", "tick_interval", "reconnect_min", "reconnect_max",
+                "udp_idle_timeout"):
+        if key in router:
+            kw[key] = router[key] if router[key] != "" else None
+    kw["core_lsids"] = frozenset(_lsid(v, "[router] core_lsids")
+                                 for v in router.get("core_lsids", []))
+    if "default_lsid" in router:
+        kw["default_lsid"] = _lsid(router["default_lsid"], "[router] default_lsid")
+    try:
+        kw["endpoint_modifiers"] = Modifiers.from_mapping(router.get("endpoint_locality"))
+    except ValueError as exc:
+        raise ConfigError(f"[router] endpoint_locality: {exc}") from None
+    gc = dict(data.get("gc") or {})
+    _check_keys(gc, _GC_KEYS, "[gc]")
+    if "epoch" in gc:
+        kw["epoch"] = float(gc["epoch"])
+    if "ping_after" in gc:
+        kw["gc_ping_after"] = int(gc["ping_after"])
+    if "delete_after" in gc:
+        kw["gc_delete_after"] = int(gc["delete_after"])
+    peers = []
+    for i, peer in enumerate(data.get("peer") or []):
+        where = f"[[peer]] #{i + 1}"
+        if not isinstance(peer, dict):
+            raise ConfigError(f"{where} must be a table")
+        _check_keys(peer, _PEER_KEYS, where)
+        if "address" not in peer:
+            raise ConfigError(f"{where} needs an address")
+        try:
+            mods = Modifiers.from_mapping(peer.get("locality"))
+            peers.append(PeerConfig(address=str(peer["address"]), name=peer.get("name"),
+                                    transport=peer.get("transport", "tcp"), modifiers=mods))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    kw["peers"] = peers
+    routes = dict(data.get("routes") or {})
+    if "default" in routes:
+        kw["default_route"] = str(routes.pop("default"))
+    kw["routes"] = {_lsid(k, f"[routes] {k}"): str(v) for k, v in routes.items()}
+    try:
+        return NodeConfig(**kw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
