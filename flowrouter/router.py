@@ -100,7 +100,8 @@ class Router:
         self._gc_keys: list[bytes] = []
         self._gc_pos = 0
         self._gc_last = now
-        self._hello_cache: dict[bool, bytes] = {}
+        #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
+        self.generation = 0
 
     # ------------------------------------------------------------------ links
     def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
@@ -129,6 +130,7 @@ class Router:
             return []
         was_up = link.state is LinkState.UP
         link.state = LinkState.DOWN
+        self.generation += 1
         log.info("%s %s: %s", "lost" if was_up else "gave up on", link.describe(), reason)
         self.counters["links.down"] += 1
         out: list[Action] = []
@@ -221,6 +223,7 @@ class Router:
         link.peer_node_id = msg.node_id
         link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload or 0)
         link.state = LinkState.UP
+        self.generation += 1
         self.counters["links.up"] += 1
         log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
         if msg.role is C.Role.ROUTER:
@@ -500,6 +503,7 @@ class Router:
     def _advertise_routes(self, changed: bool, only: int | None = None) -> list[Action]:
         if not changed:
             return []
+        self.generation += 1
         out: list[Action] = []
         targets = [only] if only is not None else [
             lid for lid, lk in self.links.items()

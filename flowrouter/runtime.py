@@ -38,7 +38,7 @@ log = logging.getLogger("flowrouter.runtime")
 
 
 class _TcpLink(asyncio.Protocol):
-    __slots__ = ("node", "peer", "link_id", "transport", "decoder", "paused", "up", "address")
+    __slots__ = ("node", "peer", "link_id", "transport", "decoder", "paused", "address")
 
     def __init__(self, node: RouterNode, peer: PeerConfig | None) -> None:
         self.node = node
@@ -47,7 +47,6 @@ class _TcpLink(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(node.config.max_payload)
         self.paused = False
-        self.up = False
         self.address = "?"
 
     # asyncio callbacks ------------------------------------------------------------------------
@@ -84,14 +83,8 @@ class _TcpLink(asyncio.Protocol):
             actions = core.receive(link_id, header, payload, now)
             if actions:
                 execute(actions)
-        if not self.up:
-            self._check_up()
-
-    def _check_up(self) -> None:
-        link = self.node.core.links.get(self.link_id)
-        if link is not None and link.state is LinkState.UP:
-            self.up = True
-            self.node._link_state_changed()
+        if core.generation != node._seen_generation:
+            node._link_state_changed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
@@ -100,7 +93,9 @@ class _TcpLink(asyncio.Protocol):
             node.core.counters["malformed"] += 1
             node.core.counters["malformed.truncated"] += 1
             reason = f"truncated frame ({self.decoder.pending} bytes of an incomplete frame)"
-            log.warning("link %d (%s): %s", self.link_id, self.address, reason)
+            link = node.core.links.get(self.link_id)
+            log.warning("%s: malformed input: %s; dropping the link",
+                        link.describe() if link else f"link {self.link_id}", reason)
         node.execute(node.core.close_link(self.link_id, node.now(), reason))
         node._unregister(self.link_id)
         if self.peer is not None:
@@ -128,7 +123,7 @@ class _TcpLink(asyncio.Protocol):
 
 
 class _UdpLink:
-    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "up", "address")
+    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address")
 
     def __init__(self, node: RouterNode, addr: tuple[str, int], peer: PeerConfig | None) -> None:
         self.node = node
@@ -136,7 +131,6 @@ class _UdpLink:
         self.peer = peer
         self.link_id = 0
         self.last_rx = node.now()
-        self.up = False
         self.address = f"{addr[0]}:{addr[1]}"
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
@@ -173,6 +167,7 @@ class RouterNode:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backoff: dict[str, float] = {}
+        self._seen_generation = 0
 
     # lifecycle --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -190,8 +185,13 @@ class RouterNode:
             log.info("router %s listening for TCP links on %s", cfg.name, self.tcp_address)
         if cfg.udp:
             host, port = parse_address(cfg.udp, "udp")
-            self._udp = await asyncio_dgram.bind((host, port))
-            self._udp_sock = self._udp.socket
+            # Our own socket object: asyncio's wrapper would forbid the zero-copy sendmsg.
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+            sock = socket.socket(info[0], socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.bind(info[4])
+            self._udp = await asyncio_dgram.from_socket(sock)
+            self._udp_sock = sock
             self._spawn(self._udp_loop())
             log.info("router %s listening for UDP links on %s:%d", cfg.name,
                      *self._udp.sockname[:2])
@@ -264,6 +264,7 @@ class RouterNode:
         self._link_state_changed()
 
     def _link_state_changed(self) -> None:
+        self._seen_generation = self.core.generation
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -351,11 +352,8 @@ class RouterNode:
             actions = self.core.receive(link.link_id, header, payload, self.now())
             if actions:
                 self.execute(actions)
-            if not link.up:
-                st = self.core.links.get(link.link_id)
-                if st is not None and st.state is LinkState.UP:
-                    link.up = True
-                    self._link_state_changed()
+            if self.core.generation != self._seen_generation:
+                self._link_state_changed()
 
     # time ---------------------------------------------------------------------------------------
     async def _ticker(self) -> None:

@@ -1,0 +1,248 @@
+"""The ``flowrouter`` command: run a router, query one, check a config, run the demo overlay."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from typing import Any
+
+from .config import ConfigError, NodeConfig, PeerConfig, config_from_dict, load_config
+
+log = logging.getLogger("flowrouter")
+
+RUN_EPILOG = """\
+examples:
+  flowrouter run --config r1.toml
+  flowrouter run --name r1 --listen 127.0.0.1:7001 --core-lsid 0x10 --control 127.0.0.1:7101
+  flowrouter run --name r2 --listen 127.0.0.1:7002 --peer r1=127.0.0.1:7001
+
+Flags given on the command line override the same settings from --config.
+The config file format is documented in the README ("Configuring a router").
+"""
+
+
+def _peer(text: str) -> PeerConfig:
+    """NAME=HOST:PORT[/udp] or HOST:PORT[/udp]."""
+    name, sep, rest = text.partition("=")
+    if not sep:
+        name, rest = "", text
+    transport = "tcp"
+    if rest.endswith(("/udp", "/tcp")):
+        rest, transport = rest[:-4], rest[-3:]
+    try:
+        return PeerConfig(address=rest, name=name or None, transport=transport)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int0(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (use 16 or 0x10)") from None
+
+
+def _route(text: str) -> tuple[int, str]:
+    lsid, sep, peer = text.partition("=")
+    if not sep or not peer:
+        raise argparse.ArgumentTypeError(f"route {text!r} must look like LSID=PEERNAME")
+    return _int0(lsid), peer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flowrouter",
+        description="Flow overlay router: routes named multicast flows between applications "
+                    "(flowlib) across an overlay of routers.")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"],
+                   help="how much the router says on stderr (default: info)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser(
+        "run", help="run one router until interrupted",
+        description="Run one router. It listens for routers and applications, dials its "
+                    "peers (and re-dials them when links drop), forwards flow messages and "
+                    "answers status queries on its control address.",
+        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--config", "-c", metavar="FILE", help="TOML config file")
+    run.add_argument("--name", help="router name (unique in the overlay; shown to peers)")
+    run.add_argument("--listen", metavar="HOST:PORT",
+                     help="TCP address for routers and applications (default 127.0.0.1:7000)")
+    run.add_argument("--udp", metavar="HOST:PORT", help="also accept UDP links on this address")
+    run.add_argument("--control", metavar="HOST:PORT",
+                     help="status/control interface address (for 'flowrouter status')")
+    run.add_argument("--peer", action="append", type=_peer, default=[],
+                     metavar="[NAME=]HOST:PORT[/udp]",
+                     help="a router to dial and keep connected (repeatable)")
+    run.add_argument("--core-lsid", action="append", type=_int0, default=[], metavar="LSID",
+                     help="make this router the core (location service) for LSID (repeatable)")
+    run.add_argument("--default-lsid", type=_int0, metavar="LSID",
+                     help="LSID suggested to applications for new flows")
+    run.add_argument("--route", action="append", type=_route, default=[],
+                     metavar="LSID=PEER", help="static route toward an LSID's core "
+                                               "(normally learned automatically)")
+    run.add_argument("--default-route", metavar="PEER",
+                     help="neighbour for LSIDs with no other route")
+    run.add_argument("--max-payload", type=int, metavar="BYTES",
+                     help="largest payload accepted on a link (default 65536)")
+    run.add_argument("--epoch", type=float, metavar="SECONDS",
+                     help="garbage-collection epoch length (default 5)")
+
+    st = sub.add_parser("status", help="show a running router's links, flows and counters",
+                        description="Ask a running router (its --control address) for its "
+                                    "link table, flow table, LS routes and counters.")
+    st.add_argument("--control", required=True, metavar="HOST:PORT",
+                    help="the router's control address")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    chk = sub.add_parser("check-config", help="validate a router config file and exit",
+                         description="Load and check a router TOML config; print what it "
+                                     "would run or exactly what is wrong.")
+    chk.add_argument("config", metavar="FILE")
+
+    demo = sub.add_parser(
+        "demo", help="start a local 3-router overlay and carry real traffic through it",
+        description="Starts three routers on loopback (r1 - r2 - r3, r3 the core), one "
+                    "sender on r1 and two receivers on r2 and r3 with different band "
+                    "masks, sends messages on several bands and shows who got what. Exits "
+                    "0 when every receiver got exactly its bands.")
+    demo.add_argument("--count", type=int, default=5, help="messages per band (default 5)")
+
+    sim = sub.add_parser("sim", help="run a topology in the deterministic simulator",
+                         add_help=False)
+    sim.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _config_from_args(args: argparse.Namespace) -> NodeConfig:
+    base: dict[str, Any] = {}
+    if args.config:
+        cfg = load_config(args.config)
+    else:
+        if not args.name:
+            raise ConfigError("give --config FILE or at least --name (see flowrouter run -h)")
+        cfg = config_from_dict({"router": {"name": args.name}})
+    overrides = {
+        "name": args.name, "listen": args.listen, "udp": args.udp, "control": args.control,
+        "default_lsid": args.default_lsid, "default_route": args.default_route,
+        "max_payload": args.max_payload, "epoch": args.epoch,
+    }
+    for key, value in overrides.items():
+        if value is not None:
+            base[key] = value
+    if args.core_lsid:
+        base["core_lsids"] = frozenset(cfg.core_lsids) | frozenset(args.core_lsid)
+    if args.peer:
+        base["peers"] = [*cfg.peers, *args.peer]
+    if args.route:
+        base["routes"] = {**cfg.routes, **dict(args.route)}
+    if not base:
+        return cfg
+    fields = {f: getattr(cfg, f) for f in NodeConfig.__slots__}  # type: ignore[attr-defined]
+    fields.update(base)
+    return NodeConfig(**fields)
+
+
+async def _run(cfg: NodeConfig) -> None:
+    from .runtime import RouterNode
+
+    node = RouterNode(cfg)
+    await node.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("router %s running (core for %s); Ctrl-C to stop", cfg.name,
+             ", ".join(f"{x:#x}" for x in sorted(cfg.core_lsids)) or "no LSID")
+    await stop.wait()
+    log.info("router %s stopping", cfg.name)
+    await node.stop()
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = [f"router {st['name']}  node {st['node_id']}  epoch {st['epoch']}  "
+             f"flows {st['flow_count']}  listen {st.get('listen')}"]
+    lines.append("")
+    lines.append("LINKS")
+    lines.append(f"  {'id':>4} {'peer':<16} {'role':<9} {'state':<9} {'via':<4} "
+                 f"{'address':<22} {'flows':>5} {'rx':>9} {'tx':>9}")
+    for lk in st["links"]:
+        lines.append(f"  {lk['id']:>4} {lk['peer']:<16.16} {lk['role']:<9} {lk['state']:<9} "
+                     f"{lk['transport']:<4} {lk['address']:<22} {lk['flows']:>5} "
+                     f"{lk['rx']:>9} {lk['tx']:>9}")
+    lines.append("")
+    lines.append("LOCATION SERVICE ROUTES")
+    for r in st["ls_routes"]:
+        lines.append(f"  {r['lsid']:<10} {r['source']:<8} link {r['link']}  distance "
+                     f"{r['distance']}")
+    lines.append("")
+    lines.append("FLOWS")
+    for f in st["flows"][:200]:
+        down = ", ".join(f"{k}:{v}" for k, v in f["downstream"].items()) or "-"
+        lines.append(f"  {f['flow']}  up {f['upstream']}  agg {f['aggregate']}  "
+                     f"down {down}{'' if f['joined'] else '  (joining)'}")
+    if len(st["flows"]) > 200:
+        lines.append(f"  ... {len(st['flows']) - 200} more (use --json)")
+    lines.append("")
+    lines.append("COUNTERS")
+    for k, v in st["counters"].items():
+        lines.append(f"  {k:<32} {v}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    try:
+        if args.command == "run":
+            cfg = _config_from_args(args)
+            try:
+                asyncio.run(_run(cfg))
+            except OSError as exc:
+                print(f"flowrouter: cannot start router {cfg.name}: {exc}", file=sys.stderr)
+                return 1
+            return 0
+        if args.command == "status":
+            from .runtime import query_control
+
+            reply = asyncio.run(query_control(args.control))
+            print(json.dumps(reply["status"], indent=2) if args.json
+                  else format_status(reply["status"]))
+            return 0
+        if args.command == "check-config":
+            cfg = load_config(args.config)
+            print(f"{args.config}: OK: router {cfg.name}, listen {cfg.listen}, "
+                  f"{len(cfg.peers)} peer(s), core for "
+                  f"{[hex(x) for x in sorted(cfg.core_lsids)] or 'no LSID'}")
+            return 0
+        if args.command == "demo":
+            from .demo import run_demo
+
+            return asyncio.run(run_demo(args.count))
+        if args.command == "sim":
+            try:
+                from .sim import cli_main
+            except ImportError as exc:  # pragma: no cover
+                print(f"flowrouter sim is unavailable: {exc}", file=sys.stderr)
+                return 2
+            return int(cli_main(args.args) or 0)
+    except ConfigError as exc:
+        print(f"flowrouter: config error: {exc}", file=sys.stderr)
+        return 2
+    except ConnectionError as exc:
+        print(f"flowrouter: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""A raw endpoint for runtime tests: speaks the wire protocol by hand, so tests can send
+exactly the bytes they want (including bad ones) and see exactly what arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from flowrouter import control as C
+from flowrouter.config import NodeConfig, PeerConfig
+from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.header import FrameDecoder, Header, parse_header, pack_header
+from flowrouter.runtime import RouterNode
+
+T = TypeVar("T")
+TIMEOUT = 10.0
+
+
+async def within(aw: Awaitable[T], timeout: float = TIMEOUT) -> T:
+    return await asyncio.wait_for(aw, timeout)
+
+
+class RawEndpoint:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = FrameDecoder(1 << 24)
+        self.frames: asyncio.Queue[tuple[Header, bytes]] = asyncio.Queue()
+        self.closed = asyncio.Event()
+        self._task = asyncio.ensure_future(self._pump())
+
+    @classmethod
+    async def connect(cls, node: RouterNode, name: str = "raw", hello: bool = True
+                      ) -> RawEndpoint:
+        reader, writer = await within(asyncio.open_connection(*node.tcp_address))
+        ep = cls(reader, writer)
+        if hello:
+            ep.send_control(LINK_LOCAL_FLOW.key, C.Hello(7, C.Role.ENDPOINT, name, 65536))
+            hdr, payload = await ep.next_frame()
+            assert isinstance(C.decode(payload), C.Hello)
+        return ep
+
+    async def _pump(self) -> None:
+        try:
+            while data := await self.reader.read(65536):
+                for h, p in self.decoder.feed(data):
+                    self.frames.put_nowait((parse_header(h, max_payload=1 << 24), bytes(p)))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.closed.set()
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send_control(self, key: bytes, msg: C.ControlMessage, band: int = 0) -> None:
+        body = msg.encode()
+        self.writer.write(pack_header(key, len(body), band) + body)
+
+    def send(self, flow: FlowID, payload: bytes, band: int = 32, loc_type: int = 0,
+             loc_value: int = 0, ttl: int = 32) -> None:
+        self.writer.write(pack_header(flow.key, len(payload), band, loc_type, loc_value, ttl)
+                          + payload)
+
+    async def next_frame(self, timeout: float = TIMEOUT) -> tuple[Header, bytes]:
+        return await within(self.frames.get(), timeout)
+
+    async def join(self, flow: FlowID, mask: int, req: int = 1) -> C.JoinAck:
+        self.send_control(flow.key, C.Join(req, mask))
+        while True:
+            hdr, payload = await self.next_frame()
+            if hdr.band == 0:
+                msg = C.decode(payload)
+                if isinstance(msg, C.JoinAck) and msg.req_id == req:
+                    return msg
+
+    async def data(self, n: int, timeout: float = TIMEOUT) -> list[tuple[Header, bytes]]:
+        """The next *n* application frames (band >= 16), skipping router control."""
+        out: list[tuple[Header, bytes]] = []
+        while len(out) < n:
+            hdr, payload = await self.next_frame(timeout)
+            if hdr.band >= 16:
+                out.append((hdr, payload))
+        return out
+
+    async def close(self) -> None:
+        self.writer.close()
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+
+
+@contextlib.asynccontextmanager
+async def chain(n: int = 3, core_lsid: int = 0x10, **extra: object
+                ) -> AsyncIterator[list[RouterNode]]:
+    """Routers r1 - r2 - ... - rN on loopback; rN is the core for *core_lsid*."""
+    nodes: list[RouterNode] = []
+    try:
+        prev: RouterNode | None = None
+        for i in range(n, 0, -1):
+            peers = [PeerConfig("%s:%d" % prev.tcp_address, prev.config.name)] if prev else []
+            cfg = NodeConfig(f"r{i}", listen="127.0.0.1:0", peers=peers,
+                             core_lsids=frozenset({core_lsid}) if i == n else frozenset(),
+                             **extra)  # type: ignore[arg-type]
+            node = RouterNode(cfg)
+            await node.start()
+            nodes.insert(0, node)
+            prev = node
+        await within(nodes[0].wait_routes(core_lsid))
+        for node in nodes:
+            await within(node.wait_routes(core_lsid))
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.stop()
