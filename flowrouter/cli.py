@@ -25,7 +25,7 @@ The config file format is documented in the README ("Configuring a router").
 """
 
 
-def _peer(text: str) -> PeerConfig:
+def parse_peer(text: str) -> PeerConfig:
     """NAME=HOST:PORT[/udp] or HOST:PORT[/udp]."""
     name, sep, rest = text.partition("=")
     if not sep:
@@ -39,18 +39,18 @@ def _peer(text: str) -> PeerConfig:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _int0(text: str) -> int:
+def parse_int(text: str) -> int:
     try:
         return int(text, 0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (use 16 or 0x10)") from None
 
 
-def _route(text: str) -> tuple[int, str]:
+def parse_route(text: str) -> tuple[int, str]:
     lsid, sep, peer = text.partition("=")
     if not sep or not peer:
         raise argparse.ArgumentTypeError(f"route {text!r} must look like LSID=PEERNAME")
-    return _int0(lsid), peer
+    return parse_int(lsid), peer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,14 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--udp", metavar="HOST:PORT", help="also accept UDP links on this address")
     run.add_argument("--control", metavar="HOST:PORT",
                      help="status/control interface address (for 'flowrouter status')")
-    run.add_argument("--peer", action="append", type=_peer, default=[],
+    run.add_argument("--peer", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT[/udp]",
                      help="a router to dial and keep connected (repeatable)")
-    run.add_argument("--core-lsid", action="append", type=_int0, default=[], metavar="LSID",
+    run.add_argument("--core-lsid", action="append", type=parse_int, default=[], metavar="LSID",
                      help="make this router the core (location service) for LSID (repeatable)")
-    run.add_argument("--default-lsid", type=_int0, metavar="LSID",
+    run.add_argument("--default-lsid", type=parse_int, metavar="LSID",
                      help="LSID suggested to applications for new flows")
-    run.add_argument("--route", action="append", type=_route, default=[],
+    run.add_argument("--route", action="append", type=parse_route, default=[],
                      metavar="LSID=PEER", help="static route toward an LSID's core "
                                                "(normally learned automatically)")
     run.add_argument("--default-route", metavar="PEER",
@@ -149,7 +149,7 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(**fields)
 
 
-async def _run(cfg: NodeConfig) -> None:
+async def run_node(cfg: NodeConfig) -> None:
     from .runtime import RouterNode
 
     node = RouterNode(cfg)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             cfg = _config_from_args(args)
             try:
-                asyncio.run(_run(cfg))
+                asyncio.run(run_node(cfg))
             except OSError as exc:
                 print(f"flowrouter: cannot start router {cfg.name}: {exc}", file=sys.stderr)
                 return 1

@@ -27,6 +27,7 @@ class LsRouting:
         self.names: dict[int, str] = {}
         self.learned: dict[int, dict[int, int]] = {}  #: lsid -> {link: distance}
         self._best: dict[int, tuple[int, int | None]] = {}
+        self._recompute()
 
     # events -------------------------------------------------------------------------------
     def link_up(self, link_id: int, name: str) -> None:
@@ -78,6 +79,15 @@ class LsRouting:
             return self.by_name.get(self.default)
         return None
 
+    def siblings(self, lsid: int) -> list[int]:
+        """Links to other members of a location service we are a member of (distance 0)."""
+        if lsid not in self.core:
+            return []
+        return sorted(lid for lid, dist in self.learned.get(lsid, {}).items() if dist == 0)
+
+    def sibling_map(self) -> dict[int, tuple[int, ...]]:
+        return {lsid: tuple(self.siblings(lsid)) for lsid in self.core}
+
     def known_lsids(self) -> set[int]:
         return set(self._best) | set(self.static)
 
@@ -93,7 +103,7 @@ class LsRouting:
             lid = None if lsid in self.core else self.link_for(lsid)
             dist, _ = self._best.get(lsid, (None, None))
             rows.append({"lsid": f"{lsid:#x}", "core": lsid in self.core, "link": lid,
-                         "distance": dist,
+                         "distance": dist, "siblings": self.siblings(lsid),
                          "source": "core" if lsid in self.core else
                          "static" if lsid in self.static else "learned"})
         if self.default:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import control as C
-from .bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END
+from .bands import BAND_FAULT, BAND_GC, BAND_LS, BAND_MEMBERSHIP, ROUTER_BANDS_END
 from .flowid import LINK_LOCAL_FLOW, flow_text, key_lsid
 from .header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, HEADER_SIZE, OFF_LOC_TYPE,
                      OFF_LOC_VALUE, OFF_TTL, MalformedFrame, pack_header)
@@ -147,7 +147,11 @@ class Router:
                 entry.upstream = None
                 entry.joined = False
                 out += self._rejoin(key, entry, now)
+                if entry.upstream is None and not entry.joined:
+                    self.counters["flows.orphaned"] += 1
             else:
+                if entry.sib:
+                    entry.sib.pop(link_id, None)
                 entry.down.pop(link_id, None)
                 entry.traffic.pop(link_id, None)
                 entry.pinged.pop(link_id, None)
@@ -165,7 +169,6 @@ class Router:
             return []
         up = self.routing.link_for(lsid)
         if up is None or up in entry.down:
-            self.counters["flows.orphaned"] += 1
             return []
         entry.upstream = up
         self.links[up].dependent.add(key)
@@ -269,6 +272,10 @@ class Router:
                 targets = [lk for lk, m in entry.down.items() if m & bit and lk != link_id]
                 if up is not None:
                     targets.append(up)
+                elif entry.sib and link_id not in entry.sib:
+                    # At a core: other LS members' subtrees, filtered by their masks. What
+                    # comes from a sibling goes only down (the members form a full mesh).
+                    targets += [lk for lk, m in entry.sib.items() if m & bit]
             if not targets:
                 counters["drop.no-receivers"] += 1
                 return []
@@ -324,7 +331,12 @@ class Router:
         key = bytes(header[:16])
         if key[8:12] == _ZERO_LSID:
             if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:
-                return self._advertise_routes(self.routing.update(link.link_id, msg.routes))
+                before = self.routing.sibling_map()
+                out = self._advertise_routes(self.routing.update(link.link_id, msg.routes))
+                after = self.routing.sibling_map()
+                if after != before:
+                    out += self._sync_siblings(before, after)
+                return out
             if isinstance(msg, C.Error):
                 log.warning("%s reports: %s", link.describe(), msg.text)
                 return []
@@ -340,6 +352,8 @@ class Router:
         if isinstance(msg, C.Leave):
             return self._on_leave(link, key, now)
         if isinstance(msg, C.Mask):
+            if band == BAND_LS:
+                return self._on_sibling_mask(link, key, msg, now)
             return self._on_mask(link, key, msg, now)
         if isinstance(msg, C.Ping):
             return self._on_ping(link, key, msg)
@@ -436,6 +450,50 @@ class Router:
         entry.recompute()
         return self._push_mask(key, entry)
 
+    def _on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask, now: float
+                         ) -> list[Action]:
+        """Another member of our location service announces its subtree mask for a flow."""
+        lid = link.link_id
+        if lid not in self.routing.siblings(key_lsid(key)):
+            self.counters["control.stale-sibling"] += 1
+            return []
+        entry = self.flows.get(key)
+        if entry is None:
+            if not msg.mask:
+                return []
+            if len(self.flows) >= self.p.max_flows:
+                self.counters["refused.flow-limit"] += 1
+                return []
+            entry = self.flows[key] = FlowEntry(None, True, now)
+            self.counters["flows.created"] += 1
+        if msg.mask:
+            if entry.sib is None:
+                entry.sib = {}
+            entry.sib[lid] = msg.mask
+            link.dependent.add(key)
+        elif entry.sib:
+            entry.sib.pop(lid, None)
+            link.dependent.discard(key)
+        if not entry.down and not entry.sib:
+            self._remove_entry(key, entry)
+        return []
+
+    def _sync_siblings(self, before: dict[int, tuple[int, ...]],
+                       after: dict[int, tuple[int, ...]]) -> list[Action]:
+        """A new LS member became reachable: tell it our subtree masks for that LSID."""
+        out: list[Action] = []
+        for lsid, links in after.items():
+            new = set(links) - set(before.get(lsid, ()))
+            if not new:
+                continue
+            log.info("location service %#x: sibling member(s) on link(s) %s", lsid,
+                     sorted(new))
+            for key, entry in self.flows.items():
+                if entry.upstream is None and entry.agg and key_lsid(key) == lsid:
+                    msg = C.Mask(entry.agg)
+                    out += [self._control(lid, key, msg, BAND_LS) for lid in sorted(new)]
+        return out
+
     def _on_ping(self, link: Link, key: bytes, msg: C.Ping) -> list[Action]:
         entry = self.flows.get(key)
         if entry is None or link.link_id != entry.upstream or entry.ping_epoch == self.epoch:
@@ -456,8 +514,18 @@ class Router:
 
     # ------------------------------------------------------------------ entry maintenance
     def _push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]:
-        """Tell upstream our aggregate when it changed, so filtering happens early."""
-        if entry.upstream is None or not entry.joined or entry.sent_up_mask == entry.agg:
+        """Tell upstream our aggregate when it changed, so filtering happens early.
+
+        At a core the "upstream" is the other members of the location service.
+        """
+        if entry.upstream is None:
+            if entry.sent_sib_mask == entry.agg or not entry.joined:
+                return []
+            siblings = self.routing.siblings(key_lsid(key))
+            entry.sent_sib_mask = entry.agg
+            msg = C.Mask(entry.agg)
+            return [self._control(lid, key, msg, BAND_LS) for lid in siblings]
+        if not entry.joined or entry.sent_up_mask == entry.agg:
             return []
         entry.sent_up_mask = entry.agg
         return [self._control(entry.upstream, key, C.Mask(entry.agg))]
@@ -472,18 +540,20 @@ class Router:
         entry.recompute()
 
     def _after_change(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
-        if entry.down:
+        if entry.down or entry.sib:
             return self._push_mask(key, entry)
         out: list[Action] = []
         if entry.upstream is not None and entry.upstream in self.links:
             out.append(self._control(entry.upstream, key, C.Leave()))
+        elif entry.upstream is None:
+            out += self._push_mask(key, entry)  # tells sibling LS members we have no one
         self._remove_entry(key, entry)
         return out
 
     def _remove_entry(self, key: bytes, entry: FlowEntry) -> None:
         self.flows.pop(key, None)
         self.counters["flows.removed"] += 1
-        for lid in [*entry.down, entry.upstream]:
+        for lid in [*entry.down, *(entry.sib or ()), entry.upstream]:
             if lid is not None and lid in self.links:
                 self.links[lid].dependent.discard(key)
 
@@ -493,6 +563,8 @@ class Router:
         targets = [lk for lk, m in entry.down.items() if m >> BAND_FAULT & 1]
         if entry.upstream is not None:
             targets.append(entry.upstream)
+        elif entry.sib:
+            targets += [lk for lk, m in entry.sib.items() if m >> BAND_FAULT & 1]
         if not targets:
             return []
         self.counters["faults.sent"] += len(targets)
@@ -546,6 +618,8 @@ class Router:
     def _gc_entry(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
         p, epoch = self.p, self.epoch
         out: list[Action] = []
+        if entry.upstream is None and not entry.joined:
+            out += self._rejoin(key, entry, now)  # an orphaned subtree retries its graft
         if entry.up_req is not None and now - entry.up_req_at > p.join_timeout:
             self.counters["join.timeouts"] += 1
             out += [self._control(lk, key, C.JoinAck(r, C.JoinStatus.TIMEOUT,
@@ -586,6 +660,7 @@ class Router:
             "joined": e.joined,
             "aggregate": _mask_text(e.agg),
             "downstream": {str(lk): _mask_text(m) for lk, m in e.down.items()},
+            "siblings": {str(lk): _mask_text(m) for lk, m in (e.sib or {}).items()},
         } for key, e in self.flows.items()]
         return {
             "name": self.p.name, "node_id": f"{self.p.node_id:016x}", "epoch": self.epoch,

@@ -77,7 +77,8 @@ class FlowEntry:
     """
 
     __slots__ = ("upstream", "down", "agg", "traffic", "pinged", "joined", "up_req",
-                 "up_req_at", "waiting", "sent_up_mask", "pong_epoch", "ping_epoch", "created")
+                 "up_req_at", "waiting", "sent_up_mask", "pong_epoch", "ping_epoch", "created",
+                 "sib", "sent_sib_mask")
 
     def __init__(self, upstream: int | None, joined: bool, created: float) -> None:
         self.upstream = upstream
@@ -93,6 +94,10 @@ class FlowEntry:
         self.pong_epoch = -1
         self.ping_epoch = -1
         self.created = created
+        #: at a core: other members of the location service -> their subtree masks. Kept apart
+        #: from ``down`` so ``agg`` stays our own subtree (what we announce to them).
+        self.sib: dict[int, int] | None = None
+        self.sent_sib_mask = 0
 
     def recompute(self) -> int:
         agg = 0

@@ -1,0 +1,154 @@
+"""``flowls``: run a location-service member, look up LSIDs, list an LSID's active flows."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowrouter.cli import parse_int, parse_peer
+from flowrouter.config import ConfigError, NodeConfig, PeerConfig
+from flowrouter.flowid import FlowID
+from flowrouter.runtime import query_control
+
+
+@dataclass(slots=True)
+class LocationServiceConfig:
+    """One LS member: which LSIDs it serves, its fellow members, and ordinary peers."""
+
+    name: str
+    lsids: frozenset[int]
+    listen: str = "127.0.0.1:7500"
+    control: str | None = None
+    members: list[PeerConfig] = field(default_factory=list)  #: other members it dials
+    peers: list[PeerConfig] = field(default_factory=list)  #: non-member routers it dials
+    epoch: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.lsids:
+            raise ConfigError("a location service member needs at least one --lsid")
+
+
+def member_config(ls: LocationServiceConfig) -> NodeConfig:
+    """The router configuration that makes a node a member of its location service(s)."""
+    return NodeConfig(name=ls.name, listen=ls.listen, control=ls.control,
+                      core_lsids=frozenset(ls.lsids), default_lsid=min(ls.lsids),
+                      peers=[*ls.members, *ls.peers], epoch=ls.epoch)
+
+
+async def lookup(control: str, lsid: int) -> dict[str, Any]:
+    """How the router at *control* reaches LSID *lsid*: its route row (raises LookupError)."""
+    status = (await query_control(control))["status"]
+    for row in status["ls_routes"]:
+        if row["lsid"] == f"{lsid:#x}":
+            return dict(row, router=status["name"])
+    raise LookupError(f"router {status['name']} knows no location service {lsid:#x}")
+
+
+async def flows_of(control: str, lsid: int | None = None,
+                   creator: int | None = None) -> list[dict[str, Any]]:
+    """Active flows in a router's table, optionally only one LSID and/or one creator."""
+    status = (await query_control(control))["status"]
+    out = []
+    for row in status["flows"]:
+        fid = FlowID.parse(row["flow"])
+        if (lsid is None or fid.lsid == lsid) and (creator is None or fid.creator == creator):
+            out.append(row)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flowls",
+        description="Location services: the cores of flow multicast trees. Run a member, "
+                    "look up how an LSID is reached, list the flows an LS member roots.")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    run = sub.add_parser(
+        "run", help="run a location-service member (a core router for its LSIDs)",
+        description="Run one member of a location service. Members of the same LSID must be "
+                    "linked in a full mesh (--member for each other member, on one side of "
+                    "each pair); other routers find the nearest member automatically.")
+    run.add_argument("--name", required=True, help="member name (unique in the overlay)")
+    run.add_argument("--lsid", action="append", type=parse_int, required=True,
+                     help="LSID served (repeatable), e.g. 0x10")
+    run.add_argument("--listen", default="127.0.0.1:7500", metavar="HOST:PORT",
+                     help="TCP address for routers and applications (default %(default)s)")
+    run.add_argument("--control", metavar="HOST:PORT", help="status/control address")
+    run.add_argument("--member", action="append", type=parse_peer, default=[],
+                     metavar="[NAME=]HOST:PORT", help="another member of this LS to link to")
+    run.add_argument("--peer", action="append", type=parse_peer, default=[],
+                     metavar="[NAME=]HOST:PORT", help="an ordinary router to link to")
+    run.add_argument("--epoch", type=float, default=5.0, help="GC epoch seconds")
+    lk = sub.add_parser("lookup", help="how a router reaches an LSID's location service",
+                        description="Ask a router (by its control address) for its route to "
+                                    "LSID: the link, distance and, at a member, its siblings. "
+                                    "Exit code 1 when the router knows no such LSID.")
+    lk.add_argument("lsid", type=parse_int)
+    lk.add_argument("--control", required=True, metavar="HOST:PORT")
+    lk.add_argument("--json", action="store_true")
+    fl = sub.add_parser("flows", help="list active flows at a router / LS member",
+                        description="List flows in a router's table, filtered by LSID and/or "
+                                    "creator (a creator's name space).")
+    fl.add_argument("--control", required=True, metavar="HOST:PORT")
+    fl.add_argument("--lsid", type=parse_int)
+    fl.add_argument("--creator", type=lambda s: int(s, 16), help="creator ID in hex")
+    fl.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    try:
+        if args.command == "run":
+            from flowrouter.cli import run_node
+
+            cfg = member_config(LocationServiceConfig(
+                name=args.name, lsids=frozenset(args.lsid), listen=args.listen,
+                control=args.control, members=args.member, peers=args.peer,
+                epoch=args.epoch))
+            asyncio.run(run_node(cfg))
+            return 0
+        if args.command == "lookup":
+            row = asyncio.run(lookup(args.control, args.lsid))
+            if args.json:
+                print(json.dumps(row))
+            else:
+                where = "this router is a member" if row["core"] else (
+                    f"via link {row['link']} ({row['source']}, distance {row['distance']})")
+                sib = f"; sibling members on links {row['siblings']}" if row.get(
+                    "siblings") else ""
+                print(f"LSID {row['lsid']} at router {row['router']}: {where}{sib}")
+            return 0
+        if args.command == "flows":
+            rows = asyncio.run(flows_of(args.control, args.lsid, args.creator))
+            if args.json:
+                print(json.dumps(rows))
+            else:
+                for row in rows:
+                    print(f"{row['flow']}  aggregate {row['aggregate']}  "
+                          f"{len(row['downstream'])} downstream link(s)")
+                print(f"{len(rows)} flow(s)")
+            return 0
+    except LookupError as exc:
+        print(f"flowls: {exc}", file=sys.stderr)
+        return 1
+    except ConnectionError as exc:
+        print(f"flowls: {exc}", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"flowls: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

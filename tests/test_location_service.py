@@ -1,0 +1,146 @@
+"""Location services with two members on real loopback sockets: sibling cores share masks,
+and a member's death is survived (its subtrees re-graft onto the other member)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import flowlib
+from flowrouter.bands import BAND_FAULT
+from flowrouter.config import NodeConfig, PeerConfig
+from flowrouter.runtime import RouterNode
+from location_service import LocationServiceConfig, flows_of, lookup, member_config
+from location_service.service import main as flowls_main
+
+from .rawep import within
+
+LSID = 0x10
+
+
+def addr(node: RouterNode) -> str:
+    return "%s:%d" % node.tcp_address
+
+
+async def _overlay() -> tuple[list[RouterNode], list[RouterNode]]:
+    """Members m1, m2 (linked); edge routers r1, r2 each linked to both members."""
+    m1 = RouterNode(member_config(LocationServiceConfig(
+        "m1", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0", epoch=1.0)))
+    await m1.start()
+    m2 = RouterNode(member_config(LocationServiceConfig(
+        "m2", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0", epoch=1.0,
+        members=[PeerConfig(addr(m1), "m1")])))
+    await m2.start()
+    edges = []
+    for name in ("r1", "r2"):
+        node = RouterNode(NodeConfig(name, listen="127.0.0.1:0", control="127.0.0.1:0",
+                                     epoch=1.0, peers=[PeerConfig(addr(m1), "m1"),
+                                                       PeerConfig(addr(m2), "m2")]))
+        await node.start()
+        edges.append(node)
+    for node in (m1, m2, *edges):
+        await within(node.wait_peers_up(3 if node in (m1, m2) else 2))
+        await within(node.wait_routes(LSID))
+    for m in (m1, m2):
+        while not m.core.routing.siblings(LSID):
+            await within(m._changed.wait())
+    return [m1, m2], edges
+
+
+def test_two_members_share_masks_and_survive_a_member_failure() -> None:
+    async def main() -> None:
+        members, edges = await _overlay()
+        r1, r2 = edges
+        try:
+            a = await flowlib.connect([addr(r1)], name="A")
+            b = await flowlib.connect([addr(r2)], name="B")
+            s = await flowlib.connect([addr(r2)], name="S")
+            flow = await s.create()
+            la = await a.listen(flow, [32, BAND_FAULT])
+            lb = await b.listen(flow, [33])
+            # r1 and r2 may root their subtrees at different members; both must deliver.
+            await s.send(flow, b"to-a", band=32)
+            await s.send(flow, b"to-b", band=33)
+            await s.send(flow, b"nobody", band=34)
+            assert (await within(la.get())).payload == b"to-a"
+            assert (await within(lb.get())).payload == b"to-b"
+            # Whatever member roots each subtree, band 34 crossed no member-to-member link.
+            for m in members:
+                for lk in m.core.links.values():
+                    assert lk.peer_name in ("m1", "m2", "r1", "r2")
+            total_34_drops = sum(n.core.counters["drop.no-receivers"]
+                                 + n.core.counters["drop.band-filtered"]
+                                 for n in (*members, *edges))
+            assert total_34_drops >= 1
+            up_link = r1.core.flows[flow.key].upstream
+            victim_name = r1.core.links[up_link].peer_name
+            victim = next(m for m in members if m.config.name == victim_name)
+            survivor = next(m for m in members if m is not victim)
+
+            # LS lookups and flow listing through the control interface.
+            row = await lookup("%s:%d" % r1.control_address, LSID)
+            assert row["lsid"] == "0x10" and not row["core"]
+            rows = await flows_of("%s:%d" % survivor.control_address, lsid=LSID,
+                                  creator=flow.creator)
+            assert [r["flow"] for r in rows] == [str(flow)]
+
+            # Kill r1's member while S streams; A must resume through the survivor.
+            stop = asyncio.Event()
+
+            async def stream() -> None:
+                i = 0
+                while not stop.is_set():
+                    await s.send(flow, b"seq %d" % i, band=32)
+                    i += 1
+                    await asyncio.sleep(0.005)
+            sender = asyncio.ensure_future(stream())
+            assert (await within(la.get())).payload.startswith(b"seq")
+            t_kill = time.perf_counter()
+            await victim.stop()
+            fault = None
+            resumed_at = None
+            while resumed_at is None:
+                msg = await within(la.get())
+                if msg.band == BAND_FAULT:
+                    fault = flowlib.decode_fault(msg)
+                elif time.perf_counter() > t_kill and r1.core.flows[flow.key].upstream in (
+                        lid for lid, lk in r1.core.links.items()
+                        if lk.peer_name == survivor.config.name):
+                    resumed_at = time.perf_counter()
+            stop.set()
+            await sender
+            interruption = resumed_at - t_kill
+            print(f"\ndelivery interrupted for {interruption * 1000:.0f} ms by a member failure")
+            assert fault is not None and victim_name in fault.detail
+            assert r1.core.flows[flow.key].joined
+            # B still gets its band through the survivor too.
+            await s.send(flow, b"after", band=33)
+            assert (await within(lb.get())).payload == b"after"
+            for c in (a, b, s):
+                await c.close()
+        finally:
+            for node in (*edges, *members):
+                await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_flowls_cli_lookup(capsys) -> None:  # type: ignore[no-untyped-def]
+    async def start() -> RouterNode:
+        node = RouterNode(member_config(LocationServiceConfig(
+            "m1", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0")))
+        await node.start()
+        return node
+
+    async def main() -> None:
+        node = await start()
+        try:
+            ctl = "%s:%d" % node.control_address
+            rc = await asyncio.to_thread(flowls_main, ["lookup", "0x10", "--control", ctl])
+            assert rc == 0
+            assert "this router is a member" in capsys.readouterr().out
+            rc = await asyncio.to_thread(flowls_main, ["lookup", "0x99", "--control", ctl])
+            assert rc == 1
+            assert "knows no location service 0x99" in capsys.readouterr().err
+        finally:
+            await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 30))
