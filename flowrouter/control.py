@@ -99,9 +99,10 @@ class _Reader:
 
 
 def _text(s: str, wide: bool = False) -> bytes:
-    raw = s.encode("utf-8")
     limit = 0xFFFF if wide else 0xFF
-    raw = raw[:limit]
+    raw = s.encode("utf-8")
+    if len(raw) > limit:  # cut on a character boundary so the peer can decode it
+        raw = raw[:limit].decode("utf-8", "ignore").encode("utf-8")
     return (len(raw).to_bytes(2, "big") if wide else bytes([len(raw)])) + raw
 
 
@@ -231,9 +232,10 @@ class Fault:
     TYPE = MsgType.FAULT
 
     def encode(self) -> bytes:
+        extras = list(self.extra.items())[:255]
         body = _PREFIX.pack(CONTROL_VERSION, self.TYPE) + bytes([self.kind]) + _text(
-            self.origin) + _text(self.detail, wide=True) + bytes([len(self.extra)])
-        for k, v in list(self.extra.items())[:255]:
+            self.origin) + _text(self.detail, wide=True) + bytes([len(extras)])
+        for k, v in extras:
             body += _text(k) + _text(v, wide=True)
         return body
 

@@ -108,9 +108,9 @@ class LocalIdAllocator:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             raw = os.read(fd, 256).decode("ascii", "replace").split()
-            if len(raw) >= 2:
+            if raw:  # only an empty file means "new creator"; anything else must parse
                 try:
-                    creator, nxt = int(raw[0], 16), int(raw[1], 16)
+                    creator, nxt = (int(x, 16) for x in raw)
                 except ValueError:
                     raise ValueError(
                         f"corrupt creator state file {self.path}: expected 'CREATOR NEXT' "
@@ -118,7 +118,7 @@ class LocalIdAllocator:
                         "with it") from None
             else:
                 creator, nxt = secrets.randbits(64) or 1, 1
-            if nxt + count >= 1 << 32:
+            if nxt + count > 1 << 32:
                 raise RuntimeError(f"local ID space of creator {creator:x} is exhausted")
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)

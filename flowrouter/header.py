@@ -167,6 +167,8 @@ class FrameDecoder:
         buf = self._buf
         if buf:
             buf += data
+            if len(buf) < self._need:  # still short of the frame: no copy, no parse
+                return []
             src: bytes | bytearray = bytes(buf)
             buf.clear()
         else:

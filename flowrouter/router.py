@@ -152,9 +152,7 @@ class Router:
             else:
                 if entry.sib:
                     entry.sib.pop(link_id, None)
-                entry.down.pop(link_id, None)
-                entry.traffic.pop(link_id, None)
-                entry.pinged.pop(link_id, None)
+                self._drop_down(entry, key, link_id)
                 entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
             if key in self.flows:
                 out += self._emit_fault(key, entry, fault)
@@ -224,7 +222,9 @@ class Router:
         link.role = msg.role
         link.peer_name = msg.name
         link.peer_node_id = msg.node_id
-        link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload or 0)
+        if msg.max_payload <= 0:
+            raise MalformedFrame("bad-hello", "peer announces a maximum payload of 0")
+        link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
         link.state = LinkState.UP
         self.generation += 1
         self.counters["links.up"] += 1
@@ -401,9 +401,40 @@ class Router:
             out: list[Action] = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
             return out + self._push_mask(key, entry)
         entry.waiting.append((lid, msg.req_id))
-        if entry.up_req is None:
-            return self._send_join_up(key, entry, now)
-        return []
+        if entry.up_req is not None:
+            return []
+        if entry.upstream is None:  # an orphaned subtree: try to graft it back now
+            out = self._rejoin(key, entry, now)
+            if entry.up_req is None:
+                self.counters["refused.no-route"] += 1
+                return out + self._join_failed(key, entry, C.JoinStatus.NO_ROUTE,
+                                               f"router {self.p.name} has no route to "
+                                               f"location service {key_lsid(key):#x}")
+            return out
+        return self._send_join_up(key, entry, now)
+
+    def _join_failed(self, key: bytes, entry: FlowEntry, status: C.JoinStatus,
+                     reason: str) -> list[Action]:
+        """Refuse the joins waiting on *entry*; keep members that had already joined.
+
+        When a re-graft fails, members that were already on the tree keep their state
+        (local delivery goes on) and the entry becomes an orphan that the GC sweep retries.
+        """
+        waiting, entry.waiting = entry.waiting, []
+        entry.up_req = None
+        out: list[Action] = [self._control(lk, key, C.JoinAck(r, status, reason))
+                             for lk, r in waiting]
+        for lk, _ in waiting:
+            self._drop_down(entry, key, lk)
+        if not entry.down and not entry.sib:
+            self._remove_entry(key, entry)
+            return out
+        if entry.upstream is not None and entry.upstream in self.links:
+            self.links[entry.upstream].dependent.discard(key)
+        entry.upstream = None
+        entry.joined = False
+        self.counters["flows.orphaned"] += 1
+        return out
 
     def _send_join_up(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
         assert entry.upstream is not None
@@ -419,18 +450,16 @@ class Router:
         if entry is None or link.link_id != entry.upstream or entry.up_req != msg.req_id:
             self.counters["control.stale-ack"] += 1
             return []
-        entry.up_req = None
-        waiting, entry.waiting = entry.waiting, []
         if msg.status is C.JoinStatus.OK:
+            entry.up_req = None
+            waiting, entry.waiting = entry.waiting, []
             entry.joined = True
             out: list[Action] = [self._control(lk, key, C.JoinAck(r, C.JoinStatus.OK))
                                  for lk, r in waiting]
             return out + self._push_mask(key, entry)
         log.info("join of %s refused upstream: %s (%s)", flow_text(key), msg.status.name,
                  msg.reason)
-        out = [self._control(lk, key, C.JoinAck(r, msg.status, msg.reason)) for lk, r in waiting]
-        self._remove_entry(key, entry)
-        return out
+        return self._join_failed(key, entry, msg.status, msg.reason)
 
     def _on_leave(self, link: Link, key: bytes, now: float) -> list[Action]:
         entry = self.flows.get(key)
@@ -622,11 +651,10 @@ class Router:
             out += self._rejoin(key, entry, now)  # an orphaned subtree retries its graft
         if entry.up_req is not None and now - entry.up_req_at > p.join_timeout:
             self.counters["join.timeouts"] += 1
-            out += [self._control(lk, key, C.JoinAck(r, C.JoinStatus.TIMEOUT,
-                                                     "no answer from the core"))
-                    for lk, r in entry.waiting]
-            self._remove_entry(key, entry)
-            return out
+            out += self._join_failed(key, entry, C.JoinStatus.TIMEOUT,
+                                     "no answer from the core")
+            if key not in self.flows:
+                return out
         doomed = []
         for lid, last in entry.traffic.items():
             idle = epoch - last
