@@ -100,6 +100,8 @@ class Router:
         self._gc_keys: list[bytes] = []
         self._gc_pos = 0
         self._gc_last = now
+        #: flows with a join awaiting the upstream answer (checked every tick, not by the GC)
+        self._pending: dict[bytes, FlowEntry] = {}
         #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
         self.generation = 0
 
@@ -155,7 +157,12 @@ class Router:
                 self._drop_down(entry, key, link_id)
                 entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
             if key in self.flows:
-                out += self._emit_fault(key, entry, fault)
+                # Router links carry whole subtrees: their loss is news for every member.
+                # An application going away is a membership change, not a fault (heartbeats
+                # tell members about each other), and must not let one flaky client flood
+                # the tree with notices.
+                if link.role is C.Role.ROUTER:
+                    out += self._emit_fault(key, entry, fault)
                 out += self._after_change(key, entry, now)
         return out
 
@@ -443,6 +450,7 @@ class Router:
         entry.up_req = req
         entry.up_req_at = now
         entry.sent_up_mask = entry.agg
+        self._pending[key] = entry
         return [self._control(entry.upstream, key, C.Join(req, entry.agg))]
 
     def _on_join_ack(self, link: Link, key: bytes, msg: C.JoinAck, now: float) -> list[Action]:
@@ -629,6 +637,8 @@ class Router:
             if lk.state is LinkState.HANDSHAKE and now - lk.opened_at > p.handshake_timeout:
                 out += self.close_link(lid, now, "no HELLO within the handshake time-out")
                 out.append(Close(lid, "handshake time-out"))
+        if self._pending:
+            out += self._join_timeouts(now)
         if not self._gc_keys or self._gc_pos >= len(self._gc_keys):
             self._gc_keys = list(self.flows)
             self._gc_pos = 0
@@ -644,17 +654,24 @@ class Router:
         self._gc_pos = end
         return out
 
+    def _join_timeouts(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        limit = self.p.join_timeout
+        for key, entry in list(self._pending.items()):
+            if entry.up_req is None or self.flows.get(key) is not entry:
+                del self._pending[key]
+            elif now - entry.up_req_at > limit:
+                del self._pending[key]
+                self.counters["join.timeouts"] += 1
+                out += self._join_failed(key, entry, C.JoinStatus.TIMEOUT,
+                                         "no answer from the core")
+        return out
+
     def _gc_entry(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
         p, epoch = self.p, self.epoch
         out: list[Action] = []
         if entry.upstream is None and not entry.joined:
             out += self._rejoin(key, entry, now)  # an orphaned subtree retries its graft
-        if entry.up_req is not None and now - entry.up_req_at > p.join_timeout:
-            self.counters["join.timeouts"] += 1
-            out += self._join_failed(key, entry, C.JoinStatus.TIMEOUT,
-                                     "no answer from the core")
-            if key not in self.flows:
-                return out
         doomed = []
         for lid, last in entry.traffic.items():
             idle = epoch - last

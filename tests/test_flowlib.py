@@ -1,0 +1,760 @@
+"""flowlib against real routers (flowrouter.runtime.RouterNode) over loopback, plus a scripted
+fake router for the protocol corners a real router does not produce on demand (refusals,
+malformed frames, GC pings at will).
+
+Every test runs its own event loop with ``asyncio.run`` under a hard ``wait_for`` bound, and
+synchronises on events (acks, received messages, frame order on one TCP link), never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator, Awaitable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import flowlib
+from flowlib import (BandMask, ConnectError, ConnectionLost, Empty, FlowID, FlowTimeout,
+                     JoinRefused, ListenerClosed, Locality, Message, MessageTooLarge)
+from flowlib.queue import Listener
+from flowrouter import control as C
+from flowrouter.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP
+from flowrouter.config import NodeConfig, PeerConfig
+from flowrouter.flowid import LINK_LOCAL_FLOW, LocalIdAllocator
+from flowrouter.header import HEADER_SIZE, parse_header, pack_header
+from flowrouter.runtime import RouterNode
+
+LSID = 0x10
+T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep every allocator in the test's own directory (never the user's state)."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
+    return state
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def addr(node: RouterNode) -> str:
+    host, port = node.tcp_address
+    return f"{host}:{port}"
+
+
+@contextlib.asynccontextmanager
+async def chain(n: int = 3, **kw: Any) -> AsyncIterator[list[RouterNode]]:
+    """Routers r0 - r1 - ... in a line over loopback; r0 is the core of LSID 0x10."""
+    nodes: list[RouterNode] = []
+    try:
+        for i in range(n):
+            peers = [PeerConfig(address=addr(nodes[-1]), name=nodes[-1].config.name)] \
+                if nodes else []
+            node = RouterNode(NodeConfig(
+                name=f"r{i}", listen="127.0.0.1:0",
+                core_lsids=frozenset({LSID}) if i == 0 else frozenset(),
+                default_lsid=LSID, peers=peers, **kw))
+            await node.start()
+            nodes.append(node)
+        for i, node in enumerate(nodes):
+            await node.wait_peers_up(min(2, n - 1) if 0 < i < n - 1 else min(1, n - 1))
+            await node.wait_routes(LSID)
+        yield nodes
+    finally:
+        for node in reversed(nodes):
+            await node.stop()
+
+
+async def get(listener: Listener, timeout: float = 5.0) -> Message:
+    return await asyncio.wait_for(listener.get(), timeout)
+
+
+def endpoint_link(node: RouterNode, client: flowlib.FlowClient) -> int:
+    """The router's link id for *client* (found by the name in its HELLO)."""
+    for lid, link in node.core.links.items():
+        if link.role is C.Role.ENDPOINT and link.peer_name == client.name:
+            return lid
+    raise AssertionError(f"{client.name} has no link on {node.config.name}")
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ a scripted fake router
+class FakeRouter:
+    """A TCP server that lets a test play the router side of one link frame by frame."""
+
+    def __init__(self) -> None:
+        self.conns: asyncio.Queue[FakeConn] = asyncio.Queue()
+        self.all: list[FakeConn] = []
+        self.server: asyncio.base_events.Server | None = None
+
+    async def __aenter__(self) -> FakeRouter:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = FakeConn(reader, writer)
+            self.all.append(conn)
+            await self.conns.put(conn)
+        self.server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for conn in self.all:
+            conn.close()
+            with contextlib.suppress(ConnectionError):
+                await conn.writer.wait_closed()
+        await self.server.wait_closed()
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def accept(self) -> FakeConn:
+        return await asyncio.wait_for(self.conns.get(), 5)
+
+
+class FakeConn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def read(self) -> tuple[Any, bytes]:
+        raw = await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE), 5)
+        hdr = parse_header(raw)
+        payload = await asyncio.wait_for(self.reader.readexactly(hdr.size), 5)
+        return hdr, payload
+
+    async def read_control(self) -> tuple[Any, C.ControlMessage]:
+        hdr, payload = await self.read()
+        return hdr, C.decode(payload)
+
+    async def read_join(self) -> tuple[Any, C.Join]:
+        hdr, msg = await self.read_control()
+        assert isinstance(msg, C.Join), msg
+        return hdr, msg
+
+    def write(self, key: bytes, band: int, payload: bytes, **kw: int) -> None:
+        self.writer.write(pack_header(key, len(payload), band, **kw) + payload)
+
+    def control(self, key: bytes, band: int, msg: C.ControlMessage) -> None:
+        self.write(key, band, msg.encode())
+
+    async def handshake(self, max_payload: int = 65536, default_lsid: int = LSID) -> C.Hello:
+        hdr, hello = await self.read_control()
+        assert isinstance(hello, C.Hello) and hdr.key == LINK_LOCAL_FLOW.key
+        self.control(LINK_LOCAL_FLOW.key, 0, C.Hello(7, C.Role.ROUTER, "fake", max_payload,
+                                                     default_lsid))
+        return hello
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def fake_client(fake: FakeRouter, **kw: Any) -> tuple[flowlib.FlowClient, FakeConn]:
+    """Connect a client to the fake and do the router's half of the handshake."""
+    task = asyncio.ensure_future(flowlib.connect(fake.address, name="app", **kw))
+    conn = await fake.accept()
+    hello = await conn.handshake()
+    assert hello.role is C.Role.ENDPOINT and hello.name == "app" and hello.max_payload > 0
+    return await task, conn
+
+
+# ================================================================== connect / handshake
+def test_connect_handshake_and_close() -> None:
+    async def main() -> None:
+        async with chain(2) as (r0, r1):
+            seen: list[object] = []
+            client = await flowlib.connect([addr(r1)], name="app", on_disconnect=seen.append)
+            async with client:
+                assert client.router_name == "r1"
+                assert client.max_payload == r1.config.max_payload
+                assert client.default_lsid == LSID
+                assert not client.closed
+                link = r1.core.links[endpoint_link(r1, client)]
+                assert link.role is C.Role.ENDPOINT
+            assert client.closed and seen == [None]
+            with pytest.raises(ConnectionLost):
+                await client.send(FlowID(1, LSID, 1), b"x")
+    run(main())
+
+
+def test_connect_tries_addresses_in_order() -> None:
+    async def main() -> None:
+        async with chain(1) as (r0,):
+            dead = f"127.0.0.1:{free_port()}"
+            client = await flowlib.connect([dead, addr(r0)], name="app")
+            async with client:
+                assert client.router_name == "r0" and client.address == addr(r0)
+    run(main())
+
+
+def test_connect_error_names_every_address() -> None:
+    async def main() -> None:
+        dead1, dead2 = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        with pytest.raises(ConnectError) as info:
+            await flowlib.connect([dead1, "no-port-here", dead2], timeout=2)
+        err = info.value
+        assert [a for a, _ in err.attempts] == [dead1, "no-port-here", dead2]
+        assert "refused" in err.attempts[0][1]
+        assert "bad address" in err.attempts[1][1]
+        assert dead1 in str(err) and dead2 in str(err)
+        assert isinstance(err, ConnectionError)
+        with pytest.raises(ConnectError, match="no router address"):
+            await flowlib.connect([])
+    run(main())
+
+
+def test_connect_refused_by_router_error_message() -> None:
+    async def main() -> None:
+        async with FakeRouter() as fake:
+            task = asyncio.ensure_future(flowlib.connect(fake.address, timeout=5))
+            conn = await fake.accept()
+            await conn.read_control()
+            conn.control(LINK_LOCAL_FLOW.key, 0, C.Error(3, "endpoint quota exceeded"))
+            with pytest.raises(ConnectError, match="endpoint quota exceeded") as info:
+                await task
+            assert "refused us" in info.value.attempts[0][1]
+    run(main())
+
+
+def test_connect_rejects_non_router_and_silent_peer() -> None:
+    async def main() -> None:
+        async with FakeRouter() as fake:
+            task = asyncio.ensure_future(flowlib.connect(fake.address, timeout=5))
+            conn = await fake.accept()
+            await conn.read_control()
+            conn.control(LINK_LOCAL_FLOW.key, 0, C.Hello(9, C.Role.ENDPOINT, "imposter", 1024))
+            with pytest.raises(ConnectError, match="not a flow router"):
+                await task
+            # a peer that accepts TCP but never says HELLO: the attempt times out
+            task = asyncio.ensure_future(flowlib.connect(fake.address, timeout=0.3))
+            conn = await fake.accept()
+            with pytest.raises(ConnectError, match="timed out after 0.3s") as info:
+                await task
+            assert "no HELLO" in str(info.value)
+            conn.close()
+    run(main())
+
+
+# ================================================================== create
+def test_create_ids_unique_and_persisted(tmp_path: Path) -> None:
+    state = tmp_path / "mine"
+
+    async def main() -> None:
+        async with chain(1) as (r0,):
+            async with await flowlib.connect(addr(r0), state_dir=state) as c1:
+                first = [await c1.create() for _ in range(5)]
+                other = await c1.create(lsid=0x20)
+            async with await flowlib.connect(addr(r0), state_dir=state) as c2:
+                second = [await c2.create() for _ in range(5)]
+                with pytest.raises(ValueError):
+                    await c2.create(lsid=0)
+            everything = first + [other] + second
+            assert len({f.local for f in everything}) == len(everything)
+            assert {f.creator for f in everything} == {first[0].creator}
+            assert {f.lsid for f in first + second} == {LSID} and other.lsid == 0x20
+    run(main())
+    # a third allocator instance on the same file continues, never reusing an ID
+    alloc = LocalIdAllocator(state / "creator")
+    assert alloc.allocate() > 11
+
+
+def test_create_uses_env_state_dir(_state_dir: Path) -> None:
+    async def main() -> FlowID:
+        async with chain(1) as (r0,):
+            async with await flowlib.connect(addr(r0)) as c:
+                return await c.create()
+    flow = run(main())
+    assert (_state_dir / "creator").exists()
+    assert LocalIdAllocator(_state_dir / "creator").creator == flow.creator
+
+
+# ================================================================== listen / send
+def test_listen_and_send_across_routers() -> None:
+    async def main() -> None:
+        async with chain(3) as (r0, r1, r2):
+            async with (await flowlib.connect(addr(r2), name="rx") as rx,
+                        await flowlib.connect(addr(r0), name="tx0") as tx0,
+                        await flowlib.connect(addr(r1), name="tx1") as tx1):
+                flow = await tx0.create()
+                lst = await rx.listen(flow, "data")
+                # the join built the tree: r2 -> r1 -> r0 (core)
+                assert all(flow.key in r.core.flows for r in (r0, r1, r2))
+                await tx0.send(flow, b"from the core", band=40)
+                msg = await get(lst)
+                assert msg == Message(flow, 40, b"from the core", 0, 0, 32 - 3)
+                tx1.send_nowait(flow, bytearray(b"via r1"), band=32,
+                                locality=(Locality.GEOGRAPHY, 5), ttl=10)
+                msg = await get(lst)
+                assert (msg.band, msg.payload, msg.loc_type, msg.loc_value, msg.ttl) == \
+                    (32, b"via r1", Locality.GEOGRAPHY, 5, 10 - 2)
+                assert isinstance(msg.payload, bytes)
+                await tx1.send(str(flow), memoryview(b"as text flow"))
+                assert (await get(lst)).payload == b"as text flow"
+    run(main())
+
+
+def test_advertised_sender_and_no_loopback() -> None:
+    async def main() -> None:
+        async with chain(2) as (r0, r1):
+            async with (await flowlib.connect(addr(r1), name="a") as a,
+                        await flowlib.connect(addr(r1), name="b") as b):
+                flow = await a.create()
+                await a.advertise(flow)
+                link = endpoint_link(r1, a)
+                assert r1.core.flows[flow.key].down[link] == 0  # advertised, no bands
+                la = await a.listen(flow, "data")
+                assert r1.core.flows[flow.key].down[link] == BandMask.data().bits
+                lb = await b.listen(flow, [33])
+                await a.send(flow, b"mine", band=33)
+                assert (await get(lb)).payload == b"mine"
+                await b.send(flow, b"theirs", band=33)
+                # one TCP link carries both, in order: had a's own message come back it
+                # would be queued before b's
+                assert (await get(la)).payload == b"theirs"
+                assert la.empty()
+    run(main())
+
+
+def test_several_listeners_union_mask() -> None:
+    async def main() -> None:
+        async with chain(2) as (r0, r1):
+            async with (await flowlib.connect(addr(r1), name="rx") as rx,
+                        await flowlib.connect(addr(r0), name="tx") as tx):
+                flow = await tx.create()
+                l1, l2 = await asyncio.gather(rx.listen(flow, [32, 33]),
+                                              rx.listen(flow, "33-40"))
+                l3 = await rx.listen(flow, BandMask([99]))
+                link = endpoint_link(r1, rx)
+                union = BandMask([32, 33, 99]) | BandMask.parse("33-40")
+                assert r1.core.flows[flow.key].down[link] == union.bits
+                assert set(rx.listeners(flow)) == {l1, l2, l3}
+                for band in (32, 33, 40, 50, 99):
+                    await tx.send(flow, f"b{band}".encode(), band=band)
+                got1 = [(await get(l1)).band for _ in range(2)]
+                got2 = [(await get(l2)).band for _ in range(2)]
+                got3 = [(await get(l3)).band]
+                assert (got1, got2, got3) == ([32, 33], [33, 40], [99])
+                # band 50 was filtered by the routers, not delivered late: l3's band 99 was
+                # sent after it on the same path
+                assert l1.empty() and l2.empty() and l3.empty()
+                assert rx.counters["drop.no-listener"] == 0
+    run(main())
+
+
+def test_unlisten_narrows_then_leaves() -> None:
+    async def main() -> None:
+        async with chain(2) as (r0, r1):
+            async with (await flowlib.connect(addr(r1), name="rx") as rx,
+                        await flowlib.connect(addr(r0), name="tx") as tx):
+                flow, other = await tx.create(), await tx.create()
+                wide = await rx.listen(flow, "32-40")
+                narrow = await rx.listen(flow, [32])
+                link = endpoint_link(r1, rx)
+                await tx.send(flow, b"before", band=35)
+                assert (await get(wide)).payload == b"before"
+
+                await rx.unlisten(wide)  # narrowing JOIN, acked
+                assert r1.core.flows[flow.key].down[link] == 1 << 32
+                assert wide.closed
+                with pytest.raises(ListenerClosed):
+                    await wide.get()
+                assert [m async for m in wide] == []
+                await tx.send(flow, b"filtered", band=35)
+                await tx.send(flow, b"kept", band=32)
+                assert (await get(narrow)).payload == b"kept"
+                assert r0.core.counters["drop.no-receivers"] >= 1  # the core filtered it
+
+                await rx.unlisten(narrow)  # last one: LEAVE, no ack
+                assert rx.listeners(flow) == []
+                # a later acked join on the same link proves the LEAVE was processed
+                await rx.listen(other, "data")
+                assert flow.key not in r1.core.flows and flow.key not in r0.core.flows
+                await rx.unlisten(narrow)  # idempotent
+    run(main())
+
+
+def test_listen_refused_no_route() -> None:
+    async def main() -> None:
+        async with chain(2) as (r0, r1):
+            async with await flowlib.connect(addr(r1), name="rx") as rx:
+                flow = await rx.create(lsid=0x99)  # no router serves LSID 0x99
+                with pytest.raises(JoinRefused) as info:
+                    await rx.listen(flow, "data")
+                err = info.value
+                assert err.status is C.JoinStatus.NO_ROUTE
+                assert "no route" in err.reason and "0x99" in err.reason
+                assert err.reason in str(err) and err.flow == flow
+                assert rx.listeners(flow) == []
+                with pytest.raises(JoinRefused):
+                    await rx.advertise(flow)
+                # the client is still fine
+                good = await rx.create()
+                await rx.listen(good, "data")
+    run(main())
+
+
+def test_send_and_listen_validation() -> None:
+    async def main() -> None:
+        async with chain(1, max_payload=1024) as (r0,):
+            async with await flowlib.connect(addr(r0)) as c:
+                flow = await c.create()
+                assert c.max_payload == 1024
+                for band in (0, 1, 15, 128, -1, True, "32"):
+                    with pytest.raises(ValueError):
+                        c.send_nowait(flow, b"x", band=band)  # type: ignore[arg-type]
+                with pytest.raises(ValueError, match="reserved for routers"):
+                    await c.send(flow, b"x", band=5)
+                for ttl in (0, 256, -1):
+                    with pytest.raises(ValueError, match="ttl"):
+                        c.send_nowait(flow, b"x", ttl=ttl)
+                for loc in ((9, 1), (Locality.DELAY, 256), ("bogus", 1), (1,), 5):
+                    with pytest.raises(ValueError, match="locality"):
+                        c.send_nowait(flow, b"x", locality=loc)  # type: ignore[arg-type]
+                c.send_nowait(flow, b"x", locality=("geography", 3))
+                with pytest.raises(TypeError):
+                    c.send_nowait(flow, "text")  # type: ignore[arg-type]
+                with pytest.raises(MessageTooLarge) as info:
+                    await c.send(flow, bytes(1025))
+                assert (info.value.size, info.value.limit) == (1025, 1024)
+                assert isinstance(info.value, ValueError)
+                c.send_nowait(flow, bytes(1024))  # exactly the limit is fine
+                with pytest.raises(ValueError, match="not routable"):
+                    c.send_nowait(LINK_LOCAL_FLOW, b"x")
+                for bands in ([3], "gc", "none", []):
+                    with pytest.raises(ValueError):
+                        await c.listen(flow, bands)
+                with pytest.raises(ValueError):
+                    await c.listen(flow, "data", size=0)
+                with pytest.raises(ValueError, match="overflow"):
+                    await c.listen(flow, "data", overflow="drop-random")
+                assert c.listeners() == [] and not c.closed
+                # "all" means every band an application can see
+                lst = await c.listen(flow, "all")
+                assert lst.mask == BandMask.parse("16-127")
+    run(main())
+
+
+# ================================================================== the circular queue
+def _msg(i: int) -> Message:
+    return Message(FlowID(1, LSID, 1), 32, str(i).encode())
+
+
+def test_queue_overflow_policies_unit() -> None:
+    oldest = Listener(FlowID(1, LSID, 1), 1 << 32, size=3)
+    newest = Listener(FlowID(1, LSID, 1), 1 << 32, size=3, overflow="drop-newest")
+    for i in range(10):
+        oldest._put(_msg(i))
+        newest._put(_msg(i))
+    assert [oldest.get_nowait().payload for _ in range(3)] == [b"7", b"8", b"9"]
+    assert [newest.get_nowait().payload for _ in range(3)] == [b"0", b"1", b"2"]
+    assert oldest.dropped == newest.dropped == 7
+    assert oldest.received == newest.received == 10
+    with pytest.raises(Empty):
+        oldest.get_nowait()
+
+
+def test_queue_get_wakes_and_cancel_loses_nothing() -> None:
+    async def main() -> None:
+        lst = Listener(FlowID(1, LSID, 1), 1 << 32, size=4)
+        waiter = asyncio.ensure_future(lst.get())
+        lst._put(_msg(1))
+        assert (await asyncio.wait_for(waiter, 1)).payload == b"1"
+        # a timed-out get() must not swallow a message
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(lst.get(), 0.01)
+        lst._put(_msg(2))
+        assert lst.get_nowait().payload == b"2"
+        # closing drains first, then ends iteration
+        lst._put(_msg(3))
+        lst._close()
+        assert [m.payload async for m in lst] == [b"3"]
+        with pytest.raises(ListenerClosed):
+            lst.get_nowait()
+    run(main())
+
+
+@pytest.mark.parametrize("policy,expected", [("drop-oldest", [7, 8, 9]),
+                                             ("drop-newest", [0, 1, 2])])
+def test_queue_overflow_end_to_end(policy: str, expected: list[int]) -> None:
+    async def main() -> None:
+        async with chain(1) as (r0,):
+            async with (await flowlib.connect(addr(r0), name="rx") as rx,
+                        await flowlib.connect(addr(r0), name="tx") as tx):
+                flow = await tx.create()
+                small = await rx.listen(flow, [32], size=3, overflow=policy)
+                witness = await rx.listen(flow, [32], size=100)
+                for i in range(10):
+                    tx.send_nowait(flow, str(i).encode())
+                for _ in range(10):  # all ten have reached the client
+                    await get(witness)
+                got = [int(small.get_nowait().payload) for _ in range(len(small))]
+                assert got == expected and small.dropped == 7
+    run(main())
+
+
+# ================================================================== faults, GC, protocol corners
+def test_fault_band_delivered_and_decoded() -> None:
+    async def main() -> None:
+        async with chain(3) as (r0, r1, r2):
+            async with await flowlib.connect(addr(r2), name="rx") as rx:
+                flow = await rx.create()
+                faults = await rx.listen(flow, "fault")
+                await r0.stop()  # r1 loses its way to the core
+                msg = await get(faults)
+                assert msg.is_fault and msg.band == BAND_FAULT
+                fault = msg.fault()
+                assert fault.kind is C.FaultKind.LINK_DOWN and fault.origin == "r1"
+                assert flowlib.decode_fault(msg.payload) == fault
+                with pytest.raises(ValueError):
+                    flowlib.decode_fault(b"not a fault")
+    run(main())
+
+
+def test_join_frames_ping_pong_and_ack_timeout() -> None:
+    """The exact frames the client sends, checked on a scripted router."""
+    async def main() -> None:
+        async with FakeRouter() as fake:
+            client, conn = await fake_client(fake, request_timeout=5)
+            async with client:
+                flow, idle = await client.create(), await client.create()
+                # advertise: JOIN flagged ADVERTISE with mask 0, locality in the header
+                adv = asyncio.ensure_future(client.advertise(flow, (Locality.GEOGRAPHY, 4)))
+                hdr, join = await conn.read_join()
+                assert hdr.key == flow.key
+                assert hdr.band == BAND_MEMBERSHIP and hdr.loc_value == 4
+                assert (join.mask, join.flags) == (0, C.JOIN_FLAG_ADVERTISE)
+                conn.control(flow.key, 0, C.JoinAck(join.req_id, C.JoinStatus.OK))
+                await adv
+                # listen: a JOIN with the listener's bands, still flagged (advertised)
+                listening = asyncio.ensure_future(client.listen(flow, [40]))
+                _, join = await conn.read_join()
+                assert join.mask == 1 << 40 and join.flags == C.JOIN_FLAG_ADVERTISE
+                # a stale ack (unknown request) is ignored, the real one completes
+                conn.control(flow.key, 0, C.JoinAck(join.req_id + 1000, C.JoinStatus.OK))
+                conn.control(flow.key, 0, C.JoinAck(join.req_id, C.JoinStatus.OK))
+                lst = await listening
+                # GC: a ping on a flow we do not hold is ignored, one on ours is answered;
+                # frames stay in order, so the first pong we read answers the second ping
+                conn.control(idle.key, BAND_GC, C.Ping(41))
+                conn.control(flow.key, BAND_GC, C.Ping(42))
+                hdr, pong = await conn.read_control()
+                assert isinstance(pong, C.Pong) and pong.epoch == 42
+                assert hdr.key == flow.key and hdr.band == BAND_GC
+                # data on a band we listen to, and one we do not
+                conn.write(flow.key, 41, b"unwanted")
+                conn.write(flow.key, 40, b"wanted", ttl=3)
+                assert (await get(lst)) == Message(flow, 40, b"wanted", 0, 0, 3)
+                assert client.counters["drop.no-listener"] == 1
+                # unlisten of the last listener on an advertised flow: JOIN mask 0, no LEAVE
+                removing = asyncio.ensure_future(client.unlisten(lst))
+                _, join = await conn.read_join()
+                assert join.mask == 0 and join.flags == C.JOIN_FLAG_ADVERTISE
+                conn.control(flow.key, 0, C.JoinAck(join.req_id, C.JoinStatus.OK))
+                await removing
+                # a join nobody answers times out, and the client then leaves the flow
+                with pytest.raises(FlowTimeout):
+                    await client.listen(idle, "data", timeout=0.2)
+                await conn.read_join()
+                _, leave = await conn.read_control()
+                assert isinstance(leave, C.Leave)
+                # refusal carries the router's reason
+                listening = asyncio.ensure_future(client.listen(idle, "data"))
+                _, join = await conn.read_join()
+                conn.control(idle.key, 0, C.JoinAck(join.req_id, C.JoinStatus.LIMIT, "full"))
+                with pytest.raises(JoinRefused, match="LIMIT.*full"):
+                    await listening
+            # close(): a polite LEAVE for the advertised flow, then EOF
+            _, leave = await conn.read_control()
+            assert isinstance(leave, C.Leave)
+            assert await conn.reader.read() == b""
+    run(main())
+
+
+def test_malformed_frame_from_router_drops_link() -> None:
+    async def main() -> None:
+        async with FakeRouter() as fake:
+            lost: list[object] = []
+            client, conn = await fake_client(fake, on_disconnect=lost.append)
+            flow = await client.create()
+            task = asyncio.ensure_future(client.listen(flow, "data"))
+            _, join = await conn.read_join()
+            conn.control(flow.key, 0, C.JoinAck(join.req_id, C.JoinStatus.OK))
+            lst = await task
+            conn.writer.write(pack_header(flow.key, 1, 200))  # band 200 does not exist
+            with pytest.raises(ConnectionLost, match="malformed"):
+                await get(lst)
+            await client.wait_closed()
+            assert client.closed and "bad-band" in (client.close_reason or "")
+            assert len(lost) == 1 and isinstance(lost[0], ConnectionLost)
+            conn.close()
+    run(main())
+
+
+def test_router_error_after_handshake_is_reported() -> None:
+    async def main() -> None:
+        async with FakeRouter() as fake:
+            client, conn = await fake_client(fake)
+            conn.control(LINK_LOCAL_FLOW.key, 0, C.Error(2, "shutting down for maintenance"))
+            await asyncio.wait_for(client.wait_closed(), 5)
+            with pytest.raises(ConnectionLost, match="maintenance"):
+                client.send_nowait(FlowID(1, LSID, 1), b"x")
+            conn.close()
+    run(main())
+
+
+def test_connection_loss_wakes_waiting_get() -> None:
+    async def main() -> None:
+        async with chain(1) as (r0,):
+            lost = asyncio.Event()
+            reasons: list[object] = []
+
+            async def hook(err: flowlib.FlowError | None) -> None:
+                reasons.append(err)
+                lost.set()
+
+            rx = await flowlib.connect(addr(r0), name="rx", on_disconnect=hook)
+            tx = await flowlib.connect(addr(r0), name="tx")
+            flow = await tx.create()
+            lst = await rx.listen(flow, "data")
+            other = await rx.listen(flow, "data")
+            await tx.send(flow, b"queued before the loss")
+            assert (await get(other)).payload == b"queued before the loss"
+            waiter = asyncio.ensure_future(other.get())
+
+            async def iterate() -> list[bytes]:
+                return [m.payload async for m in lst]
+
+            iterating = asyncio.ensure_future(iterate())
+            await r0.stop()
+            with pytest.raises(ConnectionLost):
+                await asyncio.wait_for(waiter, 5)
+            with pytest.raises(ConnectionLost):  # iteration reports the loss, not a clean end
+                await asyncio.wait_for(iterating, 5)
+            await asyncio.wait_for(lost.wait(), 5)
+            assert rx.closed and isinstance(reasons[0], ConnectionLost)
+            with pytest.raises(ConnectionLost):
+                await rx.send(flow, b"x")
+            with pytest.raises(ConnectionLost):
+                await rx.listen(flow, "data")
+            await rx.close()  # closing a lost client is fine
+            await tx.close()
+    run(main())
+
+
+def test_pending_listen_fails_on_connection_loss() -> None:
+    async def main() -> None:
+        async with FakeRouter() as fake:
+            client, conn = await fake_client(fake)
+            flow = await client.create()
+            task = asyncio.ensure_future(client.listen(flow, "data"))
+            await conn.read_join()
+            conn.writer.transport.abort()
+            with pytest.raises(ConnectionLost):
+                await asyncio.wait_for(task, 5)
+            assert client.listeners() == []
+    run(main())
+
+
+# ================================================================== synchronous facade
+class RouterThread:
+    """Routers on their own loop thread, so a plain (threaded) program can use them."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.nodes: list[RouterNode] = []
+        self._chain: contextlib.AbstractAsyncContextManager[list[RouterNode]] | None = None
+
+    def call(self, coro: Awaitable[T]) -> T:
+        async def wrap() -> T:
+            return await coro
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(wrap(), 20),
+                                                self.loop).result()
+
+    def __enter__(self) -> list[RouterNode]:
+        self.thread.start()
+        self._chain = chain(2)
+        self.nodes = self.call(self._chain.__aenter__())
+        return self.nodes
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._chain is not None
+        self.call(self._chain.__aexit__(None, None, None))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def test_sync_facade_end_to_end() -> None:
+    with RouterThread() as (r0, r1):
+        host, port = r1.tcp_address
+        with flowlib.flow_connect(host, port, name="sync-rx") as rx, \
+                flowlib.flow_connect([addr(r0)], name="sync-tx") as tx:
+            flow = tx.flow_create()
+            assert flow.lsid == LSID
+            tx.flow_advertise(flow)
+            q = rx.flow_addlistener(flow, [32, 33], size=8)
+            assert rx.flow_get(q) is None
+            tx.flow_send(flow, b"one")
+            tx.flow_send(flow, b"two", band=33, locality=(Locality.GEOGRAPHY, 9), ttl=5)
+            tx.flow_send(flow, b"not for q", band=34)
+            first = rx.flow_get_blocked(q, timeout=5)
+            second = rx.flow_get_blocked(q, timeout=5)
+            assert first is not None and second is not None
+            assert (first.payload, first.band) == (b"one", 32)
+            assert (second.payload, second.band, second.ttl) == (b"two", 33, 3)
+            assert rx.flow_get_blocked(q, timeout=0.05) is None
+            with pytest.raises(ValueError):
+                tx.flow_send(flow, b"x", band=3)
+            with pytest.raises(MessageTooLarge):
+                tx.flow_send(flow, bytes(tx.client.max_payload + 1))
+            rx.flow_removelistener(q)
+            with pytest.raises(ListenerClosed):
+                rx.flow_get(q)
+        assert rx.closed and tx.closed
+        with pytest.raises(ConnectionLost):
+            tx.flow_send(flow, b"after close")
+        rx.close()  # idempotent
+
+
+def test_sync_connect_error() -> None:
+    with pytest.raises(ConnectError, match="refused"):
+        flowlib.flow_connect("127.0.0.1", free_port(), timeout=2)
+
+
+def test_sync_blocked_get_sees_connection_loss() -> None:
+    router = RouterThread()
+    with router as (r0, r1):
+        with flowlib.flow_connect(addr(r1), name="rx") as rx:
+            flow = rx.flow_create()
+            q = rx.flow_addlistener(flow)
+            router.call(r1.stop())
+            with pytest.raises(ConnectionLost):
+                rx.flow_get_blocked(q, timeout=5)
+            with pytest.raises(ConnectionLost):
+                rx.flow_get(q)
+
+
+def test_public_api_exports() -> None:
+    for name in flowlib.__all__:
+        assert hasattr(flowlib, name), name
+    assert issubclass(flowlib.FlowTimeout, TimeoutError)
+    assert all(issubclass(getattr(flowlib, n), flowlib.FlowError) for n in
+               ("ConnectError", "JoinRefused", "FlowTimeout", "MessageTooLarge",
+                "ConnectionLost", "Empty", "ListenerClosed"))
