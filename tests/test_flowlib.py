@@ -758,3 +758,37 @@ def test_public_api_exports() -> None:
     assert all(issubclass(getattr(flowlib, n), flowlib.FlowError) for n in
                ("ConnectError", "JoinRefused", "FlowTimeout", "MessageTooLarge",
                 "ConnectionLost", "Empty", "ListenerClosed"))
+
+
+def test_flowcat_create_send_listen(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The shell tool from the README quick start, against a real router."""
+    from flowlib.cli import main as flowcat
+    from flowrouter.config import NodeConfig
+    from flowrouter.runtime import RouterNode
+
+    monkeypatch.setenv("FLOWNET_STATE_DIR", str(tmp_path))
+
+    async def scenario() -> None:
+        node = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", core_lsids=frozenset({0x10}),
+                                     default_lsid=0x10))
+        await node.start()
+        try:
+            router = "%s:%d" % node.tcp_address
+            assert await asyncio.to_thread(flowcat, ["create", "--router", router]) == 0
+            flow = capsys.readouterr().out.strip()
+            assert flow.endswith(":00000010:00000001")
+            listener = asyncio.ensure_future(asyncio.to_thread(
+                flowcat, ["listen", "--router", router, "--bands", "40", "--count", "1",
+                          "--timeout", "20", "--json", flow]))
+            while not node.core.flows:  # the listener's join has reached the router
+                await asyncio.sleep(0.01)
+            assert await asyncio.to_thread(
+                flowcat, ["send", "-r", router, "--band", "40", flow, "hi there"]) == 0
+            assert await asyncio.wait_for(listener, 30) == 0
+            out = capsys.readouterr().out
+            assert '"payload": "hi there"' in out and '"band": 40' in out
+            rc = await asyncio.to_thread(flowcat, ["send", "-r", router, "--band", "3", flow, "x"])
+            assert rc == 1 and "band" in capsys.readouterr().err
+        finally:
+            await node.stop()
+    asyncio.run(asyncio.wait_for(scenario(), 60))
