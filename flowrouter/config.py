@@ -27,6 +27,12 @@ Example (every key optional except ``router.name``)::
     0x20 = "r2"
     default = "r2"
 
+    [[emulate]]                   # link emulation toward a peer (by name), any direction
+    peer = "r2"
+    bandwidth = 56000             # bits/s
+    delay = 0.05                  # seconds, one way
+    loss = 0.01                   # probability a frame is lost
+
 Every error names the file and the key that is wrong.
 """
 
@@ -69,11 +75,60 @@ def node_id_for(name: str) -> int:
 
 
 @dataclass(slots=True)
+class Emulation:
+    """What a link toward one peer should look like: slow, far, lossy, or cut."""
+
+    bandwidth: float | None = None  #: bits per second (None: unlimited)
+    delay: float = 0.0  #: one-way seconds added to every frame
+    loss: float = 0.0  #: probability that a frame is silently lost (counted)
+    down: bool = False  #: drop everything sent this way (an asymmetric cut)
+
+    def __post_init__(self) -> None:
+        if self.bandwidth is not None and self.bandwidth <= 0:
+            raise ConfigError(f"emulated bandwidth must be positive, got {self.bandwidth}")
+        if self.delay < 0:
+            raise ConfigError(f"emulated delay must be >= 0, got {self.delay}")
+        if not 0.0 <= self.loss <= 1.0:
+            raise ConfigError(f"emulated loss must be within 0..1, got {self.loss}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.bandwidth or self.delay or self.loss or self.down)
+
+    def describe(self) -> str:
+        parts = []
+        if self.down:
+            parts.append("down")
+        if self.bandwidth:
+            parts.append(f"{self.bandwidth / 1000:g} kbit/s")
+        if self.delay:
+            parts.append(f"{self.delay * 1000:g} ms delay")
+        if self.loss:
+            parts.append(f"{self.loss:.1%} loss")
+        return ", ".join(parts) or "no emulation"
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], where: str) -> Emulation:
+        unknown = set(data) - {"bandwidth", "delay", "loss", "down", "peer"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown emulation key(s) {sorted(unknown)}; allowed: "
+                              "bandwidth, delay, loss, down")
+        try:
+            bw = data.get("bandwidth")
+            return cls(bandwidth=float(bw) if bw is not None else None,
+                       delay=float(data.get("delay", 0.0)), loss=float(data.get("loss", 0.0)),
+                       down=bool(data.get("down", False)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass(slots=True)
 class PeerConfig:
     address: str
     name: str | None = None
     transport: str = "tcp"
     modifiers: Modifiers = field(default_factory=Modifiers)
+    emulation: Emulation = field(default_factory=Emulation)
 
     def __post_init__(self) -> None:
         parse_address(self.address, "peer address")
@@ -95,6 +150,10 @@ class NodeConfig:
     default_route: str | None = None
     max_payload: int = DEFAULT_MAX_PAYLOAD
     max_link_buffer: int = 4 * 1024 * 1024
+    #: bytes one input link may have waiting in output queues before we stop reading it
+    link_credit: int = 1024 * 1024
+    #: flows one application link may hold state for (the seed's advertisement flood)
+    max_flows_per_endpoint: int = 4096
     epoch: float = 5.0
     gc_ping_after: int = 3
     gc_delete_after: int = 6
@@ -106,6 +165,7 @@ class NodeConfig:
     udp_idle_timeout: float = 30.0
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     peers: list[PeerConfig] = field(default_factory=list)
+    emulation: dict[str, Emulation] = field(default_factory=dict)  #: peer name -> emulation
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -132,16 +192,18 @@ class NodeConfig:
                 default_lsid=self.default_lsid, routes=dict(self.routes),
                 default_route=self.default_route, epoch_length=self.epoch,
                 gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,
-                join_timeout=self.join_timeout, max_flows=self.max_flows)
+                join_timeout=self.join_timeout, max_flows=self.max_flows,
+                max_flows_per_endpoint=self.max_flows_per_endpoint)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
 
 _ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "default_lsid",
-                "max_payload", "max_link_buffer", "join_timeout", "max_flows", "tick_interval",
-                "reconnect_min", "reconnect_max", "udp_idle_timeout", "endpoint_locality"}
+                "max_payload", "max_link_buffer", "link_credit", "max_flows_per_endpoint",
+                "join_timeout", "max_flows", "tick_interval", "reconnect_min", "reconnect_max",
+                "udp_idle_timeout", "endpoint_locality"}
 _GC_KEYS = {"epoch", "ping_after", "delete_after"}
-_PEER_KEYS = {"name", "address", "transport", "locality"}
+_PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
 
 def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -162,15 +224,15 @@ def _lsid(value: Any, where: str) -> int:
 
 
 def config_from_dict(data: dict[str, Any]) -> NodeConfig:
-    _check_keys(data, {"router", "gc", "peer", "routes"}, "the top level")
+    _check_keys(data, {"router", "gc", "peer", "routes", "emulate"}, "the top level")
     router = dict(data.get("router") or {})
     _check_keys(router, _ROUTER_KEYS, "[router]")
     if "name" not in router:
         raise ConfigError("[router] needs a name")
     kw: dict[str, Any] = {}
     for key in ("name", "listen", "udp", "control", "node_id", "max_payload", "max_link_buffer",
-                "join_timeout", "max_flows", "tick_interval", "reconnect_min", "reconnect_max",
-                "udp_idle_timeout"):
+                "link_credit", "max_flows_per_endpoint", "join_timeout", "max_flows",
+                "tick_interval", "reconnect_min", "reconnect_max", "udp_idle_timeout"):
         if key in router:
             kw[key] = router[key] if router[key] != "" else None
     kw["core_lsids"] = frozenset(_lsid(v, "[router] core_lsids")
@@ -199,11 +261,21 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
             raise ConfigError(f"{where} needs an address")
         try:
             mods = Modifiers.from_mapping(peer.get("locality"))
+            emu = Emulation.from_mapping({k: peer[k] for k in ("bandwidth", "delay", "loss")
+                                          if k in peer}, where)
             peers.append(PeerConfig(address=str(peer["address"]), name=peer.get("name"),
-                                    transport=peer.get("transport", "tcp"), modifiers=mods))
+                                    transport=peer.get("transport", "tcp"), modifiers=mods,
+                                    emulation=emu))
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     kw["peers"] = peers
+    emulation = {}
+    for i, table in enumerate(data.get("emulate") or []):
+        where = f"[[emulate]] #{i + 1}"
+        if not isinstance(table, dict) or "peer" not in table:
+            raise ConfigError(f"{where} needs a peer (the neighbour's router name)")
+        emulation[str(table["peer"])] = Emulation.from_mapping(table, where)
+    kw["emulation"] = emulation
     routes = dict(data.get("routes") or {})
     if "default" in routes:
         kw["default_route"] = str(routes.pop("default"))

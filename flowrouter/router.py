@@ -24,7 +24,7 @@ hand a TTL-0 copy to another router (endpoints still get it).
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -76,6 +76,8 @@ class RouterParams:
     gc_delete_after: int = 6  #: T2: idle epochs before the link leaves the entry
     join_timeout: float = 5.0  #: seconds an upstream join may stay unanswered
     max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
+    max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
+    alert_interval: float = 5.0  #: at most one alert per (limit, flow) in this many seconds
     handshake_timeout: float = 10.0
 
     def __post_init__(self) -> None:
@@ -100,6 +102,9 @@ class Router:
         self._gc_keys: list[bytes] = []
         self._gc_pos = 0
         self._gc_last = now
+        #: recent tripped limits, newest last (shown by the status query)
+        self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
+        self._alerted: dict[tuple[str, bytes | None], float] = {}
         #: flows with a join awaiting the upstream answer (checked every tick, not by the GC)
         self._pending: dict[bytes, FlowEntry] = {}
         #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
@@ -400,6 +405,16 @@ class Router:
         elif lid == entry.upstream:
             return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
                                                       "join arrived from the upstream side"))]
+        if (link.role is C.Role.ENDPOINT and key not in link.dependent
+                and len(link.dependent) >= self.p.max_flows_per_endpoint):
+            self.counters["refused.endpoint-quota"] += 1
+            if not entry.down and not entry.sib:
+                self._remove_entry(key, entry)
+            out = self.alert("endpoint-quota", f"{link.describe()} holds "
+                             f"{len(link.dependent)} flows, the per-application limit", now)
+            return out + [self._control(lid, key, C.JoinAck(
+                msg.req_id, C.JoinStatus.LIMIT, f"this application already holds "
+                f"{self.p.max_flows_per_endpoint} flows at router {self.p.name}"))]
         entry.down[lid] = msg.mask
         entry.traffic[lid] = self.epoch
         link.dependent.add(key)
@@ -690,6 +705,37 @@ class Router:
             out += self._after_change(key, entry, now)
         return out
 
+    # ------------------------------------------------------------------ limits
+    def alert(self, kind: str, detail: str, now: float, key: bytes | None = None
+              ) -> list[Action]:
+        """A limit tripped: count it, log it, keep it for the status query, and tell the
+        affected flow's members on the fault band. Rate-limited per (kind, flow)."""
+        self.counters[f"alerts.{kind}"] += 1
+        last = self._alerted.get((kind, key))
+        if last is not None and now - last < self.p.alert_interval:
+            return []
+        if len(self._alerted) > 10_000:
+            self._alerted.clear()
+        self._alerted[(kind, key)] = now
+        log.warning("router %s: limit tripped: %s: %s", self.p.name, kind, detail)
+        self.alerts.append({"t": round(now - self.started, 3), "kind": kind, "detail": detail,
+                            "flow": flow_text(key) if key else None})
+        if key is None:
+            return []
+        fault = C.Fault(C.FaultKind.LIMIT, self.p.name, detail, {"limit": kind})
+        entry = self.flows.get(key)
+        if entry is not None:
+            return self._emit_fault(key, entry, fault)
+        # Not on the tree here (e.g. a non-member sender's flow): the notice travels toward
+        # the flow's core like the flow's own data, and the tree spreads it from there.
+        out_link = self.routing.link_for(key_lsid(key))
+        if out_link is None:
+            return []
+        body = fault.encode()
+        self.counters["faults.sent"] += 1
+        return [Send(out_link, pack_header(key, len(body), BAND_FAULT, 0, 0, DEFAULT_TTL),
+                     body)]
+
     # ------------------------------------------------------------------ inspection
     def status(self) -> dict[str, Any]:
         links = [{
@@ -712,6 +758,7 @@ class Router:
             "core_lsids": sorted(self.p.core_lsids), "links": links, "flows": flows,
             "flow_count": len(self.flows), "ls_routes": self.routing.table(),
             "counters": dict(sorted(self.counters.items())),
+            "alerts": list(self.alerts),
         }
 
 

@@ -9,9 +9,15 @@ bytes and time in and actions out:
   never copied by Python code.
 * UDP links share one socket bound with asyncio-dgram; each remote address is a link. Sends use
   ``socket.sendmsg`` scatter/gather (again no copy); a full socket buffer is a counted drop.
-* Each link's output is bounded (``max_link_buffer`` bytes); past it data frames are dropped
-  and counted as ``drop.link-congested`` while control frames still go through, so a slow
-  neighbour cannot grow the router's memory or starve the control plane.
+* Each link's output goes straight to the transport until the transport pushes back (or the
+  link is shaped for emulation); then frames wait in an :class:`~flowrouter.linkqueue.
+  OutputQueue`: control first, data fair between flows (deficit round robin), bounded by
+  ``max_link_buffer`` with drops taken from the longest flow queue, counted as
+  ``drop.link-congested`` and announced on the flow's fault band. Each input link has a credit
+  (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
+  neighbour, so TCP pushes back on the sender that causes the congestion and only on it.
+* Link emulation (bandwidth, delay, loss per direction, and administrative down/up) happens
+  here, so outage rehearsals need no kernel traffic control.
 * Dialled peers are re-dialled with exponential back-off when their link drops.
 * The control interface speaks JSON lines on TCP: ``{"cmd": "status"}`` returns the link table,
   flow table, LS routes and counters (``flowrouter status`` prints them).
@@ -22,23 +28,146 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import asyncio_dgram
 
-from .config import NodeConfig, PeerConfig, parse_address
+from .config import ConfigError, Emulation, NodeConfig, PeerConfig, parse_address
 from .control import Role
-from .header import (OFF_BAND, UDP_MAX_PAYLOAD, FrameDecoder, MalformedFrame,
-                     split_datagram)
+from .header import UDP_MAX_PAYLOAD, FrameDecoder, MalformedFrame, split_datagram
+from .linkqueue import OutputQueue
 from .router import Action, Close, Router, Send
 from .tables import LinkState, Modifiers
 
 log = logging.getLogger("flowrouter.runtime")
 
 
+class _LinkOutput:
+    """The sending side of one link: a copy-free fast path, and the slow path described in
+    the module docstring (queue, fairness, shaping, credits, emulated loss)."""
+
+    __slots__ = ("node", "link_id", "write", "queue", "paused", "timer", "emu", "rng")
+
+    def __init__(self, node: RouterNode, link_id: int,
+                 write: Callable[[bytes, Any], None]) -> None:
+        self.node = node
+        self.link_id = link_id
+        self.write = write
+        self.queue: OutputQueue | None = None
+        self.paused = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.emu: Emulation | None = None
+        self.rng: random.Random | None = None
+
+    def emulate(self, emu: Emulation | None) -> None:
+        """(Re)configure emulation; frames already waiting keep their order."""
+        self.emu = emu if emu is not None and emu.active else None
+        old = self.queue
+        if self.emu is not None:
+            self.rng = random.Random(f"{self.node.config.name}:{self.link_id}")
+            self.queue = OutputQueue(self.node.config.max_link_buffer,
+                                     rate=self.emu.bandwidth / 8 if self.emu.bandwidth else None,
+                                     delay=self.emu.delay, now=self.node.now())
+            if old is not None:
+                now = self.node.now()
+                while (fr := old.pop(now)) is not None:
+                    self.queue.push(bytes(fr[0][:16]), fr[0], fr[1], fr[0][20] < 16, now, fr[2])
+        elif old is not None and old.shaped:
+            self.queue = None
+            self._requeue(old)
+        self._drain()
+
+    def _requeue(self, old: OutputQueue) -> None:
+        now = self.node.now()
+        while (fr := old.pop(now)) is not None:
+            self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+            self.send(fr[0], fr[1])
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        emu = self.emu
+        if emu is not None:
+            if emu.down or (emu.loss and self.rng.random() < emu.loss):  # type: ignore[union-attr]
+                self.node.core.counters["drop.emulated-loss" if not emu.down
+                                        else "drop.emulated-down"] += 1
+                return
+        elif self.queue is None and not self.paused:
+            self.write(header, payload)
+            return
+        node = self.node
+        q = self.queue
+        if q is None:
+            q = self.queue = OutputQueue(node.config.max_link_buffer)
+        origin = node._rx_link
+        now = node.now()
+        size = len(header) + len(payload)
+        dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
+        node._credit_take(origin, size)
+        for key, n, org in dropped:
+            node._credit_release(org, n)
+            node.core.counters["drop.link-congested"] += 1
+            link = node.core.links.get(self.link_id)
+            node.execute(node.core.alert(
+                "link-congested", f"output to {link.describe() if link else self.link_id} "
+                f"is full ({node.config.max_link_buffer} bytes); dropping the longest flow's "
+                "frames", now, key))
+        self._drain()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._drain()
+
+    def _drain(self) -> None:
+        q = self.queue
+        if q is None or self.timer is not None:
+            return
+        node = self.node
+        now = node.now()
+        while not self.paused:
+            fr = q.pop(now)
+            if fr is None:
+                break
+            node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+            self.write(fr[0], fr[1])
+        if q.empty() and not q.shaped:
+            self.queue = None  # back to the fast path
+            return
+        if not self.paused:
+            wait = q.next_ready(now)
+            if wait is not None:
+                self.timer = node._loop.call_later(max(wait, 0.0005), self._wake)  # type: ignore[union-attr]
+
+    def _wake(self) -> None:
+        self.timer = None
+        self._drain()
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        q, self.queue = self.queue, None
+        if q is not None:
+            now = self.node.now()
+            while (fr := q.pop(now)) is not None:
+                self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"paused": self.paused}
+        if self.queue is not None:
+            out.update(self.queue.stats())
+        if self.emu is not None:
+            out["emulation"] = self.emu.describe()
+        return out
+
+
 class _TcpLink(asyncio.Protocol):
-    __slots__ = ("node", "peer", "link_id", "transport", "decoder", "paused", "address")
+    __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
+                 "reading")
 
     def __init__(self, node: RouterNode, peer: PeerConfig | None) -> None:
         self.node = node
@@ -46,15 +175,17 @@ class _TcpLink(asyncio.Protocol):
         self.link_id = 0
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(node.config.max_payload)
-        self.paused = False
+        self.out: _LinkOutput | None = None
         self.address = "?"
+        self.reading = True
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         node = self.node
-        transport.set_write_buffer_limits(high=node.config.max_link_buffer)
+        # A small transport buffer: beyond it frames wait in our fair queue, not in asyncio's.
+        transport.set_write_buffer_limits(high=64 * 1024)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -64,6 +195,7 @@ class _TcpLink(asyncio.Protocol):
         peername = transport.get_extra_info("peername")
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.link_id = node._register(self)
+        self.out = _LinkOutput(node, self.link_id, self._write)
         mods = self.peer.modifiers if self.peer else node.config.endpoint_modifiers
         node.execute(node.core.open_link(
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
@@ -79,10 +211,12 @@ class _TcpLink(asyncio.Protocol):
         if not frames:
             return
         core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
+        node._rx_link = link_id
         for header, payload in frames:
             actions = core.receive(link_id, header, payload, now)
             if actions:
                 execute(actions)
+        node._rx_link = 0
         if core.generation != node._seen_generation:
             node._link_state_changed()
 
@@ -96,26 +230,38 @@ class _TcpLink(asyncio.Protocol):
             link = node.core.links.get(self.link_id)
             log.warning("%s: malformed input: %s; dropping the link",
                         link.describe() if link else f"link {self.link_id}", reason)
+        if self.out is not None:
+            self.out.close()
         node.execute(node.core.close_link(self.link_id, node.now(), reason))
         node._unregister(self.link_id)
         if self.peer is not None:
             node._redial(self.peer)
 
     def pause_writing(self) -> None:
-        self.paused = True
+        if self.out is not None:
+            self.out.pause()
 
     def resume_writing(self) -> None:
-        self.paused = False
+        if self.out is not None:
+            self.out.resume()
 
     # link interface ---------------------------------------------------------------------------
-    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+    def _write(self, header: bytes, payload: Any) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is not None and not transport.is_closing():
+            transport.writelines((header, payload))
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        self.out.send(header, payload)  # type: ignore[union-attr]
+
+    def set_reading(self, on: bool) -> None:
+        if self.transport is None or on == self.reading:
             return
-        if self.paused and header[OFF_BAND] >= 16:
-            self.node.core.counters["drop.link-congested"] += 1
-            return
-        transport.writelines((header, payload))
+        self.reading = on
+        if on:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
 
     def close(self, reason: str) -> None:
         if self.transport is not None:
@@ -123,7 +269,7 @@ class _TcpLink(asyncio.Protocol):
 
 
 class _UdpLink:
-    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address")
+    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address", "out")
 
     def __init__(self, node: RouterNode, addr: tuple[str, int], peer: PeerConfig | None) -> None:
         self.node = node
@@ -132,8 +278,15 @@ class _UdpLink:
         self.link_id = 0
         self.last_rx = node.now()
         self.address = f"{addr[0]}:{addr[1]}"
+        self.out: _LinkOutput | None = None
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        self.out.send(header, payload)  # type: ignore[union-attr]
+
+    def set_reading(self, on: bool) -> None:
+        pass  # one socket serves every UDP peer: nothing to pause per link
+
+    def _write(self, header: bytes, payload: Any) -> None:
         sock = self.node._udp_sock
         if sock is None:
             return
@@ -146,6 +299,8 @@ class _UdpLink:
             log.debug("UDP send to %s failed: %s", self.address, exc)
 
     def close(self, reason: str) -> None:
+        if self.out is not None:
+            self.out.close()
         self.node._udp_links.pop(self.addr, None)
 
 
@@ -168,6 +323,19 @@ class RouterNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backoff: dict[str, float] = {}
         self._seen_generation = 0
+        #: the input link whose frames are being processed (0: none / locally generated)
+        self._rx_link = 0
+        #: bytes from each input link waiting in output queues, and who is paused for it
+        self._pending_in: dict[int, int] = {}
+        #: emulation per peer name (from config and the control interface)
+        self._emulation: dict[str, Emulation] = {
+            name: emu for name, emu in config.emulation.items()}
+        for peer in config.peers:
+            if peer.name and peer.emulation.active:
+                self._emulation.setdefault(peer.name, peer.emulation)
+        self._emulated: dict[int, str] = {}  #: link id -> peer name it was configured for
+        #: peers administratively down: their links are closed and not re-dialled
+        self._blocked: set[str] = set()
 
     # lifecycle --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -261,9 +429,56 @@ class RouterNode:
 
     def _unregister(self, link_id: int) -> None:
         self._links.pop(link_id, None)
+        self._emulated.pop(link_id, None)
+        self._pending_in.pop(link_id, None)
         self._link_state_changed()
 
+    def _credit_take(self, origin: int, size: int) -> None:
+        if not origin:
+            return
+        pending = self._pending_in.get(origin, 0) + size
+        self._pending_in[origin] = pending
+        if pending > self.config.link_credit:
+            link = self._links.get(origin)
+            if link is not None and getattr(link, "reading", False):
+                self.core.counters["credit.paused"] += 1
+                link.set_reading(False)
+
+    def _credit_release(self, origin: int, size: int) -> None:
+        if not origin:
+            return
+        pending = self._pending_in.get(origin, 0) - size
+        if pending <= 0:
+            self._pending_in.pop(origin, None)
+        else:
+            self._pending_in[origin] = pending
+        if pending <= self.config.link_credit // 2:
+            link = self._links.get(origin)
+            if link is not None and not getattr(link, "reading", True):
+                link.set_reading(True)
+
+    def _apply_emulation(self) -> None:
+        """Give every up link the emulation configured for its peer (by name)."""
+        for lid, lk in self.core.links.items():
+            if lk.state is not LinkState.UP:
+                continue
+            link = self._links.get(lid)
+            if link is None or link.out is None:
+                continue
+            emu = self._emulation.get(lk.peer_name)
+            if self._emulated.get(lid) != (lk.peer_name if emu else None) or (
+                    emu is not None and link.out.emu is not emu):
+                link.out.emulate(emu)
+                self._emulated[lid] = lk.peer_name if emu else None  # type: ignore[assignment]
+                if emu is not None:
+                    log.info("router %s: %s emulates %s", self.config.name, lk.describe(),
+                             emu.describe())
+
     def _link_state_changed(self) -> None:
+        if self._emulation:
+            self._apply_emulation()
+        if self._blocked:
+            self._close_blocked()
         self._seen_generation = self.core.generation
         self._changed.set()
         self._changed = asyncio.Event()
@@ -300,6 +515,9 @@ class RouterNode:
             await asyncio.sleep(delay)
         if self._stopping:
             return
+        if peer.name in self._blocked:
+            self._redial(peer)  # keep trying; it goes through once the link is set up again
+            return
         loop = asyncio.get_running_loop()
         host, port = parse_address(peer.address, "peer address")
         if peer.transport == "udp":
@@ -321,6 +539,7 @@ class RouterNode:
     def _udp_link(self, addr: tuple[str, int], peer: PeerConfig | None) -> _UdpLink:
         link = _UdpLink(self, addr, peer)
         link.link_id = self._register(link)
+        link.out = _LinkOutput(self, link.link_id, link._write)
         self._udp_links[addr] = link
         mods = peer.modifiers if peer else self.config.endpoint_modifiers
         actions = self.core.open_link(link.link_id, self.now(), transport="udp",
@@ -354,6 +573,52 @@ class RouterNode:
                 self.execute(actions)
             if self.core.generation != self._seen_generation:
                 self._link_state_changed()
+
+    # administration (fault schedules) ---------------------------------------------------------
+    def set_emulation(self, peer: str, emu: Emulation | None) -> None:
+        """Change the emulation of links toward *peer* now (None: a plain link again)."""
+        if emu is None or not emu.active:
+            self._emulation.pop(peer, None)
+        else:
+            self._emulation[peer] = emu
+        for lid, lk in self.core.links.items():
+            link = self._links.get(lid)
+            if lk.peer_name == peer and link is not None and link.out is not None:
+                link.out.emulate(self._emulation.get(peer))
+                self._emulated[lid] = peer if peer in self._emulation else None  # type: ignore[assignment]
+        log.info("router %s: links to %s now: %s", self.config.name, peer,
+                 emu.describe() if emu else "no emulation")
+
+    def set_link(self, peer: str, up: bool) -> int:
+        """Administratively cut (or restore) every link to router *peer*; returns links cut.
+
+        A cut link is closed as a real failure would be (faults, re-grafting, LS re-routing);
+        while the peer is blocked it is neither re-dialled nor accepted.
+        """
+        if up:
+            self._blocked.discard(peer)
+            log.info("router %s: link to %s administratively up", self.config.name, peer)
+            for p in self.config.peers:
+                if p.name == peer:
+                    self._backoff.pop(p.address, None)
+            return 0
+        self._blocked.add(peer)
+        log.info("router %s: link to %s administratively down", self.config.name, peer)
+        return self._close_blocked()
+
+    def _close_blocked(self) -> int:
+        n = 0
+        now = self.now()
+        for lid, lk in list(self.core.links.items()):
+            if lk.peer_name in self._blocked and lk.state is LinkState.UP:
+                link = self._links.get(lid)
+                self.execute(self.core.close_link(lid, now, "administratively down"))
+                if link is not None:
+                    link.close("administratively down")
+                n += 1
+        if n:
+            self._link_state_changed()
+        return n
 
     # time ---------------------------------------------------------------------------------------
     async def _ticker(self) -> None:
@@ -404,9 +669,33 @@ class RouterNode:
     # control interface ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         st = self.core.status()
+        for row in st["links"]:
+            link = self._links.get(row["id"])
+            if link is not None and link.out is not None:
+                row["output"] = link.out.stats()
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self._udp else None
         return st
+
+    def _control_command(self, cmd: Any, req: Any) -> dict[str, Any]:
+        if cmd == "status":
+            return {"ok": True, "status": self.status()}
+        if cmd == "ping":
+            return {"ok": True, "name": self.config.name}
+        if cmd == "emulate":
+            emu = Emulation.from_mapping({k: v for k, v in req.items() if k != "cmd"},
+                                         "emulate")
+            self.set_emulation(str(req["peer"]), emu)
+            return {"ok": True, "emulation": emu.describe()}
+        if cmd == "link":
+            up = req["up"]
+            if not isinstance(up, bool):
+                raise ValueError('"up" must be true or false')
+            return {"ok": True, "closed": self.set_link(str(req["peer"]), up)}
+        return {"ok": False, "error": "unknown or malformed command; send one JSON line: "
+                '{"cmd": "status"}, {"cmd": "ping"}, {"cmd": "link", "peer": NAME, '
+                '"up": BOOL} or {"cmd": "emulate", "peer": NAME, "bandwidth": BPS, '
+                '"delay": S, "loss": P, "down": BOOL}'}
 
     async def _control_client(self, reader: asyncio.StreamReader,
                               writer: asyncio.StreamWriter) -> None:
@@ -417,13 +706,10 @@ class RouterNode:
                     cmd = req.get("cmd") if isinstance(req, dict) else None
                 except ValueError:
                     cmd, req = None, None
-                if cmd == "status":
-                    reply: dict[str, Any] = {"ok": True, "status": self.status()}
-                elif cmd == "ping":
-                    reply = {"ok": True, "name": self.config.name}
-                else:
-                    reply = {"ok": False, "error": "unknown or malformed command; send "
-                             '{"cmd": "status"} or {"cmd": "ping"} as one JSON line'}
+                try:
+                    reply = self._control_command(cmd, req)
+                except (ConfigError, KeyError, TypeError, ValueError) as exc:
+                    reply = {"ok": False, "error": f"bad {cmd} command: {exc}"}
                 writer.write(json.dumps(reply).encode() + b"\n")
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -432,8 +718,8 @@ class RouterNode:
             writer.close()
 
 
-async def query_control(address: str, cmd: str = "status", timeout: float = 5.0
-                        ) -> dict[str, Any]:
+async def query_control(address: str, cmd: str = "status", timeout: float = 5.0,
+                        **args: Any) -> dict[str, Any]:
     """Ask a running router's control interface; raises ConnectionError with a clear text."""
     host, port = parse_address(address, "control address")
     try:
@@ -442,7 +728,7 @@ async def query_control(address: str, cmd: str = "status", timeout: float = 5.0
         raise ConnectionError(f"no router control interface answers at {address}: "
                               f"{exc}") from None
     try:
-        writer.write(json.dumps({"cmd": cmd}).encode() + b"\n")
+        writer.write(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
         line = await asyncio.wait_for(reader.readline(), timeout)
     finally:
         writer.close()

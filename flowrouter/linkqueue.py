@@ -1,0 +1,241 @@
+"""Per-link output scheduling: bounded, fair between flows, optionally shaped. Sans-I/O.
+
+A link's output normally goes straight to the transport. Only when the transport pushes back
+(or a shaper says "not yet") do frames wait here, and then:
+
+* **fairness** — each flow has its own FIFO and the queue is served by deficit round robin
+  with a byte quantum, so a flow that floods the link gets its share and no more: a
+  well-behaved flow on the same link keeps its rate (seed 000 ch. 4, seed 001's fairness);
+* **bounded memory** — when the total would exceed ``max_bytes``, frames are dropped from the
+  *longest* flow queue (the flooder pays for its own excess), and every drop is counted;
+* **shaping** — an optional token bucket (``rate`` bytes/s) emulates a slow link (the 56 kbit/s
+  links of the seed 003 test-bed) and an optional fixed delay emulates propagation; loss is
+  applied by the caller before queueing.
+
+Router control frames (bands below 16) wait in their own FIFO, served first and never dropped,
+so a congested data plane never starves joins, acks and pings. Application administration
+(bands 16..31: heartbeats, faults, repairs) comes next in a second FIFO, so a data backlog
+cannot make heartbeats late enough to look like a disconnect; that FIFO counts as one more
+queue for the longest-queue drop rule, so it cannot be used to flood past the bound.
+
+Everything takes ``now`` from the caller; :meth:`OutputQueue.next_ready` says when to look
+again, so the runtime only arms a timer when shaping or delay demand one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+Frame = tuple[bytes, Any, int]  #: (header, payload, origin: the input link it came from, 0 local)
+
+
+class TokenBucket:
+    """Bytes per second with a burst allowance; ``delay(size, now)`` says how long to wait."""
+
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, rate: float, burst: float | None = None, now: float = 0.0) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else max(rate / 10, 2048.0))
+        self.tokens = self.burst
+        self.stamp = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def wait_for(self, size: int, now: float) -> float:
+        """Seconds until *size* bytes may go (0 if now)."""
+        self._refill(now)
+        need = min(size, self.burst) - self.tokens
+        return 0.0 if need <= 0 else need / self.rate
+
+    def take(self, size: int, now: float) -> None:
+        self._refill(now)
+        self.tokens -= size
+
+
+class OutputQueue:
+    """Waiting frames of one link: control FIFO first, then DRR over per-flow FIFOs."""
+
+    __slots__ = ("max_bytes", "quantum", "bytes", "ctl", "adm", "flows", "active", "deficit",
+                 "dropped", "dropped_bytes", "bucket", "delay", "_delayed")
+
+    def __init__(self, max_bytes: int, quantum: int = 16 * 1024,
+                 rate: float | None = None, delay: float = 0.0, now: float = 0.0) -> None:
+        self.max_bytes = max_bytes
+        self.quantum = quantum
+        self.bytes = 0
+        self.ctl: deque[Frame] = deque()
+        self.adm: deque[tuple[bytes, Frame]] = deque()  #: (flow key, frame), bands 16..31
+        self.flows: dict[bytes, deque[Frame]] = {}
+        self.active: deque[bytes] = deque()  #: flows with frames, in service order
+        self.deficit: dict[bytes, int] = {}
+        self.dropped = 0
+        self.dropped_bytes = 0
+        self.bucket = TokenBucket(rate, now=now) if rate else None
+        self.delay = delay
+        #: frames held for the propagation delay: (due time, control?, key, frame)
+        self._delayed: deque[tuple[float, bool, bytes, Frame]] = deque()
+
+    @property
+    def shaped(self) -> bool:
+        return self.bucket is not None or self.delay > 0
+
+    def __len__(self) -> int:
+        return (len(self.ctl) + len(self.adm) + sum(len(q) for q in self.flows.values())
+                + len(self._delayed))
+
+    def empty(self) -> bool:
+        return not self.ctl and not self.adm and not self.active and not self._delayed
+
+    def push(self, key: bytes, header: bytes, payload: Any, control: bool, now: float,
+             origin: int = 0) -> list[tuple[bytes, int, int]]:
+        """Queue a frame (``control``: a router band; the band byte picks the admin FIFO)."""
+        return self._push(key, header, payload, control, now, origin)
+
+    def _push(self, key: bytes, header: bytes, payload: Any, control: bool, now: float,
+              origin: int) -> list[tuple[bytes, int, int]]:
+        """Queue a frame; return (flow key, size, origin) of every frame dropped to make room.
+
+        The payload is copied here: a view would pin the whole receive buffer it came from
+        for as long as the frame waits, defeating the byte bound.
+        """
+        frame = (header, bytes(payload), origin)
+        size = len(header) + len(frame[1])
+        if self.delay > 0:
+            self._delayed.append((now + self.delay, control, key, frame))
+            self.bytes += size
+            return self._trim(key, size)
+        self._enqueue(key, frame, control)
+        self.bytes += size
+        return self._trim(key, size)
+
+    def _enqueue(self, key: bytes, frame: Frame, control: bool) -> None:
+        if control:
+            self.ctl.append(frame)
+            return
+        if frame[0][20] < 32:
+            self.adm.append((key, frame))
+            return
+        q = self.flows.get(key)
+        if q is None:
+            q = self.flows[key] = deque()
+        if not q:
+            self.active.append(key)
+            self.deficit.setdefault(key, 0)
+        q.append(frame)
+
+    def _trim(self, key: bytes, size: int) -> list[tuple[bytes, int, int]]:
+        if self.bytes <= self.max_bytes:
+            return []
+        dropped: list[tuple[bytes, int, int]] = []
+        while self.bytes > self.max_bytes:
+            victim = self._longest()
+            if victim is None and self.adm:
+                k, fr = self.adm.pop()
+                n = len(fr[0]) + len(fr[1])
+                self.bytes -= n
+                dropped.append((k, n, fr[2]))
+                continue
+            if victim is None:  # only control or delayed frames: drop the newest delayed one
+                if self._delayed and not self._delayed[-1][1]:
+                    _, _, k, fr = self._delayed.pop()
+                    n = len(fr[0]) + len(fr[1])
+                    self.bytes -= n
+                    dropped.append((k, n, fr[2]))
+                    continue
+                break
+            q = self.flows[victim]
+            hdr, pl, origin = q.pop()  # newest of the longest queue
+            n = len(hdr) + len(pl)
+            self.bytes -= n
+            dropped.append((victim, n, origin))
+            if not q:
+                self.active.remove(victim)
+        self.dropped += len(dropped)
+        self.dropped_bytes += sum(d[1] for d in dropped)
+        return dropped
+
+    def _longest(self) -> bytes | None:
+        """The flow with the longest queue; None when the admin FIFO is longer still."""
+        best, best_len = None, len(self.adm)
+        for key in self.active:
+            n = len(self.flows[key])
+            if n > best_len:
+                best, best_len = key, n
+        return best
+
+    def _release_delayed(self, now: float) -> None:
+        d = self._delayed
+        while d and d[0][0] <= now:
+            _, control, key, frame = d.popleft()
+            self._enqueue(key, frame, control)
+
+    def pop(self, now: float) -> Frame | None:
+        """The next frame to write now, or None (empty, or the shaper says wait)."""
+        if self._delayed:
+            self._release_delayed(now)
+        if self.ctl:
+            frame = self.ctl[0]
+        elif self.adm:
+            frame = self.adm[0][1]
+        elif self.active:
+            frame = self._peek_drr()
+        else:
+            return None
+        size = len(frame[0]) + len(frame[1])
+        bucket = self.bucket
+        if bucket is not None and bucket.wait_for(size, now) > 0:
+            return None
+        if self.ctl and frame is self.ctl[0]:
+            self.ctl.popleft()
+        elif self.adm and frame is self.adm[0][1]:
+            self.adm.popleft()
+        else:
+            self._take_drr(size)
+        if bucket is not None:
+            bucket.take(size, now)
+        self.bytes -= size
+        return frame
+
+    def _peek_drr(self) -> Frame:
+        # Rotate until the head flow has deficit for its head frame.
+        while True:
+            key = self.active[0]
+            frame = self.flows[key][0]
+            if self.deficit[key] >= len(frame[0]) + len(frame[1]):
+                return frame
+            self.deficit[key] += self.quantum
+            self.active.rotate(-1)
+
+    def _take_drr(self, size: int) -> None:
+        key = self.active[0]
+        q = self.flows[key]
+        q.popleft()
+        self.deficit[key] -= size
+        if not q:
+            self.active.popleft()
+            self.deficit[key] = 0
+            del self.flows[key]
+
+    def next_ready(self, now: float) -> float | None:
+        """Seconds until :meth:`pop` may return a frame (None: nothing waiting)."""
+        candidates: list[float] = []
+        if self.ctl or self.adm or self.active:
+            frame = (self.ctl[0] if self.ctl else self.adm[0][1] if self.adm
+                     else self.flows[self.active[0]][0])
+            size = len(frame[0]) + len(frame[1])
+            candidates.append(self.bucket.wait_for(size, now) if self.bucket else 0.0)
+        if self._delayed:
+            candidates.append(max(0.0, self._delayed[0][0] - now))
+        return min(candidates) if candidates else None
+
+    def stats(self) -> dict[str, int]:
+        return {"queued_frames": len(self), "queued_bytes": self.bytes,
+                "flows_waiting": len(self.active), "dropped": self.dropped,
+                "dropped_bytes": self.dropped_bytes}
