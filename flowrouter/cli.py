@@ -197,6 +197,11 @@ def format_status(st: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:  # the simulator has its own parser (and --help)
+        from .sim import cli_main
+
+        return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")

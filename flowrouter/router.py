@@ -143,7 +143,7 @@ class Router:
         out: list[Action] = []
         if link.role is C.Role.ROUTER:
             out += self._advertise_routes(self.routing.link_down(link_id))
-        for key in link.dependent:
+        for key in sorted(link.dependent):  # sorted: the same order in every process
             entry = self.flows.get(key)
             if entry is None:
                 continue
@@ -422,17 +422,17 @@ class Router:
         if entry.joined:
             out: list[Action] = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
             return out + self._push_mask(key, entry)
+        if entry.upstream is None:
+            # An orphaned subtree (cut off from the core): it still delivers among its own
+            # members, so the joiner is accepted locally while the graft is retried. A
+            # partition must not stop a site talking to itself.
+            out = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
+            if entry.up_req is None:
+                out += self._rejoin(key, entry, now)
+            return out
         entry.waiting.append((lid, msg.req_id))
         if entry.up_req is not None:
             return []
-        if entry.upstream is None:  # an orphaned subtree: try to graft it back now
-            out = self._rejoin(key, entry, now)
-            if entry.up_req is None:
-                self.counters["refused.no-route"] += 1
-                return out + self._join_failed(key, entry, C.JoinStatus.NO_ROUTE,
-                                               f"router {self.p.name} has no route to "
-                                               f"location service {key_lsid(key):#x}")
-            return out
         return self._send_join_up(key, entry, now)
 
     def _join_failed(self, key: bytes, entry: FlowEntry, status: C.JoinStatus,

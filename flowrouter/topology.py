@@ -922,13 +922,13 @@ class _Parser:
                                 f"used by router {used[key]!r}")
             used[key] = r.name
 
-    def faults(self, value: Any, path: tuple[Any, ...], link_ends: dict[str, tuple[str, str]]
-               ) -> tuple[Fault, ...]:
+    def faults(self, value: Any, path: tuple[Any, ...], link_ends: dict[str, tuple[str, str]],
+               where: str = "") -> tuple[Fault, ...]:
         if not isinstance(value, list):
-            raise self.fail(path, "faults must be an array of tables")
+            raise self.fail(path, f"{where}faults must be an array of tables")
         out = []
         for i, item in enumerate(value):
-            out.append(self.fault(item, path + (i,), f"fault #{i + 1}", link_ends))
+            out.append(self.fault(item, path + (i,), f"{where}fault #{i + 1}", link_ends))
         return tuple(out)
 
     def fault(self, item: Any, p: tuple[Any, ...], what: str,
@@ -1019,7 +1019,8 @@ class _Parser:
             if "duration" in st:
                 dur = self.number(st["duration"], p + ("duration",), f"scenario {name!r} "
                                   "duration", lo_open=True, time=True)
-            faults = self.faults(st.get("faults", []), p + ("faults",), link_ends)
+            faults = self.faults(st.get("faults", []), p + ("faults",), link_ends,
+                                 f"scenario {name!r} ")
             out.append(Scenario(name, desc, faults, dur))
         return tuple(out)
 

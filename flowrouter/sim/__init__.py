@@ -14,8 +14,9 @@ Quick start::
     net.run_until(6.0)
 
 Modules: :mod:`.engine` (event queue), :mod:`.links` (link model), :mod:`.endpoint`
-(simulated endpoint), :mod:`.network` (wiring), :mod:`.workload` (default workload and the
-``flowrouter sim`` command), :mod:`.generate` (synthetic topologies for scale runs).
+(simulated endpoint), :mod:`.network` (wiring), :mod:`.workload` (default workload,
+:func:`run_topology` and the ``flowrouter sim`` command, :func:`cli_main`), :mod:`.generate`
+(synthetic topologies for scale runs), :mod:`.bench` (``python -m flowrouter.sim.bench``).
 """
 
 from __future__ import annotations
@@ -24,15 +25,10 @@ from .endpoint import Delivery, FaultNotice, JoinResult, SimEndpoint
 from .engine import EventQueue
 from .links import Direction, SimLink
 from .network import RouterNode, SimNetwork, SimulationError, TraceRecord
-
-
-def cli_main(argv: list[str] | None = None) -> int:
-    """``flowrouter sim TOPOLOGY [--scenario S] [--seed N] [--duration T] [--json]``."""
-    from .workload import cli_main as _main
-
-    return _main(argv)
+from .workload import SharedFlowWorkload, cli_main, default_flow
+from .workload import run as run_topology
 
 
 __all__ = ["Delivery", "Direction", "EventQueue", "FaultNotice", "JoinResult", "RouterNode",
-           "SimEndpoint", "SimLink", "SimNetwork", "SimulationError", "TraceRecord",
-           "cli_main"]
+           "SharedFlowWorkload", "SimEndpoint", "SimLink", "SimNetwork", "SimulationError",
+           "TraceRecord", "cli_main", "default_flow", "run_topology"]

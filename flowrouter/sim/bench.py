@@ -40,10 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     wl.install()
     build = time.perf_counter() - t0
     t1 = time.perf_counter()
+    c1 = time.process_time()
     net.run_until(args.duration)
     wall = time.perf_counter() - t1
+    cpu = time.process_time() - c1
     s = summarize(net, wl, wall)
     s["build_seconds"] = build
+    s["cpu_seconds"] = cpu
+    s["events_per_cpu_second"] = s["events"] / cpu if cpu > 0 else None
     if args.json:
         s.pop("links_traffic")
         print(json.dumps(s, indent=2, sort_keys=True))
@@ -51,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     m = s["messages"]
     print(f"{topo.name}: {s['routers']} routers, {s['links']} links, {s['endpoints']} "
           f"endpoints; {args.duration:g} s virtual")
-    print(f"  build {build:.2f} s, run {wall:.2f} s wall")
+    print(f"  build {build:.2f} s, run {wall:.2f} s wall ({cpu:.2f} s CPU)")
     print(f"  events {s['events']:,} ({s['events_per_second']:,.0f}/s): frames delivered "
-          f"{s['frames_delivered']:,}, router ticks {s['router_ticks']:,}")
+          f"{s['frames_delivered']:,}, router ticks {s['router_ticks']:,}; "
+          f"{s['events_per_cpu_second']:,.0f} per CPU second")
     print(f"  messages sent {m['sent']}, delivered {m['delivered']} of {m['expected']} "
           f"expected, errors {s['router_error_count']}")
     return 0

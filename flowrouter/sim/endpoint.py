@@ -9,11 +9,10 @@ Robustness (what a client library is expected to do, and what the simulator reli
 
 * a join answered with anything but OK, or not answered within ``join_timeout``, is retried
   every ``retry_interval`` seconds while the endpoint still wants the flow;
-* with ``repair=True`` (the default) the endpoint also listens on the fault band of every
-  flow it joins, and when a LINK_DOWN fault arrives it re-grafts the flow (LEAVE then JOIN)
-  after ``repair_delay`` seconds. This works around the router core not re-grafting a flow
-  entry whose route to its location service was lost and later comes back (see
-  ``flowrouter/sim/README`` notes in ``topologies/README.md``);
+* with ``repair=True`` (off by default: the routers re-graft broken trees themselves) the
+  endpoint also listens on the fault band of every flow it joins, and when a LINK_DOWN fault
+  arrives it re-grafts the flow (LEAVE then JOIN) after ``repair_delay`` seconds: a
+  client-side safety net for experiments with router versions that cannot repair a tree;
 * after its link to the router breaks and comes back it says HELLO again and re-joins.
 
 Masks: ``join(flow, 32)`` means band 32; pass a :class:`~flowrouter.bands.BandMask`, an
@@ -69,7 +68,7 @@ class SimEndpoint:
     """An endpoint attached to one router by one link."""
 
     def __init__(self, net: SimNetwork, name: str, router: str, node_id: int, *,
-                 roles: tuple[str, ...] = (), repair: bool = True, retry_interval: float = 1.0,
+                 roles: tuple[str, ...] = (), repair: bool = False, retry_interval: float = 1.0,
                  join_timeout: float = 10.0, repair_delay: float = 0.5,
                  max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.net = net
@@ -284,6 +283,7 @@ class SimEndpoint:
                     self.faults.append(FaultNotice(self.now, flow, fault))
                     if (self.repair and fault.kind is C.FaultKind.LINK_DOWN
                             and flow in self.wanted):
+                        self.counters["repairs"] += 1
                         self._schedule_regraft(flow, self.repair_delay)
                 want = self.wanted.get(flow)
                 if want is None or not want[0] & _FAULT_BIT:

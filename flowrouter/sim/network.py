@@ -52,15 +52,26 @@ class SimulationError(RuntimeError):
     """A router raised while handling an event (strict mode)."""
 
 
+class _SortedKeys(dict):  # type: ignore[type-arg]
+    """A set stand-in (add/discard) that iterates in insertion order."""
+
+    def add(self, key: bytes) -> None:
+        self[key] = None
+
+    def discard(self, key: bytes) -> None:
+        self.pop(key, None)
+
+
 class RouterNode:
     """Glue between one sans-I/O Router and the simulated links attached to it."""
 
-    __slots__ = ("name", "router", "net", "ports", "links", "_next_lid", "site")
+    __slots__ = ("name", "router", "net", "q", "ports", "links", "_next_lid", "site")
 
     def __init__(self, net: SimNetwork, router: Router, site: str | None = None) -> None:
         self.name = router.p.name
         self.router = router
         self.net = net
+        self.q = net.queue
         self.ports: dict[int, Direction] = {}  #: link id -> outgoing direction
         self.links: dict[int, SimLink] = {}
         self._next_lid = 1
@@ -81,6 +92,11 @@ class RouterNode:
         return lid
 
     def close(self, lid: int, reason: str) -> None:
+        lk = self.router.links.get(lid)
+        if lk is not None and len(lk.dependent) > 1:
+            # Router.close_link walks this set; a set of bytes iterates in hash order, which
+            # changes between processes (PYTHONHASHSEED). Sorted order keeps runs identical.
+            lk.dependent = _SortedKeys.fromkeys(sorted(lk.dependent))  # type: ignore[assignment]
         acts = self._call("close_link", self.router.close_link, lid, self.net.now, reason)
         self.ports.pop(lid, None)
         self.links.pop(lid, None)
@@ -89,7 +105,7 @@ class RouterNode:
 
     def on_frame(self, lid: int, header: bytes, payload: bytes | memoryview) -> None:
         try:
-            acts = self.router.receive(lid, header, payload, self.net.queue.now)
+            acts = self.router.receive(lid, header, payload, self.q.now)
         except Exception as exc:  # noqa: BLE001 - reported, see SimNetwork.strict
             self.net._router_error(self, "receive", exc)
             return
@@ -131,7 +147,9 @@ class SimNetwork:
 
     def __init__(self, seed: int = 0, *, tick_interval: float = 0.1, trace: bool = False,
                  strict: bool = True, reconnect_delay: float = 1.0,
-                 shuffle_links: bool = True) -> None:
+                 shuffle_links: bool = True,
+                 router_factory: Callable[[RouterParams, float], Router] | None = None
+                 ) -> None:
         if tick_interval <= 0:
             raise ValueError("tick_interval must be positive")
         self.seed = seed
@@ -142,6 +160,8 @@ class SimNetwork:
         self.strict = strict
         self.reconnect_delay = reconnect_delay
         self.shuffle_links = shuffle_links
+        #: builds each router from its params and start time (e.g. to attach a tracer)
+        self.router_factory = router_factory or (lambda p, now: Router(p, now=now))
         self.routers: dict[str, Router] = {}
         self.nodes: dict[str, RouterNode] = {}
         self.endpoints: dict[str, SimEndpoint] = {}
@@ -203,7 +223,7 @@ class SimNetwork:
             default_lsid=default_lsid, routes=dict(routes or {}), default_route=default_route,
             epoch_length=epoch, gc_ping_after=ping_after, gc_delete_after=delete_after,
             join_timeout=join_timeout, max_flows=max_flows)
-        router = Router(params, now=self.now)
+        router = self.router_factory(params, self.now)
         node = RouterNode(self, router, site)
         self.routers[name] = router
         self.nodes[name] = node
@@ -212,7 +232,7 @@ class SimNetwork:
 
     def add_endpoint(self, name: str, router: str, *, delay: float = 0.0001,
                      bandwidth: float = 0.0, modifiers: Modifiers | None = None,
-                     roles: Iterable[str] = (), repair: bool = True,
+                     roles: Iterable[str] = (), repair: bool = False,
                      **options: Any) -> SimEndpoint:
         """Attach a new endpoint to *router* (its link connects at the current time)."""
         self._check_new_name(name)
@@ -258,7 +278,12 @@ class SimNetwork:
     @classmethod
     def from_topology(cls, topo: Topology, *, seed: int = 0, scenario: str | None = None,
                       **options: Any) -> SimNetwork:
-        """Build the network a topology file describes, with its (scenario's) faults."""
+        """Build the network a topology file describes, with its (scenario's) faults.
+
+        *options* go to the constructor (``tick_interval``, ``trace``, ``strict``, ...);
+        ``endpoint_options`` (a dict) goes to every :class:`SimEndpoint`, e.g.
+        ``{"repair": True, "retry_interval": 0.5}``.
+        """
         endpoint_options = options.pop("endpoint_options", {})
         net = cls(seed, **options)
         net.topology = topo
@@ -293,7 +318,7 @@ class SimNetwork:
         link.connects += 1
         link.ab.reset()
         link.ba.reset()
-        if self.trace is not None and link.kind == "router":
+        if self.trace is not None:
             self._trace(self.now, "up", link.name, "", 0, 0, "")
         na, nb = self._nodes[link.a], self._nodes[link.b]
         # both ends get their link ids before either says HELLO

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import struct
 import sys
@@ -29,6 +30,7 @@ from .network import SimNetwork, SimulationError
 
 _STAMP = struct.Struct("!IId")  # sender index, sequence number, send time
 WORKLOAD_CREATOR = 0x5111
+MAX_LINKS_SHOWN = 40
 
 
 class SharedFlowWorkload:
@@ -114,6 +116,18 @@ class SharedFlowWorkload:
         }
 
 
+class _VirtualTime(logging.Filter):
+    """Prefixes router log lines with the simulator's virtual time."""
+
+    def __init__(self, net: SimNetwork) -> None:
+        super().__init__()
+        self.net = net
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = f"[t={self.net.now:.6f}] {record.msg}"
+        return True
+
+
 def default_flow(topo: Topology) -> FlowID:
     lsids = topo.lsids()
     if not lsids:
@@ -126,9 +140,13 @@ def default_flow(topo: Topology) -> FlowID:
 def run(topo: Topology, *, scenario: str | None = None, seed: int = 0,
         duration: float | None = None, rate: float = 1.0, size: int = 200,
         band: int = DEFAULT_DATA_BAND, start: float = 2.0, tick: float = 0.1,
-        strict: bool = False, repair: bool = True, trace: str | None = None
-        ) -> dict[str, Any]:
-    """Run *topo* with the default workload; returns the summary dictionary."""
+        strict: bool = False, repair: bool = False, trace: str | None = None,
+        verbose: bool = False) -> dict[str, Any]:
+    """Run *topo* with the default workload; returns the summary dictionary.
+
+    The routers' own log lines (logger ``flowrouter.core``) are silenced below WARNING unless
+    *verbose*, in which case they are prefixed with the virtual time.
+    """
     if duration is None:
         sc = topo.scenario(scenario) if scenario else None
         duration = (sc.duration if sc and sc.duration else None) or topo.duration or 60.0
@@ -138,8 +156,19 @@ def run(topo: Topology, *, scenario: str | None = None, seed: int = 0,
     wl = SharedFlowWorkload(net, default_flow(topo), rate=rate, size=size, band=band,
                             start=start)
     wl.install()
+    core_log = logging.getLogger("flowrouter.core")
+    saved_level = core_log.level
+    stamp = _VirtualTime(net)
+    if verbose:
+        core_log.addFilter(stamp)
+    elif core_log.getEffectiveLevel() < logging.WARNING:
+        core_log.setLevel(logging.WARNING)
     t0 = time.perf_counter()
-    net.run_until(duration)
+    try:
+        net.run_until(duration)
+    finally:
+        core_log.removeFilter(stamp)
+        core_log.setLevel(saved_level)
     wall = time.perf_counter() - t0
     if trace is not None:
         net.write_trace(trace)
@@ -161,12 +190,18 @@ def summarize(net: SimNetwork, wl: SharedFlowWorkload | None, wall: float) -> di
         "drops": {**{f"router:{k}": v for k, v in rc.items() if k.startswith("drop.")},
                   **{f"link:{k}": v for k, v in st["link_drops"].items()}},
         "router_counters": rc,
-        "links_traffic": [lk.stats() for lk in net.links.values() if lk.kind == "router"],
+        "links_traffic": [net.links[n].stats() for n in _link_order(net)],
         "router_errors": [{"time": t, "router": r, "event": e, "error": x}
                           for t, r, e, x in net.errors[:50]],
         "router_error_count": len(net.errors),
     }
     return out
+
+
+def _link_order(net: SimNetwork) -> list[str]:
+    if net.topology is not None:
+        return [lk.name for lk in net.topology.links if lk.name in net.links]
+    return [n for n, lk in net.links.items() if lk.kind == "router"]
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -197,7 +232,11 @@ def format_summary(s: dict[str, Any]) -> str:
         L.append(f"  {k:<32} {v}")
     L.append("")
     L.append("per-link traffic (frames / kbytes each way; drops)")
-    for lk in s["links_traffic"]:
+    links = s["links_traffic"]
+    if len(links) > MAX_LINKS_SHOWN:
+        links = sorted(links, key=lambda lk: -sum(d["bytes"] for d in lk["directions"]))
+        links = links[:MAX_LINKS_SHOWN]
+    for lk in links:
         parts = []
         for d in lk["directions"]:
             drops = ", ".join(f"{k} {v}" for k, v in d["drops"].items())
@@ -205,6 +244,9 @@ def format_summary(s: dict[str, Any]) -> str:
                          + (f" ({drops})" if drops else ""))
         state = "" if lk["connected"] else "  [down]"
         L.append(f"  {lk['name']:<24} " + "   ".join(parts) + state)
+    if len(links) < len(s["links_traffic"]):
+        L.append(f"  ... the {len(links)} busiest of {len(s['links_traffic'])} links shown "
+                 "(--json has all)")
     if s["router_error_count"]:
         L.append("")
         L.append(f"ROUTER ERRORS: {s['router_error_count']} (first shown)")
@@ -239,8 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="FILE", help="write every simulator event as JSON lines")
     p.add_argument("--strict", action="store_true", help="stop at the first exception a "
                                                          "router raises")
-    p.add_argument("--no-repair", action="store_true", help="endpoints do not re-graft "
-                                                            "their flows on fault notices")
+    p.add_argument("--repair", action="store_true", help="endpoints re-graft their flows "
+                                                         "(LEAVE, JOIN) on fault notices")
+    p.add_argument("--verbose", action="store_true", help="show the routers' log lines, "
+                                                          "stamped with virtual time")
     p.add_argument("--list-scenarios", action="store_true", help="list the file's scenarios "
                                                                  "and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -259,8 +303,8 @@ def cli_main(argv: list[str] | None = None) -> int:
             topo.scenario(args.scenario)
         summary = run(topo, scenario=args.scenario, seed=args.seed, duration=args.duration,
                       rate=args.rate, size=args.size, band=args.band, start=args.start,
-                      tick=args.tick, strict=args.strict, repair=not args.no_repair,
-                      trace=args.trace)
+                      tick=args.tick, strict=args.strict, repair=args.repair,
+                      trace=args.trace, verbose=args.verbose)
     except TopologyError as exc:
         print(f"flowrouter sim: {exc}", file=sys.stderr)
         return 2
