@@ -114,6 +114,27 @@ def build_parser() -> argparse.ArgumentParser:
                     "0 when every receiver got exactly its bands.")
     demo.add_argument("--count", type=int, default=5, help="messages per band (default 5)")
 
+    up = sub.add_parser(
+        "up", help="bring a whole topology up on this machine, with its fault schedule",
+        description="Start one router process per router of TOPOLOGY on loopback (the "
+                    "topology's ports), connect its endpoints as applications that join one "
+                    "shared flow and send at --rate, apply the fault schedule of --scenario "
+                    "on time, print a live view of links and traffic, and shut everything "
+                    "down cleanly at the end of --duration or on Ctrl-C.")
+    up.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file (topologies/)")
+    up.add_argument("--scenario", help="named fault scenario from the file")
+    up.add_argument("--duration", type=float, help="seconds to run (default: the scenario's "
+                                                   "or the file's duration, else 30)")
+    up.add_argument("--rate", type=float, default=1.0,
+                    help="messages per second each endpoint sends (default 1; 0: none)")
+    up.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
+    up.add_argument("--base-port", type=int, help="shift the topology's ports to start here")
+    up.add_argument("--workdir", help="where router configs and logs go (default: a temp dir)")
+    up.add_argument("--router-log-level", default="warning",
+                    choices=["debug", "info", "warning", "error"])
+    up.add_argument("--quiet", action="store_true", help="no live view, summary only")
+    up.add_argument("--json", action="store_true", help="print the report as JSON")
+
     sim = sub.add_parser("sim", help="run a topology in the deterministic simulator",
                          add_help=False)
     sim.add_argument("args", nargs=argparse.REMAINDER)
@@ -196,6 +217,38 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _up(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from .launcher import Launcher, summarize
+    from .topology import TopologyError, load
+
+    try:
+        topo = load(args.topology)
+        launcher = Launcher(topo, scenario=args.scenario, duration=args.duration,
+                            rate=args.rate, size=args.size, view=not args.quiet,
+                            workdir=args.workdir, base_port=args.base_port,
+                            log_level=args.router_log_level)
+    except (TopologyError, KeyError, OSError) as exc:
+        print(f"flowrouter up: {exc}", file=sys.stderr)
+        return 2
+
+    async def go() -> Any:
+        launcher.stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, launcher.stop.set)
+        return await launcher.run()
+
+    try:
+        report = asyncio.run(go())
+    except RuntimeError as exc:
+        print(f"flowrouter up: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(asdict(report)) if args.json else summarize(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:  # the simulator has its own parser (and --help)
@@ -231,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run_demo
 
             return asyncio.run(run_demo(args.count))
+        if args.command == "up":
+            return _up(args)
         if args.command == "sim":
             try:
                 from .sim import cli_main

@@ -1,0 +1,398 @@
+"""``flowrouter up TOPOLOGY``: the whole overlay on this machine, with its fault schedule.
+
+One ``flowrouter run`` process per router, real sockets on loopback (the topology's ports),
+each link dialled from one side with the link's emulation (bandwidth, delay, loss) applied in
+both directions by the routers' own link layers. The topology's endpoints become flowlib
+clients in this process that join one shared flow and send at ``--rate``, so the overlay
+carries real traffic; every delivery is recorded (time, receiver, sender, sequence number).
+
+The fault schedule runs on this process's clock, which starts when every router answers and
+every endpoint has joined: a symmetric outage cuts the link at both routers (``link`` control
+command: closed like a real failure, not re-dialled until restored); a one-direction outage
+silently drops what that router sends (``emulate down``); bandwidth/delay/loss changes use
+``emulate``. The live view prints each router's links and traffic once a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .bands import DEFAULT_DATA_BAND
+from .flowid import FlowID
+from .runtime import query_control
+from .topology import Fault, LinkSpec, Topology
+
+log = logging.getLogger("flowrouter.launcher")
+
+FLOW_LOCAL_ID = 0x5111  #: the shared flow's local id (creator: a hash of the topology name)
+
+
+@dataclass(slots=True)
+class Delivery:
+    t: float  #: seconds since the schedule's origin
+    receiver: str
+    sender: str
+    seq: int
+
+
+@dataclass(slots=True)
+class LaunchReport:
+    topology: str
+    scenario: str | None
+    duration: float
+    sent: dict[str, int] = field(default_factory=dict)
+    deliveries: list[Delivery] = field(default_factory=list)
+    faults_applied: list[tuple[float, str]] = field(default_factory=list)
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def delivered_between(self, receiver: str, sender: str, t0: float, t1: float) -> int:
+        return sum(1 for d in self.deliveries
+                   if d.receiver == receiver and d.sender == sender and t0 <= d.t < t1)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _emulation_toml(link: LinkSpec) -> str:
+    parts = []
+    if link.bandwidth:
+        parts.append(f"bandwidth = {link.bandwidth!r}")
+    if link.delay:
+        parts.append(f"delay = {link.delay!r}")
+    if link.loss:
+        parts.append(f"loss = {link.loss!r}")
+    return "\n".join(parts)
+
+
+class Launcher:
+    def __init__(self, topo: Topology, *, scenario: str | None = None,
+                 duration: float | None = None, rate: float = 1.0, size: int = 200,
+                 view: bool = True, workdir: str | None = None, base_port: int | None = None,
+                 log_level: str = "warning", emulate_delay: bool = True) -> None:
+        self.topo = topo
+        self.scenario = scenario
+        if scenario is not None:
+            topo.scenario(scenario)  # KeyError with the known names
+        self.duration = duration or (topo.scenario(scenario).duration if scenario else None) \
+            or topo.duration or 30.0
+        self.rate = rate
+        self.size = size
+        self.view = view
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="flownet-up-"))
+        self.base_port = base_port
+        self.log_level = log_level
+        self.emulate_delay = emulate_delay
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.listen: dict[str, tuple[str, int]] = {}
+        self.control: dict[str, str] = {}
+        self.t0 = 0.0
+        self.stop: asyncio.Event | None = None  #: set (e.g. on Ctrl-C) to end the run early
+        udp_routers = {r for lk in topo.links if lk.transport == "udp" for r in (lk.a, lk.b)}
+        self._udp = udp_routers
+
+    # ------------------------------------------------------------------ configs
+    def _address(self, router: str) -> tuple[str, int]:
+        host, port = self.topo.listen_address(router)
+        if self.base_port is not None:
+            port = port - self.topo.defaults.router.base_port + self.base_port
+        return host, port
+
+    def router_config(self, name: str) -> str:
+        """The TOML config of one router, derived from the topology."""
+        topo = self.topo
+        spec = topo.router(name)
+        host, port = self.listen[name]
+        params = topo.router_params(name)
+        lines = ["[router]", f"name = {_toml_str(name)}",
+                 f'listen = "{host}:{port}"', f'control = "{self.control[name]}"']
+        if name in self._udp:
+            lines.append(f'udp = "{host}:{port}"')
+        if spec.core_lsids:
+            lines.append("core_lsids = [" + ", ".join(hex(x) for x in spec.core_lsids) + "]")
+            lines.append(f"default_lsid = {hex(spec.core_lsids[0])}")
+        elif topo.lsids():
+            lines.append(f"default_lsid = {hex(topo.lsids()[0])}")
+        for key in ("max_payload", "max_flows", "join_timeout"):
+            if key in params:
+                lines.append(f"{key} = {int(params[key]) if key != 'join_timeout' else params[key]}")
+        lines.append("reconnect_max = 1.0")
+        ep_mods = topo.defaults.endpoint.modifiers
+        lines.append(f"endpoint_locality = {{ bandwidth = {ep_mods.bandwidth}, delay = "
+                     f"{ep_mods.delay}, geography = {ep_mods.geography} }}")
+        lines += ["", "[gc]"]
+        for key, toml_key in (("epoch", "epoch"), ("ping_after", "ping_after"),
+                              ("delete_after", "delete_after")):
+            if key in params:
+                value = params[key]
+                lines.append(f"{toml_key} = {value if key == 'epoch' else int(value)}")
+        for link in topo.links_of(name):
+            other = link.other(name)
+            m = link.modifiers
+            emu = _emulation_toml(self._emulated(link))
+            if link.a == name:  # a dials b
+                oh, op = self.listen[other]
+                lines += ["", "[[peer]]", f"name = {_toml_str(other)}",
+                          f'address = "{oh}:{op}"', f'transport = "{link.transport}"',
+                          f"locality = {{ bandwidth = {m.bandwidth}, delay = {m.delay}, "
+                          f"geography = {m.geography} }}"]
+                if emu:
+                    lines.append(emu)
+            elif emu:
+                lines += ["", "[[emulate]]", f"peer = {_toml_str(other)}", emu]
+        if spec.routes or spec.default_route:
+            lines += ["", "[routes]"]
+            lines += [f"{hex(lsid)} = {_toml_str(peer)}" for lsid, peer in spec.routes]
+            if spec.default_route:
+                lines.append(f"default = {_toml_str(spec.default_route)}")
+        return "\n".join(lines) + "\n"
+
+    def _emulated(self, link: LinkSpec) -> LinkSpec:
+        if self.emulate_delay:
+            return link
+        from dataclasses import replace
+
+        return replace(link, delay=0.0)
+
+    # ------------------------------------------------------------------ processes
+    async def start_routers(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for r in self.topo.routers:
+            self.listen[r.name] = self._address(r.name)
+            self.control[r.name] = f"127.0.0.1:{_free_port('127.0.0.1')}"
+        env = dict(os.environ)
+        for r in self.topo.routers:
+            cfg = self.workdir / f"{r.name}.toml"
+            cfg.write_text(self.router_config(r.name), encoding="utf-8")
+            logf = open(self.workdir / f"{r.name}.log", "wb")  # noqa: SIM115 - kept open
+            self.procs[r.name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "flowrouter.cli", "--log-level", self.log_level, "run",
+                "--config", str(cfg), stdout=logf, stderr=logf, env=env)
+            logf.close()
+        deadline = time.monotonic() + 30
+        for name, ctl in self.control.items():
+            while True:
+                proc = self.procs[name]
+                if proc.returncode is not None:
+                    raise RuntimeError(f"router {name} exited with code {proc.returncode}; see "
+                                       f"{self.workdir / (name + '.log')}")
+                try:
+                    await query_control(ctl, "ping", timeout=1.0)
+                    break
+                except (ConnectionError, OSError):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"router {name} did not answer on {ctl}") from None
+                    await asyncio.sleep(0.05)
+        # Every router link up (each router knows how many neighbours it has).
+        for r in self.topo.routers:
+            want = len(self.topo.links_of(r.name))
+            while True:
+                st = (await query_control(self.control[r.name]))["status"]
+                if sum(1 for lk in st["links"] if lk["role"] == "router"
+                       and lk["state"] == "up") >= want or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+
+    async def stop_routers(self) -> None:
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        for name, proc in self.procs.items():
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                log.warning("router %s did not stop on SIGTERM; killing it", name)
+                proc.kill()
+                await proc.wait()
+
+    # ------------------------------------------------------------------ faults
+    async def _cmd(self, router: str, cmd: str, **args: Any) -> None:
+        try:
+            await query_control(self.control[router], cmd, **args)
+        except ConnectionError as exc:
+            log.warning("fault command to %s failed: %s", router, exc)
+
+    async def apply_fault(self, fault: Fault, down: bool, report: LaunchReport) -> None:
+        for name in fault.links:
+            link = self.topo.link(name)
+            ends = [(link.a, link.b), (link.b, link.a)]
+            if fault.direction is not None:
+                ends = [e for e in ends if e[0] == fault.direction]
+            if fault.kind == "set":
+                for src, dst in ends:
+                    if down:
+                        emu = {"bandwidth": fault.bandwidth if fault.bandwidth is not None
+                               else (link.bandwidth or None),
+                               "delay": fault.delay if fault.delay is not None else link.delay,
+                               "loss": fault.loss if fault.loss is not None else link.loss}
+                    else:
+                        emu = {"bandwidth": link.bandwidth or None, "delay": link.delay,
+                               "loss": link.loss}
+                    if not self.emulate_delay:
+                        emu["delay"] = 0.0
+                    await self._cmd(src, "emulate", peer=dst, **emu)
+                what = "set " + ", ".join(f"{k}={v}" for k, v in (
+                    ("bandwidth", fault.bandwidth), ("delay", fault.delay),
+                    ("loss", fault.loss)) if v is not None) if down else "restored"
+            elif fault.direction is not None:
+                src, dst = ends[0]
+                emu = self._emulated(link)
+                await self._cmd(src, "emulate", peer=dst, down=down,
+                                bandwidth=emu.bandwidth or None, delay=emu.delay, loss=emu.loss)
+                what = f"{'down' if down else 'up'} ({src} -> {dst} only)"
+            else:
+                await asyncio.gather(*(self._cmd(src, "link", peer=dst, up=not down)
+                                       for src, dst in ends))
+                what = "down" if down else "up"
+            t = time.monotonic() - self.t0
+            report.faults_applied.append((t, f"{name} {what}"))
+            if self.view:
+                print(f"[{t:7.2f}s] fault: link {name} {what}", flush=True)
+
+    def _fault_events(self) -> list[tuple[float, Fault, bool]]:
+        events: list[tuple[float, Fault, bool]] = []
+        for fault in self.topo.faults_for(self.scenario):
+            if fault.kind == "set":
+                assert fault.at is not None
+                events.append((fault.at, fault, True))
+                if fault.until is not None:
+                    events.append((fault.until, fault, False))
+                continue
+            for t_down, t_up in fault.outages(self.duration):
+                events.append((t_down, fault, True))
+                if math.isfinite(t_up):
+                    events.append((t_up, fault, False))
+        return sorted(events, key=lambda e: e[0])
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> LaunchReport:
+        import flowlib
+
+        report = LaunchReport(self.topo.name, self.scenario, self.duration)
+        clients: dict[str, Any] = {}
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            await self.start_routers()
+            creator = int.from_bytes(self.topo.name.encode()[:8].ljust(8, b"\0"), "big") or 1
+            lsids = self.topo.lsids()
+            flow = FlowID(creator, lsids[0] if lsids else 0x10, FLOW_LOCAL_ID)
+            listeners = {}
+            for ep in self.topo.endpoints:
+                host, port = self.listen[ep.router]
+                client = await flowlib.connect([f"{host}:{port}"], name=ep.name,
+                                               state_dir=str(self.workdir / "state"))
+                clients[ep.name] = client
+                listeners[ep.name] = await client.listen(flow, [DEFAULT_DATA_BAND],
+                                                         size=100_000)
+                await client.advertise(flow)
+            if self.view:
+                print(f"overlay {self.topo.name!r} up: {len(self.procs)} routers, "
+                      f"{len(clients)} endpoints on flow {flow}; logs and configs in "
+                      f"{self.workdir}", flush=True)
+            self.t0 = time.monotonic()
+            for name, lst in listeners.items():
+                tasks.append(asyncio.ensure_future(self._receive(name, lst, report)))
+            for name, client in clients.items():
+                tasks.append(asyncio.ensure_future(self._send(name, client, flow, report)))
+            for t, fault, down in self._fault_events():
+                tasks.append(asyncio.ensure_future(self._at(t, fault, down, report)))
+            if self.view:
+                tasks.append(asyncio.ensure_future(self._view()))
+            self.stop = self.stop or asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(),
+                                       max(0.0, self.t0 + self.duration - time.monotonic()))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for name, ctl in self.control.items():
+                with contextlib.suppress(ConnectionError, OSError, KeyError):
+                    report.counters[name] = (await query_control(ctl, timeout=2.0)
+                                             )["status"]["counters"]
+            for client in clients.values():
+                with contextlib.suppress(Exception):
+                    await client.close(timeout=2.0)
+            await self.stop_routers()
+        return report
+
+    async def _at(self, t: float, fault: Fault, down: bool, report: LaunchReport) -> None:
+        await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))
+        await self.apply_fault(fault, down, report)
+
+    async def _send(self, name: str, client: Any, flow: FlowID, report: LaunchReport) -> None:
+        if self.rate <= 0:
+            return
+        period = 1.0 / self.rate
+        seq = 0
+        pad = b"." * max(0, self.size - 40)
+        while True:
+            await asyncio.sleep(max(0.0, self.t0 + seq * period - time.monotonic()))
+            payload = f"{name}|{seq}|".encode() + pad
+            try:
+                client.send_nowait(flow, payload, band=DEFAULT_DATA_BAND)
+                report.sent[name] = report.sent.get(name, 0) + 1
+            except Exception as exc:  # a gap in the overlay: count it, keep the schedule
+                log.debug("%s could not send: %s", name, exc)
+            seq += 1
+
+    async def _receive(self, name: str, listener: Any, report: LaunchReport) -> None:
+        async for msg in listener:
+            sender, seq, _ = msg.payload.split(b"|", 2)
+            report.deliveries.append(Delivery(time.monotonic() - self.t0, name,
+                                              sender.decode(), int(seq)))
+
+    async def _view(self) -> None:
+        last: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(1.0)
+            t = time.monotonic() - self.t0
+            rows = []
+            for name, ctl in self.control.items():
+                try:
+                    st = (await query_control(ctl, timeout=1.0))["status"]
+                except (ConnectionError, OSError):
+                    rows.append(f"  {name:<12} not answering")
+                    continue
+                c = st["counters"]
+                fwd = c.get("forwarded", 0)
+                drops = sum(v for k, v in c.items() if k.startswith("drop."))
+                links = " ".join(f"{lk['peer']}:{'up' if lk['state'] == 'up' else 'DOWN'}"
+                                 for lk in st["links"] if lk["role"] == "router")
+                rows.append(f"  {name:<12} fwd/s {fwd - last.get(name, fwd):>6}  "
+                            f"drops {drops:>6}  flows {st['flow_count']:>4}  links {links}")
+                last[name] = fwd
+            print(f"[{t:7.2f}s] " + "-" * 60 + "\n" + "\n".join(rows), flush=True)
+
+
+def summarize(report: LaunchReport) -> str:
+    lines = [f"topology {report.topology}, scenario {report.scenario or '-'}, "
+             f"{report.duration:g} s"]
+    receivers = sorted({d.receiver for d in report.deliveries} | set(report.sent))
+    for sender, n in sorted(report.sent.items()):
+        got = {r: sum(1 for d in report.deliveries if d.sender == sender and d.receiver == r)
+               for r in receivers if r != sender}
+        lines.append(f"  {sender:<14} sent {n:>5}; delivered: " + ", ".join(
+            f"{r} {k}" for r, k in got.items()))
+    for t, what in report.faults_applied:
+        lines.append(f"  fault at {t:6.2f}s: {what}")
+    return "\n".join(lines)
