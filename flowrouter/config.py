@@ -193,7 +193,8 @@ class NodeConfig:
                 default_route=self.default_route, epoch_length=self.epoch,
                 gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
-                max_flows_per_endpoint=self.max_flows_per_endpoint)
+                max_flows_per_endpoint=self.max_flows_per_endpoint,
+                endpoint_modifiers=self.endpoint_modifiers)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

@@ -122,13 +122,17 @@ class Hello:
     max_payload: int
     default_lsid: int = 0  #: the LSID this router suggests for new flows (routers only)
     credentials: bytes = b""
+    #: what crossing this link costs per locality type (bandwidth, delay, geography), as the
+    #: sender configured it; a router that accepted the link adopts it, so locality is
+    #: charged in both directions without configuring every link twice
+    modifiers: tuple[int, int, int] = (0, 0, 0)
     TYPE = MsgType.HELLO
-    _ST = struct.Struct("!4sQBII")
+    _ST = struct.Struct("!4sQBIIBBB")
 
     def encode(self) -> bytes:
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
                 + self._ST.pack(PROTOCOL_MAGIC, self.node_id, self.role, self.max_payload,
-                                self.default_lsid)
+                                self.default_lsid, *self.modifiers)
                 + _text(self.name) + _blob(self.credentials))
 
 
@@ -258,14 +262,16 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     r = _Reader(payload, t.name)
     msg: ControlMessage
     if t is MsgType.HELLO:
-        magic, node_id, role, max_payload, lsid = r.unpack(Hello._ST)  # type: ignore[assignment]
+        magic, node_id, role, max_payload, lsid, m_bw, m_delay, m_geo = r.unpack(
+            Hello._ST)  # type: ignore[assignment]
         if magic != PROTOCOL_MAGIC:  # type: ignore[comparison-overlap]
             raise MalformedFrame("bad-hello", "wrong protocol magic")
         try:
             role_e = Role(role)
         except ValueError:
             raise MalformedFrame("bad-hello", f"unknown role {role}") from None
-        msg = Hello(node_id, role_e, r.text(), max_payload, lsid, r.blob())
+        msg = Hello(node_id, role_e, r.text(), max_payload, lsid, r.blob(),
+                    (m_bw, m_delay, m_geo))
     elif t is MsgType.ERROR:
         code = int.from_bytes(r.take(2), "big")
         msg = Error(code, r.text(limit=0xFFFF))

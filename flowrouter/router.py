@@ -35,6 +35,7 @@ from .header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, HEADER_SIZE, OFF_LOC_TYPE
                      OFF_LOC_VALUE, OFF_TTL, MalformedFrame, pack_header)
 from .lsroutes import LsRouting
 from .tables import FlowEntry, Link, LinkState, Modifiers
+from .traces import NULL_TRACER, Tracer, snapshot_fields
 
 log = logging.getLogger("flowrouter.core")
 
@@ -79,6 +80,9 @@ class RouterParams:
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
     alert_interval: float = 5.0  #: at most one alert per (limit, flow) in this many seconds
     handshake_timeout: float = 10.0
+    #: locality costs of links to applications (accepted links from routers adopt the
+    #: costs the dialling router announces)
+    endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
 
     def __post_init__(self) -> None:
         if not self.gc_delete_after > self.gc_ping_after >= 1:
@@ -90,8 +94,13 @@ class RouterParams:
 class Router:
     """One overlay router's state machine."""
 
-    def __init__(self, params: RouterParams, now: float = 0.0) -> None:
+    def __init__(self, params: RouterParams, now: float = 0.0,
+                 tracer: Tracer = NULL_TRACER) -> None:
         self.p = params
+        #: trace records (flowrouter.traces); ``_tracing`` keeps the hot path at one test
+        self.tracer = tracer
+        self._tracing = bool(tracer.enabled)
+        self._snapshot_epoch = -1
         self.links: dict[int, Link] = {}
         self.flows: dict[bytes, FlowEntry] = {}
         self.counters: Counter[str] = Counter()
@@ -119,9 +128,10 @@ class Router:
             raise ValueError(f"link id {link_id} is already in use")
         mods = (modifiers or Modifiers()).as_tuple()
         self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
-                                   opened_at=now)
+                                   modifiers_configured=modifiers is not None, opened_at=now)
         hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
-                        self.default_lsid()).encode()
+                        self.default_lsid(),
+                        modifiers=mods[1:4] if modifiers is not None else (0, 0, 0)).encode()
         return [Send(link_id, pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
 
     def default_lsid(self) -> int:
@@ -140,6 +150,8 @@ class Router:
         self.generation += 1
         log.info("%s %s: %s", "lost" if was_up else "gave up on", link.describe(), reason)
         self.counters["links.down"] += 1
+        if self._tracing:
+            self.tracer.link_down(now, link_id, link.peer_name, link.role, reason)
         out: list[Action] = []
         if link.role is C.Role.ROUTER:
             out += self._advertise_routes(self.routing.link_down(link_id))
@@ -159,7 +171,7 @@ class Router:
             else:
                 if entry.sib:
                     entry.sib.pop(link_id, None)
-                self._drop_down(entry, key, link_id)
+                self._drop_down(entry, key, link_id, "link-down", now)
                 entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
             if key in self.flows:
                 # Router links carry whole subtrees: their loss is news for every member.
@@ -168,7 +180,7 @@ class Router:
                 # the tree with notices.
                 if link.role is C.Role.ROUTER:
                     out += self._emit_fault(key, entry, fault)
-                out += self._after_change(key, entry, now)
+                out += self._after_change(key, entry, now, "link-down")
         return out
 
     def _rejoin(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
@@ -198,7 +210,7 @@ class Router:
             band = header[20]
             if band < ROUTER_BANDS_END or header[8:12] == _ZERO_LSID:
                 return self._admin(link, header, payload, band, now)
-            return self._forward(link_id, link, header, payload, band)
+            return self._forward(link_id, link, header, payload, band, now)
         except MalformedFrame as exc:
             return self.drop_link(link_id, exc, now)
 
@@ -232,6 +244,9 @@ class Router:
             log.warning("%s: expected router %r, it says it is %r", link.describe(),
                         link.expected_peer, msg.name)
         link.role = msg.role
+        if not link.modifiers_configured:
+            link.modifiers = ((0, *msg.modifiers) if msg.role is C.Role.ROUTER
+                              else self.p.endpoint_modifiers.as_tuple())
         link.peer_name = msg.name
         link.peer_node_id = msg.node_id
         if msg.max_payload <= 0:
@@ -240,6 +255,8 @@ class Router:
         link.state = LinkState.UP
         self.generation += 1
         self.counters["links.up"] += 1
+        if self._tracing:
+            self.tracer.link_up(now, link.link_id, msg.name, msg.role)
         log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
         if msg.role is C.Role.ROUTER:
             self.routing.link_up(link.link_id, msg.name)
@@ -247,28 +264,31 @@ class Router:
         return []
 
     # ------------------------------------------------------------------ forwarding
+    def _dropped(self, reason: str, key: bytes, band: int, link_id: int, size: int,
+                 now: float, links: int = 1) -> list[Action]:
+        self.counters["drop." + reason] += 1
+        if self._tracing:
+            self.tracer.drop(now, key, band, link_id, reason, size, links)
+        return []
+
     def _forward(self, link_id: int, link: Link, header: memoryview | bytes,
-                 payload: memoryview | bytes, band: int) -> list[Action]:
+                 payload: memoryview | bytes, band: int, now: float) -> list[Action]:
         counters = self.counters
         ttl = header[OFF_TTL]
-        if ttl == 0:
-            counters["drop.ttl"] += 1
-            return []
         key = bytes(header[:16])
+        if ttl == 0:
+            return self._dropped("ttl", key, band, link_id, len(payload), now)
         entry = self.flows.get(key)
         bit = 1 << band
         if entry is None:
             lsid = key_lsid(key)
             if lsid in self.p.core_lsids:
-                counters["drop.no-members"] += 1
-                return []
+                return self._dropped("no-members", key, band, link_id, len(payload), now)
             out_link = self.routing.link_for(lsid)
             if out_link is None:
-                counters["drop.no-route"] += 1
-                return []
+                return self._dropped("no-route", key, band, link_id, len(payload), now)
             if out_link == link_id:
-                counters["drop.no-state"] += 1
-                return []
+                return self._dropped("no-state", key, band, link_id, len(payload), now)
             targets = [out_link]
             counters["forward.toward-core"] += 1
         else:
@@ -276,9 +296,9 @@ class Router:
                 entry.traffic[link_id] = self.epoch
             up = entry.upstream
             if link_id == up:
-                if not entry.agg & bit:
-                    counters["drop.band-filtered"] += 1
-                    return []
+                if not entry.agg & bit:  # one test saves a copy on every downstream link
+                    return self._dropped("band-filtered", key, band, link_id, len(payload),
+                                         now, len(entry.down))
                 targets = [lk for lk, m in entry.down.items() if m & bit]
             else:
                 targets = [lk for lk, m in entry.down.items() if m & bit and lk != link_id]
@@ -289,12 +309,15 @@ class Router:
                     # comes from a sibling goes only down (the members form a full mesh).
                     targets += [lk for lk, m in entry.sib.items() if m & bit]
             if not targets:
-                counters["drop.no-receivers"] += 1
-                return []
-        return self._emit(targets, key, header, payload, band, ttl - 1)
+                return self._dropped("no-receivers", key, band, link_id, len(payload), now)
+        out = self._emit(targets, key, header, payload, band, ttl - 1, link_id, now)
+        if self._tracing and out:
+            self.tracer.fwd(now, key, band, link_id, len(out), len(payload))
+        return out
 
     def _emit(self, targets: list[int], key: bytes, header: memoryview | bytes,
-              payload: memoryview | bytes, band: int, ttl: int) -> list[Action]:
+              payload: memoryview | bytes, band: int, ttl: int, in_link: int = 0,
+              now: float = 0.0) -> list[Action]:
         """Build one header per distinct (TTL, locality) and a Send per target link."""
         links = self.links
         loc_type = header[OFF_LOC_TYPE]
@@ -306,10 +329,10 @@ class Router:
             for t in targets:
                 lk = links[t]
                 if ttl == 0 and lk.role is C.Role.ROUTER:
-                    counters["drop.ttl"] += 1
+                    self._dropped("ttl", key, band, in_link, size, now)
                     continue
                 if size > lk.max_payload:
-                    counters["drop.too-big-for-link"] += 1
+                    self._dropped("too-big-for-link", key, band, in_link, size, now)
                     continue
                 lk.tx += 1
                 out.append(Send(t, hdr, payload))
@@ -320,13 +343,13 @@ class Router:
                 lk = links[t]
                 left = value - lk.modifiers[loc_type]
                 if left < 0:
-                    counters["drop.locality"] += 1
+                    self._dropped("locality", key, band, in_link, size, now)
                     continue
                 if ttl == 0 and lk.role is C.Role.ROUTER:
-                    counters["drop.ttl"] += 1
+                    self._dropped("ttl", key, band, in_link, size, now)
                     continue
                 if size > lk.max_payload:
-                    counters["drop.too-big-for-link"] += 1
+                    self._dropped("too-big-for-link", key, band, in_link, size, now)
                     continue
                 hdr = cache.get(left)
                 if hdr is None:
@@ -402,6 +425,8 @@ class Router:
                 self.links[up].dependent.add(key)
             self.flows[key] = entry
             self.counters["flows.created"] += 1
+            if self._tracing:
+                self.tracer.entry_add(now, key, entry.upstream)
         elif lid == entry.upstream:
             return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
                                                       "join arrived from the upstream side"))]
@@ -409,12 +434,15 @@ class Router:
                 and len(link.dependent) >= self.p.max_flows_per_endpoint):
             self.counters["refused.endpoint-quota"] += 1
             if not entry.down and not entry.sib:
-                self._remove_entry(key, entry)
+                self._remove_entry(key, entry, "refused", now)
             out = self.alert("endpoint-quota", f"{link.describe()} holds "
                              f"{len(link.dependent)} flows, the per-application limit", now)
             return out + [self._control(lid, key, C.JoinAck(
                 msg.req_id, C.JoinStatus.LIMIT, f"this application already holds "
                 f"{self.p.max_flows_per_endpoint} flows at router {self.p.name}"))]
+        if self._tracing:
+            self.tracer.link_add(now, key, lid, msg.mask,
+                                 "mask" if lid in entry.down else "join", link.role)
         entry.down[lid] = msg.mask
         entry.traffic[lid] = self.epoch
         link.dependent.add(key)
@@ -436,7 +464,7 @@ class Router:
         return self._send_join_up(key, entry, now)
 
     def _join_failed(self, key: bytes, entry: FlowEntry, status: C.JoinStatus,
-                     reason: str) -> list[Action]:
+                     reason: str, now: float) -> list[Action]:
         """Refuse the joins waiting on *entry*; keep members that had already joined.
 
         When a re-graft fails, members that were already on the tree keep their state
@@ -446,10 +474,11 @@ class Router:
         entry.up_req = None
         out: list[Action] = [self._control(lk, key, C.JoinAck(r, status, reason))
                              for lk, r in waiting]
+        cause = "timeout" if status is C.JoinStatus.TIMEOUT else "refused"
         for lk, _ in waiting:
-            self._drop_down(entry, key, lk)
+            self._drop_down(entry, key, lk, "refused", now)
         if not entry.down and not entry.sib:
-            self._remove_entry(key, entry)
+            self._remove_entry(key, entry, cause, now)
             return out
         if entry.upstream is not None and entry.upstream in self.links:
             self.links[entry.upstream].dependent.discard(key)
@@ -482,21 +511,23 @@ class Router:
             return out + self._push_mask(key, entry)
         log.info("join of %s refused upstream: %s (%s)", flow_text(key), msg.status.name,
                  msg.reason)
-        return self._join_failed(key, entry, msg.status, msg.reason)
+        return self._join_failed(key, entry, msg.status, msg.reason, now)
 
     def _on_leave(self, link: Link, key: bytes, now: float) -> list[Action]:
         entry = self.flows.get(key)
         if entry is None or link.link_id not in entry.down:
             self.counters["control.stale-leave"] += 1
             return []
-        self._drop_down(entry, key, link.link_id)
-        return self._after_change(key, entry, now)
+        self._drop_down(entry, key, link.link_id, "leave", now)
+        return self._after_change(key, entry, now, "leave")
 
     def _on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]:
         entry = self.flows.get(key)
         if entry is None or link.link_id not in entry.down:
             self.counters["control.stale-mask"] += 1
             return []
+        if self._tracing:
+            self.tracer.link_add(now, key, link.link_id, msg.mask, "mask", link.role)
         entry.down[link.link_id] = msg.mask
         entry.traffic[link.link_id] = self.epoch
         entry.recompute()
@@ -518,6 +549,8 @@ class Router:
                 return []
             entry = self.flows[key] = FlowEntry(None, True, now)
             self.counters["flows.created"] += 1
+            if self._tracing:
+                self.tracer.entry_add(now, key, None)
         if msg.mask:
             if entry.sib is None:
                 entry.sib = {}
@@ -527,7 +560,7 @@ class Router:
             entry.sib.pop(lid, None)
             link.dependent.discard(key)
         if not entry.down and not entry.sib:
-            self._remove_entry(key, entry)
+            self._remove_entry(key, entry, "leave", now)
         return []
 
     def _sync_siblings(self, before: dict[int, tuple[int, ...]],
@@ -582,16 +615,24 @@ class Router:
         entry.sent_up_mask = entry.agg
         return [self._control(entry.upstream, key, C.Mask(entry.agg))]
 
-    def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int) -> None:
-        entry.down.pop(link_id, None)
-        entry.traffic.pop(link_id, None)
+    def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int, cause: str,
+                   now: float) -> None:
+        mask = entry.down.pop(link_id, None)
+        last = entry.traffic.pop(link_id, None)
+        if self._tracing and mask is not None:
+            lk = self.links.get(link_id)
+            self.tracer.link_del(now, key, link_id, mask, cause,
+                                 None if last is None else
+                                 self.started + last * self.p.epoch_length,
+                                 lk.role if lk else None)
         entry.pinged.pop(link_id, None)
         link = self.links.get(link_id)
         if link is not None:
             link.dependent.discard(key)
         entry.recompute()
 
-    def _after_change(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+    def _after_change(self, key: bytes, entry: FlowEntry, now: float, cause: str
+                      ) -> list[Action]:
         if entry.down or entry.sib:
             return self._push_mask(key, entry)
         out: list[Action] = []
@@ -599,12 +640,14 @@ class Router:
             out.append(self._control(entry.upstream, key, C.Leave()))
         elif entry.upstream is None:
             out += self._push_mask(key, entry)  # tells sibling LS members we have no one
-        self._remove_entry(key, entry)
+        self._remove_entry(key, entry, cause, now)
         return out
 
-    def _remove_entry(self, key: bytes, entry: FlowEntry) -> None:
+    def _remove_entry(self, key: bytes, entry: FlowEntry, cause: str, now: float) -> None:
         self.flows.pop(key, None)
         self.counters["flows.removed"] += 1
+        if self._tracing:
+            self.tracer.entry_del(now, key, cause)
         for lid in [*entry.down, *(entry.sib or ()), entry.upstream]:
             if lid is not None and lid in self.links:
                 self.links[lid].dependent.discard(key)
@@ -648,6 +691,9 @@ class Router:
         out: list[Action] = []
         p = self.p
         self.epoch = int((now - self.started) / p.epoch_length)
+        if self._tracing and self.epoch != self._snapshot_epoch:
+            self._snapshot_epoch = self.epoch  # one table snapshot per epoch
+            self.tracer.snapshot(now, **snapshot_fields(self))
         for lid, lk in list(self.links.items()):
             if lk.state is LinkState.HANDSHAKE and now - lk.opened_at > p.handshake_timeout:
                 out += self.close_link(lid, now, "no HELLO within the handshake time-out")
@@ -679,7 +725,7 @@ class Router:
                 del self._pending[key]
                 self.counters["join.timeouts"] += 1
                 out += self._join_failed(key, entry, C.JoinStatus.TIMEOUT,
-                                         "no answer from the core")
+                                         "no answer from the core", now)
         return out
 
     def _gc_entry(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
@@ -695,14 +741,16 @@ class Router:
             elif idle >= p.gc_ping_after and entry.pinged.get(lid) != epoch:
                 entry.pinged[lid] = epoch
                 self.counters["gc.pings"] += 1
+                if self._tracing:
+                    self.tracer.gc_ping(now, key, lid, epoch)
                 out.append(self._control(lid, key, C.Ping(epoch), BAND_GC))
         if doomed:
             for lid in doomed:
-                self._drop_down(entry, key, lid)
+                self._drop_down(entry, key, lid, "gc", now)
                 self.counters["gc.links-collected"] += 1
             if not entry.down:
                 self.counters["gc.entries-collected"] += 1
-            out += self._after_change(key, entry, now)
+            out += self._after_change(key, entry, now, "gc")
         return out
 
     # ------------------------------------------------------------------ limits

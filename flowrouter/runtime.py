@@ -196,7 +196,7 @@ class _TcpLink(asyncio.Protocol):
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.link_id = node._register(self)
         self.out = _LinkOutput(node, self.link_id, self._write)
-        mods = self.peer.modifiers if self.peer else node.config.endpoint_modifiers
+        mods = self.peer.modifiers if self.peer else None  # accepted: learnt at HELLO
         node.execute(node.core.open_link(
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
             expected_peer=self.peer.name if self.peer else None))
@@ -541,7 +541,7 @@ class RouterNode:
         link.link_id = self._register(link)
         link.out = _LinkOutput(self, link.link_id, link._write)
         self._udp_links[addr] = link
-        mods = peer.modifiers if peer else self.config.endpoint_modifiers
+        mods = peer.modifiers if peer else None  # accepted: learnt at HELLO
         actions = self.core.open_link(link.link_id, self.now(), transport="udp",
                                       address=link.address, modifiers=mods,
                                       expected_peer=peer.name if peer else None)

@@ -53,6 +53,9 @@ class Link:
     address: str  #: peer address, for status and logs
     modifiers: tuple[int, ...]  #: indexed by Locality
     expected_peer: str | None = None  #: configured name of the router we dialled
+    #: False for accepted links: the costs come from the peer's HELLO (routers) or the
+    #: router's endpoint defaults (applications)
+    modifiers_configured: bool = True
     state: LinkState = LinkState.HANDSHAKE
     role: Role | None = None
     peer_name: str = "?"

@@ -139,7 +139,19 @@ def test_locality_budget_per_link() -> None:
             assert got_c[0][0].loc_value == 0
             assert edge.core.counters["drop.locality"] == 1
             assert mid.core.counters["drop.locality"] == 1
-            for ep in (b, c, s):
+            # The accepting side adopted the costs the dialler announced in its HELLO, so
+            # locality is charged the other way too: r3 -> r2 costs 1, r2 -> r1 costs 3.
+            to_r2 = next(lk for lk in core.core.links.values() if lk.peer_name == "r2")
+            assert to_r2.modifiers[Locality.GEOGRAPHY] == 1
+            a = await RawEndpoint.connect(edge, "A")
+            assert (await a.join(FLOW, bands(32))).status is C.JoinStatus.OK
+            s3 = await RawEndpoint.connect(core, "S3")
+            s3.send(FLOW, b"back0", band=32, loc_type=Locality.GEOGRAPHY, loc_value=0)
+            s3.send(FLOW, b"back3", band=32, loc_type=Locality.GEOGRAPHY, loc_value=3)
+            s3.send(FLOW, b"back4", band=32, loc_type=Locality.GEOGRAPHY, loc_value=4)
+            assert [p for _, p in await b.data(2)] == [b"back3", b"back4"]
+            assert [p for _, p in await a.data(1)] == [b"back4"]
+            for ep in (a, b, c, s, s3):
                 await ep.close()
         finally:
             for n in nodes:
