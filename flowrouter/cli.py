@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest payload accepted on a link (default 65536)")
     run.add_argument("--epoch", type=float, metavar="SECONDS",
                      help="garbage-collection epoch length (default 5)")
+    run.add_argument("--trace-dir", metavar="DIR",
+                     help="write trace records (input of 'flowtrace analyze') to "
+                          "DIR/<name>.trace.jsonl")
+    run.add_argument("--trace-sample", type=float, metavar="FRACTION",
+                     help="fraction of forwarding decisions traced (default 0.01)")
 
     st = sub.add_parser("status", help="show a running router's links, flows and counters",
                         description="Ask a running router (its --control address) for its "
@@ -153,6 +158,7 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
         "name": args.name, "listen": args.listen, "udp": args.udp, "control": args.control,
         "default_lsid": args.default_lsid, "default_route": args.default_route,
         "max_payload": args.max_payload, "epoch": args.epoch,
+        "trace_dir": args.trace_dir, "trace_sample": args.trace_sample,
     }
     for key, value in overrides.items():
         if value is not None:

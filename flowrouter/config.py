@@ -27,6 +27,11 @@ Example (every key optional except ``router.name``)::
     0x20 = "r2"
     default = "r2"
 
+    [trace]                       # trace records for `flowtrace analyze` (optional)
+    dir = "/var/log/flownet"      # <dir>/<router>.trace.jsonl, rotated
+    sample = 0.01                 # fraction of forwarding decisions recorded
+    rotate_bytes = 67108864
+
     [[emulate]]                   # link emulation toward a peer (by name), any direction
     peer = "r2"
     bandwidth = 56000             # bits/s
@@ -166,6 +171,9 @@ class NodeConfig:
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     peers: list[PeerConfig] = field(default_factory=list)
     emulation: dict[str, Emulation] = field(default_factory=dict)  #: peer name -> emulation
+    trace_dir: str | None = None  #: write trace records here (None: no tracing)
+    trace_sample: float = 0.01
+    trace_rotate_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -225,7 +233,9 @@ def _lsid(value: Any, where: str) -> int:
 
 
 def config_from_dict(data: dict[str, Any]) -> NodeConfig:
-    _check_keys(data, {"router", "gc", "peer", "routes", "emulate"}, "the top level")
+    _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace"}, "the top level")
+    trace = dict(data.get("trace") or {})
+    _check_keys(trace, {"dir", "sample", "rotate_bytes"}, "[trace]")
     router = dict(data.get("router") or {})
     _check_keys(router, _ROUTER_KEYS, "[router]")
     if "name" not in router:
@@ -277,6 +287,15 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
             raise ConfigError(f"{where} needs a peer (the neighbour's router name)")
         emulation[str(table["peer"])] = Emulation.from_mapping(table, where)
     kw["emulation"] = emulation
+    if "dir" in trace:
+        kw["trace_dir"] = str(trace["dir"])
+    if "sample" in trace:
+        sample = trace["sample"]
+        if not isinstance(sample, (int, float)) or not 0 <= sample <= 1:
+            raise ConfigError(f"[trace] sample must be a fraction 0..1, got {sample!r}")
+        kw["trace_sample"] = float(sample)
+    if "rotate_bytes" in trace:
+        kw["trace_rotate_bytes"] = int(trace["rotate_bytes"])
     routes = dict(data.get("routes") or {})
     if "default" in routes:
         kw["default_route"] = str(routes.pop("default"))

@@ -30,6 +30,7 @@ import json
 import logging
 import random
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ from .header import UDP_MAX_PAYLOAD, FrameDecoder, MalformedFrame, split_datagra
 from .linkqueue import OutputQueue
 from .router import Action, Close, Router, Send
 from .tables import LinkState, Modifiers
+from .traces import NULL_TRACER, TraceWriter
 
 log = logging.getLogger("flowrouter.runtime")
 
@@ -323,6 +325,7 @@ class RouterNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backoff: dict[str, float] = {}
         self._seen_generation = 0
+        self._tracer: TraceWriter | None = None
         #: the input link whose frames are being processed (0: none / locally generated)
         self._rx_link = 0
         #: bytes from each input link waiting in output queues, and who is paused for it
@@ -345,7 +348,15 @@ class RouterNode:
     async def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         cfg = self.config
-        self.core = Router(cfg.params(), loop.time())
+        tracer: Any = NULL_TRACER
+        if cfg.trace_dir:
+            # Wall-clock times in the records, so traces of several routers line up.
+            tracer = self._tracer = TraceWriter(
+                cfg.trace_dir + "/", cfg.name, sample_rate=cfg.trace_sample,
+                rotate_bytes=cfg.trace_rotate_bytes, t_offset=time.time() - loop.time())
+            log.info("router %s writes traces to %s (sampling %.3g of forwarding)", cfg.name,
+                     tracer.path, cfg.trace_sample)
+        self.core = Router(cfg.params(), loop.time(), tracer=tracer)
         if cfg.listen:
             host, port = parse_address(cfg.listen, "listen")
             self._server = await loop.create_server(lambda: _TcpLink(self, None), host, port,
@@ -382,6 +393,8 @@ class RouterNode:
             link.close("router stopping")
         if self._udp is not None:
             self._udp.close()
+        if self._tracer is not None:
+            self._tracer.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for server in (self._server, self._control):

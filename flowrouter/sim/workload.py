@@ -141,7 +141,8 @@ def run(topo: Topology, *, scenario: str | None = None, seed: int = 0,
         duration: float | None = None, rate: float = 1.0, size: int = 200,
         band: int = DEFAULT_DATA_BAND, start: float = 2.0, tick: float = 0.1,
         strict: bool = False, repair: bool = False, trace: str | None = None,
-        verbose: bool = False) -> dict[str, Any]:
+        verbose: bool = False, router_traces: str | None = None,
+        trace_sample: float = 0.01) -> dict[str, Any]:
     """Run *topo* with the default workload; returns the summary dictionary.
 
     The routers' own log lines (logger ``flowrouter.core``) are silenced below WARNING unless
@@ -150,9 +151,21 @@ def run(topo: Topology, *, scenario: str | None = None, seed: int = 0,
     if duration is None:
         sc = topo.scenario(scenario) if scenario else None
         duration = (sc.duration if sc and sc.duration else None) or topo.duration or 60.0
+    writers: list[Any] = []
+    factory = None
+    if router_traces is not None:
+        from ..router import Router
+        from ..traces import TraceWriter
+
+        def factory(params: Any, now: float) -> Router:  # type: ignore[misc]
+            w = TraceWriter(router_traces + "/", params.name, sample_rate=trace_sample,
+                            run=f"{topo.name}:{scenario or '-'}:{seed}")
+            writers.append(w)
+            return Router(params, now=now, tracer=w)
     net = SimNetwork.from_topology(topo, seed=seed, scenario=scenario, tick_interval=tick,
                                    strict=strict, trace=trace is not None,
-                                   endpoint_options={"repair": repair})
+                                   endpoint_options={"repair": repair},
+                                   router_factory=factory)
     wl = SharedFlowWorkload(net, default_flow(topo), rate=rate, size=size, band=band,
                             start=start)
     wl.install()
@@ -170,6 +183,8 @@ def run(topo: Topology, *, scenario: str | None = None, seed: int = 0,
         core_log.removeFilter(stamp)
         core_log.setLevel(saved_level)
     wall = time.perf_counter() - t0
+    for w in writers:
+        w.close()
     if trace is not None:
         net.write_trace(trace)
     return summarize(net, wl, wall)
@@ -279,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tick", type=float, default=0.1, help="router tick interval, virtual "
                                                            "seconds (default 0.1)")
     p.add_argument("--trace", metavar="FILE", help="write every simulator event as JSON lines")
+    p.add_argument("--router-traces", metavar="DIR",
+                   help="write each router's trace records (flowrouter.traces schema, the "
+                        "input of 'flowtrace analyze') into DIR")
+    p.add_argument("--trace-sample", type=float, default=0.01,
+                   help="fraction of forwarding decisions traced (default 0.01)")
     p.add_argument("--strict", action="store_true", help="stop at the first exception a "
                                                          "router raises")
     p.add_argument("--repair", action="store_true", help="endpoints re-graft their flows "
@@ -304,7 +324,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         summary = run(topo, scenario=args.scenario, seed=args.seed, duration=args.duration,
                       rate=args.rate, size=args.size, band=args.band, start=args.start,
                       tick=args.tick, strict=args.strict, repair=args.repair,
-                      trace=args.trace, verbose=args.verbose)
+                      trace=args.trace, verbose=args.verbose,
+                      router_traces=args.router_traces, trace_sample=args.trace_sample)
     except TopologyError as exc:
         print(f"flowrouter sim: {exc}", file=sys.stderr)
         return 2
