@@ -114,6 +114,8 @@ class Router:
         #: recent tripped limits, newest last (shown by the status query)
         self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
         self._alerted: dict[tuple[str, bytes | None], float] = {}
+        #: entries cut off from their core: retried as soon as any route changes
+        self._orphans: set[bytes] = set()
         #: flows with a join awaiting the upstream answer (checked every tick, not by the GC)
         self._pending: dict[bytes, FlowEntry] = {}
         #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
@@ -154,7 +156,7 @@ class Router:
             self.tracer.link_down(now, link_id, link.peer_name, link.role, reason)
         out: list[Action] = []
         if link.role is C.Role.ROUTER:
-            out += self._advertise_routes(self.routing.link_down(link_id))
+            out += self._advertise_routes(self.routing.link_down(link_id), now)
         for key in sorted(link.dependent):  # sorted: the same order in every process
             entry = self.flows.get(key)
             if entry is None:
@@ -168,6 +170,7 @@ class Router:
                 out += self._rejoin(key, entry, now)
                 if entry.upstream is None and not entry.joined:
                     self.counters["flows.orphaned"] += 1
+                    self._orphans.add(key)
             else:
                 if entry.sib:
                     entry.sib.pop(link_id, None)
@@ -260,7 +263,7 @@ class Router:
         log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
         if msg.role is C.Role.ROUTER:
             self.routing.link_up(link.link_id, msg.name)
-            return self._advertise_routes(changed=True, only=link.link_id)
+            return self._advertise_routes(True, now, only=link.link_id)
         return []
 
     # ------------------------------------------------------------------ forwarding
@@ -367,7 +370,7 @@ class Router:
         if key[8:12] == _ZERO_LSID:
             if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:
                 before = self.routing.sibling_map()
-                out = self._advertise_routes(self.routing.update(link.link_id, msg.routes))
+                out = self._advertise_routes(self.routing.update(link.link_id, msg.routes), now)
                 after = self.routing.sibling_map()
                 if after != before:
                     out += self._sync_siblings(before, after)
@@ -485,6 +488,7 @@ class Router:
         entry.upstream = None
         entry.joined = False
         self.counters["flows.orphaned"] += 1
+        self._orphans.add(key)
         return out
 
     def _send_join_up(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
@@ -667,17 +671,31 @@ class Router:
         return [Send(t, hdr, body) for t in targets]
 
     # ------------------------------------------------------------------ routing
-    def _advertise_routes(self, changed: bool, only: int | None = None) -> list[Action]:
+    def _advertise_routes(self, changed: bool, now: float, only: int | None = None
+                          ) -> list[Action]:
         if not changed:
             return []
         self.generation += 1
-        out: list[Action] = []
+        out: list[Action] = self._retry_orphans(now) if self._orphans else []
         targets = [only] if only is not None else [
             lid for lid, lk in self.links.items()
             if lk.role is C.Role.ROUTER and lk.state is LinkState.UP]
         for lid in targets:
             body = C.LsRoutes(self.routing.vector_for(lid)).encode()
             out.append(Send(lid, pack_header(_LINK_KEY, len(body), BAND_MEMBERSHIP), body))
+        return out
+
+    def _retry_orphans(self, now: float) -> list[Action]:
+        """Routes changed: graft cut-off subtrees back now rather than at the next GC visit."""
+        out: list[Action] = []
+        for key in sorted(self._orphans):
+            entry = self.flows.get(key)
+            if entry is None or entry.upstream is not None or entry.joined:
+                self._orphans.discard(key)
+                continue
+            out += self._rejoin(key, entry, now)
+            if entry.up_req is not None:
+                self._orphans.discard(key)
         return out
 
     # ------------------------------------------------------------------ time
