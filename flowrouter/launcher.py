@@ -255,9 +255,10 @@ class Launcher:
                     ("loss", fault.loss)) if v is not None) if down else "restored"
             elif fault.direction is not None:
                 src, dst = ends[0]
-                emu = self._emulated(link)
+                base = self._emulated(link)
                 await self._cmd(src, "emulate", peer=dst, down=down,
-                                bandwidth=emu.bandwidth or None, delay=emu.delay, loss=emu.loss)
+                                bandwidth=base.bandwidth or None, delay=base.delay,
+                                loss=base.loss)
                 what = f"{'down' if down else 'up'} ({src} -> {dst} only)"
             else:
                 await asyncio.gather(*(self._cmd(src, "link", peer=dst, up=not down)

@@ -133,7 +133,8 @@ class Router:
                                    modifiers_configured=modifiers is not None, opened_at=now)
         hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
                         self.default_lsid(),
-                        modifiers=mods[1:4] if modifiers is not None else (0, 0, 0)).encode()
+                        modifiers=(mods[1], mods[2], mods[3]) if modifiers is not None
+                        else (0, 0, 0)).encode()
         return [Send(link_id, pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
 
     def default_lsid(self) -> int:
@@ -354,9 +355,10 @@ class Router:
                 if size > lk.max_payload:
                     self._dropped("too-big-for-link", key, band, in_link, size, now)
                     continue
-                hdr = cache.get(left)
-                if hdr is None:
-                    hdr = cache[left] = pack_header(key, size, band, loc_type, left, ttl)
+                cached = cache.get(left)
+                if cached is None:
+                    cached = cache[left] = pack_header(key, size, band, loc_type, left, ttl)
+                hdr = cached
                 lk.tx += 1
                 out.append(Send(t, hdr, payload))
         counters["forwarded"] += len(out)
@@ -438,9 +440,9 @@ class Router:
             self.counters["refused.endpoint-quota"] += 1
             if not entry.down and not entry.sib:
                 self._remove_entry(key, entry, "refused", now)
-            out = self.alert("endpoint-quota", f"{link.describe()} holds "
-                             f"{len(link.dependent)} flows, the per-application limit", now)
-            return out + [self._control(lid, key, C.JoinAck(
+            alerts = self.alert("endpoint-quota", f"{link.describe()} holds "
+                                f"{len(link.dependent)} flows, the per-application limit", now)
+            return alerts + [self._control(lid, key, C.JoinAck(
                 msg.req_id, C.JoinStatus.LIMIT, f"this application already holds "
                 f"{self.p.max_flows_per_endpoint} flows at router {self.p.name}"))]
         if self._tracing:

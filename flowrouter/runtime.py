@@ -316,7 +316,7 @@ class RouterNode:
         self._next_link = 1
         self._server: asyncio.base_events.Server | None = None
         self._control: asyncio.base_events.Server | None = None
-        self._udp: asyncio_dgram.aio.DatagramServer | None = None
+        self._udp: Any = None  #: an asyncio-dgram stream bound to our own socket
         self._udp_sock: socket.socket | None = None
         self._udp_links: dict[tuple[str, int], _UdpLink] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -571,10 +571,10 @@ class RouterNode:
                 data, addr = await self._udp.recv()
             except asyncio_dgram.TransportClosed:
                 return
-            addr = addr[:2]
-            link = self._udp_links.get(addr)
+            peer_addr: tuple[str, int] = (addr[0], addr[1])
+            link = self._udp_links.get(peer_addr)
             if link is None:
-                link = self._udp_link(addr, None)
+                link = self._udp_link(peer_addr, None)
             link.last_rx = self.now()
             try:
                 header, payload = split_datagram(data, max_payload)
