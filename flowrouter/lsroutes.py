@@ -19,13 +19,17 @@ INFINITY = 32
 
 class LsRouting:
     def __init__(self, core_lsids: frozenset[int], static: dict[int, str],
-                 default: str | None) -> None:
+                 default: str | None, max_lsids: int = 4096) -> None:
         self.core = core_lsids
         self.static = dict(static)
         self.default = default
         self.by_name: dict[str, int] = {}  #: neighbour router name -> link id (up links)
         self.names: dict[int, str] = {}
         self.learned: dict[int, dict[int, int]] = {}  #: lsid -> {link: distance}
+        #: LSIDs we keep routes for; more are refused (a neighbour announcing thousands of
+        #: bogus LSIDs must not make our own vector outgrow a frame or our memory)
+        self.max_lsids = max_lsids
+        self.refused = 0  #: LSIDs refused by the last update
         self._best: dict[int, tuple[int, int | None]] = {}
         self._recompute()
 
@@ -42,17 +46,27 @@ class LsRouting:
                 if n == name:
                     self.by_name[name] = lid
                     break
-        for routes in self.learned.values():
-            routes.pop(link_id, None)
+        self._forget(link_id)
         return self._recompute()
+
+    def _forget(self, link_id: int) -> None:
+        for lsid in [lsid for lsid, per in self.learned.items()
+                     if per.pop(link_id, None) is not None and not per]:
+            del self.learned[lsid]
 
     def update(self, link_id: int, routes: tuple[tuple[int, int], ...]) -> bool:
         """A neighbour's full vector replaced what we knew from it; True if our best changed."""
-        for per_lsid in self.learned.values():
-            per_lsid.pop(link_id, None)
+        self._forget(link_id)
+        self.refused = 0
         for lsid, dist in routes:
             if lsid and dist < INFINITY:
-                self.learned.setdefault(lsid, {})[link_id] = dist
+                per = self.learned.get(lsid)
+                if per is None:
+                    if len(self.learned) >= self.max_lsids:
+                        self.refused += 1
+                        continue
+                    per = self.learned[lsid] = {}
+                per[link_id] = dist
         return self._recompute()
 
     def _recompute(self) -> bool:

@@ -79,6 +79,7 @@ class RouterParams:
     max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
     alert_interval: float = 5.0  #: at most one alert per (limit, flow) in this many seconds
+    max_ls_routes: int = 4096  #: LSIDs this router keeps routes for
     handshake_timeout: float = 10.0
     #: locality costs of links to applications (accepted links from routers adopt the
     #: costs the dialling router announces)
@@ -104,7 +105,8 @@ class Router:
         self.links: dict[int, Link] = {}
         self.flows: dict[bytes, FlowEntry] = {}
         self.counters: Counter[str] = Counter()
-        self.routing = LsRouting(params.core_lsids, params.routes, params.default_route)
+        self.routing = LsRouting(params.core_lsids, params.routes, params.default_route,
+                                 params.max_ls_routes)
         self.started = now
         self.epoch = 0
         self._next_req = 1
@@ -373,6 +375,11 @@ class Router:
             if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:
                 before = self.routing.sibling_map()
                 out = self._advertise_routes(self.routing.update(link.link_id, msg.routes), now)
+                if self.routing.refused:
+                    self.counters["refused.ls-routes"] += self.routing.refused
+                    out += self.alert("ls-routes", f"{link.describe()} announced more LSIDs "
+                                      f"than the limit of {self.p.max_ls_routes}; "
+                                      f"{self.routing.refused} ignored", now)
                 after = self.routing.sibling_map()
                 if after != before:
                     out += self._sync_siblings(before, after)

@@ -225,7 +225,7 @@ class _TcpLink(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
         reason = f"connection lost: {exc}" if exc else "connection closed by peer"
-        if self.decoder.pending:
+        if self.decoder.pending and self.link_id in node.core.links:  # not yet counted
             node.core.counters["malformed"] += 1
             node.core.counters["malformed.truncated"] += 1
             reason = f"truncated frame ({self.decoder.pending} bytes of an incomplete frame)"
