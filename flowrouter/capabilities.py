@@ -740,6 +740,11 @@ class PolicyStore:
         return verify(token, flow_key=flow_key, subject=subject, now=now,
                       revoked=self.revoked_for(flow_key), cache=self.cache)
 
+    def authorize(self, flow_key: bytes, op: str, token: bytes | None, subject: str | None,
+                  now: float) -> Capability | None:
+        """Check a token for *op* ("join" or "send") without a band: at advertise time."""
+        return self._check(flow_key, op, token, subject, now)
+
     def authorize_join(self, flow_key: bytes, token: bytes | None, subject: str | None,
                        mask: int, now: float) -> Capability | None:
         cap = self._check(flow_key, "join", token, subject, now)

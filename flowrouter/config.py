@@ -32,6 +32,13 @@ Example (every key optional except ``router.name``)::
     sample = 0.01                 # fraction of forwarding decisions recorded
     rotate_bytes = 67108864
 
+    [link_auth]                   # authenticated (and optionally encrypted) links
+    key_id = "site-2026"          # the key this router proves itself with
+    encrypt = false               # seal TCP links with ChaCha20-Poly1305 after the handshake
+    require_endpoints = false     # applications must authenticate too
+    [link_auth.keys]              # key id -> "hex:..." | "base64:..." | "file:PATH"
+    site-2026 = "hex:00112233..."
+
     [[emulate]]                   # link emulation toward a peer (by name), any direction
     peer = "r2"
     bandwidth = 56000             # bits/s
@@ -171,6 +178,12 @@ class NodeConfig:
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     peers: list[PeerConfig] = field(default_factory=list)
     emulation: dict[str, Emulation] = field(default_factory=dict)  #: peer name -> emulation
+    #: link authentication: key id -> secret spec (see flowrouter.linkauth); empty: none
+    link_keys: dict[str, str] = field(default_factory=dict)
+    link_key_id: str | None = None
+    link_encrypt: bool = False
+    link_auth_endpoints: bool = False
+    config_dir: str | None = None  #: where relative key files are looked up
     trace_dir: str | None = None  #: write trace records here (None: no tracing)
     trace_sample: float = 0.01
     trace_rotate_bytes: int = 64 * 1024 * 1024
@@ -192,9 +205,22 @@ class NodeConfig:
                 raise ConfigError(f"core LSID {lsid:#x} must be 1..0xffffffff (0 is reserved)")
         self.params()  # validates the GC thresholds
 
+    def keyring(self) -> Any:
+        if not self.link_keys:
+            return None
+        from .linkauth import KeyRing
+
+        try:
+            return KeyRing.from_config(self.link_keys, self.link_key_id or
+                                       next(iter(self.link_keys)), base_dir=self.config_dir)
+        except ValueError as exc:
+            raise ConfigError(f"[link_auth]: {exc}") from None
+
     def params(self) -> RouterParams:
         try:
             return RouterParams(
+                keyring=self.keyring(), auth_key_id=self.link_key_id,
+                auth_encrypt=self.link_encrypt, auth_endpoints=self.link_auth_endpoints,
                 name=self.name, node_id=self.node_id or node_id_for(self.name),
                 max_payload=self.max_payload, core_lsids=frozenset(self.core_lsids),
                 default_lsid=self.default_lsid, routes=dict(self.routes),
@@ -233,7 +259,10 @@ def _lsid(value: Any, where: str) -> int:
 
 
 def config_from_dict(data: dict[str, Any]) -> NodeConfig:
-    _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace"}, "the top level")
+    _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth"},
+                "the top level")
+    auth = dict(data.get("link_auth") or {})
+    _check_keys(auth, {"key_id", "encrypt", "require_endpoints", "keys"}, "[link_auth]")
     trace = dict(data.get("trace") or {})
     _check_keys(trace, {"dir", "sample", "rotate_bytes"}, "[trace]")
     router = dict(data.get("router") or {})
@@ -287,6 +316,18 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
             raise ConfigError(f"{where} needs a peer (the neighbour's router name)")
         emulation[str(table["peer"])] = Emulation.from_mapping(table, where)
     kw["emulation"] = emulation
+    if auth:
+        keys = auth.get("keys") or {}
+        if not isinstance(keys, dict) or not keys:
+            raise ConfigError("[link_auth] needs at least one key in [link_auth.keys]")
+        kw["link_keys"] = {str(k): str(v) for k, v in keys.items()}
+        if "key_id" in auth:
+            if auth["key_id"] not in keys:
+                raise ConfigError(f"[link_auth] key_id {auth['key_id']!r} is not one of "
+                                  f"[link_auth.keys] {sorted(keys)}")
+            kw["link_key_id"] = str(auth["key_id"])
+        kw["link_encrypt"] = bool(auth.get("encrypt", False))
+        kw["link_auth_endpoints"] = bool(auth.get("require_endpoints", False))
     if "dir" in trace:
         kw["trace_dir"] = str(trace["dir"])
     if "sample" in trace:
@@ -317,6 +358,9 @@ def load_config(path: str | Path) -> NodeConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:
-        return config_from_dict(data)
+        cfg = config_from_dict(data)
+        cfg.config_dir = str(path.parent)
+        cfg.params()  # key files are read (and their permissions checked) now
+        return cfg
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

@@ -1,7 +1,7 @@
 """Control-message payloads: versioned, validated, one codec for every control frame.
 
 Every control payload starts with ``version (1 byte) | type (1 byte)``. Link-local messages
-(HELLO, ERROR, LS_ROUTES) travel on the reserved link-local flow; per-flow messages (JOIN,
+(HELLO, ERROR, LS_ROUTES, AUTH, POLICY) travel on the reserved link-local flow; per-flow messages (JOIN,
 JOIN_ACK, LEAVE, MASK, PING, PONG) travel on the flow they concern, on the membership band (or
 the GC band for PING/PONG), and are consumed and regenerated hop by hop. FAULT travels to
 applications on :data:`~flowrouter.bands.BAND_FAULT`.
@@ -31,6 +31,8 @@ class MsgType(enum.IntEnum):
     HELLO = 1
     ERROR = 2
     LS_ROUTES = 3
+    AUTH = 4
+    POLICY = 5
     JOIN = 10
     JOIN_ACK = 11
     LEAVE = 12
@@ -163,16 +165,41 @@ class LsRoutes:
 
 
 @dataclass(frozen=True, slots=True)
+class Auth:
+    """The link-authentication proof that follows HELLO (see :mod:`flowrouter.linkauth`)."""
+
+    body: bytes
+    TYPE = MsgType.AUTH
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _blob(self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyMsg:
+    """A creator-signed flow policy (:class:`flowrouter.capabilities.Policy`), gossiped
+    between routers so every first-hop router can enforce it."""
+
+    raw: bytes
+    TYPE = MsgType.POLICY
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _blob(self.raw)
+
+
+@dataclass(frozen=True, slots=True)
 class Join:
     req_id: int
     mask: int
     flags: int = 0
+    #: a capability token (:mod:`flowrouter.capabilities`) for flows under a policy
+    capability: bytes = b""
     TYPE = MsgType.JOIN
     _ST = struct.Struct("!I16sB")
 
     def encode(self) -> bytes:
         return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(
-            self.req_id, self.mask.to_bytes(16, "big"), self.flags)
+            self.req_id, self.mask.to_bytes(16, "big"), self.flags) + _blob(self.capability)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +271,8 @@ class Fault:
         return body
 
 
-ControlMessage = Hello | Error | LsRoutes | Join | JoinAck | Leave | Mask | Ping | Pong | Fault
+ControlMessage = (Hello | Error | LsRoutes | Auth | PolicyMsg | Join | JoinAck | Leave | Mask
+                  | Ping | Pong | Fault)
 
 
 def decode(payload: bytes | memoryview) -> ControlMessage:
@@ -278,9 +306,13 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     elif t is MsgType.LS_ROUTES:
         n = int.from_bytes(r.take(2), "big")
         msg = LsRoutes(tuple(r.unpack(LsRoutes._ENTRY) for _ in range(n)))  # type: ignore[misc]
+    elif t is MsgType.AUTH:
+        msg = Auth(r.blob())
+    elif t is MsgType.POLICY:
+        msg = PolicyMsg(r.blob())
     elif t is MsgType.JOIN:
         req, mask, flags = r.unpack(Join._ST)
-        msg = Join(req, int.from_bytes(mask, "big"), flags)  # type: ignore[arg-type]
+        msg = Join(req, int.from_bytes(mask, "big"), flags, r.blob())  # type: ignore[arg-type]
     elif t is MsgType.JOIN_ACK:
         req, status = r.unpack(JoinAck._ST)
         try:

@@ -36,6 +36,8 @@ from .header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, HEADER_SIZE, OFF_LOC_TYPE
 from .lsroutes import LsRouting
 from .tables import FlowEntry, Link, LinkState, Modifiers
 from .traces import NULL_TRACER, Tracer, snapshot_fields
+from .capabilities import CapabilityError, PolicyStore
+from .linkauth import AuthError, LinkAuthenticator, LinkCipher, ReplayCache
 
 log = logging.getLogger("flowrouter.core")
 
@@ -54,7 +56,16 @@ class Close(NamedTuple):
     reason: str
 
 
-Action = Send | Close
+class Secure(NamedTuple):
+    """From now on, seal what goes out on *link* and open what comes in with *cipher*:
+    everything after the peer's AUTH frame, and everything the actions after this one
+    send. Only emitted for stream (TCP) links that negotiated encryption."""
+
+    link: int
+    cipher: LinkCipher
+
+
+Action = Send | Close | Secure
 
 
 @dataclass(slots=True)
@@ -80,6 +91,13 @@ class RouterParams:
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
     alert_interval: float = 5.0  #: at most one alert per (limit, flow) in this many seconds
     max_ls_routes: int = 4096  #: LSIDs this router keeps routes for
+    #: link authentication (flowrouter.linkauth.KeyRing); None: links are not authenticated.
+    #: With a key ring, every ROUTER link must prove it holds a key; applications must too
+    #: when ``auth_endpoints`` (and may, by sending credentials, anyway).
+    keyring: Any = None
+    auth_key_id: str | None = None
+    auth_encrypt: bool = False  #: ask for encrypted links (TCP; on if either side asks)
+    auth_endpoints: bool = False
     handshake_timeout: float = 10.0
     #: locality costs of links to applications (accepted links from routers adopt the
     #: costs the dialling router announces)
@@ -116,6 +134,16 @@ class Router:
         #: recent tripped limits, newest last (shown by the status query)
         self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
         self._alerted: dict[tuple[str, bytes | None], float] = {}
+        #: flow policies in force (capabilities.PolicyStore) and their raw records, which
+        #: are gossiped to every router neighbour; ``_policies_active`` keeps the data path
+        #: at one test while no flow is protected
+        self.policies = PolicyStore()
+        self._policy_raws: dict[bytes, None] = {}
+        self._policies_active = False
+        #: add to ``now`` to get Unix time (capability expiry is in Unix seconds); the
+        #: runtime sets it, the simulator leaves 0
+        self.wall_offset = 0.0
+        self._replay = ReplayCache()
         #: entries cut off from their core: retried as soon as any route changes
         self._orphans: set[bytes] = set()
         #: flows with a join awaiting the upstream answer (checked every tick, not by the GC)
@@ -133,8 +161,15 @@ class Router:
         mods = (modifiers or Modifiers()).as_tuple()
         self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
                                    modifiers_configured=modifiers is not None, opened_at=now)
+        creds = b""
+        if self.p.keyring is not None:
+            auth = self.links[link_id].auth = LinkAuthenticator(
+                self.p.keyring, my_name=self.p.name, my_role=C.Role.ROUTER,
+                key_id=self.p.auth_key_id, encrypt=self.p.auth_encrypt,
+                replay_cache=self._replay)
+            creds = auth.hello_credentials()
         hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
-                        self.default_lsid(),
+                        self.default_lsid(), creds,
                         modifiers=(mods[1], mods[2], mods[3]) if modifiers is not None
                         else (0, 0, 0)).encode()
         return [Send(link_id, pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
@@ -243,9 +278,49 @@ class Router:
             log.warning("%s refused us: %s", link.describe(), msg.text)
             out = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
             return out + [Close(link.link_id, "refused by peer")]
-        if not isinstance(msg, C.Hello):
-            raise MalformedFrame("no-hello", f"first frame on a link must be HELLO, got "
-                                             f"{type(msg).__name__}")
+        if isinstance(msg, C.Auth) and link.pending_hello is not None:
+            try:
+                link.auth.on_peer_auth(msg.body)
+            except AuthError as exc:
+                return self._refuse(link, exc.reason, str(exc), now)
+            hello, link.pending_hello = link.pending_hello, None
+            self.counters["auth.ok"] += 1
+            cipher = link.auth.cipher() if link.transport == "tcp" else None
+            out: list[Action] = [Secure(link.link_id, cipher)] if cipher is not None else []
+            return out + self._link_up(link, hello, now)
+        if not isinstance(msg, C.Hello) or link.pending_hello is not None:
+            raise MalformedFrame("no-hello", f"first frame on a link must be HELLO (and then "
+                                             f"AUTH), got {type(msg).__name__}")
+        if msg.max_payload <= 0:
+            raise MalformedFrame("bad-hello", "peer announces a maximum payload of 0")
+        if self.p.keyring is not None and (msg.role is C.Role.ROUTER or self.p.auth_endpoints
+                                           or msg.credentials):
+            if not msg.credentials:
+                return self._refuse(link, "missing-credentials",
+                                    f"{msg.role.name.lower()} {msg.name!r} offers no link "
+                                    "credentials and this router requires them", now)
+            try:
+                proof = link.auth.on_peer_hello(msg.name, msg.role, msg.credentials)
+            except AuthError as exc:
+                return self._refuse(link, exc.reason, str(exc), now)
+            link.pending_hello = msg
+            body = C.Auth(proof).encode()
+            return [Send(link.link_id, pack_header(_LINK_KEY, len(body), BAND_MEMBERSHIP),
+                         body)]
+        return self._link_up(link, msg, now)
+
+    def _refuse(self, link: Link, reason: str, detail: str, now: float) -> list[Action]:
+        """Link authentication failed: say why, count it, drop only that link."""
+        self.counters["auth.refused"] += 1
+        self.counters[f"auth.refused.{reason}"] += 1
+        log.warning("%s: link refused (%s): %s", link.describe(), reason, detail)
+        err = C.Error(2, f"link authentication failed: {reason}").encode()
+        out: list[Action] = [Send(link.link_id, pack_header(_LINK_KEY, len(err),
+                                                            BAND_MEMBERSHIP), err)]
+        out += self.close_link(link.link_id, now, f"authentication failed ({reason})")
+        return out + [Close(link.link_id, f"authentication failed: {reason}")]
+
+    def _link_up(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
         if link.expected_peer and msg.name != link.expected_peer:
             log.warning("%s: expected router %r, it says it is %r", link.describe(),
                         link.expected_peer, msg.name)
@@ -255,8 +330,6 @@ class Router:
                               else self.p.endpoint_modifiers.as_tuple())
         link.peer_name = msg.name
         link.peer_node_id = msg.node_id
-        if msg.max_payload <= 0:
-            raise MalformedFrame("bad-hello", "peer announces a maximum payload of 0")
         link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
         link.state = LinkState.UP
         self.generation += 1
@@ -266,7 +339,12 @@ class Router:
         log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
         if msg.role is C.Role.ROUTER:
             self.routing.link_up(link.link_id, msg.name)
-            return self._advertise_routes(True, now, only=link.link_id)
+            out = self._advertise_routes(True, now, only=link.link_id)
+            for raw in self._policy_raws:  # a new neighbour learns the policies in force
+                body = C.PolicyMsg(raw).encode()
+                out.append(Send(link.link_id, pack_header(_LINK_KEY, len(body),
+                                                          BAND_MEMBERSHIP), body))
+            return out
         return []
 
     # ------------------------------------------------------------------ forwarding
@@ -282,6 +360,10 @@ class Router:
         counters = self.counters
         ttl = header[OFF_TTL]
         key = bytes(header[:16])
+        if (self._policies_active and link.role is C.Role.ENDPOINT
+                and self.policies.requires(key, "send")
+                and not self._may_send(link, key, header, band, now)):
+            return self._dropped("unauthorised", key, band, link_id, len(payload), now)
         if ttl == 0:
             return self._dropped("ttl", key, band, link_id, len(payload), now)
         entry = self.flows.get(key)
@@ -387,6 +469,8 @@ class Router:
             if isinstance(msg, C.Error):
                 log.warning("%s reports: %s", link.describe(), msg.text)
                 return []
+            if isinstance(msg, C.PolicyMsg):
+                return self._on_policy(link, msg.raw, now)
             raise MalformedFrame("bad-control", f"{type(msg).__name__} is not a link-local "
                                                 "message")
         if band >= ROUTER_BANDS_END:  # pragma: no cover - guarded by the caller
@@ -408,6 +492,95 @@ class Router:
             return self._on_pong(link, key, msg)
         raise MalformedFrame("bad-control", f"{type(msg).__name__} on band {band} of a flow")
 
+    def _on_policy(self, link: Link, raw: bytes, now: float) -> list[Action]:
+        """A creator's signed policy: verify, install, enforce, and pass it on once."""
+        if raw in self._policy_raws:
+            return []
+        try:
+            pol = self.policies.install(raw)
+        except CapabilityError as exc:
+            key = "policies.stale" if exc.reason == "stale-policy" else "refused.policy"
+            self.counters[key] += 1
+            if exc.reason != "stale-policy":
+                log.warning("%s sent a policy that does not verify (%s): %s",
+                            link.describe(), exc.reason, exc)
+            return []
+        self._policy_raws[raw] = None
+        self._policies_active = True
+        self.counters["policies.installed"] += 1
+        log.info("policy v%d for %s %s installed (from %s)", pol.version,
+                 "creator" if pol.creator_wide else "flow",
+                 f"{pol.creator:016x}" if pol.creator_wide else flow_text(pol.flow_key),
+                 link.describe())
+        out = self._revoke(pol, now)
+        body = C.PolicyMsg(raw).encode()
+        hdr = pack_header(_LINK_KEY, len(body), BAND_MEMBERSHIP)
+        out += [Send(lid, hdr, body) for lid, lk in self.links.items()
+                if lk.role is C.Role.ROUTER and lk.state is LinkState.UP
+                and lid != link.link_id]
+        return out
+
+    def _revoke(self, pol: Any, now: float) -> list[Action]:
+        """Members whose capability this policy revokes lose what it granted."""
+        out: list[Action] = []
+        if not pol.revoked:
+            return out
+        for lid, lk in list(self.links.items()):
+            for key, cap in list((lk.caps or {}).items()):
+                if pol.covers(key) and cap.serial in pol.revoked:
+                    out += self._withdraw(lk, key, "revoked", now)
+        return out
+
+    def _withdraw(self, link: Link, key: bytes, why: str, now: float) -> list[Action]:
+        """Take an application off a flow whose capability is no longer valid."""
+        if link.caps:
+            link.caps.pop(key, None)
+        self.counters[f"capability.{why}"] += 1
+        entry = self.flows.get(key)
+        if entry is None or link.link_id not in entry.down:
+            return []
+        log.info("%s: capability for %s %s; removed from the flow", link.describe(),
+                 flow_text(key), why)
+        self._drop_down(entry, key, link.link_id, "refused", now)
+        return self._after_change(key, entry, now, "refused")
+
+    def _authorize_join(self, link: Link, key: bytes, msg: C.Join, now: float
+                        ) -> str | None:
+        """First-hop check of an application's join or advertise; the refusal text or None.
+
+        The application's own router checks, so an unauthorised join never reaches the tree
+        and routers further in need not trust anyone but their authenticated neighbours.
+        """
+        try:
+            wall = now + self.wall_offset
+            if msg.flags & C.JOIN_FLAG_ADVERTISE and not msg.mask:
+                cap = self.policies.authorize(key, "send", msg.capability or None,
+                                              link.peer_name, wall)
+            else:
+                cap = self.policies.authorize_join(key, msg.capability or None,
+                                                   link.peer_name, msg.mask, wall)
+                if cap is None and msg.capability and self.policies.requires(key, "send"):
+                    cap = self.policies.authorize(key, "send", msg.capability,
+                                                  link.peer_name, wall)
+        except CapabilityError as exc:
+            self.counters["refused.capability"] += 1
+            self.counters[f"refused.capability.{exc.reason}"] += 1
+            log.info("%s: join of %s refused: capability %s: %s", link.describe(),
+                     flow_text(key), exc.reason, exc)
+            return f"capability {exc.reason}: {exc}"
+        if cap is not None:
+            if link.caps is None:
+                link.caps = {}
+            link.caps[key] = cap
+        return None
+
+    def _may_send(self, link: Link, key: bytes, header: memoryview | bytes, band: int,
+                  now: float) -> bool:
+        cap = link.caps.get(key) if link.caps else None
+        return (cap is not None and cap.may_send(band)
+                and cap.locality_ok(header[OFF_LOC_TYPE], header[OFF_LOC_VALUE])
+                and cap.expiry > now + self.wall_offset)
+
     def _control(self, link_id: int, key: bytes, msg: C.ControlMessage,
                  band: int = BAND_MEMBERSHIP) -> Send:
         body = msg.encode()
@@ -415,6 +588,11 @@ class Router:
 
     def _on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
         lid = link.link_id
+        if self._policies_active and link.role is C.Role.ENDPOINT:
+            refusal = self._authorize_join(link, key, msg, now)
+            if refusal is not None:
+                return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
+                                                          refusal))]
         entry = self.flows.get(key)
         if entry is None:
             if len(self.flows) >= self.p.max_flows:
@@ -760,6 +938,15 @@ class Router:
         out: list[Action] = []
         if entry.upstream is None and not entry.joined:
             out += self._rejoin(key, entry, now)  # an orphaned subtree retries its graft
+        if self._policies_active:
+            wall = now + self.wall_offset
+            for lid in list(entry.down):
+                lk = self.links.get(lid)
+                cap = lk.caps.get(key) if lk is not None and lk.caps else None
+                if cap is not None and cap.expiry <= wall:
+                    out += self._withdraw(lk, key, "expired", now)  # type: ignore[arg-type]
+            if key not in self.flows:
+                return out
         doomed = []
         for lid, last in entry.traffic.items():
             idle = epoch - last

@@ -38,9 +38,11 @@ import asyncio_dgram
 
 from .config import ConfigError, Emulation, NodeConfig, PeerConfig, parse_address
 from .control import Role
-from .header import UDP_MAX_PAYLOAD, FrameDecoder, MalformedFrame, split_datagram
+from .header import (HEADER_SIZE, UDP_MAX_PAYLOAD, FrameDecoder, MalformedFrame,
+                     split_datagram, validate_header)
+from .linkauth import LinkSecurityError, SecureStream
 from .linkqueue import OutputQueue
-from .router import Action, Close, Router, Send
+from .router import Action, Close, Router, Secure, Send
 from .tables import LinkState, Modifiers
 from .traces import NULL_TRACER, TraceWriter
 
@@ -169,7 +171,7 @@ class _LinkOutput:
 
 class _TcpLink(asyncio.Protocol):
     __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
-                 "reading")
+                 "reading", "hs", "secure")
 
     def __init__(self, node: RouterNode, peer: PeerConfig | None) -> None:
         self.node = node
@@ -180,6 +182,10 @@ class _TcpLink(asyncio.Protocol):
         self.out: _LinkOutput | None = None
         self.address = "?"
         self.reading = True
+        #: bytes of the handshake, parsed one frame at a time: after the peer's AUTH the
+        #: rest of the stream may be sealed records, not frames
+        self.hs: bytearray | None = bytearray()
+        self.secure: SecureStream | None = None
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -204,6 +210,52 @@ class _TcpLink(asyncio.Protocol):
             expected_peer=self.peer.name if self.peer else None))
 
     def data_received(self, data: bytes) -> None:
+        if self.secure is not None:
+            try:
+                chunks = self.secure.decode(data)
+            except LinkSecurityError as exc:
+                node = self.node
+                node.execute(node.core.drop_link(
+                    self.link_id, MalformedFrame("bad-record", str(exc)), node.now()))
+                return
+            for chunk in chunks:
+                self._frames(chunk)
+            return
+        if self.hs is not None:
+            self._handshake_bytes(data)
+            return
+        self._frames(data)
+
+    def _handshake_bytes(self, data: bytes) -> None:
+        node = self.node
+        buf = self.hs
+        assert buf is not None
+        buf += data
+        while len(buf) >= HEADER_SIZE:
+            try:
+                size = validate_header(buf, 0, node.config.max_payload)
+            except MalformedFrame as exc:
+                node.execute(node.core.drop_link(self.link_id, exc, node.now()))
+                return
+            end = HEADER_SIZE + size
+            if len(buf) < end:
+                return
+            frame = bytes(buf[:end])
+            del buf[:end]
+            node.execute(node.core.receive(self.link_id, frame[:HEADER_SIZE],
+                                           frame[HEADER_SIZE:], node.now()))
+            link = node.core.links.get(self.link_id)
+            if link is None:
+                return  # refused or dropped
+            if self.secure is not None or link.state is LinkState.UP:
+                rest = bytes(buf)
+                self.hs = None
+                node._link_state_changed()
+                if rest:
+                    self.data_received(rest)
+                return
+
+    def _frames(self, data: bytes) -> None:
         node = self.node
         try:
             frames = self.decoder.feed(data)
@@ -251,7 +303,10 @@ class _TcpLink(asyncio.Protocol):
     def _write(self, header: bytes, payload: Any) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.writelines((header, payload))
+            if self.secure is not None:  # sealing needs the bytes together anyway
+                transport.write(self.secure.encode(header + bytes(payload)))
+            else:
+                transport.writelines((header, payload))
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -357,6 +412,7 @@ class RouterNode:
             log.info("router %s writes traces to %s (sampling %.3g of forwarding)", cfg.name,
                      tracer.path, cfg.trace_sample)
         self.core = Router(cfg.params(), loop.time(), tracer=tracer)
+        self.core.wall_offset = time.time() - loop.time()  # capability expiry is Unix time
         if cfg.listen:
             host, port = parse_address(cfg.listen, "listen")
             self._server = await loop.create_server(lambda: _TcpLink(self, None), host, port,
@@ -505,6 +561,9 @@ class RouterNode:
                 continue
             if type(action) is Send:
                 link.send(action.header, action.payload)
+            elif type(action) is Secure:
+                if isinstance(link, _TcpLink):
+                    link.secure = SecureStream(action.cipher)
             elif type(action) is Close:
                 link.close(action.reason)
                 if isinstance(link, _UdpLink):

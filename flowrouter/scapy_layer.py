@@ -260,6 +260,28 @@ class FlowJoin(Packet):
         IntField("req_id", 1),
         BandMaskField("mask", 0),
         FlagsField("flags", 0, 8, ["advertise"]),
+        FieldLenField("cap_len", None, length_of="capability", fmt="!H"),
+        StrLenField("capability", b"", length_from=lambda p: p.cap_len, max_length=4096),
+    ]
+
+
+class FlowAuth(Packet):
+    """The link-authentication proof after HELLO (flowrouter.linkauth)."""
+
+    name = "FlowAuth"
+    fields_desc: ClassVar[list[AnyField]] = [
+        FieldLenField("body_len", None, length_of="body", fmt="!H"),
+        StrLenField("body", b"", length_from=lambda p: p.body_len, max_length=1024),
+    ]
+
+
+class FlowPolicy(Packet):
+    """A creator-signed flow policy (flowrouter.capabilities.Policy)."""
+
+    name = "FlowPolicy"
+    fields_desc: ClassVar[list[AnyField]] = [
+        FieldLenField("policy_len", None, length_of="policy", fmt="!H"),
+        StrLenField("policy", b"", length_from=lambda p: p.policy_len, max_length=65535),
     ]
 
 
@@ -320,7 +342,7 @@ CONTROL_LAYERS: dict[C.MsgType, type[Packet]] = {
     C.MsgType.HELLO: FlowHello, C.MsgType.ERROR: FlowError, C.MsgType.LS_ROUTES: FlowLsRoutes,
     C.MsgType.JOIN: FlowJoin, C.MsgType.JOIN_ACK: FlowJoinAck, C.MsgType.LEAVE: FlowLeave,
     C.MsgType.MASK: FlowMask, C.MsgType.PING: FlowPing, C.MsgType.PONG: FlowPong,
-    C.MsgType.FAULT: FlowFault,
+    C.MsgType.FAULT: FlowFault, C.MsgType.AUTH: FlowAuth, C.MsgType.POLICY: FlowPolicy,
 }
 for _t, _cls in CONTROL_LAYERS.items():
     bind_layers(FlowControl, _cls, type=int(_t))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from .control import Role
 from .header import DEFAULT_MAX_PAYLOAD, NUM_LOCALITY_TYPES, Locality
@@ -66,6 +67,12 @@ class Link:
     dependent: set[bytes] = field(default_factory=set)
     rx: int = 0
     tx: int = 0
+    #: link authentication in progress (flowrouter.linkauth.LinkAuthenticator) and the
+    #: peer's HELLO held until its AUTH proves it
+    auth: Any = None
+    pending_hello: Any = None
+    #: capabilities this application presented, per flow key (flows under a policy)
+    caps: dict[bytes, Any] | None = None
 
     def describe(self) -> str:
         return f"link {self.link_id} ({self.peer_name} via {self.transport} {self.address})"

@@ -22,7 +22,9 @@ messages = st.one_of(
               max_payload=u32, default_lsid=u32, credentials=st.binary(max_size=300)),
     st.builds(C.Error, code=st.integers(min_value=0, max_value=0xFFFF), text=long_text),
     st.builds(C.LsRoutes, routes=st.lists(st.tuples(u32, u8), max_size=30).map(tuple)),
-    st.builds(C.Join, req_id=u32, mask=mask128, flags=u8),
+    st.builds(C.Join, req_id=u32, mask=mask128, flags=u8, capability=st.binary(max_size=300)),
+    st.builds(C.Auth, body=st.binary(max_size=64)),
+    st.builds(C.PolicyMsg, raw=st.binary(max_size=300)),
     st.builds(C.JoinAck, req_id=u32, status=st.sampled_from(C.JoinStatus), reason=short_text),
     st.just(C.Leave()),
     st.builds(C.Mask, mask=mask128),
@@ -39,6 +41,9 @@ EXAMPLES = [
     C.LsRoutes(((0x10, 0), (0x20, 3))),
     C.LsRoutes(()),
     C.Join(7, (1 << 32) | (1 << 127), C.JOIN_FLAG_ADVERTISE),
+    C.Join(8, 1 << 40, 0, b"capability-token"),
+    C.Auth(b"\x01\x02" + b"p" * 32),
+    C.PolicyMsg(b"FN-policy-bytes"),
     C.JoinAck(7, C.JoinStatus.NO_ROUTE, "no route to 0x99"),
     C.Leave(),
     C.Mask(1 << 40),
@@ -88,7 +93,7 @@ def test_wrong_version_rejected(msg, version):
     assert info.value.reason == "bad-version"
 
 
-@pytest.mark.parametrize("mtype", [0, 4, 9, 16, 19, 21, 255])
+@pytest.mark.parametrize("mtype", [0, 6, 9, 16, 19, 21, 255])
 def test_unknown_type_rejected(mtype):
     with pytest.raises(MalformedFrame, match=f"unknown control type {mtype}") as info:
         C.decode(bytes([C.CONTROL_VERSION, mtype]))
@@ -134,7 +139,7 @@ def test_empty_and_one_byte_payloads():
 
 
 def test_wire_sizes():
-    assert len(C.Join(1, 0).encode()) == 2 + 4 + 16 + 1
+    assert len(C.Join(1, 0).encode()) == 2 + 4 + 16 + 1 + 2  # + empty capability blob
     assert len(C.Mask(0).encode()) == 2 + 16
     assert len(C.Ping(0).encode()) == len(C.Pong(0).encode()) == 6
     assert len(C.Leave().encode()) == 2
