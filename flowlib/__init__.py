@@ -13,6 +13,11 @@ Asyncio first::
 
 and the seed's synchronous names (``flow_connect``, ``flow_addlistener``, ``flow_get``, ...)
 through :class:`flowlib.sync.SyncFlowClient`.
+
+With several router addresses the client fails over to the next router when its router dies
+(:mod:`flowlib.client`); messages larger than a frame are fragmented and reassembled
+(:mod:`flowlib.fragment`); receive-queue overflows are reported on the overflow band
+(:mod:`flowlib.notices`); :class:`flowlib.heartbeat.Heartbeat` tracks a flow's members.
 """
 
 from flowrouter.bands import BandMask
@@ -20,9 +25,12 @@ from flowrouter.control import Fault, FaultKind, JoinStatus
 from flowrouter.flowid import FlowID
 from flowrouter.header import Locality
 
-from .client import DEFAULT_REQUEST_TIMEOUT, FlowClient, connect, listen_mask
-from .errors import (ConnectError, ConnectionLost, Empty, FlowError, FlowTimeout, JoinRefused,
-                     ListenerClosed, MessageTooLarge)
+from .client import (DEFAULT_FAILOVER_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, FailoverEvent,
+                     FlowClient, connect, listen_mask)
+from .errors import (ConnectError, ConnectionLost, Empty, FailoverInProgress, FlowError,
+                     FlowTimeout, JoinRefused, ListenerClosed, MessageTooLarge)
+from .fragment import DEFAULT_MAX_MESSAGE_SIZE
+from .heartbeat import Heartbeat, MembershipChange, Peer, PeerState
 from .message import Message, decode_fault
 from .queue import DEFAULT_QUEUE_SIZE, Listener, Overflow
 from .sync import SyncFlowClient, flow_connect
@@ -30,12 +38,14 @@ from .sync import SyncFlowClient, flow_connect
 __all__ = [
     # async API
     "connect", "FlowClient", "Listener", "Message", "Overflow", "decode_fault", "listen_mask",
+    "FailoverEvent", "Heartbeat", "MembershipChange", "Peer", "PeerState",
     # sync facade
     "flow_connect", "SyncFlowClient",
     # errors
     "FlowError", "ConnectError", "JoinRefused", "FlowTimeout", "MessageTooLarge",
-    "ConnectionLost", "Empty", "ListenerClosed",
+    "ConnectionLost", "FailoverInProgress", "Empty", "ListenerClosed",
     # re-exported protocol names an application needs
     "FlowID", "BandMask", "Locality", "Fault", "FaultKind", "JoinStatus",
-    "DEFAULT_QUEUE_SIZE", "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_QUEUE_SIZE", "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_FAILOVER_TIMEOUT",
+    "DEFAULT_MAX_MESSAGE_SIZE",
 ]

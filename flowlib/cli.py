@@ -7,11 +7,12 @@ import asyncio
 import json
 import sys
 
-from flowrouter.bands import DEFAULT_DATA_BAND
+from flowrouter.bands import BAND_FAULT, BAND_OVERFLOW, DEFAULT_DATA_BAND
 from flowrouter.header import DEFAULT_TTL, Locality
 
 from .client import connect
 from .errors import FlowError
+from .message import decode_fault
 
 
 def _locality(text: str) -> tuple[Locality, int]:
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--router", "-r", action="append", metavar="HOST:PORT",
                         help="router to connect to (repeatable: the first that answers is "
-                             "used; default 127.0.0.1:7000)")
+                             "used, the others are failed over to if it dies; default "
+                             "127.0.0.1:7000)")
     common.add_argument("--name", default="flowcat", help="client name shown to the router")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -51,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("listen", parents=[common], help="print messages arriving on a flow")
     ls.add_argument("flow", help="FlowID, creator:lsid:local in hex")
     ls.add_argument("--bands", default="data",
-                    help="band mask: e.g. 32-40,50 or data or fault (default %(default)s)")
+                    help="band mask: e.g. 32-40,50 or data or fault,overflow (default "
+                         "%(default)s); fault and overflow notices are printed decoded")
     ls.add_argument("--count", type=int, help="exit after this many messages")
     ls.add_argument("--timeout", type=float,
                     help="exit (code 1) if no message arrives for this many seconds")
@@ -86,10 +89,22 @@ async def _main(args: argparse.Namespace) -> int:
                 print(f"no message for {args.timeout}s", file=sys.stderr)
                 return 1
             n += 1
-            text = msg.payload.decode("utf-8", "backslashreplace")
+            notice = None
+            if msg.band in (BAND_FAULT, BAND_OVERFLOW):  # router faults and flowlib notices
+                try:
+                    notice = decode_fault(msg)
+                except ValueError:
+                    pass
+            if notice is not None:
+                text = f"{notice.kind.name} from {notice.origin}: {notice.detail}"
+            else:
+                text = msg.payload.decode("utf-8", "backslashreplace")
             if args.json:
-                print(json.dumps({"flow": str(msg.flow), "band": msg.band, "ttl": msg.ttl,
-                                  "payload": text}), flush=True)
+                out = {"flow": str(msg.flow), "band": msg.band, "ttl": msg.ttl, "payload": text}
+                if notice is not None:
+                    out["notice"] = {"kind": notice.kind.name, "origin": notice.origin,
+                                     "detail": notice.detail, "extra": notice.extra}
+                print(json.dumps(out), flush=True)
             else:
                 print(f"[{msg.band}] {text}", flush=True)
         return 0

@@ -49,25 +49,55 @@ class FlowTimeout(FlowError, TimeoutError):
 
 
 class MessageTooLarge(FlowError, ValueError):
-    """The payload does not fit in one frame on this router link.
+    """The message is larger than the sender may send; ``size`` and ``limit`` say by how much.
 
-    Raised before anything is written, so nothing reaches the network. Large messages will be
-    fragmented by the library in a later version; until then the application must split them.
+    Raised before anything is written, so nothing reaches the network. Messages larger than
+    the router's maximum payload are fragmented by the library (:mod:`flowlib.fragment`), so
+    this means either the message exceeds the client's ``max_message_size`` (``what`` is
+    ``"max_message_size"``), or the send asked for no fragmentation (``fragment=False``) and
+    the payload exceeds the router's maximum payload (``what`` is ``"max_payload"``).
     """
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, what: str = "max_payload") -> None:
         self.size = size
         self.limit = limit
-        super().__init__(f"message of {size} bytes exceeds the router's maximum payload of "
-                         f"{limit} bytes")
+        self.what = what
+        if what == "max_payload":
+            text = f"the router's maximum payload of {limit} bytes"
+        elif what == "max_message_size":
+            text = f"the maximum message size of {limit} bytes (max_message_size)"
+        else:
+            text = f"{what} of {limit} bytes"
+        super().__init__(f"message of {size} bytes exceeds {text}")
 
 
 class ConnectionLost(FlowError, ConnectionError):
-    """The link to the router is gone (or the client was closed); ``reason`` says why."""
+    """The link to the router is gone for good (or the client was closed); ``reason`` says why.
+
+    With failover enabled this is raised only once every router in the client's list has
+    failed for ``failover_timeout`` seconds; a single lost router is survived silently (apart
+    from a FAILOVER notice on the fault band).
+    """
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"connection to the flow router lost: {reason}")
+
+
+class FailoverInProgress(FlowError, ConnectionError):
+    """The client lost its router and is connecting to another one (failover).
+
+    Raised by ``send_nowait`` (which never waits) and by ``send`` once its wait bound
+    (``failover_send_timeout``) has passed. The client is still usable: listeners keep their
+    messages and waiting readers, and sending works again as soon as a router answers.
+    ``router`` names the router that was lost, ``since`` is how long ago (seconds).
+    """
+
+    def __init__(self, router: str, since: float, hint: str = "") -> None:
+        self.router = router
+        self.since = since
+        super().__init__(f"not connected: failing over after losing router {router} "
+                         f"{since * 1000:.0f} ms ago" + (f"; {hint}" if hint else ""))
 
 
 class Empty(FlowError):
@@ -79,4 +109,4 @@ class ListenerClosed(FlowError):
 
 
 __all__ = ["FlowError", "ConnectError", "JoinRefused", "FlowTimeout", "MessageTooLarge",
-           "ConnectionLost", "Empty", "ListenerClosed"]
+           "ConnectionLost", "FailoverInProgress", "Empty", "ListenerClosed"]

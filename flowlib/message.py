@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowrouter import control
-from flowrouter.bands import BAND_FAULT
+from flowrouter.bands import BAND_FAULT, BAND_OVERFLOW
 from flowrouter.flowid import FlowID
 from flowrouter.header import Locality, MalformedFrame
 
@@ -36,6 +36,12 @@ class Message:
         """True if this message arrived on the fault band (see :meth:`fault`)."""
         return self.band == BAND_FAULT
 
+    @property
+    def is_overflow(self) -> bool:
+        """True if this message arrived on the overflow band: a notice that messages were
+        dropped (decode it with :meth:`fault`; see :mod:`flowlib.notices`)."""
+        return self.band == BAND_OVERFLOW
+
     def fault(self) -> control.Fault:
         """Decode a fault-band message (shorthand for :func:`decode_fault`)."""
         return decode_fault(self)
@@ -47,6 +53,8 @@ def decode_fault(message: Message | bytes | memoryview) -> control.Fault:
     Routers send these on :data:`~flowrouter.bands.BAND_FAULT` when a link a flow depended on
     goes down, a limit trips, and so on; they are delivered to listeners like any band, so an
     application that subscribes to ``"fault"`` sees the network's trouble as it happens.
+    flowlib's own local notices (failover on the fault band, overflow and dropped large
+    messages on the overflow band) use the same encoding (:mod:`flowlib.notices`).
     Raises ``ValueError`` if the payload is not a fault notice (an application may also send
     on band 17, and its messages need not be in this format).
     """

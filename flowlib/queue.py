@@ -4,7 +4,9 @@ The seed's queues are circular: when the application falls behind, the queue kee
 recent window and forgets the oldest messages, because for live data (video, telemetry, chat
 presence) fresh beats complete. Some consumers prefer the opposite (keep what was queued first,
 refuse the newest), so the policy is a choice. Either way every discarded message is counted in
-:attr:`Listener.dropped`: drops are never silent.
+:attr:`Listener.dropped`: drops are never silent. The client also reports them with a
+rate-limited notice on the overflow band (band 18) to the listeners of the flow that listen to
+it (see :mod:`flowlib.notices`).
 
 A listener lives on its client's event loop and is not thread-safe; the synchronous facade
 (:mod:`flowlib.sync`) reaches it through the loop.
@@ -22,6 +24,7 @@ from flowrouter.flowid import FlowID
 
 from .errors import Empty, FlowError, ListenerClosed
 from .message import Message
+from .notices import NoticeLimiter
 
 
 class Overflow(enum.StrEnum):
@@ -49,19 +52,22 @@ class Listener:
 
     Read with ``await get()``, ``get_nowait()`` or ``async for msg in listener``. The loop ends
     once the listener is removed (``unlisten``) or its client closed and the queue is drained;
-    if the connection to the router is lost it raises
+    if the connection to the router is lost for good it raises
     :class:`~flowlib.errors.ConnectionLost` instead, because an application usually has to act
-    on that (reconnect, alert) rather than quietly stop.
+    on that (reconnect, alert) rather than quietly stop. A failover to another router is not
+    a loss: readers keep waiting and the listener keeps receiving once the client re-joined.
     """
 
-    __slots__ = ("flow", "_mask", "size", "overflow", "dropped", "received", "_items",
-                 "_getters", "_error", "__weakref__")
+    __slots__ = ("flow", "name", "_mask", "size", "overflow", "dropped", "received", "_items",
+                 "_getters", "_error", "_notices", "__weakref__")
 
     def __init__(self, flow: FlowID, mask: int, size: int = DEFAULT_QUEUE_SIZE,
-                 overflow: str | Overflow = Overflow.DROP_OLDEST) -> None:
+                 overflow: str | Overflow = Overflow.DROP_OLDEST, name: str = "") -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"listener size must be a positive integer, got {size!r}")
         self.flow = flow
+        #: how overflow notices name this listener (``listen(name=...)``, else numbered)
+        self.name = name
         self._mask = mask
         self.size = size
         self.overflow = Overflow.parse(overflow)
@@ -73,6 +79,8 @@ class Listener:
         self._getters: deque[asyncio.Future[None]] = deque()
         #: set once closed: builds the error a reader gets after draining the queue
         self._error: Callable[[], FlowError] | None = None
+        #: rate limiter of this listener's overflow notices (made at its first drop)
+        self._notices: NoticeLimiter | None = None
 
     # --- properties -------------------------------------------------------------------------
     @property
@@ -96,7 +104,8 @@ class Listener:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return (f"<Listener {self.flow} bands={self.mask} {len(self._items)}/{self.size} "
+        name = f" {self.name}" if self.name else ""
+        return (f"<Listener{name} {self.flow} bands={self.mask} {len(self._items)}/{self.size} "
                 f"dropped={self.dropped} {state}>")
 
     # --- reading -----------------------------------------------------------------------------
@@ -146,19 +155,24 @@ class Listener:
             raise StopAsyncIteration from None
 
     # --- feeding (the client's receive path) ------------------------------------------------
-    def _put(self, msg: Message) -> None:
+    def _put(self, msg: Message) -> bool:
+        """Queue *msg*; return True if a message was dropped to make room (or *msg* itself),
+        so the client can send an overflow notice."""
         if self._error is not None:
-            return
+            return False
         self.received += 1
         items = self._items
+        dropped = False
         if len(items) >= self.size:
             self.dropped += 1
             if self.overflow is Overflow.DROP_NEWEST:
-                return
+                return True
             items.popleft()
+            dropped = True
         items.append(msg)
         if self._getters:
             self._wake_one()
+        return dropped
 
     def _wake_one(self) -> None:
         while self._getters:

@@ -129,7 +129,9 @@ class SyncFlowClient:
     def flow_send(self, flow: FlowID | str, msg: bytes | bytearray | memoryview,
                   band: int = DEFAULT_DATA_BAND, locality: LocalitySpec = None,
                   ttl: int = DEFAULT_TTL) -> None:
-        """Send *msg* on *band* of *flow*; blocks while the router link is congested."""
+        """Send *msg* on *band* of *flow*; blocks while the router link is congested or the
+        client fails over to another router. Messages larger than the router's maximum
+        payload are fragmented (and reassembled by flowlib receivers)."""
         self._call(self._client.send(flow, msg, band, locality, ttl))
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -172,8 +174,9 @@ def flow_connect(server: str | Sequence[Address], port: int | None = None, *,
     """Connect to a flow router and return a :class:`SyncFlowClient`.
 
     ``flow_connect("127.0.0.1", 7001)`` as in the seed, or ``flow_connect(["h1:7001",
-    "h2:7001"])`` to try several routers in order. Other keyword arguments go to
-    :func:`flowlib.connect`. Raises :class:`~flowlib.errors.ConnectError` if none answers.
+    "h2:7001"])`` to try several routers in order (and fail over between them). Other
+    keyword arguments go to :func:`flowlib.connect`. Raises
+    :class:`~flowlib.errors.ConnectError` if none answers.
     """
     if port is not None:
         if not isinstance(server, str):

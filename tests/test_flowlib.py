@@ -429,8 +429,8 @@ def test_send_and_listen_validation() -> None:
                 c.send_nowait(flow, b"x", locality=("geography", 3))
                 with pytest.raises(TypeError):
                     c.send_nowait(flow, "text")  # type: ignore[arg-type]
-                with pytest.raises(MessageTooLarge) as info:
-                    await c.send(flow, bytes(1025))
+                with pytest.raises(MessageTooLarge) as info:  # larger ones are fragmented
+                    await c.send(flow, bytes(1025), fragment=False)  # unless refused
                 assert (info.value.size, info.value.limit) == (1025, 1024)
                 assert isinstance(info.value, ValueError)
                 c.send_nowait(flow, bytes(1024))  # exactly the limit is fine
@@ -722,8 +722,8 @@ def test_sync_facade_end_to_end() -> None:
             assert rx.flow_get_blocked(q, timeout=0.05) is None
             with pytest.raises(ValueError):
                 tx.flow_send(flow, b"x", band=3)
-            with pytest.raises(MessageTooLarge):
-                tx.flow_send(flow, bytes(tx.client.max_payload + 1))
+            with pytest.raises(MessageTooLarge):  # past max_message_size (larger than
+                tx.flow_send(flow, bytes(tx.client.max_message_size + 1))  # a frame: fragmented)
             rx.flow_removelistener(q)
             with pytest.raises(ListenerClosed):
                 rx.flow_get(q)

@@ -1,0 +1,267 @@
+"""Large messages: fragmented by the sender, reassembled by each receiving client.
+
+Seed 000 (Brachman, ch. 5.1) fragments a message that exceeds the maximum fragment size into
+fixed-length fragments, each a complete message carrying the original message's identifier
+and its place in it (``StartingByteNumber, OriginalMessageSize``); the recipient reassembles,
+restarting a timer at every fragment and aborting when no fragment comes in time. flowlib
+does the same above the routers, which never see anything but ordinary frames.
+
+Where the fragment marker goes, and why
+---------------------------------------
+The routers carry a 24-byte header that flowlib cannot extend, and every field of it already
+has a meaning the routers act on (band filtering, locality and TTL are rewritten per hop), so
+the marker must be in the payload. The options:
+
+* a dedicated band for fragments: loses the application's band, and with it the routers'
+  band filtering and the receivers' per-band listeners;
+* a prefix on *every* payload: costs every message bytes and breaks interoperability with
+  raw senders and receivers that speak the plain wire format;
+* **a prefix only on fragmented messages** (chosen): plain messages stay byte-for-byte what
+  the application sent, and travel on their own band. A receiver looks at a payload only
+  when its first byte is ``0xFF`` (one comparison on the receive path). The magic begins with
+  ``0xFF`` because UTF-8 text, JSON and flownet control payloads (which start with the
+  version byte 1) never do.
+
+Ambiguity is removed by escaping: a plain payload that *happens* to start with the magic is
+sent with the 5-byte escape prefix ``MAGIC 0x00``, which receivers strip. So every payload a
+flowlib sender emits is unambiguous; only a raw (non-flowlib) sender's payload starting with
+the four magic bytes would be misread, and then only if what follows parses as a fragment.
+
+Wire format (network byte order), inside the payload of an ordinary frame on the
+application's band::
+
+    escaped plain payload:   "\\xffFRG" | 0x00 | the original payload
+    fragment:                "\\xffFRG" | 0x01 | origin (8) | message id (4) | index (4)
+                             | count (4) | fragment size (4) | total length (8) | data
+
+* ``origin``: 64 random bits chosen per client (the frame header does not name the sender);
+  with the message id it names the message, so fragments of interleaved senders, and of
+  several messages of one sender, never mix;
+* ``message id``: per-origin counter;
+* ``index`` of this fragment, 0 .. ``count`` - 1, and ``count`` = ceil(total / fragment size);
+* ``fragment size``: data bytes in every fragment but the last, so the fragment's offset is
+  ``index * fragment size`` (Brachman's starting byte number) and a receiver can place a
+  fragment, whatever order they come in, without having seen the others;
+* ``total length`` of the original message (Brachman's OriginalMessageSize): the receiver
+  reserves the whole buffer at the first fragment and knows when it is complete.
+
+The fragment header is 37 bytes; a fragment's data is the router's maximum payload (or the
+client's ``fragment_size``) minus that. Receivers check every field (index < count, count
+consistent with total and fragment size, data length exactly what the index implies, the same
+count/size/total on every fragment of a message); a fragment that fails is dropped and counted.
+
+Reassembly is bounded: a message announcing more than ``max_message_size`` bytes, or one that
+would take the client's reassembly memory over ``max_reassembly_bytes``, is refused at its
+first fragment (its other fragments are ignored); an incomplete message whose last fragment
+came more than ``reassembly_timeout`` seconds ago is dropped. Each of these is counted and
+reported by a notice on the overflow band (see :mod:`flowlib.notices`).
+
+Duplicates are harmless: a fragment already held is ignored, and a client remembers the last
+few thousand completed messages, so when a sender that failed over to another router in the
+middle of a message sends it again (same message id), receivers that had it complete ignore
+the copy and receivers that had lost fragments fill them in.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MAGIC = b"\xffFRG"
+KIND_ESCAPE = 0x00
+KIND_FRAGMENT = 0x01
+ESCAPE_PREFIX = MAGIC + bytes([KIND_ESCAPE])
+ESCAPE_SIZE = len(ESCAPE_PREFIX)
+
+_FRAG = struct.Struct("!4sBQIIIIQ")
+FRAGMENT_HEADER_SIZE = _FRAG.size  #: 37 bytes
+assert FRAGMENT_HEADER_SIZE == 37
+
+DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024  #: largest message a client sends or reassembles
+DEFAULT_MAX_REASSEMBLY_BYTES = 128 * 1024 * 1024  #: reassembly memory per client
+DEFAULT_REASSEMBLY_TIMEOUT = 10.0  #: seconds without a new fragment before a message is dropped
+_REMEMBER = 4096  #: completed/refused message ids kept to ignore late copies
+
+
+def needs_escape(payload: bytes | bytearray | memoryview) -> bool:
+    """True if a plain payload starts with the magic and so must be sent escaped."""
+    return len(payload) >= 4 and payload[0] == 0xFF and payload[:4] == MAGIC
+
+
+def fragment_count(total: int, fragment_size: int) -> int:
+    return -(-total // fragment_size)
+
+
+def fragment_header(origin: int, msg_id: int, index: int, count: int, fragment_size: int,
+                    total: int) -> bytes:
+    return _FRAG.pack(MAGIC, KIND_FRAGMENT, origin, msg_id, index, count, fragment_size, total)
+
+
+def iter_fragments(view: memoryview, origin: int, msg_id: int, fragment_size: int
+                   ) -> Iterator[tuple[bytes, memoryview]]:
+    """(fragment header, data view) for every fragment of *view*, in order (no copies)."""
+    total = len(view)
+    count = fragment_count(total, fragment_size)
+    for index in range(count):
+        off = index * fragment_size
+        yield (fragment_header(origin, msg_id, index, count, fragment_size, total),
+               view[off:off + fragment_size])
+
+
+class FragmentDropped(Exception):
+    """A fragment (or the message it belongs to) was refused; ``reason`` is a short tag:
+    ``bad-fragment``, ``too-large`` or ``memory``."""
+
+    def __init__(self, reason: str, detail: str, origin: int = 0, msg_id: int = 0,
+                 total: int = 0) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.origin = origin
+        self.msg_id = msg_id
+        self.total = total
+        super().__init__(detail)
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """An incomplete message dropped by :meth:`Reassembler.expire`."""
+
+    flow_key: bytes
+    band: int
+    origin: int
+    msg_id: int
+    received: int  #: fragments that had arrived
+    count: int
+    total: int
+
+
+class _Partial:
+    __slots__ = ("buf", "have", "received", "count", "fsize", "total", "last")
+
+    def __init__(self, total: int, count: int, fsize: int, now: float) -> None:
+        self.buf = bytearray(total)
+        self.have = bytearray(count)
+        self.received = 0
+        self.count = count
+        self.fsize = fsize
+        self.total = total
+        self.last = now
+
+
+Key = tuple[bytes, int, int, int]  # flow key, band, origin, message id
+
+
+class Reassembler:
+    """Per-client reassembly of fragmented messages, bounded in memory and time.
+
+    Sans-I/O: :meth:`feed` takes a fragment and the time, :meth:`expire` drops what timed
+    out; the client drives both and turns refusals into counters and notices.
+    """
+
+    def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+                 max_bytes: int = DEFAULT_MAX_REASSEMBLY_BYTES,
+                 timeout: float = DEFAULT_REASSEMBLY_TIMEOUT) -> None:
+        self.max_message_size = max_message_size
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+        self.partials: dict[Key, _Partial] = {}
+        #: bytes reserved by incomplete messages (each reserves its total length)
+        self.reserved = 0
+        #: the most incomplete messages held at once (a statistic)
+        self.peak = 0
+        self._finished: OrderedDict[Key, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.partials)
+
+    def _remember(self, key: Key) -> None:
+        finished = self._finished
+        finished[key] = None
+        if len(finished) > _REMEMBER:
+            finished.popitem(last=False)
+
+    def feed(self, flow_key: bytes, band: int, payload: memoryview | bytes, now: float
+             ) -> bytes | None:
+        """Add one fragment (the whole payload, magic included).
+
+        Returns the message once complete, ``None`` while it is not (or for a duplicate);
+        raises :class:`FragmentDropped` for a malformed fragment or a refused message (only
+        at its first fragment: the rest of a refused message is ignored quietly).
+        """
+        if len(payload) < FRAGMENT_HEADER_SIZE:
+            raise FragmentDropped("bad-fragment", f"fragment of {len(payload)} bytes is shorter "
+                                                  f"than the {FRAGMENT_HEADER_SIZE}-byte header")
+        _, _, origin, msg_id, index, count, fsize, total = _FRAG.unpack_from(payload)
+        data = payload[FRAGMENT_HEADER_SIZE:]
+        if fsize < 1 or total < 1 or count != fragment_count(total, fsize) or index >= count:
+            raise FragmentDropped("bad-fragment", f"inconsistent fragment header (index {index}, "
+                                                  f"count {count}, fragment size {fsize}, total "
+                                                  f"{total})", origin, msg_id, total)
+        off = index * fsize
+        if len(data) != min(fsize, total - off):
+            raise FragmentDropped("bad-fragment", f"fragment {index} of {count} carries "
+                                                  f"{len(data)} bytes, expected "
+                                                  f"{min(fsize, total - off)}",
+                                  origin, msg_id, total)
+        key = (flow_key, band, origin, msg_id)
+        part = self.partials.get(key)
+        if part is None:
+            if key in self._finished:
+                return None  # a late copy of a message completed (or refused) already
+            if total > self.max_message_size:
+                self._remember(key)
+                raise FragmentDropped("too-large", f"message of {total} bytes exceeds "
+                                                   f"max_message_size ({self.max_message_size})",
+                                      origin, msg_id, total)
+            if self.reserved + total > self.max_bytes:
+                self._remember(key)
+                raise FragmentDropped("memory", f"message of {total} bytes would exceed the "
+                                                f"reassembly memory ({self.reserved} of "
+                                                f"{self.max_bytes} bytes in use)",
+                                      origin, msg_id, total)
+            part = self.partials[key] = _Partial(total, count, fsize, now)
+            self.reserved += total
+            self.peak = max(self.peak, len(self.partials))
+        elif (count, fsize, total) != (part.count, part.fsize, part.total):
+            raise FragmentDropped("bad-fragment", "fragment disagrees with the earlier "
+                                                  "fragments of its message", origin, msg_id,
+                                  total)
+        part.last = now
+        if part.have[index]:
+            return None
+        part.have[index] = 1
+        part.buf[off:off + len(data)] = data
+        part.received += 1
+        if part.received < part.count:
+            return None
+        del self.partials[key]
+        self.reserved -= total
+        self._remember(key)
+        return bytes(part.buf)
+
+    def expire(self, now: float) -> list[Expired]:
+        """Drop every incomplete message whose last fragment is ``timeout`` seconds old."""
+        out: list[Expired] = []
+        limit = self.timeout
+        for key, part in list(self.partials.items()):
+            if now - part.last >= limit:
+                del self.partials[key]
+                self.reserved -= part.total
+                out.append(Expired(key[0], key[1], key[2], key[3], part.received, part.count,
+                                   part.total))
+        return out
+
+    def drop_flow(self, flow_key: bytes) -> None:
+        """Forget the incomplete messages of a flow nobody here listens to any more."""
+        for key, part in list(self.partials.items()):
+            if key[0] == flow_key:
+                del self.partials[key]
+                self.reserved -= part.total
+
+
+__all__ = ["MAGIC", "KIND_ESCAPE", "KIND_FRAGMENT", "ESCAPE_PREFIX", "FRAGMENT_HEADER_SIZE",
+           "DEFAULT_MAX_MESSAGE_SIZE", "DEFAULT_MAX_REASSEMBLY_BYTES",
+           "DEFAULT_REASSEMBLY_TIMEOUT", "Reassembler", "FragmentDropped", "Expired",
+           "iter_fragments", "fragment_header", "fragment_count", "needs_escape"]
