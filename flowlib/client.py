@@ -239,11 +239,29 @@ def _check_payload(payload: Any) -> tuple[bytes | bytearray | memoryview, int]:
     raise TypeError(f"payload must be bytes-like, not {type(payload).__name__}")
 
 
+def _requires_auth(credentials: bytes) -> bool:
+    from flowrouter.linkauth import FLAG_REQUIRE_ENDPOINTS, AuthError, parse_hello_credentials
+
+    try:
+        return bool(parse_hello_credentials(credentials).flags & FLAG_REQUIRE_ENDPOINTS)
+    except AuthError:
+        return False
+
+
+def _set_capability(fs: _FlowState, capability: Any) -> None:
+    if capability is None:
+        return
+    raw = capability.encode() if hasattr(capability, "encode") else bytes(capability)
+    if len(raw) > 0xFFFF:
+        raise ValueError("a capability token is at most 65535 bytes")
+    fs.capability = raw
+
+
 class _FlowState:
     """What this client holds on one flow: its listeners and whether it advertises it."""
 
     __slots__ = ("flow", "listeners", "advertised", "adv_locality", "on_router", "sent_mask",
-                 "notices")
+                 "notices", "capability")
 
     def __init__(self, flow: FlowID) -> None:
         self.flow = flow
@@ -256,6 +274,8 @@ class _FlowState:
         self.sent_mask: int | None = None
         #: rate limiter of this flow's dropped-large-message notices
         self.notices: NoticeLimiter | None = None
+        #: capability token presented with every JOIN of this flow (flows under a policy)
+        self.capability = b""
 
     def mask(self) -> int:
         bits = 0
@@ -361,7 +381,19 @@ class FlowClient:
                  reassembly_timeout: float = DEFAULT_REASSEMBLY_TIMEOUT,
                  fragment_size: int | None = None,
                  overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
-                 overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL) -> None:
+                 overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
+                 link_key: tuple[str, str | bytes] | None = None) -> None:
+        self._keyring: Any = None
+        self._key_id: str | None = None
+        if link_key is not None:
+            from flowrouter.linkauth import KeyRing, parse_secret
+
+            key_id, secret = link_key
+            raw = secret if isinstance(secret, bytes) else parse_secret(secret)
+            self._keyring, self._key_id = KeyRing({key_id: raw}, key_id), key_id
+        #: the link's authenticator while a handshake with link_key is in progress
+        self._auth: Any = None
+        self._auth_hello: C.Hello | None = None
         for what, value in (("failover_timeout", failover_timeout),
                             ("reconnect_min", reconnect_min), ("reconnect_max", reconnect_max),
                             ("reassembly_timeout", reassembly_timeout),
@@ -501,8 +533,16 @@ class FlowClient:
 
     def _connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        creds = self._credentials
+        self._auth = self._auth_hello = None
+        if self._keyring is not None:
+            from flowrouter.linkauth import LinkAuthenticator
+
+            self._auth = LinkAuthenticator(self._keyring, my_name=self.name,
+                                           my_role=C.Role.ENDPOINT, key_id=self._key_id)
+            creds = self._auth.hello_credentials()
         hello = C.Hello(self.node_id, C.Role.ENDPOINT, self.name, self._own_max_payload,
-                        0, self._credentials).encode()
+                        0, creds).encode()
         transport.writelines([pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello])
 
     def _protocol_error(self, link: _Link, reason: str) -> None:
@@ -934,7 +974,7 @@ class FlowClient:
         self._pending[req] = (key, fut)
         mask = fs.mask()
         flags = C.JOIN_FLAG_ADVERTISE if fs.advertised else 0
-        self._write_control(key, BAND_MEMBERSHIP, C.Join(req, mask, flags),
+        self._write_control(key, BAND_MEMBERSHIP, C.Join(req, mask, flags, fs.capability),
                             fs.adv_locality if fs.advertised else (0, 0))
         fs.on_router = True
         fs.sent_mask = mask
@@ -1007,7 +1047,7 @@ class FlowClient:
         self._background_join(fs)
 
     async def advertise(self, flow: FlowID | str, locality: LocalitySpec = None, *,
-                        timeout: float | None = None) -> None:
+                        timeout: float | None = None, capability: Any = None) -> None:
         """Install this flow's path toward its core so anyone can send to it (seed 3.4).
 
         Sent as a JOIN flagged ADVERTISE with the current listening mask (0 with no
@@ -1024,6 +1064,7 @@ class FlowClient:
         loc = _check_locality(locality)
         await self._ready(self.request_timeout if timeout is None else timeout)
         fs = self._flow_state(flow)
+        _set_capability(fs, capability)
         was = fs.advertised, fs.adv_locality
         fs.advertised, fs.adv_locality = True, loc
         req, fut = self._send_join(fs)
@@ -1038,6 +1079,15 @@ class FlowClient:
             self._detach(fs, None, router_forgot=True)
             raise JoinRefused(ack.status, ack.reason, flow)
 
+    def publish_policy(self, policy: Any) -> None:
+        """Give the router a creator-signed flow policy
+        (:class:`flowrouter.capabilities.Policy` or its bytes); routers pass it to each
+        other and keep it, so from then on joins and sends on the flows it covers need
+        capabilities. Publishing a newer version replaces it (e.g. to revoke tokens)."""
+        raw = policy.encode() if hasattr(policy, "encode") else bytes(policy)
+        self._check_open()
+        self._write_control(_LINK_KEY, BAND_MEMBERSHIP, C.PolicyMsg(raw))
+
     async def unadvertise(self, flow: FlowID | str) -> None:
         """Withdraw an advertisement (listeners on the flow stay)."""
         flow = _check_flow(flow)
@@ -1049,7 +1099,8 @@ class FlowClient:
 
     async def listen(self, flow: FlowID | str, bands: BandsSpec = "data", *,
                      size: int = DEFAULT_QUEUE_SIZE, overflow: str | Overflow = "drop-oldest",
-                     timeout: float | None = None, name: str | None = None) -> Listener:
+                     timeout: float | None = None, name: str | None = None,
+                     capability: Any = None) -> Listener:
         """Attach a receive queue to *bands* of *flow* and join the flow with them.
 
         *bands* is a :class:`~flowrouter.bands.BandMask`, a band number, a list of bands or
@@ -1061,6 +1112,11 @@ class FlowClient:
         ``request_timeout``). *name* names the listener in overflow notices (default
         ``listener-N``). Add ``"fault"`` to hear about failovers and router faults, and
         ``"overflow"`` to hear about messages this client dropped.
+
+        *capability* (a :class:`flowrouter.capabilities.Capability` or its bytes) is
+        presented with the join for flows whose creator published a policy; it stays with
+        the flow (re-joins after a failover present it again). ``advertise`` takes one too,
+        which is what lets this client send on a protected flow.
         """
         flow = _check_flow(flow)
         mask = listen_mask(bands)
@@ -1068,6 +1124,7 @@ class FlowClient:
         lst = Listener(flow, mask, size, overflow, name or f"listener-{self._listener_seq}")
         await self._ready(self.request_timeout if timeout is None else timeout)
         fs = self._flow_state(flow)
+        _set_capability(fs, capability)
         # Registered before the ack so nothing sent right after the join is missed.
         fs.listeners.append(lst)
         req, fut = self._send_join(fs)
@@ -1438,8 +1495,35 @@ class FlowClient:
             elif msg.role is not C.Role.ROUTER:
                 self._fail(link, f"the peer is not a flow router (it says it is an "
                                  f"{msg.role.name.lower()} named {msg.name!r})")
+            elif self._auth is None and msg.credentials and _requires_auth(msg.credentials):
+                self._fail(link, f"router {msg.name!r} requires applications to authenticate "
+                                 "(link authentication); connect with link_key=(key_id, "
+                                 "secret)")
+            elif self._auth is not None:
+                # Prove we hold the key; the router proves it too before we trust it.
+                from flowrouter.linkauth import AuthError
+
+                try:
+                    proof = self._auth.on_peer_hello(msg.name, msg.role, msg.credentials)
+                except AuthError as exc:
+                    self._fail(link, f"router {msg.name!r} failed link authentication: {exc}")
+                    return
+                self._auth_hello = msg
+                self._write_control(_LINK_KEY, BAND_MEMBERSHIP, C.Auth(proof))
             else:
                 hello.set_result(msg)
+            return
+        if isinstance(msg, C.Auth) and self._auth_hello is not None and hello is not None \
+                and not hello.done():
+            from flowrouter.linkauth import AuthError
+
+            try:
+                self._auth.on_peer_auth(msg.body)
+            except AuthError as exc:
+                self._fail(link, f"router {self._auth_hello.name!r} failed link "
+                                 f"authentication: {exc}")
+                return
+            hello.set_result(self._auth_hello)
             return
         if hello is None or not hello.done():
             self._protocol_error(link, f"expected HELLO, got {type(msg).__name__}")
@@ -1463,7 +1547,8 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
                   reassembly_timeout: float = DEFAULT_REASSEMBLY_TIMEOUT,
                   fragment_size: int | None = None,
                   overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
-                  overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL) -> FlowClient:
+                  overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
+                  link_key: tuple[str, str | bytes] | None = None) -> FlowClient:
     """Connect to the first router in *addresses* that completes the handshake.
 
     Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)``, tried in order; each
@@ -1491,6 +1576,12 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
     router's maximum payload; set it to the smallest ``max_payload`` of the overlay if routers
     differ). Overflow notices: one per *overflow_notice_every* drops per listener, at most one
     per *overflow_notice_interval* seconds (None disables them); see :mod:`flowlib.notices`.
+
+    *link_key* ``(key_id, secret)`` authenticates this application to routers that require
+    it (``[link_auth] require_endpoints``) and checks that the router holds the key too;
+    the secret is written as in a router config (``"hex:..."``, ``"base64:..."``,
+    ``"file:PATH"``) or given as 32 raw bytes. Application links are authenticated, not
+    encrypted.
     """
     _check_identity(name, credentials)
     if isinstance(addresses, str) or (isinstance(addresses, tuple) and len(addresses) == 2
@@ -1516,7 +1607,7 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
         max_message_size=max_message_size, max_reassembly_bytes=max_reassembly_bytes,
         reassembly_timeout=reassembly_timeout, fragment_size=fragment_size,
         overflow_notice_every=overflow_notice_every,
-        overflow_notice_interval=overflow_notice_interval)
+        overflow_notice_interval=overflow_notice_interval, link_key=link_key)
     attempts: list[tuple[str, str]] = []
     vi = 0
     for i, addr in enumerate(addrs):

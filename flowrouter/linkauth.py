@@ -116,6 +116,9 @@ VERSION = 1
 SCHEME_PSK_HMAC_SHA256 = 1
 KIND_AUTH = 2
 FLAG_ENCRYPT = 0x01
+#: set by a router that requires applications to authenticate, so a client without a key can
+#: fail at once with a clear message instead of after the router's refusal
+FLAG_REQUIRE_ENDPOINTS = 0x02
 NONCE_SIZE = 32
 KEY_SIZE = 32
 PROOF_SIZE = 32
@@ -321,16 +324,17 @@ class HelloCredentials:
                 f"flags={self.flags:#x})")
 
 
-def make_hello_credentials(key_id: str, encrypt: bool = False, nonce: bytes | None = None
-                           ) -> tuple[bytes, bytes]:
+def make_hello_credentials(key_id: str, encrypt: bool = False, nonce: bytes | None = None,
+                           require_endpoints: bool = False) -> tuple[bytes, bytes]:
     """(credentials blob for our HELLO, our nonce). The nonce is fresh unless given."""
     kid = _check_key_id(key_id)
     if nonce is None:
         nonce = os.urandom(NONCE_SIZE)
     if len(nonce) != NONCE_SIZE:
         raise ValueError(f"nonce must be {NONCE_SIZE} bytes")
-    blob = _CRED.pack(VERSION, SCHEME_PSK_HMAC_SHA256, FLAG_ENCRYPT if encrypt else 0, nonce,
-                      len(kid)) + kid
+    flags = (FLAG_ENCRYPT if encrypt else 0) | (FLAG_REQUIRE_ENDPOINTS if require_endpoints
+                                                else 0)
+    blob = _CRED.pack(VERSION, SCHEME_PSK_HMAC_SHA256, flags, nonce, len(kid)) + kid
     return blob, nonce
 
 
@@ -349,7 +353,7 @@ def parse_hello_credentials(blob: bytes | bytearray | memoryview) -> HelloCreden
                                      f"{VERSION})")
     if scheme != SCHEME_PSK_HMAC_SHA256:
         raise AuthError("malformed", f"unknown link-auth scheme {scheme}")
-    if flags & ~FLAG_ENCRYPT:
+    if flags & ~(FLAG_ENCRYPT | FLAG_REQUIRE_ENDPOINTS):
         raise AuthError("malformed", f"unknown link-auth flags {flags:#x}")
     if not 0 < n <= MAX_KEY_ID or len(blob) != _CRED.size + n:
         raise AuthError("malformed", "bad key id length")
@@ -423,7 +427,8 @@ class LinkAuthenticator:
 
     def __init__(self, keyring: KeyRing, *, my_name: str, my_role: int = 1,
                  key_id: str | None = None, encrypt: bool = False,
-                 replay_cache: ReplayCache | None = None, nonce: bytes | None = None) -> None:
+                 replay_cache: ReplayCache | None = None, nonce: bytes | None = None,
+                 require_endpoints: bool = False) -> None:
         kid = key_id or keyring.default_id
         if kid is None or kid not in keyring:
             raise ValueError("LinkAuthenticator needs a key id present in the key ring")
@@ -431,9 +436,11 @@ class LinkAuthenticator:
         self.my_name = my_name
         self.my_role = int(my_role)
         self.key_id = kid
-        self.my_flags = FLAG_ENCRYPT if encrypt else 0
+        self.my_flags = ((FLAG_ENCRYPT if encrypt else 0)
+                         | (FLAG_REQUIRE_ENDPOINTS if require_endpoints else 0))
         self.replay_cache = replay_cache
-        self._creds, self.my_nonce = make_hello_credentials(kid, encrypt, nonce)
+        self._creds, self.my_nonce = make_hello_credentials(kid, encrypt, nonce,
+                                                            require_endpoints)
         self.state = "start"
         self.peer: HelloCredentials | None = None
         self.peer_name = ""

@@ -166,7 +166,7 @@ class Router:
             auth = self.links[link_id].auth = LinkAuthenticator(
                 self.p.keyring, my_name=self.p.name, my_role=C.Role.ROUTER,
                 key_id=self.p.auth_key_id, encrypt=self.p.auth_encrypt,
-                replay_cache=self._replay)
+                replay_cache=self._replay, require_endpoints=self.p.auth_endpoints)
             creds = auth.hello_credentials()
         hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
                         self.default_lsid(), creds,
@@ -285,7 +285,10 @@ class Router:
                 return self._refuse(link, exc.reason, str(exc), now)
             hello, link.pending_hello = link.pending_hello, None
             self.counters["auth.ok"] += 1
-            cipher = link.auth.cipher() if link.transport == "tcp" else None
+            # Router links on TCP are sealed when either side asks; application links are
+            # authenticated only (flowlib does not speak the record layer).
+            cipher = (link.auth.cipher() if link.transport == "tcp"
+                      and hello.role is C.Role.ROUTER else None)
             out: list[Action] = [Secure(link.link_id, cipher)] if cipher is not None else []
             return out + self._link_up(link, hello, now)
         if not isinstance(msg, C.Hello) or link.pending_hello is not None:

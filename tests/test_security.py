@@ -195,3 +195,44 @@ def test_capabilities_protect_join_and_send() -> None:
             await edge.stop()
             await core.stop()
     run(main())
+
+
+def test_flowlib_with_link_keys_and_capabilities(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import flowlib
+
+    async def main() -> None:
+        node = RouterNode(NodeConfig("gate", listen="127.0.0.1:0", default_lsid=LSID,
+                                     core_lsids=frozenset({LSID}), link_keys={"app": KEY_A},
+                                     link_auth_endpoints=True, link_encrypt=True))
+        await node.start()
+        try:
+            a = addr(node)
+            sd = str(tmp_path)
+            with pytest.raises(flowlib.ConnectError, match="requires applications to auth"):
+                await flowlib.connect([a], name="nokey", state_dir=sd, timeout=3)
+            with pytest.raises(flowlib.ConnectError, match="authentication"):
+                await flowlib.connect([a], name="wrongkey", state_dir=sd, timeout=3,
+                                      link_key=("app", KEY_B))
+            owner_key = CreatorKey.generate()
+            flow = owner_key.flow(LSID, 7)
+            now = time.time()
+            owner = await flowlib.connect([a], name="owner", state_dir=sd,
+                                          link_key=("app", KEY_A))
+            owner.publish_policy(Policy.issue(owner_key, flow, version=1, now=now))
+            await until(lambda: node.core.counters["policies.installed"] >= 1)
+            rx = await flowlib.connect([a], name="rx", state_dir=sd, link_key=("app", KEY_A))
+            with pytest.raises(flowlib.JoinRefused, match="missing"):
+                await rx.listen(flow, [40])
+            lst = await rx.listen(flow, [40], capability=Capability.issue(
+                owner_key, flow, "rx", join=[40], now=now))
+            tx = await flowlib.connect([a], name="tx", state_dir=sd, link_key=("app", KEY_A))
+            await tx.advertise(flow, capability=Capability.issue(owner_key, flow, "tx",
+                                                                 send=[40], now=now))
+            await tx.send(flow, b"through the gate", band=40)
+            assert (await within(lst.get())).payload == b"through the gate"
+            assert node.core.counters["auth.ok"] >= 3
+            for c in (owner, rx, tx):
+                await c.close()
+        finally:
+            await node.stop()
+    run(main())
