@@ -13,12 +13,34 @@ so the nearest member that knows the answer is found first.
 * ``flowdir`` (:mod:`directory.cli`) - the same from a shell.
 """
 
-from .client import (Change, DirectoryClient, DirectoryError, LookupResult, Match,
-                     NoDirectoryMember, QueryRejected, Registration, Watcher)
+from .client import (
+                     Change,
+                     DirectoryClient,
+                     DirectoryError,
+                     LookupResult,
+                     Match,
+                     NoDirectoryMember,
+                     QueryRejected,
+                     Registration,
+                     Watcher,
+)
 from .member import DirectoryMember, EntryStore
-from .protocol import (BAND_QUERY, BAND_REGISTER, BAND_REMOVE, BAND_REPLY, DIRECTORY_CREATOR,
-                       KIND_FLOW, KIND_LS, Entry, Pattern, ProtocolError, Reach,
-                       directory_flow, expanding_rings, glob_match)
+from .protocol import (
+                     BAND_QUERY,
+                     BAND_REGISTER,
+                     BAND_REMOVE,
+                     BAND_REPLY,
+                     DIRECTORY_CREATOR,
+                     KIND_FLOW,
+                     KIND_LS,
+                     Entry,
+                     Pattern,
+                     ProtocolError,
+                     Reach,
+                     directory_flow,
+                     expanding_rings,
+                     glob_match,
+)
 
 __all__ = [
     "DirectoryClient", "DirectoryMember", "EntryStore", "Change", "LookupResult", "Match",

@@ -24,9 +24,18 @@ import flowlib
 from flowlib import ConnectError, FlowError, FlowID, Locality
 
 from . import protocol as P
-from .client import (DEFAULT_MAX_RING, DEFAULT_SETTLE, DEFAULT_TTL, DEFAULT_WINDOW, Change,
-                     DirectoryClient, LookupResult, NoDirectoryMember, QueryRejected,
-                     Registration)
+from .client import (
+    DEFAULT_MAX_RING,
+    DEFAULT_SETTLE,
+    DEFAULT_TTL,
+    DEFAULT_WINDOW,
+    Change,
+    DirectoryClient,
+    LookupResult,
+    NoDirectoryMember,
+    QueryRejected,
+    Registration,
+)
 from .member import DirectoryMember, EntryStore
 
 EXIT_OK, EXIT_NOTHING, EXIT_UNAVAILABLE, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = \
@@ -175,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=help_text, description=help_text,
+        return sub.add_parser(name, parents=[common],  # type: ignore[list-item]
+                              help=help_text, description=help_text,
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog=_EPILOG)
 

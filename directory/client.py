@@ -554,7 +554,7 @@ class DirectoryClient:
         pat = self.make_pattern(pattern, kind)
         return await self._search(pat, parse_ring_type(ring_type), [max_ring], window, window)
 
-    async def _search(self, pat: P.Pattern, loc: Locality, rings: list[int], window: float,
+    async def _search(self, pat: P.Pattern, loc: Locality, rings: Sequence[int], window: float,
                       settle: float) -> LookupResult:
         reply_flow = await self._ensure_reply_flow()
         loop = asyncio.get_running_loop()

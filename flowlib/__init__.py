@@ -25,10 +25,25 @@ from flowrouter.control import Fault, FaultKind, JoinStatus
 from flowrouter.flowid import FlowID
 from flowrouter.header import Locality
 
-from .client import (DEFAULT_FAILOVER_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, FailoverEvent,
-                     FlowClient, connect, listen_mask)
-from .errors import (ConnectError, ConnectionLost, Empty, FailoverInProgress, FlowError,
-                     FlowTimeout, JoinRefused, ListenerClosed, MessageTooLarge)
+from .client import (
+                     DEFAULT_FAILOVER_TIMEOUT,
+                     DEFAULT_REQUEST_TIMEOUT,
+                     FailoverEvent,
+                     FlowClient,
+                     connect,
+                     listen_mask,
+)
+from .errors import (
+                     ConnectError,
+                     ConnectionLost,
+                     Empty,
+                     FailoverInProgress,
+                     FlowError,
+                     FlowTimeout,
+                     JoinRefused,
+                     ListenerClosed,
+                     MessageTooLarge,
+)
 from .fragment import DEFAULT_MAX_MESSAGE_SIZE
 from .heartbeat import Heartbeat, MembershipChange, Peer, PeerState
 from .message import Message, decode_fault

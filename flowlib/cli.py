@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("create", parents=[common], help="allocate a new FlowID and print it")
     c.add_argument("--lsid", type=lambda s: int(s, 0),
                    help="location service for the flow (default: the router's suggestion)")
-    s = sub.add_parser("send", parents=[common], help="send messages (arguments, or one per line of stdin)")
+    s = sub.add_parser("send", parents=[common],
+                       help="send messages (arguments, or one per line of stdin)")
     s.add_argument("flow", help="FlowID, creator:lsid:local in hex")
     s.add_argument("messages", nargs="*", help="messages; none means read lines from stdin")
     s.add_argument("--band", type=int, default=DEFAULT_DATA_BAND,
@@ -85,7 +86,7 @@ async def _main(args: argparse.Namespace) -> int:
         while args.count is None or n < args.count:
             try:
                 msg = await asyncio.wait_for(listener.get(), args.timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 print(f"no message for {args.timeout}s", file=sys.stderr)
                 return 1
             n += 1

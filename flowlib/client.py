@@ -60,22 +60,62 @@ from pathlib import Path
 from typing import Any
 
 from flowrouter import control as C
-from flowrouter.bands import (BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, BAND_OVERFLOW,
-                              DEFAULT_DATA_BAND, NUM_BANDS, ROUTER_BANDS_END, BandMask, mask_of)
+from flowrouter.bands import (
+    BAND_FAULT,
+    BAND_GC,
+    BAND_MEMBERSHIP,
+    BAND_OVERFLOW,
+    DEFAULT_DATA_BAND,
+    NUM_BANDS,
+    ROUTER_BANDS_END,
+    BandMask,
+    mask_of,
+)
 from flowrouter.config import parse_address
 from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID, LocalIdAllocator
-from flowrouter.header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, MAX_TTL, FrameDecoder,
-                               Locality, MalformedFrame, pack_header)
+from flowrouter.header import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_TTL,
+    MAX_TTL,
+    FrameDecoder,
+    Locality,
+    MalformedFrame,
+    pack_header,
+)
 
-from .errors import (ConnectError, ConnectionLost, FailoverInProgress, FlowError, FlowTimeout,
-                     JoinRefused, ListenerClosed, MessageTooLarge)
-from .fragment import (DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_REASSEMBLY_BYTES,
-                       DEFAULT_REASSEMBLY_TIMEOUT, ESCAPE_PREFIX, ESCAPE_SIZE,
-                       FRAGMENT_HEADER_SIZE, KIND_ESCAPE, KIND_FRAGMENT, MAGIC,
-                       FragmentDropped, Reassembler, iter_fragments, needs_escape)
+from .errors import (
+    ConnectError,
+    ConnectionLost,
+    FailoverInProgress,
+    FlowError,
+    FlowTimeout,
+    JoinRefused,
+    ListenerClosed,
+    MessageTooLarge,
+)
+from .fragment import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_REASSEMBLY_BYTES,
+    DEFAULT_REASSEMBLY_TIMEOUT,
+    ESCAPE_PREFIX,
+    ESCAPE_SIZE,
+    FRAGMENT_HEADER_SIZE,
+    KIND_ESCAPE,
+    KIND_FRAGMENT,
+    MAGIC,
+    FragmentDropped,
+    Reassembler,
+    iter_fragments,
+    needs_escape,
+)
 from .message import Message
-from .notices import (DEFAULT_NOTICE_EVERY, DEFAULT_NOTICE_INTERVAL, NoticeLimiter,
-                      failover_fault, overflow_fault)
+from .notices import (
+    DEFAULT_NOTICE_EVERY,
+    DEFAULT_NOTICE_INTERVAL,
+    NoticeLimiter,
+    failover_fault,
+    overflow_fault,
+)
 from .queue import DEFAULT_QUEUE_SIZE, Listener, Overflow
 
 log = logging.getLogger("flowlib")
@@ -710,7 +750,7 @@ class FlowClient:
         log.warning("failed over from router %r (%s) to %r (%s) in %.1f ms; re-joining %d "
                     "flow(s)", old_name, old_address, self.router_name, self.address,
                     reconnect_ms, sum(1 for fs in self._flows.values() if fs.wanted))
-        for key, fs in list(self._flows.items()):
+        for fs in list(self._flows.values()):
             if fs.wanted:
                 task = asyncio.ensure_future(self._rejoin(fs, event, t0))
                 self._resync_tasks.add(task)

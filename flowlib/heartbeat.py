@@ -535,5 +535,5 @@ class Heartbeat:
                 f"{len(self.alive())}/{len(self.tracker.peers)} peers alive>")
 
 
-__all__ = ["Heartbeat", "ChangeStream", "PeerTracker", "Peer", "PeerState", "MembershipChange", "Beat",
-           "encode_beat", "decode_beat", "DEFAULT_PERIOD", "DEFAULT_MISSED"]
+__all__ = ["Heartbeat", "ChangeStream", "PeerTracker", "Peer", "PeerState", "MembershipChange",
+           "Beat", "encode_beat", "decode_beat", "DEFAULT_PERIOD", "DEFAULT_MISSED"]

@@ -1,7 +1,8 @@
 """Control-message payloads: versioned, validated, one codec for every control frame.
 
 Every control payload starts with ``version (1 byte) | type (1 byte)``. Link-local messages
-(HELLO, ERROR, LS_ROUTES, AUTH, POLICY) travel on the reserved link-local flow; per-flow messages (JOIN,
+(HELLO, ERROR, LS_ROUTES, AUTH, POLICY) travel on the reserved link-local flow; per-flow
+messages (JOIN,
 JOIN_ACK, LEAVE, MASK, PING, PONG) travel on the flow they concern, on the membership band (or
 the GC band for PING/PONG), and are consumed and regenerated hop by hop. FAULT travels to
 applications on :data:`~flowrouter.bands.BAND_FAULT`.

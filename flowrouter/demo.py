@@ -63,7 +63,7 @@ async def run_demo(count: int = 5, quiet: bool = False) -> int:
                 try:
                     for _ in range(want):
                         msgs.append(await asyncio.wait_for(listener.get(), 5.0))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     ok = False
                 got[who] = [m.band for m in msgs]
                 if len(listener) or any(m.band not in masks[who] for m in msgs):

@@ -133,7 +133,8 @@ class Launcher:
             lines.append(f"default_lsid = {hex(topo.lsids()[0])}")
         for key in ("max_payload", "max_flows", "join_timeout"):
             if key in params:
-                lines.append(f"{key} = {int(params[key]) if key != 'join_timeout' else params[key]}")
+                value = params[key] if key == "join_timeout" else int(params[key])
+                lines.append(f"{key} = {value}")
         lines.append("reconnect_max = 1.0")
         ep_mods = topo.defaults.endpoint.modifiers
         lines.append(f"endpoint_locality = {{ bandwidth = {ep_mods.bandwidth}, delay = "
@@ -182,11 +183,10 @@ class Launcher:
         for r in self.topo.routers:
             cfg = self.workdir / f"{r.name}.toml"
             cfg.write_text(self.router_config(r.name), encoding="utf-8")
-            logf = open(self.workdir / f"{r.name}.log", "wb")  # noqa: SIM115 - kept open
-            self.procs[r.name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "flowrouter.cli", "--log-level", self.log_level, "run",
-                "--config", str(cfg), stdout=logf, stderr=logf, env=env)
-            logf.close()
+            with (self.workdir / f"{r.name}.log").open("wb") as logf:  # noqa: ASYNC230
+                self.procs[r.name] = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "flowrouter.cli", "--log-level", self.log_level,
+                    "run", "--config", str(cfg), stdout=logf, stderr=logf, env=env)
         deadline = time.monotonic() + 30
         for name, ctl in self.control.items():
             while True:
@@ -219,7 +219,7 @@ class Launcher:
         for name, proc in self.procs.items():
             try:
                 await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("router %s did not stop on SIGTERM; killing it", name)
                 proc.kill()
                 await proc.wait()

@@ -30,14 +30,22 @@ from typing import Any, NamedTuple
 
 from . import control as C
 from .bands import BAND_FAULT, BAND_GC, BAND_LS, BAND_MEMBERSHIP, ROUTER_BANDS_END
+from .capabilities import CapabilityError, PolicyStore
 from .flowid import LINK_LOCAL_FLOW, flow_text, key_lsid
-from .header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, HEADER_SIZE, OFF_LOC_TYPE,
-                     OFF_LOC_VALUE, OFF_TTL, MalformedFrame, pack_header)
+from .header import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_TTL,
+    HEADER_SIZE,
+    OFF_LOC_TYPE,
+    OFF_LOC_VALUE,
+    OFF_TTL,
+    MalformedFrame,
+    pack_header,
+)
+from .linkauth import AuthError, LinkAuthenticator, LinkCipher, ReplayCache
 from .lsroutes import LsRouting
 from .tables import FlowEntry, Link, LinkState, Modifiers
 from .traces import NULL_TRACER, Tracer, snapshot_fields
-from .capabilities import CapabilityError, PolicyStore
-from .linkauth import AuthError, LinkAuthenticator, LinkCipher, ReplayCache
 
 log = logging.getLogger("flowrouter.core")
 
@@ -276,8 +284,8 @@ class Router:
         msg = C.decode(payload)
         if isinstance(msg, C.Error):
             log.warning("%s refused us: %s", link.describe(), msg.text)
-            out = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
-            return out + [Close(link.link_id, "refused by peer")]
+            closed = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
+            return closed + [Close(link.link_id, "refused by peer")]
         if isinstance(msg, C.Auth) and link.pending_hello is not None:
             try:
                 link.auth.on_peer_auth(msg.body)
@@ -528,7 +536,7 @@ class Router:
         out: list[Action] = []
         if not pol.revoked:
             return out
-        for lid, lk in list(self.links.items()):
+        for lk in list(self.links.values()):
             for key, cap in list((lk.caps or {}).items()):
                 if pol.covers(key) and cap.serial in pol.revoked:
                     out += self._withdraw(lk, key, "revoked", now)

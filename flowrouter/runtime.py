@@ -38,8 +38,14 @@ import asyncio_dgram
 
 from .config import ConfigError, Emulation, NodeConfig, PeerConfig, parse_address
 from .control import Role
-from .header import (HEADER_SIZE, UDP_MAX_PAYLOAD, FrameDecoder, MalformedFrame,
-                     split_datagram, validate_header)
+from .header import (
+    HEADER_SIZE,
+    UDP_MAX_PAYLOAD,
+    FrameDecoder,
+    MalformedFrame,
+    split_datagram,
+    validate_header,
+)
 from .linkauth import LinkSecurityError, SecureStream
 from .linkqueue import OutputQueue
 from .router import Action, Close, Router, Secure, Send
@@ -723,7 +729,7 @@ class RouterNode:
                 await self._changed.wait()
         try:
             await asyncio.wait_for(_wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TimeoutError(f"router {self.config.name}: {self.links_up(role)} of {count} "
                                f"links up after {timeout}s") from None
 
@@ -734,11 +740,11 @@ class RouterNode:
                 await self._changed.wait()
         try:
             await asyncio.wait_for(_wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TimeoutError(f"router {self.config.name}: no route to LSID {lsid:#x} "
                                f"after {timeout}s") from None
 
-    # control interface ------------------------------------------------------------------------------
+    # control interface ----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         st = self.core.status()
         for row in st["links"]:
@@ -796,7 +802,7 @@ async def query_control(address: str, cmd: str = "status", timeout: float = 5.0,
     host, port = parse_address(address, "control address")
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         raise ConnectionError(f"no router control interface answers at {address}: "
                               f"{exc}") from None
     try:

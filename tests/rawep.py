@@ -11,7 +11,7 @@ from typing import TypeVar
 from flowrouter import control as C
 from flowrouter.config import NodeConfig, PeerConfig
 from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
-from flowrouter.header import FrameDecoder, Header, parse_header, pack_header
+from flowrouter.header import FrameDecoder, Header, pack_header, parse_header
 from flowrouter.runtime import RouterNode
 
 T = TypeVar("T")

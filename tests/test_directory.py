@@ -18,8 +18,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowlib
-from directory import (DirectoryClient, DirectoryMember, Entry, EntryStore, NoDirectoryMember,
-                       Pattern, ProtocolError, directory_flow, expanding_rings, glob_match)
+from directory import (
+    DirectoryClient,
+    DirectoryMember,
+    Entry,
+    EntryStore,
+    NoDirectoryMember,
+    Pattern,
+    ProtocolError,
+    directory_flow,
+    expanding_rings,
+    glob_match,
+)
 from directory import protocol as P
 from directory.cli import main as flowdir_main
 from flowrouter.config import NodeConfig, PeerConfig

@@ -9,8 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flowrouter.flowid import (LINK_LOCAL_FLOW, LSID_LINK_LOCAL, FlowID, LocalIdAllocator,
-                               flow_text, key_lsid)
+from flowrouter.flowid import (
+    LINK_LOCAL_FLOW,
+    LSID_LINK_LOCAL,
+    FlowID,
+    LocalIdAllocator,
+    flow_text,
+    key_lsid,
+)
 
 u64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
 u32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
@@ -22,8 +28,8 @@ flow_ids = st.builds(FlowID, u64, u32, u32)
 def test_text_round_trip(fid):
     text = str(fid)
     assert FlowID.parse(text) == fid
-    c, l, n = text.split(":")
-    assert (len(c), len(l), len(n)) == (16, 8, 8)  # canonical form is zero-padded
+    c, lsid, n = text.split(":")
+    assert (len(c), len(lsid), len(n)) == (16, 8, 8)  # canonical form is zero-padded
     assert text == text.lower()
 
 

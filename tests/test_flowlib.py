@@ -19,14 +19,25 @@ from typing import Any, TypeVar
 import pytest
 
 import flowlib
-from flowlib import (BandMask, ConnectError, ConnectionLost, Empty, FlowID, FlowTimeout,
-                     JoinRefused, ListenerClosed, Locality, Message, MessageTooLarge)
+from flowlib import (
+    BandMask,
+    ConnectError,
+    ConnectionLost,
+    Empty,
+    FlowID,
+    FlowTimeout,
+    JoinRefused,
+    ListenerClosed,
+    Locality,
+    Message,
+    MessageTooLarge,
+)
 from flowlib.queue import Listener
 from flowrouter import control as C
 from flowrouter.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP
 from flowrouter.config import NodeConfig, PeerConfig
 from flowrouter.flowid import LINK_LOCAL_FLOW, LocalIdAllocator
-from flowrouter.header import HEADER_SIZE, parse_header, pack_header
+from flowrouter.header import HEADER_SIZE, pack_header, parse_header
 from flowrouter.runtime import RouterNode
 
 LSID = 0x10

@@ -20,8 +20,16 @@ import pytest
 
 import flowlib
 from flowlib import FaultKind, Message, MessageTooLarge
-from flowlib.fragment import (ESCAPE_PREFIX, FRAGMENT_HEADER_SIZE, KIND_FRAGMENT, MAGIC,
-                              FragmentDropped, Reassembler, fragment_header, iter_fragments)
+from flowlib.fragment import (
+    ESCAPE_PREFIX,
+    FRAGMENT_HEADER_SIZE,
+    KIND_FRAGMENT,
+    MAGIC,
+    FragmentDropped,
+    Reassembler,
+    fragment_header,
+    iter_fragments,
+)
 from flowlib.queue import Listener
 from flowrouter.bands import BAND_OVERFLOW
 from flowrouter.runtime import RouterNode

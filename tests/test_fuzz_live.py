@@ -28,7 +28,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Self, TypeVar
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scapy.all import RandBin, RandNum, Raw, fuzz
@@ -147,7 +146,7 @@ def check_consistent(node: RouterNode, allowed_links: set[int]) -> None:
     assert set(core.links) <= allowed_links, (
         f"{node.config.name} kept fuzz links: "
         f"{[lk.describe() for lid, lk in core.links.items() if lid not in allowed_links]}")
-    for key, entry in core.flows.items():
+    for entry in core.flows.values():
         for lid in [*entry.down, *(entry.sib or ())]:
             assert lid in core.links, f"flow entry names a closed link {lid}"
         assert entry.upstream is None or entry.upstream in core.links

@@ -9,9 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowrouter.flowid import FlowID
-from flowrouter.header import (DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, HEADER_SIZE, UDP_MAX_PAYLOAD,
-                               FrameDecoder, Header, Locality, MalformedFrame, pack_header,
-                               parse_header, split_datagram, validate_header)
+from flowrouter.header import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_TTL,
+    HEADER_SIZE,
+    UDP_MAX_PAYLOAD,
+    FrameDecoder,
+    Header,
+    Locality,
+    MalformedFrame,
+    pack_header,
+    parse_header,
+    split_datagram,
+    validate_header,
+)
 
 u64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
 u32 = st.integers(min_value=0, max_value=(1 << 32) - 1)

@@ -13,8 +13,15 @@ from typing import Any, TypeVar
 import pytest
 
 import flowlib
-from flowlib.heartbeat import (Beat, Heartbeat, MembershipChange, PeerState, PeerTracker,
-                               decode_beat, encode_beat)
+from flowlib.heartbeat import (
+    Beat,
+    Heartbeat,
+    MembershipChange,
+    PeerState,
+    PeerTracker,
+    decode_beat,
+    encode_beat,
+)
 from flowrouter.bands import BAND_HEARTBEAT
 from flowrouter.runtime import RouterNode
 

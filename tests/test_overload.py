@@ -41,7 +41,7 @@ def test_drr_shares_the_link_between_a_flooder_and_a_polite_flow() -> None:
 
 def test_bound_drops_from_the_longest_queue() -> None:
     q = OutputQueue(max_bytes=10 * 124)
-    for i in range(8):
+    for _ in range(8):
         assert q.push(A, HDR, b"x" * 100, False, 0.0) == []
     q.push(B, HDR, b"y" * 100, False, 0.0)
     q.push(B, HDR, b"y" * 100, False, 0.0)

@@ -73,9 +73,8 @@ def test_daemon_config_enables_tracing(tmp_path: Path) -> None:
     assert cfg.trace_dir and cfg.trace_sample == 1.0
 
     async def main() -> None:
-        from flowrouter.runtime import RouterNode
-
         import flowlib
+        from flowrouter.runtime import RouterNode
         node = RouterNode(NodeConfig(**{f: getattr(cfg, f) for f in NodeConfig.__slots__}))  # type: ignore[attr-defined]
         await node.start()
         try:

@@ -414,7 +414,7 @@ def test_live_capture_on_loopback_with_flowlib(tmp_path) -> None:  # type: ignor
     total = 0
     data_on_router_link = []
     seen_hello = 0
-    for (src, sp, dst, dp), stream in tcp_streams(back).items():
+    for (_src, sp, _dst, dp), stream in tcp_streams(back).items():
         pkts = dissect_stream(stream)
         frames = pkts if not pkts or not isinstance(pkts[-1], Raw) else pkts[:-1]
         pos = 0

@@ -229,7 +229,7 @@ def test_frames_in_flight_are_lost_and_routers_see_close_then_open() -> None:
     net.run_until(10.0)
     assert b.is_joined(FLOW)
     lids_before = set(net.routers["r1"].links)
-    for k in range(5):
+    for _ in range(5):
         a.send(FLOW, 32, b"a|" + bytes(100))
     net.schedule(10.3, net.link_down, "r1-r2")
     net.schedule(12.0, net.link_up, "r1-r2")

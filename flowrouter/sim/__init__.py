@@ -28,7 +28,6 @@ from .network import RouterNode, SimNetwork, SimulationError, TraceRecord
 from .workload import SharedFlowWorkload, cli_main, default_flow
 from .workload import run as run_topology
 
-
 __all__ = ["Delivery", "Direction", "EventQueue", "FaultNotice", "JoinResult", "RouterNode",
            "SharedFlowWorkload", "SimEndpoint", "SimLink", "SimNetwork", "SimulationError",
            "TraceRecord", "cli_main", "default_flow", "run_topology"]

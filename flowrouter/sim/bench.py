@@ -12,8 +12,8 @@ import json
 import time
 
 from .generate import random_mesh, tree
-from .workload import SharedFlowWorkload, default_flow, summarize
 from .network import SimNetwork
+from .workload import SharedFlowWorkload, default_flow, summarize
 
 
 def main(argv: list[str] | None = None) -> int:

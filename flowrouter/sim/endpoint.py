@@ -22,11 +22,19 @@ iterable of bands or text such as ``"32-40"`` for more (see :func:`flowrouter.ba
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import control as C
-from ..bands import (BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, DEFAULT_DATA_BAND, BandMask,
-                     check_band, mask_of)
+from ..bands import (
+    BAND_FAULT,
+    BAND_GC,
+    BAND_MEMBERSHIP,
+    DEFAULT_DATA_BAND,
+    BandMask,
+    check_band,
+    mask_of,
+)
 from ..flowid import LINK_LOCAL_FLOW, FlowID
 from ..header import DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, Locality, MalformedFrame, pack_header
 

@@ -13,8 +13,16 @@ from __future__ import annotations
 import random
 
 from ..tables import Modifiers
-from ..topology import (Defaults, EndpointSpec, LinkDefaults, LinkSpec, LocationService,
-                        RouterSpec, Topology, loads)
+from ..topology import (
+    Defaults,
+    EndpointSpec,
+    LinkDefaults,
+    LinkSpec,
+    LocationService,
+    RouterSpec,
+    Topology,
+    loads,
+)
 
 _WAN = Modifiers(bandwidth=1, delay=1, geography=3)
 
