@@ -1,0 +1,623 @@
+#!/usr/bin/env python3
+"""Benchmark worker processes: ``python3 benchmarks/workers.py ROLE '{json params}'``.
+
+Started by the benchmark scripts, one role per process; never needed by hand. Each prints
+JSON lines on stdout (``{"event": "ready", ...}``, ``{"event": "result", ...}``, or
+``{"event": "error", "error": ...}``). Senders wait for a ``go`` line on stdin before they
+send, and for ``exit`` (or end of input) before they disconnect, so the parent controls the
+measurement window. Every role has a hard time limit (``max_time``) and exits by itself.
+
+Roles:
+
+* ``flow-recv``   flowlib receivers (one or many clients, each one listener) counting messages
+* ``flow-send``   a flowlib sender: advertise, then ``send`` as fast as the link takes it
+* ``raw-recv``    a plain asyncio TCP receiver that splits 24-byte-header frames and counts them
+* ``raw-send``    a plain asyncio TCP sender of pre-built frames
+* ``nats-recv`` / ``nats-send``   the same with the nats-py client
+* ``flow-pong`` / ``flow-ping``   flowlib ping-pong on two bands of one flow (latency)
+* ``raw-pong`` / ``raw-ping``     the same over one plain TCP connection
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# the frozen copy of the code the parent benchmark made (see common.snapshot_code), else the
+# checkout this file is in
+_CODE = os.environ.get("FLOWNET_BENCH_CODE") or str(Path(__file__).resolve().parent.parent)
+if _CODE not in sys.path:
+    sys.path.insert(0, _CODE)
+
+HEADER_SIZE = 24
+
+
+def emit(event: str, **data: Any) -> None:
+    data["event"] = event
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+_stdin: asyncio.StreamReader | None = None
+
+
+async def read_line() -> str:
+    """One line from stdin without blocking the loop ('' at end of input). A pipe reader on
+    the loop, not a thread, so profiles of the worker show only the work measured."""
+    global _stdin
+    if _stdin is None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        _stdin = reader
+    return (await _stdin.readline()).decode().strip()
+
+
+async def wait_for_command(word: str, timeout: float) -> bool:
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                line = await read_line()
+                if line == word or line == "":
+                    return line == word
+    except TimeoutError:
+        return False
+
+
+def cpu() -> float:
+    return time.process_time()
+
+
+def sched() -> tuple[float, float]:
+    """(on-CPU seconds, runnable-but-waiting seconds) of this process's main thread."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            run_ns, wait_ns, _ = f.read().split()
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
+def sched_since(start: tuple[float, float]) -> dict[str, float]:
+    run, wait = sched()
+    return {"run_s": run - start[0], "wait_s": wait - start[1]}
+
+
+def nodelay(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Tally:
+    """Messages and payload bytes seen by one receiver, with first/last arrival times."""
+
+    __slots__ = ("count", "nbytes", "first", "last")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.nbytes = 0
+        self.first = 0.0
+        self.last = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "bytes": self.nbytes, "first": self.first,
+                "last": self.last}
+
+
+async def watch_idle(tallies: list[Tally], idle: float, first_timeout: float,
+                     max_time: float) -> str:
+    """Return once traffic stopped: *idle* s with nothing new after the first message, no
+    message within *first_timeout*, or *max_time* in total."""
+    start = time.monotonic()
+    while True:
+        await asyncio.sleep(min(0.05, idle / 4))
+        now = time.monotonic()
+        if now - start > max_time:
+            return "max-time"
+        lasts = [t.last for t in tallies if t.count]
+        if lasts:
+            if now - max(lasts) > idle:
+                return "idle"
+        elif now - start > first_timeout:
+            return "no-message"
+
+
+def merge(tallies: list[Tally]) -> dict[str, Any]:
+    got = [t for t in tallies if t.count]
+    return {
+        "count": sum(t.count for t in tallies), "bytes": sum(t.nbytes for t in tallies),
+        "first": min((t.first for t in got), default=0.0),
+        "last": max((t.last for t in got), default=0.0),
+    }
+
+
+# ---------------------------------------------------------------------------- flowlib
+async def flow_recv(p: dict[str, Any]) -> None:
+    import flowlib
+
+    flow = flowlib.FlowID.parse(p["flow"])
+    clients = []
+    tallies: list[Tally] = []
+    listeners = []
+    for i, spec in enumerate(p["clients"]):
+        c = await flowlib.connect(spec["router"], name=f"recv{i}", timeout=10)
+        clients.append(c)
+        listeners.append(await c.listen(flow, spec["bands"], size=p.get("queue", 1 << 16),
+                                        timeout=15))
+        tallies.append(Tally())
+    emit("ready", clients=len(clients))
+    cpu0 = cpu()
+    sch0 = sched()
+
+    async def consume(lst: Any, t: Tally) -> None:
+        get_nowait = lst.get_nowait
+        while True:
+            msg = await lst.get()
+            now = time.monotonic()
+            if not t.count:
+                t.first = now
+            n, nb = 1, len(msg.payload)
+            for _ in range(lst.qsize()):
+                nb += len(get_nowait().payload)
+                n += 1
+            t.count += n
+            t.nbytes += nb
+            t.last = now
+
+    tasks = [asyncio.ensure_future(consume(lst, t)) for lst, t in zip(listeners, tallies)]
+    why = await watch_idle(tallies, p["idle"], p["first_timeout"], p["max_time"])
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    cpu_s = cpu() - cpu0
+    result = merge(tallies)
+    result.update(stop=why, cpu_s=cpu_s, sched=sched_since(sch0),
+                  queue_dropped=sum(lst.dropped for lst in listeners),
+                  per_client=[t.as_dict() for t in tallies])
+    emit("result", **result)
+    for c in clients:
+        with contextlib.suppress(Exception):
+            await c.close(timeout=2)
+
+
+async def _drain_transport(transport: asyncio.Transport | None, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while transport is not None and transport.get_write_buffer_size() \
+            and time.monotonic() < end:
+        await asyncio.sleep(0.002)
+
+
+async def flow_send(p: dict[str, Any]) -> None:
+    import flowlib
+
+    flow = flowlib.FlowID.parse(p["flow"])
+    client = await flowlib.connect(p["router"], name="sender", timeout=10)
+    if p.get("advertise", True):
+        await client.advertise(flow, timeout=15)
+    emit("ready")
+    if not await wait_for_command("go", p["max_time"]):
+        emit("error", error="no 'go' from the parent")
+        return
+    payload = b"\xa5" * p["payload"]
+    bands = p.get("bands", [32])
+    nb = len(bands)
+    duration = p["duration"]
+    max_count = p["max_count"]
+    send = client.send
+    cpu0 = cpu()
+    sch0 = sched()
+    t0 = time.monotonic()
+    end = t0 + duration
+    i = 0
+    while i < max_count:
+        await send(flow, payload, band=bands[i % nb])
+        i += 1
+        if not i & 63 and time.monotonic() >= end:
+            break
+    t1 = time.monotonic()
+    # what we wrote has left this process (flowlib has no public flush)
+    await _drain_transport(getattr(client, "_transport", None), 10.0)
+    emit("result", sent=i, bytes=i * len(payload), start=t0, end=t1, seconds=t1 - t0,
+         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
+    await wait_for_command("exit", p["max_time"])
+    with contextlib.suppress(Exception):
+        await client.close(timeout=2)
+
+
+async def flow_pong(p: dict[str, Any]) -> None:
+    import flowlib
+
+    flow = flowlib.FlowID.parse(p["flow"])
+    client = await flowlib.connect(p["router"], name="pong", timeout=10)
+    lst = await client.listen(flow, str(p["in_band"]), timeout=15)
+    emit("ready")
+    out_band = p["out_band"]
+    send = client.send
+
+    async def serve() -> None:
+        while True:
+            msg = await lst.get()
+            await send(flow, msg.payload, band=out_band)
+
+    task = asyncio.ensure_future(serve())
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        async with asyncio.timeout(p["max_time"]):
+            await read_line()  # until the parent says anything or closes our input
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    with contextlib.suppress(Exception):
+        await client.close(timeout=2)
+
+
+async def flow_ping(p: dict[str, Any]) -> None:
+    import flowlib
+
+    flow = flowlib.FlowID.parse(p["flow"])
+    client = await flowlib.connect(p["router"], name="ping", timeout=10)
+    lst = await client.listen(flow, str(p["in_band"]), timeout=15)
+    emit("ready")
+    if not await wait_for_command("go", p["max_time"]):
+        emit("error", error="no 'go' from the parent")
+        return
+    payload = b"\x5a" * p["payload"]
+    out_band = p["out_band"]
+    send, get = client.send, lst.get
+
+    async def rounds(n: int, out: list[int] | None) -> None:
+        clock = time.perf_counter_ns
+        for _ in range(n):
+            t0 = clock()
+            await send(flow, payload, band=out_band)
+            await get()
+            if out is not None:
+                out.append(clock() - t0)
+
+    rtts: list[int] = []
+    try:
+        async with asyncio.timeout(p["max_time"]):
+            await rounds(p["warmup"], None)
+            cpu0 = cpu()
+            await rounds(p["rounds"], rtts)
+    except TimeoutError:
+        emit("error", error=f"ping-pong stalled after {len(rtts)} rounds (lost message?)")
+        return
+    emit("result", rtt_ns=rtts, cpu_s=cpu() - cpu0)
+    with contextlib.suppress(Exception):
+        await client.close(timeout=2)
+
+
+# ---------------------------------------------------------------------------- raw TCP
+class _FrameCounter(asyncio.Protocol):
+    """Splits a stream of 24-byte-header frames and counts them (no per-frame objects)."""
+
+    def __init__(self, tally: Tally, done: asyncio.Future[None]) -> None:
+        self.t = tally
+        self.remaining = 0  # payload bytes of the current frame still to come
+        self.partial = b""  # an incomplete header
+        self.total = 0
+        self.done = done
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        nodelay(transport.get_extra_info("socket"))
+
+    def data_received(self, data: bytes) -> None:
+        t = self.t
+        now = time.monotonic()
+        if not t.count and not self.total:
+            t.first = now
+        t.last = now
+        n = len(data)
+        self.total += n
+        pos = 0
+        count = 0
+        if self.remaining:
+            take = self.remaining if self.remaining < n else n
+            self.remaining -= take
+            pos = take
+            if not self.remaining:
+                count += 1
+        while pos < n:
+            if self.partial:
+                need = HEADER_SIZE - len(self.partial)
+                self.partial += data[pos:pos + need]
+                pos += need
+                if len(self.partial) < HEADER_SIZE:
+                    break
+                size = int.from_bytes(self.partial[16:20], "big")
+                self.partial = b""
+            elif n - pos < HEADER_SIZE:
+                self.partial = data[pos:]
+                break
+            else:
+                size = int.from_bytes(data[pos + 16:pos + 20], "big")
+                pos += HEADER_SIZE
+            avail = n - pos
+            if avail >= size:
+                pos += size
+                count += 1
+            else:
+                self.remaining = size - avail
+                break
+        t.count += count
+        t.nbytes = self.total - HEADER_SIZE * t.count  # payload bytes of whole frames
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def raw_recv(p: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    tally = Tally()
+    done: asyncio.Future[None] = loop.create_future()
+    server = await loop.create_server(lambda: _FrameCounter(tally, done), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    emit("ready", port=port)
+    cpu0 = cpu()
+    sch0 = sched()
+    why = await watch_idle([tally], p["idle"], p["first_timeout"], p["max_time"])
+    emit("result", stop=why, cpu_s=cpu() - cpu0, sched=sched_since(sch0), queue_dropped=0,
+         per_client=[],
+         **tally.as_dict())
+    server.close()
+
+
+class _Sender(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.paused = False
+        self.resumed: asyncio.Future[None] | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        nodelay(transport.get_extra_info("socket"))
+
+    def pause_writing(self) -> None:
+        self.paused = True
+        self.resumed = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.resumed is not None and not self.resumed.done():
+            self.resumed.set_result(None)
+
+
+async def raw_send(p: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    transport, proto = await loop.create_connection(_Sender, "127.0.0.1", p["port"])
+    emit("ready")
+    if not await wait_for_command("go", p["max_time"]):
+        emit("error", error="no 'go' from the parent")
+        return
+    size = p["payload"]
+    # the same 24-byte header a flow frame has (flow key, size, band 32, TTL 32)
+    frame = (bytes(16) + size.to_bytes(4, "big") + bytes([32, 0, 0, 32])) + b"\xa5" * size
+    duration, max_count = p["duration"], p["max_count"]
+    write = transport.write
+    cpu0 = cpu()
+    sch0 = sched()
+    t0 = time.monotonic()
+    end = t0 + duration
+    i = 0
+    while i < max_count:
+        write(frame)
+        i += 1
+        if proto.paused:
+            assert proto.resumed is not None
+            await proto.resumed
+        if not i & 63 and time.monotonic() >= end:
+            break
+    t1 = time.monotonic()
+    await _drain_transport(transport, 10.0)
+    emit("result", sent=i, bytes=i * size, start=t0, end=t1, seconds=t1 - t0,
+         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
+    await wait_for_command("exit", p["max_time"])
+    transport.close()
+
+
+class _Echo(asyncio.Protocol):
+    """raw-pong: sends every complete frame straight back."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        nodelay(transport.get_extra_info("socket"))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        pos = 0
+        while len(buf) - pos >= HEADER_SIZE:
+            end = pos + HEADER_SIZE + int.from_bytes(buf[pos + 16:pos + 20], "big")
+            if end > len(buf):
+                break
+            pos = end
+        if pos:
+            self.transport.write(buf[:pos])
+        self.buf = buf[pos:]
+
+
+async def raw_pong(p: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Echo, "127.0.0.1", 0)
+    emit("ready", port=server.sockets[0].getsockname()[1])
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(p["max_time"]):
+            await read_line()
+    server.close()
+
+
+class _Pinger(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = b""
+        self.waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        nodelay(transport.get_extra_info("socket"))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        if len(buf) >= HEADER_SIZE and \
+                len(buf) >= HEADER_SIZE + int.from_bytes(buf[16:20], "big"):
+            end = HEADER_SIZE + int.from_bytes(buf[16:20], "big")
+            self.buf = buf[end:]
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+        else:
+            self.buf = buf
+
+
+async def raw_ping(p: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    transport, proto = await loop.create_connection(_Pinger, "127.0.0.1", p["port"])
+    emit("ready")
+    if not await wait_for_command("go", p["max_time"]):
+        emit("error", error="no 'go' from the parent")
+        return
+    size = p["payload"]
+    frame = (bytes(16) + size.to_bytes(4, "big") + bytes([32, 0, 0, 32])) + b"\x5a" * size
+
+    async def rounds(n: int, out: list[int] | None) -> None:
+        clock = time.perf_counter_ns
+        for _ in range(n):
+            t0 = clock()
+            proto.waiter = loop.create_future()
+            transport.write(frame)
+            await proto.waiter
+            if out is not None:
+                out.append(clock() - t0)
+
+    rtts: list[int] = []
+    try:
+        async with asyncio.timeout(p["max_time"]):
+            await rounds(p["warmup"], None)
+            cpu0 = cpu()
+            await rounds(p["rounds"], rtts)
+    except TimeoutError:
+        emit("error", error=f"raw ping-pong stalled after {len(rtts)} rounds")
+        return
+    emit("result", rtt_ns=rtts, cpu_s=cpu() - cpu0)
+    transport.close()
+
+
+# ---------------------------------------------------------------------------- NATS
+async def nats_recv(p: dict[str, Any]) -> None:
+    import nats
+
+    errors: list[str] = []
+    slow = [0]
+
+    async def on_error(exc: Exception) -> None:
+        if type(exc).__name__ == "SlowConsumerError":
+            slow[0] += 1  # one per message the client's pending queue had to drop
+        elif len(errors) < 5:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    nc = await nats.connect(p["url"], connect_timeout=5, error_cb=on_error,
+                            max_reconnect_attempts=0)
+    tally = Tally()
+
+    async def on_msg(msg: Any) -> None:
+        now = time.monotonic()
+        if not tally.count:
+            tally.first = now
+        tally.count += 1
+        tally.nbytes += len(msg.data)
+        tally.last = now
+
+    sub = await nc.subscribe(p["subject"], cb=on_msg, pending_msgs_limit=1 << 20,
+                             pending_bytes_limit=1 << 30)
+    await nc.flush()
+    emit("ready")
+    cpu0 = cpu()
+    sch0 = sched()
+    why = await watch_idle([tally], p["idle"], p["first_timeout"], p["max_time"])
+    cpu_s = cpu() - cpu0
+    emit("result", stop=why, cpu_s=cpu_s, sched=sched_since(sch0), queue_dropped=slow[0],
+         per_client=[],
+         errors=errors, **tally.as_dict())
+    await sub.unsubscribe()
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
+async def nats_send(p: dict[str, Any]) -> None:
+    import nats
+
+    nc = await nats.connect(p["url"], connect_timeout=5, max_reconnect_attempts=0)
+    emit("ready")
+    if not await wait_for_command("go", p["max_time"]):
+        emit("error", error="no 'go' from the parent")
+        return
+    payload = b"\xa5" * p["payload"]
+    subject = p["subject"]
+    duration, max_count = p["duration"], p["max_count"]
+    publish = nc.publish
+    cpu0 = cpu()
+    sch0 = sched()
+    t0 = time.monotonic()
+    end = t0 + duration
+    i = 0
+    while i < max_count:
+        await publish(subject, payload)
+        i += 1
+        if not i & 63:
+            if time.monotonic() >= end:
+                break
+            if not i & 1023:
+                await asyncio.sleep(0)  # let the flusher task write
+    t1 = time.monotonic()
+    await nc.flush(timeout=30)
+    emit("result", sent=i, bytes=i * len(payload), start=t0, end=t1, seconds=t1 - t0,
+         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
+    await wait_for_command("exit", p["max_time"])
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
+ROLES = {
+    "flow-recv": flow_recv, "flow-send": flow_send, "flow-pong": flow_pong,
+    "flow-ping": flow_ping, "raw-recv": raw_recv, "raw-send": raw_send,
+    "raw-pong": raw_pong, "raw-ping": raw_ping, "nats-recv": nats_recv,
+    "nats-send": nats_send,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ROLES:
+        print(f"usage: workers.py ROLE 'JSON'; roles: {', '.join(sorted(ROLES))}",
+              file=sys.stderr)
+        return 2
+    params = json.loads(argv[1])
+    hard_limit = float(params.get("max_time", 60)) + 30.0
+
+    async def run() -> None:
+        async with asyncio.timeout(hard_limit):
+            await ROLES[argv[0]](params)
+
+    try:
+        asyncio.run(run())
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which shows the log
+        emit("error", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # a worker must never outlive a crashed parent for long
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1:]))
