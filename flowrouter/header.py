@@ -150,49 +150,56 @@ def split_datagram(data: bytes | memoryview, max_payload: int = UDP_MAX_PAYLOAD
 class FrameDecoder:
     """Sans-I/O splitter of a TCP byte stream into frames.
 
-    ``feed(data)`` returns the complete frames as ``(header, payload)`` memoryviews into the
-    decoder's buffer; they stay valid until the next ``feed``. A malformed header raises
-    :class:`MalformedFrame` as soon as its 24 bytes are in, so the runtime can drop the link
-    without reading the rest.
+    ``feed(data)`` returns the complete frames as ``(header, payload)`` memoryviews; they stay
+    valid as long as the caller holds them. Frames wholly inside one read are views into
+    that read (no copy); a frame split across reads is gathered in a buffer of its own,
+    which becomes the frame (each of its bytes is copied once, and nothing else is). A
+    malformed header raises :class:`MalformedFrame` as soon as its 24 bytes are in, so the
+    runtime can drop the link without reading the rest.
     """
 
     __slots__ = ("_buf", "max_payload", "_need")
 
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        self._buf = bytearray()
+        self._buf = bytearray()  #: the start of a frame split across reads
         self.max_payload = max_payload
-        self._need = HEADER_SIZE
+        self._need = HEADER_SIZE  #: total size of the frame being gathered, once known
 
     def feed(self, data: bytes) -> list[tuple[memoryview, memoryview]]:
-        buf = self._buf
-        if buf:
-            buf += data
-            if len(buf) < self._need:  # still short of the frame: no copy, no parse
-                return []
-            src: bytes | bytearray = bytes(buf)
-            buf.clear()
-        else:
-            src = data
-        n = len(src)
-        if n < self._need:
-            buf += src
-            return []
-        view = memoryview(src)
-        frames = []
+        frames: list[tuple[memoryview, memoryview]] = []
+        view = memoryview(data)
+        n = len(data)
         pos = 0
+        buf = self._buf
+        if buf:  # finish the split frame first
+            if len(buf) < HEADER_SIZE:
+                take = min(HEADER_SIZE - len(buf), n)
+                buf += view[:take]
+                pos = take
+                if len(buf) < HEADER_SIZE:
+                    return frames
+                self._need = HEADER_SIZE + validate_header(buf, 0, self.max_payload)
+            need = self._need - len(buf)
+            if n - pos < need:
+                buf += view[pos:]
+                return frames
+            buf += view[pos:pos + need]
+            pos += need
+            fv = memoryview(buf)
+            frames.append((fv[:HEADER_SIZE], fv[HEADER_SIZE:]))
+            self._buf = buf = bytearray()  # the old buffer now belongs to the frame
+            self._need = HEADER_SIZE
         max_payload = self.max_payload
         while n - pos >= HEADER_SIZE:
-            size = validate_header(src, pos, max_payload)
-            end = pos + HEADER_SIZE + size
+            end = pos + HEADER_SIZE + validate_header(data, pos, max_payload)
             if end > n:
-                self._need = end - pos
                 break
             frames.append((view[pos:pos + HEADER_SIZE], view[pos + HEADER_SIZE:end]))
             pos = end
-        else:
-            self._need = HEADER_SIZE
         if pos < n:
             buf += view[pos:]
+            if len(buf) >= HEADER_SIZE:  # refuse an oversized frame before buffering it
+                self._need = HEADER_SIZE + validate_header(buf, 0, max_payload)
         return frames
 
     @property

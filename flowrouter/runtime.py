@@ -55,17 +55,27 @@ from .traces import NULL_TRACER, TraceWriter
 log = logging.getLogger("flowrouter.runtime")
 
 
+#: frames with payloads this large are written at once rather than batched: joining them
+#: would copy them again and overrun the transport buffer
+_BATCH_MAX = 8192
+
+
 class _LinkOutput:
     """The sending side of one link: a copy-free fast path, and the slow path described in
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
-    __slots__ = ("node", "link_id", "write", "queue", "paused", "timer", "emu", "rng")
+    __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
+                 "rng", "batch")
 
-    def __init__(self, node: RouterNode, link_id: int,
-                 write: Callable[[bytes, Any], None]) -> None:
+    def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
+                 write_many: Callable[[list[Any]], None] | None = None) -> None:
         self.node = node
         self.link_id = link_id
         self.write = write
+        #: writes a batch of buffers at once (None: the link writes frame by frame, UDP)
+        self.write_many = write_many
+        #: buffers gathered while the node processes one read (one write per link per read)
+        self.batch: list[Any] | None = None
         self.queue: OutputQueue | None = None
         self.paused = False
         self.timer: asyncio.TimerHandle | None = None
@@ -104,7 +114,18 @@ class _LinkOutput:
                                         else "drop.emulated-down"] += 1
                 return
         elif self.queue is None and not self.paused:
-            self.write(header, payload)
+            node = self.node
+            if node._batching and self.write_many is not None and len(payload) < _BATCH_MAX:
+                batch = self.batch
+                if batch is None:
+                    batch = self.batch = []
+                    node._dirty.append(self)
+                batch.append(header)
+                batch.append(payload)
+            else:
+                if self.batch:
+                    self.flush()  # keep the link's order
+                self.write(header, payload)
             return
         node = self.node
         q = self.queue
@@ -124,6 +145,11 @@ class _LinkOutput:
                 f"is full ({node.config.max_link_buffer} bytes); dropping the longest flow's "
                 "frames", now, key))
         self._drain()
+
+    def flush(self) -> None:
+        batch, self.batch = self.batch, None
+        if batch and self.write_many is not None:
+            self.write_many(batch)
 
     def pause(self) -> None:
         self.paused = True
@@ -198,8 +224,9 @@ class _TcpLink(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         node = self.node
-        # A small transport buffer: beyond it frames wait in our fair queue, not in asyncio's.
-        transport.set_write_buffer_limits(high=64 * 1024)
+        # A small transport buffer (a few large frames): beyond it frames wait in our fair
+        # queue, not in asyncio's.
+        transport.set_write_buffer_limits(high=256 * 1024)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -209,7 +236,7 @@ class _TcpLink(asyncio.Protocol):
         peername = transport.get_extra_info("peername")
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.link_id = node._register(self)
-        self.out = _LinkOutput(node, self.link_id, self._write)
+        self.out = _LinkOutput(node, self.link_id, self._write, self._write_many)
         mods = self.peer.modifiers if self.peer else None  # accepted: learnt at HELLO
         node.execute(node.core.open_link(
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
@@ -272,11 +299,16 @@ class _TcpLink(asyncio.Protocol):
             return
         core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
         node._rx_link = link_id
-        for header, payload in frames:
-            actions = core.receive(link_id, header, payload, now)
-            if actions:
-                execute(actions)
-        node._rx_link = 0
+        node._batching = True
+        try:
+            for header, payload in frames:
+                actions = core.receive(link_id, header, payload, now)
+                if actions:
+                    execute(actions)
+        finally:
+            node._batching = False
+            node._rx_link = 0
+            node._flush()
         if core.generation != node._seen_generation:
             node._link_state_changed()
 
@@ -313,6 +345,14 @@ class _TcpLink(asyncio.Protocol):
                 transport.write(self.secure.encode(header + bytes(payload)))
             else:
                 transport.writelines((header, payload))
+
+    def _write_many(self, buffers: list[Any]) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if self.secure is not None:
+                transport.write(self.secure.encode(b"".join(buffers)))
+            else:
+                transport.writelines(buffers)
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -389,6 +429,10 @@ class RouterNode:
         self._tracer: TraceWriter | None = None
         #: the input link whose frames are being processed (0: none / locally generated)
         self._rx_link = 0
+        #: while a read is processed, fast-path sends gather per link and ``_flush`` writes
+        #: each link's batch once: one system call per link per read, not per frame
+        self._batching = False
+        self._dirty: list[_LinkOutput] = []
         #: bytes from each input link waiting in output queues, and who is paused for it
         self._pending_in: dict[int, int] = {}
         #: emulation per peer name (from config and the control interface)
@@ -507,6 +551,11 @@ class RouterNode:
         self._emulated.pop(link_id, None)
         self._pending_in.pop(link_id, None)
         self._link_state_changed()
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for out in dirty:
+            out.flush()
 
     def _credit_take(self, origin: int, size: int) -> None:
         if not origin:
