@@ -1,0 +1,125 @@
+"""Run an IGO site on a real flow through flowlib (asyncio, wall-clock time).
+
+:class:`FlowSite` listens on the room flow's IGO bands (:meth:`SiteOrdering.bands`: heartbeat,
+repair, order, the data band and this site's inbox band), feeds every message to the state
+machine with ``time.time() - clock_origin`` as the clock, ticks it every ``tick`` seconds, and
+carries out its actions: ``Send`` becomes ``FlowClient.send_nowait`` (a send that fails while
+the client fails over or after it lost its router is counted in ``counters`` and repaired by
+the protocol later, as any lost frame), deliveries and events go to the callbacks and, if
+``keep`` is set, to :attr:`deliveries` / :attr:`events`.
+
+Times are wall-clock seconds (``time.time()``), so send-to-delivery latencies between hosts
+assume synchronised clocks (they are only displayed and logged; ordering never uses them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+import flowlib
+from flowlib import FlowClient, FlowError, FlowID
+
+from .igo import Deliver, Delivery, IGOConfig, MembershipChange, Send, SiteOrdering, StateChange
+
+log = logging.getLogger("apps.chat.flow")
+
+
+class FlowSite:
+    def __init__(self, client: FlowClient, flow: FlowID | str, config: IGOConfig, site: str,
+                 *, tick: float = 0.1, incarnation: int | None = None,
+                 keep: int | None = None, clock_origin: float = 0.0,
+                 on_deliver: Callable[[Delivery], Any] | None = None,
+                 on_event: Callable[[Any], Any] | None = None) -> None:
+        self.client = client
+        self.flow = flow if isinstance(flow, FlowID) else FlowID.parse(flow)
+        self.site = site
+        self.tick_interval = tick
+        self.clock_origin = clock_origin
+        self.ordering = SiteOrdering(config, site, self.now(), incarnation=incarnation)
+        #: every delivery (keep=None) or the last *keep* ones
+        self.deliveries: deque[Delivery] | list[Delivery] = \
+            [] if keep is None else deque(maxlen=keep)
+        self.events: deque[Any] | list[Any] = [] if keep is None else deque(maxlen=keep)
+        self.on_deliver = on_deliver
+        self.on_event = on_event
+        self.counters: Counter[str] = Counter()
+        self._listener: flowlib.Listener | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = asyncio.Event()
+
+    def now(self) -> float:
+        return time.time() - self.clock_origin
+
+    async def start(self) -> None:
+        self._listener = await self.client.listen(self.flow, self.ordering.bands(),
+                                                  size=100_000, name=f"igo-{self.site}")
+        self._tasks = [asyncio.ensure_future(self._read()),
+                       asyncio.ensure_future(self._ticker())]
+        self._apply(self.ordering.tick(self.now()))
+        self._started.set()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self._listener is not None and not self.client.closed:
+            with contextlib.suppress(FlowError, Exception):
+                await self.client.unlisten(self._listener)
+        self._listener = None
+
+    def submit(self, payload: bytes) -> int:
+        """A message from this site's clients; returns its sequence number."""
+        self._apply(self.ordering.submit(payload, self.now()))
+        return self.ordering.seq
+
+    # ------------------------------------------------------------------ loops
+    async def _read(self) -> None:
+        assert self._listener is not None
+        try:
+            async for msg in self._listener:
+                self._apply(self.ordering.on_message(msg.band, msg.payload, self.now()))
+        except FlowError as exc:
+            log.warning("site %s: lost the room flow: %s", self.site, exc)
+            self.counters["flow.lost"] += 1
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_interval)
+            self._apply(self.ordering.tick(self.now()))
+
+    def _apply(self, actions: list[Any]) -> None:
+        for a in actions:
+            if isinstance(a, Send):
+                try:
+                    self.client.send_nowait(self.flow, a.payload, band=a.band)
+                    self.counters[f"sent.{a.kind}"] += 1
+                except FlowError as exc:
+                    self.counters["send.failed"] += 1
+                    log.debug("site %s: send failed (%s); the protocol will repair", self.site,
+                              exc)
+            elif isinstance(a, Deliver):
+                self.deliveries.append(a.delivery)
+                self._call(self.on_deliver, a.delivery)
+            elif isinstance(a, (MembershipChange, StateChange)):
+                self.events.append(a)
+                self._call(self.on_event, a)
+
+    def _call(self, fn: Callable[[Any], Any] | None, arg: Any) -> None:
+        if fn is None:
+            return
+        try:
+            r = fn(arg)
+            if inspect.isawaitable(r):
+                asyncio.ensure_future(r)
+        except Exception:  # the application's callback must not break the protocol
+            log.exception("site %s: callback raised", self.site)

@@ -1,0 +1,217 @@
+"""flowchat on real sockets: four site servers on four real routers (plus a hub router, the
+core) over loopback exchange messages in one order; thin clients, the plain client and the
+bot talk to them over the local line protocol; the room flow is found through the
+directory; the CLI's help explains every command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from apps.chat import cli
+from apps.chat.client import ChatClient, run_bot, run_plain
+from apps.chat.server import ChatServer
+from flowrouter.config import NodeConfig, PeerConfig
+from flowrouter.runtime import RouterNode
+
+LSID = 0x10
+SITES = ("metropol", "commonwe", "kingdom", "republic")
+FAST = {"heartbeat_interval": 0.25, "missed_heartbeats": 3, "disconnect_interval": 3.0}
+
+
+def addr(node: RouterNode) -> str:
+    return "%s:%d" % node.tcp_address
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 15.0,
+                     what: str = "condition") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def testbed(tmp_path) -> AsyncIterator[dict[str, RouterNode]]:
+    """A hub router (core of LSID 0x10) and one router per site dialling it."""
+    nodes: dict[str, RouterNode] = {}
+    try:
+        hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", default_lsid=LSID,
+                                    core_lsids=frozenset({LSID})))
+        await hub.start()
+        nodes["hub"] = hub
+        for s in SITES:
+            n = RouterNode(NodeConfig(s, listen="127.0.0.1:0", default_lsid=LSID,
+                                      peers=[PeerConfig(addr(hub), "hub")]))
+            await n.start()
+            nodes[s] = n
+        for n in nodes.values():
+            await asyncio.wait_for(n.wait_routes(LSID), 10)
+        yield nodes
+    finally:
+        for n in nodes.values():
+            await n.stop()
+
+
+@contextlib.asynccontextmanager
+async def servers(nodes: dict[str, RouterNode], tmp_path, mode: str = "all-to-all",
+                  **kw) -> AsyncIterator[dict[str, ChatServer]]:
+    srv: dict[str, ChatServer] = {}
+    try:
+        for s in SITES:
+            srv[s] = ChatServer(s, [addr(nodes[s])], sites=SITES, room="test", mode=mode,
+                                listen="127.0.0.1:0", use_directory=kw.get("directory", False),
+                                state_dir=str(tmp_path / "state"), **FAST)
+            await srv[s].start()
+        # every site sees every other: the ordering set is complete
+        await eventually(lambda: all(len(x.igo.ordering.members) == 4 for x in srv.values()),
+                         what="full membership")
+        yield srv
+    finally:
+        for x in srv.values():
+            await x.stop()
+
+
+def server_addr(s: ChatServer) -> str:
+    assert s.address is not None
+    return "%s:%d" % s.address
+
+
+def run(coro_fn: Callable[[], Awaitable[None]], timeout: float = 60.0) -> None:
+    asyncio.run(asyncio.wait_for(coro_fn(), timeout))  # type: ignore[arg-type]
+
+
+def test_four_sites_on_real_routers_deliver_in_one_order(tmp_path) -> None:
+    async def main() -> None:
+        async with testbed(tmp_path) as nodes, servers(nodes, tmp_path) as srv:
+            clients = {s: await ChatClient.connect(server_addr(srv[s]), f"user-{s}")
+                       for s in SITES}
+            got: dict[str, list[tuple[str, str]]] = {s: [] for s in SITES}
+
+            async def read(s: str) -> None:
+                async for ev in clients[s]:
+                    if ev["ev"] == "msg":
+                        got[s].append((ev["site"], ev["text"]))
+
+            readers = [asyncio.ensure_future(read(s)) for s in SITES]
+            for i in range(5):
+                for s in SITES:
+                    await clients[s].say(f"{s} says {i}")
+            await eventually(lambda: all(len(v) == 20 for v in got.values()),
+                             what="every client to see all 20 messages")
+            ref = got["metropol"]
+            assert all(got[s] == ref for s in SITES)  # one global order
+            for s in SITES:  # FIFO per site
+                mine = [t for (o, t) in ref if o == s]
+                assert mine == [f"{s} says {i}" for i in range(5)]
+            # users travel in order too: every site knows every user
+            await eventually(lambda: all(
+                sorted(u for us in x.users.values() for u in us)
+                == sorted(f"user-{s}" for s in SITES) for x in srv.values()),
+                what="user lists")
+            for r in readers:
+                r.cancel()
+            for c in clients.values():
+                await c.close()
+
+    run(main)
+
+
+def test_plain_client_and_bot(tmp_path) -> None:
+    async def main() -> None:
+        async with testbed(tmp_path) as nodes, servers(nodes, tmp_path, mode="hasten") as srv:
+            watcher = await ChatClient.connect(server_addr(srv["kingdom"]), "watcher")
+            seen: list[dict] = []
+
+            async def watch() -> None:
+                async for ev in watcher:
+                    if ev["ev"] == "msg":
+                        seen.append(ev)
+
+            wtask = asyncio.ensure_future(watch())
+            # the plain client reads stdin from a pipe we control
+            r_fd, w_fd = os.pipe()
+            stdin = os.fdopen(r_fd, "r")
+            out = io.StringIO()
+            plain = asyncio.ensure_future(run_plain(server_addr(srv["metropol"]), "alice",
+                                                    stdin=stdin, stdout=out))
+            await eventually(lambda: "welcome to room 'test'" in out.getvalue(),
+                             what="plain client welcome")
+            os.write(w_fd, b"hello from the plain client\n")
+            await eventually(lambda: any(e["text"] == "hello from the plain client"
+                                         for e in seen), what="kingdom to see alice")
+            await eventually(lambda: "[metropol:alice] hello from the plain client"
+                             in out.getvalue(), what="alice's own line")
+            # the bot at commonwe: 5 messages, all come back, and reach the plain client
+            bot_out = io.StringIO()
+            summary = await run_bot(server_addr(srv["commonwe"]), "bot1", rate=20, count=5,
+                                    seed=1, stdout=bot_out, quiet=True)
+            assert summary["sent"] == 5 and summary["own_received"] == 5
+            assert summary["mean_latency"] is not None and summary["mean_latency"] < 5
+            await eventually(lambda: out.getvalue().count("[commonwe:bot1] bot1 #") == 5,
+                             what="plain client to show the bot's messages")
+            assert "* members (S1):" in out.getvalue()
+            os.write(w_fd, b"/quit\n")
+            assert await asyncio.wait_for(plain, 10) == 0
+            os.close(w_fd)
+            stdin.close()
+            wtask.cancel()
+            await watcher.close()
+
+    run(main)
+
+
+def test_room_flow_found_through_the_directory(tmp_path) -> None:
+    from directory import DirectoryMember
+
+    async def main() -> None:
+        async with testbed(tmp_path) as nodes:
+            member = await DirectoryMember.connect([addr(nodes["hub"])], name="dir-hub")
+            a = b = None
+            try:
+                a = ChatServer("metropol", [addr(nodes["metropol"])], sites=SITES, room="ops",
+                               listen=None, state_dir=str(tmp_path / "s"), **FAST)
+                await a.start()
+                assert a.flow_source == "derived, registered in the directory"
+                await eventually(lambda: any("chat:ops" in str(e) for e in member.entries()),
+                                 what="the registration to reach the member")
+                b = ChatServer("kingdom", [addr(nodes["kingdom"])], sites=SITES, room="ops",
+                               listen=None, state_dir=str(tmp_path / "s"), **FAST)
+                await b.start()
+                assert b.flow_source == "directory" and b.flow == a.flow
+            finally:
+                for x in (a, b):
+                    if x is not None:
+                        await x.stop()
+                await member.stop()
+
+    run(main)
+
+
+def test_cli_help_explains_every_command(capsys) -> None:
+    for cmd in ([], ["server"], ["client"], ["bot"], ["experiment"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(cmd + ["--help"])
+        assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("--site", "--sites", "--router", "--room", "--mode", "hasten", "leader",
+                 "--plain", "--rate", "--only", "--real", "--out", "--duration",
+                 "--disconnect-interval", "--stability", "--long-term-reconcile",
+                 "--display-rate", "directory"):
+        assert word in text, word
+
+
+def test_cli_experiment_runs_in_the_simulator(tmp_path, capsys) -> None:
+    rc = cli.main(["experiment", "--only", "7", "--duration", "40", "--out", str(tmp_path),
+                   "--no-plots"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| 7 | leader | L1 | 10/30 |" in out
+    assert (tmp_path / "summary.md").exists()
