@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Coroutine
+from typing import Any, TypeVar
 
 from flowrouter import control as C
 from flowrouter.config import NodeConfig, PeerConfig
@@ -20,6 +20,20 @@ TIMEOUT = 10.0
 
 async def within(aw: Awaitable[T], timeout: float = TIMEOUT) -> T:
     return await asyncio.wait_for(aw, timeout)
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    """Run a test's coroutine on a fresh loop, bounded so a hang fails instead of stalling."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def addr(node: RouterNode) -> str:
+    return "%s:%d" % node.tcp_address
+
+
+async def get(listener: Any, timeout: float = 10.0) -> Any:
+    """The next message of a flowlib listener, bounded."""
+    return await asyncio.wait_for(listener.get(), timeout)
 
 
 class RawEndpoint:

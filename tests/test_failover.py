@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -28,29 +27,15 @@ from flowrouter.config import NodeConfig, PeerConfig
 from flowrouter.header import HEADER_SIZE, parse_header
 from flowrouter.runtime import RouterNode
 
+from .rawep import addr, get, run
 from .test_flowlib import FakeRouter, free_port
 
 T = TypeVar("T")
 LSID = 0x10
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
-    return state
 
 
-def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
-
-
-async def get(listener: Listener, timeout: float = 10.0) -> Message:
-    return await asyncio.wait_for(listener.get(), timeout)
 
 
 async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,25 +40,13 @@ from flowrouter.flowid import LINK_LOCAL_FLOW, LocalIdAllocator
 from flowrouter.header import HEADER_SIZE, pack_header, parse_header
 from flowrouter.runtime import RouterNode
 
+from .rawep import addr, get, run
+
 LSID = 0x10
 T = TypeVar("T")
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep every allocator in the test's own directory (never the user's state)."""
-    state = tmp_path / "state"
-    monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
-    return state
 
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def addr(node: RouterNode) -> str:
-    host, port = node.tcp_address
-    return f"{host}:{port}"
 
 
 @contextlib.asynccontextmanager
@@ -83,9 +71,6 @@ async def chain(n: int = 3, **kw: Any) -> AsyncIterator[list[RouterNode]]:
         for node in reversed(nodes):
             await node.stop()
 
-
-async def get(listener: Listener, timeout: float = 5.0) -> Message:
-    return await asyncio.wait_for(listener.get(), timeout)
 
 
 def endpoint_link(node: RouterNode, client: flowlib.FlowClient) -> int:

@@ -12,14 +12,12 @@ import asyncio
 import hashlib
 import os
 import struct
-from collections.abc import Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
 import flowlib
-from flowlib import FaultKind, Message, MessageTooLarge
+from flowlib import FaultKind, MessageTooLarge
 from flowlib.fragment import (
     ESCAPE_PREFIX,
     FRAGMENT_HEADER_SIZE,
@@ -30,33 +28,17 @@ from flowlib.fragment import (
     fragment_header,
     iter_fragments,
 )
-from flowlib.queue import Listener
 from flowrouter.bands import BAND_OVERFLOW
 from flowrouter.runtime import RouterNode
 
-from .rawep import RawEndpoint, chain
+from .rawep import RawEndpoint, addr, chain, get, run
 
 T = TypeVar("T")
 LSID = 0x10
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
-    return state
 
 
-def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
-
-
-async def get(listener: Listener, timeout: float = 10.0) -> Message:
-    return await asyncio.wait_for(listener.get(), timeout)
 
 
 def drops(*nodes: RouterNode) -> dict[str, int]:

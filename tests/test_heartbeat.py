@@ -6,9 +6,8 @@ heartbeats riding out a router failover.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
@@ -23,27 +22,14 @@ from flowlib.heartbeat import (
     encode_beat,
 )
 from flowrouter.bands import BAND_HEARTBEAT
-from flowrouter.runtime import RouterNode
 
-from .rawep import chain
+from .rawep import addr, chain, run
 
 T = TypeVar("T")
 A, S, D, L = PeerState.ALIVE, PeerState.SUSPECTED, PeerState.DEAD, PeerState.LEFT
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
-    return state
 
-
-def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
 
 
 class FakeClock:

@@ -8,10 +8,7 @@ message has reached the client (one TCP link keeps them in order), so nothing sl
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
@@ -20,30 +17,14 @@ from flowlib import FaultKind, Message
 from flowlib.notices import NoticeLimiter
 from flowlib.queue import Listener
 from flowrouter.bands import BAND_OVERFLOW
-from flowrouter.runtime import RouterNode
 
-from .rawep import chain
+from .rawep import addr, chain, get, run
 
 T = TypeVar("T")
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
-    return state
 
 
-def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
-
-
-async def get(listener: Listener, timeout: float = 10.0) -> Message:
-    return await asyncio.wait_for(listener.get(), timeout)
 
 
 def drain(listener: Listener) -> list[Message]:
