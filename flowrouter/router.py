@@ -155,6 +155,8 @@ class Router:
         #: runtime sets it, the simulator leaves 0
         self.wall_offset = 0.0
         self._replay = ReplayCache()
+        #: links still in their handshake (the only ones a tick must check for time-outs)
+        self._handshaking: set[int] = set()
         #: entries cut off from their core: retried as soon as any route changes
         self._orphans: set[bytes] = set()
         #: flows with a join awaiting the upstream answer (checked every tick, not by the GC)
@@ -172,6 +174,7 @@ class Router:
         mods = (modifiers or Modifiers()).as_tuple()
         self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
                                    modifiers_configured=modifiers is not None, opened_at=now)
+        self._handshaking.add(link_id)
         creds = b""
         if self.p.keyring is not None:
             auth = self.links[link_id].auth = LinkAuthenticator(
@@ -194,6 +197,7 @@ class Router:
     def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
         """The transport is gone (or we dropped it): repair every flow that used it."""
         link = self.links.pop(link_id, None)
+        self._handshaking.discard(link_id)
         if link is None:
             return []
         was_up = link.state is LinkState.UP
@@ -346,6 +350,7 @@ class Router:
         link.peer_node_id = msg.node_id
         link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
         link.state = LinkState.UP
+        self._handshaking.discard(link.link_id)
         self.generation += 1
         self.counters["links.up"] += 1
         if self._tracing:
@@ -913,8 +918,9 @@ class Router:
         if self._tracing and self.epoch != self._snapshot_epoch:
             self._snapshot_epoch = self.epoch  # one table snapshot per epoch
             self.tracer.snapshot(now, **snapshot_fields(self))
-        for lid, lk in list(self.links.items()):
-            if lk.state is LinkState.HANDSHAKE and now - lk.opened_at > p.handshake_timeout:
+        for lid in sorted(self._handshaking):
+            lk = self.links[lid]
+            if now - lk.opened_at > p.handshake_timeout:
                 out += self.close_link(lid, now, "no HELLO within the handshake time-out")
                 out.append(Close(lid, "handshake time-out"))
         if self._pending:

@@ -53,9 +53,10 @@ kind           fields
                entries), ``lsids?`` (array: the LSIDs it is core for), ``epoch?``
 =============  ==============================================================================
 
-Integers (``band``, link ids, counts, ``sample``, ``epoch``) are non-negative JSON integers
-(never ``3.0``); numbers are finite. Unknown extra fields are ignored by readers, so adding an
-optional field does not need a new version; changing or removing one does.
+Integers (``band``, link ids, counts, ``epoch``) are non-negative JSON integers (never
+``3.0``), ``sample`` is at least 1; numbers are finite. Unknown extra fields are ignored by
+readers, so adding an optional field does not need a new version; changing or removing one
+does.
 
 Sampling: ``fwd`` and ``drop`` records are sampled, each kind with its own countdown. A record
 with ``sample: N`` stands for N decisions, so ``sum(sample)`` estimates the decision count and
@@ -81,17 +82,16 @@ from __future__ import annotations
 
 import glob as _glob
 import gzip
-import io
 import json
 import math
 import os
 import random
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 SCHEMA_VERSION = 1
 
@@ -104,7 +104,8 @@ LINK_DEL_CAUSES = ("leave", "gc", "link-down", "refused")
 ROLES = ("router", "endpoint", "unknown")
 
 #: value types of the schema (see :data:`FIELDS`); the Spark job builds its checks from these
-#:  int: JSON integer, 0 <= x < 2**63        num: finite JSON number
+#:  int: JSON integer, 0 <= x < 2**63        pos: JSON integer, 1 <= x < 2**63
+#:  num: finite JSON number
 #:  str: non-empty string                     flow: canonical FlowID text
 #:  band: integer 0..127                      token: [a-z][a-z0-9._-]* (reasons, causes)
 #:  hex: 1..32 lowercase hex digits           bool: true/false
@@ -116,9 +117,9 @@ COMMON_OPTIONAL: tuple[tuple[str, str], ...] = (("run", "str"),)
 #: kind -> (required fields, optional fields), each a tuple of (name, type), in check order
 FIELDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]] = {
     "fwd": ((("flow", "flow"), ("band", "band"), ("in_link", "int"), ("out_links", "int"),
-             ("bytes", "int"), ("sample", "int")), ()),
+             ("bytes", "int"), ("sample", "pos")), ()),
     "drop": ((("flow", "flow"), ("band", "band"), ("in_link", "int"), ("reason", "token"),
-              ("bytes", "int"), ("sample", "int")), (("links", "int"),)),
+              ("bytes", "int"), ("sample", "pos")), (("links", "int"),)),
     "entry_add": ((("flow", "flow"),), (("upstream", "int"),)),
     "entry_del": ((("flow", "flow"), ("cause", "token")), ()),
     "link_add": ((("flow", "flow"), ("link", "int"), ("mask", "hex"), ("cause", "token")),
@@ -484,25 +485,23 @@ class TraceWriter(BaseTracer):
         self._last_flush_t: float | None = None
         self.records_written = 0
         self.rotations = 0
-        self._fh: io.TextIOWrapper | None = None
-        self._open()
+        self._closed = False
+        self._repair()
 
     def rotated_path(self, index: int) -> str:
         """Path of rotated file *index* (1 = newest); 0 is the live file."""
         return self.path if index == 0 else f"{self._base}.{index}.jsonl"
 
-    def _open(self) -> None:
-        fh = open(self.path, "a+", encoding="utf-8", newline="\n")
-        size = fh.tell()
-        if size:
-            fh.seek(size - 1)
-            last = fh.read(1)
-            fh.seek(0, io.SEEK_END)
-            if last != "\n":  # a torn line from a crash: end it, so only it is corrupt
-                fh.write("\n")
-                size += 1
-        self._fh = fh
-        self._size = size
+    def _repair(self) -> None:
+        """End a torn last line (a crash mid-write), so that only that line is corrupt."""
+        try:
+            with open(self.path, "rb+") as fh:
+                if fh.seek(0, os.SEEK_END):
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        fh.write(b"\n")
+        except FileNotFoundError:
+            pass
 
     def _put(self, rec: dict[str, Any]) -> None:
         line = json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n"
@@ -517,34 +516,32 @@ class TraceWriter(BaseTracer):
             self.flush()
 
     def flush(self) -> None:
-        """Write the buffered records (rotating between records as needed)."""
-        fh = self._fh
-        if fh is None:
-            if self._buf:
-                raise ValueError(f"trace {self.path} is closed")
+        """Append the buffered records, rotating between records as needed.
+
+        The file is open only during a flush: no descriptor is held in between, so thousands of
+        writers in one simulator process are fine, and the file may be moved away meanwhile.
+        """
+        if not self._buf:
             return
+        if self._closed:
+            raise ValueError(f"trace {self.path} is closed")
         buf, self._buf, self._buffered = self._buf, [], 0
-        chunk: list[str] = []
-        size = self._size
-        for line in buf:
-            n = len(line.encode("utf-8")) if not line.isascii() else len(line)
-            if size and size + n > self.rotate_bytes:
-                fh.writelines(chunk)
-                chunk = []
+        pending = [line.encode("utf-8") for line in buf]
+        while pending:
+            with open(self.path, "ab") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                n = 0
+                for data in pending:
+                    if (size or n) and size + len(data) > self.rotate_bytes:
+                        break
+                    size += len(data)
+                    n += 1
+                fh.writelines(pending[:n])
+            pending = pending[n:]
+            if pending:
                 self._rotate()
-                fh = self._fh
-                assert fh is not None
-                size = 0
-            chunk.append(line)
-            size += n
-        fh.writelines(chunk)
-        fh.flush()
-        self._size = size
 
     def _rotate(self) -> None:
-        assert self._fh is not None
-        self._fh.close()
-        self._fh = None
         if self.keep == 0:
             os.unlink(self.path)
         else:
@@ -557,18 +554,16 @@ class TraceWriter(BaseTracer):
                     os.replace(src, self.rotated_path(i + 1))
             os.replace(self.path, self.rotated_path(1))
         self.rotations += 1
-        self._open()
 
     def close(self) -> None:
-        if self._fh is None:
+        if self._closed:
             return
         self.flush()
-        self._fh.close()
-        self._fh = None
+        self._closed = True
 
     @property
     def closed(self) -> bool:
-        return self._fh is None
+        return self._closed
 
 
 def snapshot_fields(router: Any) -> dict[str, Any]:
@@ -605,6 +600,8 @@ def _bad(value: Any, typ: str) -> bool:
     """True when *value* (not None) is not of schema type *typ*."""
     if typ == "int":
         return type(value) is not int or not 0 <= value < _INT_MAX
+    if typ == "pos":
+        return type(value) is not int or not 1 <= value < _INT_MAX
     if typ == "band":
         return type(value) is not int or not 0 <= value <= 127
     if typ == "num":
@@ -728,8 +725,12 @@ def read_traces(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
                     continue
                 try:
                     rec = json.loads(text)
-                except ValueError as exc:
+                except json.JSONDecodeError as exc:
                     yield TraceError(path, n, "corrupt", f"not JSON ({exc.msg})", text)
+                    continue
+                except (ValueError, RecursionError) as exc:  # e.g. absurdly deep nesting
+                    yield TraceError(path, n, "corrupt", f"not JSON ({type(exc).__name__})",
+                                     text)
                     continue
                 if not isinstance(rec, dict):
                     yield TraceError(path, n, "corrupt", "not a JSON object", text)

@@ -1,0 +1,525 @@
+"""apps.flowtrace: the Spark job on hand-written traces with known answers, the CLI, the fit,
+the report renderer and the synthetic generator.
+
+One SparkSession (local[2], no UI, 2 shuffle partitions, no code generation and no adaptive
+execution: the data is tiny, so compiling and re-planning cost more than they save) serves the
+whole module, and the job runs once, through the CLI, in a module fixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import shutil
+from collections import Counter
+
+import pytest
+
+from apps.flowtrace import cli, job, report, synth
+from flowrouter.traces import TraceError, read_traces
+
+A = "00000000000000a1:00000010:00000001"
+B = "00000000000000a1:00000010:00000002"
+BUCKET = 10.0
+
+
+def rec(t, router, kind, **fields):
+    return {"v": 1, "t": t, "router": router, "kind": kind, **fields}
+
+
+def snap(t, router, entries, links, active, fanout, core=False, edge=False, members=0):
+    return rec(t, router, "snapshot", entries=entries, links_total=links, active_flows=active,
+               mem_bytes=700 * entries + 96 * links, core=core, edge=edge, fanout=fanout,
+               members=members)
+
+
+# A three-router tree: edge1 (hosts on links 5 and 6) -- mid1 -- core1 (core of LSID 0x10).
+# Flow A: one member on edge1 link 5, silent after t=12, collected by the GC at t=25 (edge1)
+# and torn down by leaves upstream. Flow B: members on links 5 and 6; link 6 leaves at t=31,
+# link 5 is collected at t=35. Sampled traffic has sample=10.
+EDGE1 = [
+    rec(0.0, "edge1", "link_up", link=1, peer="mid1", role="router", extra_field={"x": 1}),
+    rec(0.0, "edge1", "link_up", link=5, peer="host-a", role="endpoint"),
+    rec(0.0, "edge1", "link_up", link=6, peer="host-b", role="endpoint"),
+    rec(1.0, "edge1", "entry_add", flow=A, upstream=1),
+    rec(1.0, "edge1", "link_add", flow=A, link=5, mask="100000001", cause="join",
+        role="endpoint"),
+    rec(2.0, "edge1", "entry_add", flow=B, upstream=1),
+    rec(2.0, "edge1", "link_add", flow=B, link=5, mask="100000001", cause="join",
+        role="endpoint"),
+    rec(2.0, "edge1", "link_add", flow=B, link=6, mask="100000001", cause="join"),
+    rec(3.0, "edge1", "fwd", flow=A, band=32, in_link=5, out_links=1, bytes=100, sample=10),
+    rec(5.0, "edge1", "drop", flow=A, band=40, in_link=1, reason="band-filtered", bytes=200,
+        sample=10, links=2),
+    rec(6.0, "edge1", "drop", flow=A, band=33, in_link=1, reason="locality", bytes=50,
+        sample=10),
+    snap(9.0, "edge1", 2, 3, 2, {"1": 1, "2": 1}, edge=True, members=3),
+    rec(12.0, "edge1", "fwd", flow=A, band=32, in_link=5, out_links=1, bytes=100, sample=10),
+    rec(15.0, "edge1", "gc_ping", flow=A, link=5, epoch=3),
+    snap(19.0, "edge1", 2, 3, 1, {"1": 1, "2": 1}, edge=True, members=3),
+    rec(20.0, "edge1", "gc_ping", flow=A, link=5, epoch=4),
+    rec(25.0, "edge1", "link_del", flow=A, link=5, mask="100000001", cause="gc", last=10.0),
+    rec(25.0, "edge1", "entry_del", flow=A, cause="gc"),
+    snap(29.0, "edge1", 1, 2, 0, {"2": 1}, edge=True, members=2),
+    rec(31.0, "edge1", "link_del", flow=B, link=6, mask="100000001", cause="leave"),
+    rec(35.0, "edge1", "link_del", flow=B, link=5, mask="100000001", cause="gc"),
+    rec(35.0, "edge1", "entry_del", flow=B, cause="gc"),
+    snap(39.0, "edge1", 0, 0, 0, {}, edge=True, members=0),
+]
+NET = [
+    rec(0.0, "mid1", "link_up", link=1, peer="edge1", role="router"),
+    rec(0.0, "mid1", "link_up", link=2, peer="core1", role="router"),
+    rec(1.0, "mid1", "entry_add", flow=A, upstream=2),
+    rec(1.0, "mid1", "link_add", flow=A, link=1, mask="100000001", cause="join", role="router"),
+    rec(2.0, "mid1", "entry_add", flow=B, upstream=2),
+    rec(2.0, "mid1", "link_add", flow=B, link=1, mask="100000001", cause="join", role="router"),
+    rec(4.0, "mid1", "fwd", flow=A, band=32, in_link=1, out_links=1, bytes=100, sample=10),
+    snap(9.0, "mid1", 2, 2, 2, {"1": 2}),
+    rec(25.0, "mid1", "link_del", flow=A, link=1, mask="100000001", cause="leave"),
+    rec(25.0, "mid1", "entry_del", flow=A, cause="leave"),
+    rec(35.0, "mid1", "link_del", flow=B, link=1, mask="100000001", cause="leave"),
+    rec(35.0, "mid1", "entry_del", flow=B, cause="leave"),
+    snap(39.0, "mid1", 0, 0, 0, {}),
+    rec(0.0, "core1", "link_up", link=1, peer="mid1", role="router"),
+    rec(1.0, "core1", "entry_add", flow=A, upstream=None),
+    rec(1.0, "core1", "link_add", flow=A, link=1, mask="100000001", cause="join"),
+    rec(2.0, "core1", "entry_add", flow=B, upstream=None),
+    rec(2.0, "core1", "link_add", flow=B, link=1, mask="100000001", cause="join"),
+    rec(4.5, "core1", "drop", flow=A, band=32, in_link=1, reason="no-receivers", bytes=100,
+        sample=10),
+    snap(9.0, "core1", 2, 2, 2, {"1": 2}, core=True),
+    rec(25.0, "core1", "link_del", flow=A, link=1, mask="100000001", cause="leave"),
+    rec(25.0, "core1", "entry_del", flow=A, cause="leave"),
+    rec(35.0, "core1", "link_del", flow=B, link=1, mask="100000001", cause="leave"),
+    rec(35.0, "core1", "entry_del", flow=B, cause="leave"),
+    snap(39.0, "core1", 0, 0, 0, {}, core=True),
+]
+BAD_LINES = [
+    "not json at all",
+    '{"v":1,"t":3,"router":"edge1","kind":"entry_add","fl',
+    "[1, 2, 3]",
+    "",
+    '{"v":2,"t":1,"router":"x","kind":"fwd"}',
+    '{"v":1,"t":1,"router":"x","kind":"teleport"}',
+    json.dumps(rec(1.0, "x", "fwd", flow=A, band=200, in_link=1, out_links=1, bytes=1,
+                   sample=1)),
+    json.dumps(rec(1.0, "x", "fwd", flow=A, band="32", in_link=1, out_links=1, bytes=1,
+                   sample=1)),
+    json.dumps(rec(1.0, "x", "drop", flow=A, band=40, in_link=1, reason="ttl", bytes=1,
+                   sample=0)),
+    json.dumps(rec(1.0, "x", "entry_add", flow="A1:10:1")),
+    json.dumps(rec(1.0, "x", "link_del", flow=A, link=1, mask="1", cause="gc",
+                   last="yesterday")),
+    json.dumps(rec(1.0, "x", "snapshot", entries=1, links_total=1, active_flows=1,
+                   mem_bytes=1, core=False, fanout={"x": 1})),
+    '{"v":1,"t":NaN,"router":"x","kind":"entry_add","flow":"' + A + '"}',
+]
+EXPECTED_ERRORS = Counter({
+    ("corrupt", "corrupt"): 3,
+    ("invalid", "unsupported version"): 1,
+    ("invalid", "unknown kind"): 1,
+    ("invalid", "missing or invalid field 'band'"): 2,
+    ("invalid", "missing or invalid field 'flow'"): 1,
+    ("invalid", "missing or invalid field 'sample'"): 1,
+    ("invalid", "invalid field 'last'"): 1,
+    ("invalid", "missing or invalid field 'fanout'"): 1,
+    ("invalid", "missing or invalid field 't'"): 1,
+})
+
+
+def write_traces(d):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "edge1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in EDGE1))
+    (d / "net.jsonl").write_text("".join(json.dumps(r) + "\n" for r in NET))
+    (d / "bad.jsonl").write_text("\n".join(BAD_LINES) + "\n")
+    return d
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark", reason="the Spark job needs pyspark (pip install pyspark)")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("the Spark job needs a Java runtime (17+)")
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("flowtrace-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.adaptive.enabled", "false")
+               .config("spark.sql.codegen.wholeStage", "false")
+               .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+               .config("spark.driver.memory", "1g")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def analysis(spark, tmp_path_factory):
+    """Run `flowtrace analyze` once over the hand-written traces (through the CLI)."""
+    base = tmp_path_factory.mktemp("flowtrace")
+    traces = write_traces(base / "traces")
+    out_dir = base / "report"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(["analyze", str(traces), "--out", str(out_dir), "--bucket",
+                         str(BUCKET), "--master", "local[2]", "--shuffle-partitions", "2",
+                         "--progress", "--json"])
+    assert code == 0, stderr.getvalue()
+    summary = json.loads(stdout.getvalue())
+
+    def table(name):
+        rows = spark.read.parquet(str(out_dir / "tables" / name)).collect()
+        return [r.asDict(recursive=True) for r in rows]
+
+    return {"summary": summary, "out": out_dir, "table": table, "stderr": stderr.getvalue(),
+            "traces": traces}
+
+
+def by(rows, *keys):
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
+
+
+# ----------------------------------------------------------------------------- the job
+def test_counts_and_errors_match_the_reference_reader(analysis):
+    s = analysis["summary"]
+    n_good = len(EDGE1) + len(NET)
+    assert s["records"] == n_good
+    assert s["corrupt"] == 3 and s["invalid"] == 9
+    assert s["lines"] == n_good + len(BAD_LINES) - 1  # the blank line is skipped
+    spark_errors = Counter({(e["class"], e["reason"] if e["class"] == "invalid"
+                             else "corrupt"): e["count"] for e in s["errors"]})
+    assert spark_errors == EXPECTED_ERRORS
+    ref = Counter()
+    for item in read_traces(analysis["traces"]):
+        if isinstance(item, TraceError):
+            ref[(item.kind, item.reason if item.kind == "invalid" else "corrupt")] += 1
+    assert ref == EXPECTED_ERRORS
+    errors = analysis["table"]("errors")
+    assert sum(r["count"] for r in errors) == 12
+    assert all(r["example_file"].endswith("bad.jsonl") for r in errors)
+    assert s["records_by_kind"]["snapshot"] == 8
+
+
+def test_router_roles(analysis):
+    routers = by(analysis["table"]("routers"), "router")
+    assert {k: v["role"] for k, v in routers.items()} == {
+        "edge1": "edge", "mid1": "transit", "core1": "core"}
+    assert routers["core1"]["max_entries"] == 2
+    assert analysis["summary"]["routers_by_role"] == {"core": 1, "edge": 1, "transit": 1}
+
+
+def test_entries_and_churn_per_router_and_bucket(analysis):
+    rb = by(analysis["table"]("router_buckets"), "router", "bucket")
+    edge = [rb[("edge1", b * BUCKET)] for b in range(4)]
+    assert [r["entries"] for r in edge] == [2, 2, 1, 0]
+    assert [r["entries_replay"] for r in edge] == [2, 2, 1, 0]
+    assert [r["links_total"] for r in edge] == [3, 3, 2, 0]
+    assert [r["links_replay"] for r in edge] == [3, 3, 2, 0]
+    assert [r["active_flows"] for r in edge] == [2, 1, 0, 0]
+    assert [r["entry_adds"] for r in edge] == [2, 0, 0, 0]
+    assert [r["entry_dels"] for r in edge] == [0, 0, 1, 1]
+    assert [r["entry_dels_gc"] for r in edge] == [0, 0, 1, 1]
+    assert [r["link_adds"] for r in edge] == [3, 0, 0, 0]
+    assert [r["link_dels"] for r in edge] == [0, 0, 1, 2]
+    assert [r["link_dels_gc"] for r in edge] == [0, 0, 1, 1]
+    assert [r["gc_pings"] for r in edge] == [0, 1, 1, 0]
+    # sampled traffic, scaled by sample=10
+    assert [r["fwd_msgs"] for r in edge] == [10, 10, 0, 0]
+    assert [r["fwd_bytes"] for r in edge] == [1000, 1000, 0, 0]
+    assert [r["fwd_copies"] for r in edge] == [10, 10, 0, 0]
+    assert [r["drop_msgs"] for r in edge] == [20, 0, 0, 0]
+    assert [r["drop_bytes"] for r in edge] == [2500, 0, 0, 0]
+    # mid1 snapshots only at t=9 and t=39: carried forward; the replay sees the leave at 25
+    mid = [rb[("mid1", b * BUCKET)] for b in range(4)]
+    assert [r["entries"] for r in mid] == [2, 2, 2, 0]
+    assert [r["snapshot_t"] for r in mid] == [9.0, 9.0, 9.0, 39.0]
+    assert [r["entries_replay"] for r in mid] == [2, 2, 1, 0]
+
+
+def test_network_buckets_and_live_flows(analysis):
+    net = by(analysis["table"]("network_buckets"), "bucket")
+    rows = [net[b * BUCKET] for b in range(4)]
+    assert [r["routers_reporting"] for r in rows] == [3, 3, 3, 3]
+    assert [r["entries_total"] for r in rows] == [6, 6, 5, 0]
+    assert [r["entries_replay_total"] for r in rows] == [6, 6, 3, 0]
+    assert [r["entries_max"] for r in rows] == [2, 2, 2, 0]
+    assert [r["members"] for r in rows] == [3, 3, 2, 0]
+    assert [r["flows_live"] for r in rows] == [2, 2, 1, 0]
+    assert [r["flows_born"] for r in rows] == [2, 0, 0, 0]
+    assert [r["active_flows"] for r in rows] == [6, 5, 4, 0]
+    peak = analysis["summary"]["peak"]
+    assert peak["entries_total"] == 6 and peak["bucket"] == 0.0
+
+
+def test_gc_lag(analysis):
+    gc = by(analysis["table"]("gc_lag"), "flow")
+    a, b = gc[A], gc[B]
+    # A: the record says last=10 but a forwarded message arrived on link 5 at t=12
+    assert (a["router"], a["link"], a["t_del"], a["t_last"], a["last_from"], a["lag"],
+            a["pings"]) == ("edge1", 5, 25.0, 12.0, "fwd", 13.0, 2)
+    # B: no traffic and no 'last': the join (link_add at t=2) is the last sign of life
+    assert (b["t_last"], b["last_from"], b["lag"], b["pings"]) == (2.0, "link_add", 33.0, 0)
+    summ = by(analysis["table"]("gc_lag_summary"), "role")
+    for role in ("all", "edge"):
+        s = summ[role]
+        assert s["deletions"] == 2 and s["with_lag"] == 2
+        assert s["mean"] == 23.0 and s["min"] == 13.0 and s["max"] == 33.0
+        assert s["p50"] == pytest.approx(23.0)
+        assert s["p90"] == pytest.approx(31.0)
+        assert s["p99"] == pytest.approx(32.8)
+        assert s["mean_pings"] == 1.0
+    hist = analysis["table"]("gc_lag_hist")
+    assert sum(h["count"] for h in hist) == 2
+    assert analysis["summary"]["gc"]["p50"] == pytest.approx(23.0)
+
+
+def test_churn(analysis):
+    assert analysis["summary"]["churn"] == {
+        "entry_add": 6, "entry_del:gc": 2, "entry_del:leave": 4, "gc_ping": 2,
+        "link_add:join": 7, "link_del:gc": 2, "link_del:leave": 5}
+    churn = analysis["table"]("churn")
+    b2 = Counter({(r["kind"], r["cause"]): r["count"] for r in churn if r["bucket"] == 20.0})
+    assert b2 == Counter({("gc_ping", ""): 1, ("link_del", "gc"): 1,
+                          ("link_del", "leave"): 2, ("entry_del", "gc"): 1,
+                          ("entry_del", "leave"): 2})
+
+
+def test_traffic_saved_scaled_by_sampling(analysis):
+    sav = by(analysis["table"]("savings"), "reason")
+    bf, loc, nr = sav["band-filtered"], sav["locality"], sav["no-receivers"]
+    assert (bf["role"], bf["records"], bf["est_msgs"], bf["est_bytes"], bf["est_link_tx"],
+            bf["est_link_bytes"]) == ("edge", 1, 10, 2000, 20, 4000)
+    assert (loc["est_msgs"], loc["est_bytes"], loc["est_link_tx"], loc["est_link_bytes"]) == (
+        10, 500, 10, 500)
+    assert (nr["role"], nr["est_msgs"], nr["est_link_bytes"]) == ("core", 10, 1000)
+    # offered = sent (3 fwd records x 10 x 1 copy x 100 B) + all drops (40 copies, 5500 B)
+    assert bf["share_of_offered_tx"] == pytest.approx(20 / 70)
+    assert bf["share_of_offered_bytes"] == pytest.approx(4000 / 8500)
+    assert analysis["summary"]["saved"]["band-filtered"]["est_link_bytes"] == 4000
+
+
+def test_load_core_vs_edge(analysis):
+    ls = by(analysis["table"]("load_summary"), "role")
+    assert ls["edge"]["fwd_msgs"] == 20 and ls["transit"]["fwd_msgs"] == 10
+    assert ls["core"]["fwd_msgs"] == 0
+    assert ls["edge"]["msgs_per_s_per_router"] == pytest.approx(20 / 40)
+    assert ls["edge"]["peak_msgs_per_s"] == pytest.approx(1.0)
+    assert ls["transit"]["msgs_per_s_per_router"] == pytest.approx(10 / 40)
+    # table events on edge1: 2 adds + 2 dels + 3 link adds + 3 link dels + 2 pings
+    assert ls["edge"]["control_per_s_per_router"] == pytest.approx(12 / 40)
+    assert ls["core"]["entries_peak"] == 2
+    load = by(analysis["table"]("load_by_role"), "role", "bucket")
+    assert load[("edge", 0.0)]["fwd_msgs"] == 10 and load[("transit", 0.0)]["fwd_msgs"] == 10
+    assert load[("core", 0.0)]["entries_mean"] == 2.0
+
+
+def test_fanout(analysis):
+    fan = {(r["source"], r["role"], r["fanout"]): r["count"]
+           for r in analysis["table"]("fanout")}
+    assert fan == {("snapshot", "edge", 1): 2, ("snapshot", "edge", 2): 3,
+                   ("snapshot", "transit", 1): 2, ("snapshot", "core", 1): 2,
+                   ("fwd", "edge", 1): 20, ("fwd", "transit", 1): 10}
+
+
+def test_state_per_flow_vs_tree_size(analysis):
+    flows = by(analysis["table"]("flows"), "flow")
+    assert (flows[A]["routers"], flows[A]["members"], flows[A]["link_adds"]) == (3, 1, 3)
+    # B's link 6 has no role in its link_add: the link_up says endpoint
+    assert (flows[B]["routers"], flows[B]["members"], flows[B]["link_adds"]) == (3, 2, 4)
+    assert flows[A]["fwd_msgs"] == 30 and flows[A]["drop_msgs"] == 30
+    tree = by(analysis["table"]("tree_size"), "members")
+    assert tree[1]["flows"] == 1 and tree[1]["routers_mean"] == 3.0
+    assert tree[2]["flows"] == 1 and tree[2]["link_adds_mean"] == 4.0
+    assert analysis["summary"]["flows"] == 2
+
+
+def test_fit_on_snapshot_data(analysis):
+    fit = {(r["model"], r["target"], r["term"]): r for r in analysis["table"]("fit")}
+    # complete buckets: F=[2,2,1], M=[3,3,2] (M = F+1: no independent information),
+    # entries_total=[6,6,5] = 4 + F
+    lin = {t: fit[("linear", "entries_total", t)] for t in ("const", "F", "M", "R")}
+    assert lin["const"]["coef"] == pytest.approx(4.0)
+    assert lin["F"]["coef"] == pytest.approx(1.0)
+    assert lin["M"]["coef"] == 0.0 and lin["R"]["coef"] == 0.0
+    assert lin["const"]["r2"] == pytest.approx(1.0) and lin["const"]["n"] == 3
+    assert "M" in lin["const"]["note"] and "R" in lin["const"]["note"]
+    power_f = fit[("power", "entries_total", "F")]["coef"]
+    assert power_f == pytest.approx(math.log(1.2) / math.log(2))
+    assert fit[("power", "entries_total", "const")]["coef"] == pytest.approx(math.log(5))
+    ex = {(r["scenario"], r["scale"], r["model"]): r
+          for r in analysis["table"]("extrapolation")}
+    # base bucket: F=2, M=3, R=3; linear: 4 + F
+    assert ex[("grow", 10, "linear")]["entries_total"] == pytest.approx(24.0)
+    assert ex[("grow", 10, "linear")]["routers"] == 30.0
+    assert ex[("more_flows", 100, "power")]["entries_total"] == pytest.approx(
+        5 * 200 ** (math.log(1.2) / math.log(2)))
+    assert any("one size" in n for n in analysis["summary"]["notes"])
+
+
+def test_report_and_progress(analysis):
+    out = analysis["out"]
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    for text in ("Input errors", "GC lag", "Traffic saved", "core routers vs edge",
+                 "Scaling model", "missing or invalid field 'band'"):
+        assert text in md
+    assert html.startswith("<!DOCTYPE html>") and "<table>" in html
+    assert json.loads((out / "summary.json").read_text())["corrupt"] == 3
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # pragma: no cover
+        assert "matplotlib is not installed" in md
+    else:
+        pngs = sorted(os.listdir(out / "plots"))
+        assert {"entries.png", "gc_lag.png", "savings.png", "fanout.png"} <= set(pngs)
+        assert "![entries](plots/entries.png)" in md
+    assert "stage 1/10: read and validate" in analysis["stderr"]
+    assert "stage 10/10: report" in analysis["stderr"]
+
+
+def test_the_shared_session_survives_the_cli(analysis, spark):
+    assert spark.range(3).count() == 3
+
+
+# ----------------------------------------------------------------------------- no Spark
+def test_help_explains_every_option(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["analyze", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for opt in ("--out", "--master", "--bucket", "--progress", "--driver-memory",
+                "--shuffle-partitions", "--conf", "--tables-uri", "--top", "--no-report",
+                "--json", "Hadoop-compatible"):
+        assert opt in text
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "synth" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["analyze", "x", "--out", "y", "--bucket", "-1"])
+    assert exc.value.code == 2
+
+
+def test_cli_missing_input_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["analyze", str(tmp_path / "nothing*.jsonl"), "--out",
+                     str(tmp_path / "r")]) == 2
+    assert "no trace file" in capsys.readouterr().err
+
+
+def test_cli_validate(tmp_path, capsys):
+    d = write_traces(tmp_path / "t")
+    assert cli.main(["validate", str(d), "--show", "2"]) == 1
+    out = capsys.readouterr().out
+    assert f"{len(EDGE1) + len(NET)} valid records" in out
+    assert "4 corrupt lines" not in out and "3 corrupt lines; 9 schema violations" in out
+    (d / "bad.jsonl").unlink()
+    assert cli.main(["validate", str(d)]) == 0
+
+
+def test_ols_recovers_exact_models():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(1, 100, size=(30, 3))
+    y = 3 + 2 * X[:, 0] + 0.5 * X[:, 1] - 1 * X[:, 2]
+    coef, r2, dropped = job.ols(X, y, ["F", "M", "R"])
+    assert dropped == [] and r2 == pytest.approx(1.0)
+    assert [coef[k] for k in ("const", "F", "M", "R")] == pytest.approx([3, 2, 0.5, -1])
+    X2 = np.column_stack([X[:, 0], 2 * X[:, 0], np.full(30, 7.0)])
+    coef, r2, dropped = job.ols(X2, 1 + X2[:, 0], ["F", "M", "R"])
+    assert dropped == ["M", "R"] and coef["F"] == pytest.approx(1) and coef["M"] == 0
+
+
+def test_fit_scaling_power_law_and_extrapolation():
+    rows = []
+    for i, (f, m, r) in enumerate([(10, 30, 10), (20, 50, 10), (40, 90, 20), (80, 200, 20),
+                                   (160, 300, 40), (300, 900, 40)]):
+        total = 2.0 * f ** 0.8 * m ** 0.3 * r ** 0.1
+        rows.append({"run": str(r), "bucket": float(i), "routers": r, "routers_reporting": r,
+                     "flows_live": f, "members": m, "entries_total": total,
+                     "entries_max": 0.5 * f, "links_total": 1.5 * total,
+                     "mem_total": 800 * total})
+    fit, extra, notes = job.fit_scaling(rows)
+    coef = {r["term"]: r["coef"] for r in fit
+            if r["model"] == "power" and r["target"] == "entries_total"}
+    assert coef["const"] == pytest.approx(math.log(2.0))
+    assert (coef["F"], coef["M"], coef["R"]) == pytest.approx((0.8, 0.3, 0.1))
+    one = {r["term"]: r["coef"] for r in fit
+           if r["model"] == "power:F" and r["target"] == "entries_max"}
+    assert one["F"] == pytest.approx(1.0)
+    base = max(rows, key=lambda r: (r["routers"], r["flows_live"]))
+    grow100 = [e for e in extra if (e["scenario"], e["scale"], e["model"]) ==
+               ("grow", 100, "power")][0]
+    assert grow100["entries_total"] == pytest.approx(base["entries_total"] * 100 ** 1.2)
+    assert grow100["entries_per_router"] == pytest.approx(grow100["entries_total"] / 4000)
+    assert grow100["entries_max"] == pytest.approx(0.5 * 30000)
+    assert not any("one size" in n for n in notes)
+    assert job.fit_scaling(rows[:2])[0] == []  # too few buckets: no fit, a note
+
+
+def test_error_sql_covers_every_field():
+    sql = job.error_sql()
+    for kind, (required, optional) in job.TR.FIELDS.items():
+        for name, _ in (*required, *optional):
+            assert f"'{kind}'" in sql and f"'{name}''" in sql
+
+
+def test_render_markdown_and_html_escape():
+    blocks = [("h1", "T"), ("p", "a `code` and **bold** <b>"),
+              ("table", (["x", "y|z"], [["1", "<2>"]])), ("ul", ["one"]),
+              ("img", ("plots/a.png", "a")), ("code", "x < y")]
+    md = report.render_markdown(blocks)
+    assert "| x | y\\|z |" in md and "![a](plots/a.png)" in md
+    html = report.render_html(blocks, "t")
+    assert "<code>code</code>" in html and "<b>bold</b>" in html and "&lt;b&gt;" in html
+    assert "&lt;2&gt;" in html and "x &lt; y" in html
+    assert report.fmt(1234567) == "1,234,567" and report.fmt(None) == "–"
+    assert report.fmt_bytes(2048) == "2.0 KiB"
+
+
+def test_synth_traces_are_valid_consistent_and_deterministic(tmp_path):
+    cfg = dict(routers=30, flows=120, duration=300.0, sample_rate=0.1, shards=3, seed=7,
+               snapshot_interval=15.0)
+    s1 = synth.generate(synth.SynthConfig(out=str(tmp_path / "a"), **cfg))
+    s2 = synth.generate(synth.SynthConfig(out=str(tmp_path / "b"), **cfg))
+    assert s1["records"] == s2["records"] > 1000
+    for name in sorted(os.listdir(tmp_path / "a")):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    items = list(read_traces(tmp_path / "a"))
+    assert not [i for i in items if isinstance(i, TraceError)]
+    kinds = Counter(i["kind"] for i in items)
+    assert kinds == Counter(s1["records_by_kind"])
+    for k in ("fwd", "drop", "entry_add", "entry_del", "link_add", "link_del", "gc_ping",
+              "snapshot", "link_up"):
+        assert kinds[k] > 0, k
+    assert kinds["entry_add"] == kinds["entry_del"]  # every flow ends and is collected
+    # snapshots agree with replaying the table events
+    per_router: dict[str, list] = {}
+    for i in items:
+        if i["kind"] in ("entry_add", "entry_del", "link_add", "link_del", "snapshot"):
+            per_router.setdefault(i["router"], []).append(i)
+    checked = 0
+    for evs in per_router.values():
+        evs.sort(key=lambda r: (r["t"], r["kind"] == "snapshot"))
+        entries = links = 0
+        for r in evs:
+            if r["kind"] == "entry_add":
+                entries += 1
+            elif r["kind"] == "entry_del":
+                entries -= 1
+            elif r["kind"] == "link_add":
+                links += r["cause"] == "join"
+            elif r["kind"] == "link_del":
+                links -= 1
+            else:
+                checked += 1
+                assert (r["entries"], r["links_total"]) == (entries, links)
+                assert sum(r["fanout"].values()) == entries
+    assert checked == kinds["snapshot"]
