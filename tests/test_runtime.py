@@ -302,3 +302,22 @@ def test_gc_collects_a_silent_member_over_real_sockets() -> None:
             assert FLOW.key not in nodes[2].core.flows  # the leave reached the core too
             await ghost.close()
     run(main())
+
+
+def test_forwarding_on_uvloop() -> None:
+    """The runtime is loop-agnostic: the same overlay works on uvloop (flowrouter --uvloop)."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> None:
+        async with chain(3) as nodes:
+            a, b, c = await _members(nodes)
+            s = await RawEndpoint.connect(nodes[0], "S")
+            for band in (32, 34):
+                s.send(FLOW, f"u{band}".encode(), band=band)
+            assert [p for _, p in await a.data(1)] == [b"u32"]
+            assert [p for _, p in await b.data(1)] == [b"u34"]
+            assert [p for _, p in await c.data(2)] == [b"u32", b"u34"]
+            for ep in (a, b, c, s):
+                await ep.close()
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(asyncio.wait_for(main(), 60))
