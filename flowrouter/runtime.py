@@ -221,12 +221,12 @@ class _TcpLink(asyncio.Protocol):
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # duck-typed: uvloop's transports are not asyncio.Transport subclasses
+        self.transport = transport  # type: ignore[assignment]
         node = self.node
         # A small transport buffer (a few large frames): beyond it frames wait in our fair
         # queue, not in asyncio's.
-        transport.set_write_buffer_limits(high=256 * 1024)
+        self.transport.set_write_buffer_limits(high=256 * 1024)  # type: ignore[union-attr]
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
