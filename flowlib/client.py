@@ -76,11 +76,13 @@ from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID, LocalIdAllocator
 from flowrouter.header import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_TTL,
+    HEADER_SIZE,
     MAX_TTL,
     FrameDecoder,
     Locality,
     MalformedFrame,
     pack_header,
+    validate_header,
 )
 
 from .errors import (
@@ -279,6 +281,24 @@ def _check_payload(payload: Any) -> tuple[bytes | bytearray | memoryview, int]:
     raise TypeError(f"payload must be bytes-like, not {type(payload).__name__}")
 
 
+class _SealingTransport:
+    """The link's transport once it is encrypted: every write becomes one sealed record
+    (header and payload are joined for sealing anyway); everything else passes through."""
+
+    def __init__(self, inner: Any, secure: Any) -> None:
+        self._inner = inner
+        self._secure = secure
+
+    def write(self, data: Any) -> None:
+        self._inner.write(self._secure.encode(data))
+
+    def writelines(self, buffers: Any) -> None:
+        self._inner.write(self._secure.encode(b"".join(buffers)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def _requires_auth(credentials: bytes) -> bool:
     from flowrouter.linkauth import FLAG_REQUIRE_ENDPOINTS, AuthError, parse_hello_credentials
 
@@ -341,6 +361,11 @@ class _Link(asyncio.Protocol):
         self.decoder = FrameDecoder(client._own_max_payload)
         self.transport: asyncio.Transport | None = None
         self.router_name = ""
+        #: the handshake's bytes, parsed one frame at a time: after the router's AUTH the
+        #: rest of the stream may be sealed records (None once the handshake is over)
+        self.hs: bytearray | None = bytearray()
+        #: the record layer once the link is encrypted
+        self.secure: Any = None
         #: we gave up on this link (protocol error, refusal): stop reading it
         self.dead = False
         #: why this link ended, when we ended it
@@ -371,6 +396,53 @@ class _Link(asyncio.Protocol):
         client = self.client
         if self.dead or client._link is not self:
             return
+        if self.secure is not None:
+            from flowrouter.linkauth import LinkSecurityError
+
+            try:
+                chunks = self.secure.decode(data)
+            except LinkSecurityError as exc:
+                client._protocol_error(self, f"bad sealed record from the router: {exc}")
+                return
+            for chunk in chunks:
+                self._frames(chunk)
+                if self.dead:
+                    return
+            return
+        if self.hs is not None:
+            self._handshake_bytes(data)
+            return
+        self._frames(data)
+
+    def _handshake_bytes(self, data: bytes) -> None:
+        client = self.client
+        buf = self.hs
+        assert buf is not None
+        buf += data
+        while len(buf) >= HEADER_SIZE:
+            try:
+                size = validate_header(buf, 0, client._own_max_payload)
+            except MalformedFrame as exc:
+                client._protocol_error(self, f"malformed frame from the router: {exc}")
+                return
+            end = HEADER_SIZE + size
+            if len(buf) < end:
+                return
+            frame = bytes(buf[:end])
+            del buf[:end]
+            self._frames(frame)
+            if self.dead:
+                return
+            hello = client._hello
+            if self.secure is not None or (hello is not None and hello.done()):
+                rest = bytes(buf)
+                self.hs = None
+                if rest:
+                    self.data_received(rest)
+                return
+
+    def _frames(self, data: bytes) -> None:
+        client = self.client
         try:
             frames = self.decoder.feed(data)
         except MalformedFrame as exc:
@@ -422,7 +494,11 @@ class FlowClient:
                  fragment_size: int | None = None,
                  overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
                  overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
-                 link_key: tuple[str, str | bytes] | None = None) -> None:
+                 link_key: tuple[str, str | bytes] | None = None,
+                 encrypt: bool = False) -> None:
+        self._encrypt = encrypt
+        if encrypt and link_key is None:
+            raise ValueError("encrypt=True needs a link_key (the keys come from it)")
         self._keyring: Any = None
         self._key_id: str | None = None
         if link_key is not None:
@@ -579,7 +655,8 @@ class FlowClient:
             from flowrouter.linkauth import LinkAuthenticator
 
             self._auth = LinkAuthenticator(self._keyring, my_name=self.name,
-                                           my_role=C.Role.ENDPOINT, key_id=self._key_id)
+                                           my_role=C.Role.ENDPOINT, key_id=self._key_id,
+                                           encrypt=self._encrypt)
             creds = self._auth.hello_credentials()
         hello = C.Hello(self.node_id, C.Role.ENDPOINT, self.name, self._own_max_payload,
                         0, creds).encode()
@@ -1563,6 +1640,12 @@ class FlowClient:
                 self._fail(link, f"router {self._auth_hello.name!r} failed link "
                                  f"authentication: {exc}")
                 return
+            cipher = self._auth.cipher()  # either side asked for encryption
+            if cipher is not None:
+                from flowrouter.linkauth import SecureStream
+
+                link.secure = SecureStream(cipher)
+                self._transport = _SealingTransport(self._transport, link.secure)
             hello.set_result(self._auth_hello)
             return
         if hello is None or not hello.done():
@@ -1588,7 +1671,8 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
                   fragment_size: int | None = None,
                   overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
                   overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
-                  link_key: tuple[str, str | bytes] | None = None) -> FlowClient:
+                  link_key: tuple[str, str | bytes] | None = None,
+                  encrypt: bool = False) -> FlowClient:
     """Connect to the first router in *addresses* that completes the handshake.
 
     Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)``, tried in order; each
@@ -1620,8 +1704,8 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
     *link_key* ``(key_id, secret)`` authenticates this application to routers that require
     it (``[link_auth] require_endpoints``) and checks that the router holds the key too;
     the secret is written as in a router config (``"hex:..."``, ``"base64:..."``,
-    ``"file:PATH"``) or given as 32 raw bytes. Application links are authenticated, not
-    encrypted.
+    ``"file:PATH"``) or given as 32 raw bytes. With *encrypt* (or when the router asks
+    for it) everything after the handshake travels in ChaCha20-Poly1305 records.
     """
     _check_identity(name, credentials)
     if isinstance(addresses, str) or (isinstance(addresses, tuple) and len(addresses) == 2
@@ -1647,7 +1731,8 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
         max_message_size=max_message_size, max_reassembly_bytes=max_reassembly_bytes,
         reassembly_timeout=reassembly_timeout, fragment_size=fragment_size,
         overflow_notice_every=overflow_notice_every,
-        overflow_notice_interval=overflow_notice_interval, link_key=link_key)
+        overflow_notice_interval=overflow_notice_interval, link_key=link_key,
+        encrypt=encrypt)
     attempts: list[tuple[str, str]] = []
     vi = 0
     for i, addr in enumerate(addrs):

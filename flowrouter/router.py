@@ -300,10 +300,8 @@ class Router:
                 return self._refuse(link, exc.reason, str(exc), now)
             hello, link.pending_hello = link.pending_hello, None
             self.counters["auth.ok"] += 1
-            # Router links on TCP are sealed when either side asks; application links are
-            # authenticated only (flowlib does not speak the record layer).
-            cipher = (link.auth.cipher() if link.transport == "tcp"
-                      and hello.role is C.Role.ROUTER else None)
+            # TCP links are sealed when either side asked (UDP links: authenticated only)
+            cipher = link.auth.cipher() if link.transport == "tcp" else None
             out: list[Action] = [Secure(link.link_id, cipher)] if cipher is not None else []
             return out + self._link_up(link, hello, now)
         if not isinstance(msg, C.Hello) or link.pending_hello is not None:

@@ -231,7 +231,41 @@ def test_flowlib_with_link_keys_and_capabilities(tmp_path) -> None:  # type: ign
             await tx.send(flow, b"through the gate", band=40)
             assert (await within(lst.get())).payload == b"through the gate"
             assert node.core.counters["auth.ok"] >= 3
+            # The router asked for encryption: both ends of the application links are sealed.
+            assert rx._link.secure is not None and tx._link.secure is not None
+            sealed = [lk for lk in node._links.values() if getattr(lk, "secure", None)]
+            assert len(sealed) >= 3
             for c in (owner, rx, tx):
+                await c.close()
+        finally:
+            await node.stop()
+    run(main())
+
+
+def test_application_may_ask_for_an_encrypted_link(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import flowlib
+
+    async def main() -> None:
+        node = RouterNode(NodeConfig("plain", listen="127.0.0.1:0", default_lsid=LSID,
+                                     core_lsids=frozenset({LSID}), link_keys={"app": KEY_A}))
+        await node.start()
+        try:
+            sd = str(tmp_path)
+            a = addr(node)
+            secret = await flowlib.connect([a], name="secret", state_dir=sd,
+                                           link_key=("app", KEY_A), encrypt=True)
+            plain = await flowlib.connect([a], name="plain-app", state_dir=sd)
+            assert secret._link.secure is not None and plain._link.secure is None
+            flow = await plain.create()
+            lst = await secret.listen(flow, [33])
+            await plain.send(flow, b"to the sealed link", band=33)
+            assert (await within(lst.get())).payload == b"to the sealed link"
+            lst2 = await plain.listen(flow, [34])
+            await secret.send(flow, b"from the sealed link", band=34)
+            assert (await within(lst2.get())).payload == b"from the sealed link"
+            with pytest.raises(ValueError, match="link_key"):
+                await flowlib.connect([a], name="x", state_dir=sd, encrypt=True)
+            for c in (secret, plain):
                 await c.close()
         finally:
             await node.stop()
