@@ -1645,7 +1645,8 @@ class FlowClient:
                 from flowrouter.linkauth import SecureStream
 
                 link.secure = SecureStream(cipher)
-                self._transport = _SealingTransport(self._transport, link.secure)
+                self._transport = _SealingTransport(  # type: ignore[assignment]
+                    self._transport, link.secure)
             hello.set_result(self._auth_hello)
             return
         if hello is None or not hello.done():
