@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .header import DEFAULT_MAX_PAYLOAD, UDP_MAX_PAYLOAD
+from .header import DEFAULT_MAX_PAYLOAD
 from .router import RouterParams
 from .tables import Modifiers
 
@@ -197,9 +197,6 @@ class NodeConfig:
                 parse_address(addr, what)
         if not 0 < self.max_payload <= 0xFFFFFFFF:
             raise ConfigError("max_payload must be positive")
-        if self.udp and self.max_payload > UDP_MAX_PAYLOAD:
-            # UDP links negotiate down to what a datagram holds; TCP links keep the maximum.
-            pass
         for lsid in self.core_lsids:
             if not 0 < lsid < 1 << 32:
                 raise ConfigError(f"core LSID {lsid:#x} must be 1..0xffffffff (0 is reserved)")

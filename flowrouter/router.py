@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import control as C
-from .bands import BAND_FAULT, BAND_GC, BAND_LS, BAND_MEMBERSHIP, ROUTER_BANDS_END
+from .bands import BAND_FAULT, BAND_GC, BAND_LS, BAND_MEMBERSHIP, ROUTER_BANDS_END, BandMask
 from .capabilities import CapabilityError, PolicyStore
 from .flowid import LINK_LOCAL_FLOW, flow_text, key_lsid
 from .header import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_TTL,
-    HEADER_SIZE,
     OFF_LOC_TYPE,
     OFF_LOC_VALUE,
     OFF_TTL,
@@ -1043,9 +1042,4 @@ class Router:
 
 
 def _mask_text(bits: int) -> str:
-    from .bands import BandMask
-
     return str(BandMask(bits))
-
-
-assert HEADER_SIZE == 24
