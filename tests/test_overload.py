@@ -128,6 +128,8 @@ async def _flood_vs_polite(edge_extra: dict[str, object]) -> tuple[RouterNode, l
                 await flooder.send(f_flood, blob, band=32)
                 await asyncio.sleep(0)
         task = asyncio.ensure_future(flood())
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         got: list[int] = []
         for i in range(20):  # 20 small messages, 20 ms apart, while the flood runs
             await polite.send(f_polite, b"p%02d" % i, band=32)
@@ -135,13 +137,24 @@ async def _flood_vs_polite(edge_extra: dict[str, object]) -> tuple[RouterNode, l
         while len(got) < 20:
             msg = await within(l_polite.get(), 20)
             got.append(int(msg.payload[1:]))
+        polite_done = loop.time() - t0
         stop.set()
         await task
+        elapsed = loop.time() - t0
         faults = []
+        flood_bytes = 0
         while not l_flood.empty():
             m = l_flood.get_nowait()
             if m.band == BAND_FAULT:
                 faults.append(m)
+            else:
+                flood_bytes += len(m.payload)
+        # Both rates, for the record: the flood fills the emulated 400 kbit/s link (its share
+        # is what is left), the polite flow's 20 messages arrive at the pace they were sent.
+        print(f"\nflood: {flood_bytes * 8 / elapsed / 1000:.0f} kbit/s delivered over "
+              f"{elapsed:.2f} s; polite: 20 messages in {polite_done:.2f} s "
+              f"({20 / polite_done:.1f} msg/s, sent 20 ms apart)")
+        assert flood_bytes > 0  # the flooder was slowed, not starved
         for c in (rx, flooder, polite):
             await c.close()
         return edge, got, faults
