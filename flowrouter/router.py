@@ -368,7 +368,10 @@ class Router:
                  now: float, links: int = 1) -> list[Action]:
         self.counters["drop." + reason] += 1
         if self._tracing:
-            self.tracer.drop(now, key, band, link_id, reason, size, links)
+            tr = self.tracer
+            tr.drop_left -= 1
+            if tr.drop_left <= 0:
+                tr.drop_sampled(now, key, band, link_id, reason, size, links)
         return []
 
     def _forward(self, link_id: int, link: Link, header: memoryview | bytes,
@@ -416,7 +419,10 @@ class Router:
                 return self._dropped("no-receivers", key, band, link_id, len(payload), now)
         out = self._emit(targets, key, header, payload, band, ttl - 1, link_id, now)
         if self._tracing and out:
-            self.tracer.fwd(now, key, band, link_id, len(out), len(payload))
+            tr = self.tracer  # sampling countdown inline: no call per unsampled decision
+            tr.fwd_left -= 1
+            if tr.fwd_left <= 0:
+                tr.fwd_sampled(now, key, band, link_id, len(out), len(payload))
         return out
 
     def _emit(self, targets: list[int], key: bytes, header: memoryview | bytes,

@@ -151,6 +151,7 @@ ENTRY_BYTES = 700
 LINK_BYTES = 96
 
 _INT_MAX = 1 << 63
+_NEVER = 1 << 62  #: a countdown that never runs out (sampling off)
 
 
 # ---------------------------------------------------------------------------- conversions
@@ -200,6 +201,10 @@ class Tracer(Protocol):
     """
 
     enabled: bool
+    #: countdowns to the next sampled fwd / drop decision (decrement inline; at zero call
+    #: fwd_sampled / drop_sampled); only read when ``enabled``
+    fwd_left: int
+    drop_left: int
 
     def entry_add(self, t: float, flow: bytes, upstream: int | None) -> None: ...
     def entry_del(self, t: float, flow: bytes, cause: str) -> None: ...
@@ -213,6 +218,10 @@ class Tracer(Protocol):
                   reason: str | None = None) -> None: ...
     def fwd(self, t: float, flow: bytes, band: int, in_link: int, out_links: int,
             nbytes: int) -> None: ...
+    def fwd_sampled(self, t: float, flow: bytes, band: int, in_link: int, out_links: int,
+                    nbytes: int) -> None: ...
+    def drop_sampled(self, t: float, flow: bytes, band: int, in_link: int, reason: str,
+                     nbytes: int = 0, links: int = 1) -> None: ...
     def drop(self, t: float, flow: bytes, band: int, in_link: int, reason: str,
              nbytes: int = 0, links: int = 1) -> None: ...
     def snapshot(self, t: float, *, entries: int, links_total: int, active_flows: int,
@@ -227,12 +236,14 @@ class NullTracer:
     """Records nothing; every method returns at once. The router's default."""
 
     enabled = False
+    fwd_left = drop_left = 1 << 62  # never runs out; the router does not even look
 
     def _nothing(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     entry_add = entry_del = link_add = link_del = gc_ping = _nothing
     link_up = link_down = fwd = drop = snapshot = emit = flush = close = _nothing
+    fwd_sampled = drop_sampled = _nothing
 
     def __enter__(self) -> NullTracer:
         return self
@@ -267,9 +278,12 @@ class BaseTracer:
                            else _interval(drop_sample_rate, "drop_sample_rate"))
         self._rng = random.Random(seed) if seed is not None else None
         phase = zlib.crc32(router.encode())
-        # countdowns to the next sampled decision
-        self._fwd_left = self._first_gap(self.fwd_every, phase)
-        self._drop_left = self._first_gap(self.drop_every, phase >> 8)
+        # Countdowns to the next sampled decision. Public so a hot path can decrement them
+        # inline and call fwd_sampled()/drop_sampled() only when they reach zero (a method
+        # call per decision would cost more than the rest of the sampling).
+        self.fwd_left = self._first_gap(self.fwd_every, phase) if self.fwd_every else _NEVER
+        self.drop_left = (self._first_gap(self.drop_every, phase >> 8) if self.drop_every
+                          else _NEVER)
         if not self.fwd_every:
             self.fwd = self._off  # type: ignore[method-assign]
         if not self.drop_every:
@@ -319,22 +333,36 @@ class BaseTracer:
     # the Tracer methods -------------------------------------------------------------------
     def fwd(self, t: float, flow: Any, band: int, in_link: int, out_links: int,
             nbytes: int) -> None:
-        self._fwd_left -= 1
-        if self._fwd_left:
-            return
+        self.fwd_left -= 1
+        if self.fwd_left <= 0:
+            self.fwd_sampled(t, flow, band, in_link, out_links, nbytes)
+
+    def fwd_sampled(self, t: float, flow: Any, band: int, in_link: int, out_links: int,
+                    nbytes: int) -> None:
+        """The countdown reached zero: write this decision and start the next gap."""
         every = self.fwd_every
-        self._fwd_left = self._gap(every)
+        if not every:
+            self.fwd_left = _NEVER
+            return
+        self.fwd_left = self._gap(every)
         self._put(self._rec("fwd", t, {"flow": flow_key_text(flow), "band": band,
                                        "in_link": in_link, "out_links": out_links,
                                        "bytes": nbytes, "sample": every}))
 
     def drop(self, t: float, flow: Any, band: int, in_link: int, reason: str,
              nbytes: int = 0, links: int = 1) -> None:
-        self._drop_left -= 1
-        if self._drop_left:
-            return
+        self.drop_left -= 1
+        if self.drop_left <= 0:
+            self.drop_sampled(t, flow, band, in_link, reason, nbytes, links)
+
+    def drop_sampled(self, t: float, flow: Any, band: int, in_link: int, reason: str,
+                     nbytes: int = 0, links: int = 1) -> None:
+        """The drop countdown reached zero: write this drop and start the next gap."""
         every = self.drop_every
-        self._drop_left = self._gap(every)
+        if not every:
+            self.drop_left = _NEVER
+            return
+        self.drop_left = self._gap(every)
         fields = {"flow": flow_key_text(flow), "band": band, "in_link": in_link,
                   "reason": reason, "bytes": nbytes, "sample": every}
         if links != 1:

@@ -132,3 +132,19 @@ def test_flowtable(results: dict[str, Any]) -> None:
     assert sweeps["left after epoch 7"]["flows"] == 0
     for name in ("fresh", "ping (T1)", "collect (T2)"):
         assert _finite_positive(sweeps[name]["epoch_ms"]), sweeps[name]
+
+
+def test_trace_overhead_quick(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The tracing-overhead benchmark runs and reports all three configurations."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "t.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "trace_overhead.py"
+    subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], check=True,
+                   timeout=120, capture_output=True)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows][0] == "no tracer"
+    assert len(rows) == 3 and all(r["us_per_frame"] > 0 for r in rows)
