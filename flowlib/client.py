@@ -76,13 +76,12 @@ from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID, LocalIdAllocator
 from flowrouter.header import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_TTL,
-    HEADER_SIZE,
     MAX_TTL,
     FrameDecoder,
     Locality,
     MalformedFrame,
     pack_header,
-    validate_header,
+    take_frame,
 )
 
 from .errors import (
@@ -419,17 +418,14 @@ class _Link(asyncio.Protocol):
         buf = self.hs
         assert buf is not None
         buf += data
-        while len(buf) >= HEADER_SIZE:
+        while True:
             try:
-                size = validate_header(buf, 0, client._own_max_payload)
+                frame = take_frame(buf, client._own_max_payload)
             except MalformedFrame as exc:
                 client._protocol_error(self, f"malformed frame from the router: {exc}")
                 return
-            end = HEADER_SIZE + size
-            if len(buf) < end:
+            if frame is None:
                 return
-            frame = bytes(buf[:end])
-            del buf[:end]
             self._frames(frame)
             if self.dead:
                 return

@@ -147,6 +147,24 @@ def split_datagram(data: bytes | memoryview, max_payload: int = UDP_MAX_PAYLOAD
     return view[:HEADER_SIZE], view[HEADER_SIZE:]
 
 
+def take_frame(buf: bytearray, max_payload: int = DEFAULT_MAX_PAYLOAD) -> bytes | None:
+    """Remove the first complete frame from *buf* and return it, or None if it is not all
+    there yet (raises :class:`MalformedFrame` for a bad header).
+
+    For link handshakes, parsed one frame at a time because what follows a frame (after the
+    peer's AUTH) may be sealed records rather than frames; the FrameDecoder, which splits a
+    whole read at once, takes over when the handshake is done.
+    """
+    if len(buf) < HEADER_SIZE:
+        return None
+    end = HEADER_SIZE + validate_header(buf, 0, max_payload)
+    if len(buf) < end:
+        return None
+    frame = bytes(buf[:end])
+    del buf[:end]
+    return frame
+
+
 class FrameDecoder:
     """Sans-I/O splitter of a TCP byte stream into frames.
 

@@ -44,7 +44,7 @@ from .header import (
     FrameDecoder,
     MalformedFrame,
     split_datagram,
-    validate_header,
+    take_frame,
 )
 from .linkauth import LinkSecurityError, SecureStream
 from .linkqueue import OutputQueue
@@ -264,17 +264,14 @@ class _TcpLink(asyncio.Protocol):
         buf = self.hs
         assert buf is not None
         buf += data
-        while len(buf) >= HEADER_SIZE:
+        while True:
             try:
-                size = validate_header(buf, 0, node.config.max_payload)
+                frame = take_frame(buf, node.config.max_payload)
             except MalformedFrame as exc:
                 node.execute(node.core.drop_link(self.link_id, exc, node.now()))
                 return
-            end = HEADER_SIZE + size
-            if len(buf) < end:
+            if frame is None:
                 return
-            frame = bytes(buf[:end])
-            del buf[:end]
             node.execute(node.core.receive(self.link_id, frame[:HEADER_SIZE],
                                            frame[HEADER_SIZE:], node.now()))
             link = node.core.links.get(self.link_id)

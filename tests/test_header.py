@@ -242,3 +242,21 @@ def test_decoder_pending_counts_partial_payload():
     frames = dec.feed(b"67890" + raw_header(size=0)[:4])
     assert [bytes(p) for _, p in frames] == [b"1234567890"]
     assert dec.pending == 4
+
+
+def test_take_frame_takes_exactly_one_frame_at_a_time() -> None:
+    from flowrouter.header import take_frame
+
+    key = b"k" * 16
+    f1 = pack_header(key, 3, 40) + b"abc"
+    f2 = pack_header(key, 0, 41)
+    buf = bytearray(f1 + f2 + b"SEALED-RECORDS-NOT-FRAMES")
+    assert take_frame(buf) == f1
+    assert take_frame(buf) == f2
+    assert buf == bytearray(b"SEALED-RECORDS-NOT-FRAMES")  # the rest is left untouched
+    short = bytearray(f1[:10])
+    assert take_frame(short) is None and len(short) == 10
+    partial = bytearray(f1[:-1])
+    assert take_frame(partial) is None and bytes(partial) == f1[:-1]
+    with pytest.raises(MalformedFrame):
+        take_frame(bytearray(pack_header(key, 10, 200) + b"x" * 10))
