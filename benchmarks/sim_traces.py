@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     sim_wall, sim_cpu = time.perf_counter() - t1, time.process_time() - c1
     for w in writers:
         w.close()
-    lines = sum(1 for f in traces.iterdir() for _ in open(f, "rb"))
+    lines = 0
+    for f in traces.iterdir():
+        with f.open("rb") as fh:
+            lines += sum(1 for _ in fh)
     size = sum(f.stat().st_size for f in traces.iterdir())
     result: dict[str, Any] = {
         "routers": args.routers, "flows": args.flows, "endpoints": len(eps), "joins": plan,

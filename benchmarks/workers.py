@@ -258,6 +258,23 @@ async def flow_pong(p: dict[str, Any]) -> None:
         await client.close(timeout=2)
 
 
+async def _timed_rounds(rounds: Any, p: dict[str, Any], what: str) -> bool:
+    """Warm up, then time ``p["rounds"]`` round trips within ``p["max_time"]``; emit the
+    result (or the stall) for the parent. ``rounds(n, out)`` runs n round trips, appending
+    each round trip's nanoseconds to *out* unless it is None. True if it finished."""
+    rtts: list[int] = []
+    try:
+        async with asyncio.timeout(p["max_time"]):
+            await rounds(p["warmup"], None)
+            cpu0 = cpu()
+            await rounds(p["rounds"], rtts)
+    except TimeoutError:
+        emit("error", error=f"{what} stalled after {len(rtts)} rounds (lost message?)")
+        return False
+    emit("result", rtt_ns=rtts, cpu_s=cpu() - cpu0)
+    return True
+
+
 async def flow_ping(p: dict[str, Any]) -> None:
     import flowlib
 
@@ -281,16 +298,8 @@ async def flow_ping(p: dict[str, Any]) -> None:
             if out is not None:
                 out.append(clock() - t0)
 
-    rtts: list[int] = []
-    try:
-        async with asyncio.timeout(p["max_time"]):
-            await rounds(p["warmup"], None)
-            cpu0 = cpu()
-            await rounds(p["rounds"], rtts)
-    except TimeoutError:
-        emit("error", error=f"ping-pong stalled after {len(rtts)} rounds (lost message?)")
+    if not await _timed_rounds(rounds, p, "ping-pong"):
         return
-    emit("result", rtt_ns=rtts, cpu_s=cpu() - cpu0)
     with contextlib.suppress(Exception):
         await client.close(timeout=2)
 
@@ -499,16 +508,7 @@ async def raw_ping(p: dict[str, Any]) -> None:
             if out is not None:
                 out.append(clock() - t0)
 
-    rtts: list[int] = []
-    try:
-        async with asyncio.timeout(p["max_time"]):
-            await rounds(p["warmup"], None)
-            cpu0 = cpu()
-            await rounds(p["rounds"], rtts)
-    except TimeoutError:
-        emit("error", error=f"raw ping-pong stalled after {len(rtts)} rounds")
-        return
-    emit("result", rtt_ns=rtts, cpu_s=cpu() - cpu0)
+    await _timed_rounds(rounds, p, "raw ping-pong")
     transport.close()
 
 
