@@ -438,7 +438,6 @@ class RouterNode:
         for peer in config.peers:
             if peer.name and peer.emulation.active:
                 self._emulation.setdefault(peer.name, peer.emulation)
-        self._emulated: dict[int, str] = {}  #: link id -> peer name it was configured for
         #: peers administratively down: their links are closed and not re-dialled
         self._blocked: set[str] = set()
 
@@ -545,7 +544,6 @@ class RouterNode:
 
     def _unregister(self, link_id: int) -> None:
         self._links.pop(link_id, None)
-        self._emulated.pop(link_id, None)
         self._pending_in.pop(link_id, None)
         self._link_state_changed()
 
@@ -587,10 +585,8 @@ class RouterNode:
             if link is None or link.out is None:
                 continue
             emu = self._emulation.get(lk.peer_name)
-            if self._emulated.get(lid) != (lk.peer_name if emu else None) or (
-                    emu is not None and link.out.emu is not emu):
+            if link.out.emu is not (emu if emu is not None and emu.active else None):
                 link.out.emulate(emu)
-                self._emulated[lid] = lk.peer_name if emu else None  # type: ignore[assignment]
                 if emu is not None:
                     log.info("router %s: %s emulates %s", self.config.name, lk.describe(),
                              emu.describe())
@@ -709,7 +705,6 @@ class RouterNode:
             link = self._links.get(lid)
             if lk.peer_name == peer and link is not None and link.out is not None:
                 link.out.emulate(self._emulation.get(peer))
-                self._emulated[lid] = peer if peer in self._emulation else None  # type: ignore[assignment]
         log.info("router %s: links to %s now: %s", self.config.name, peer,
                  emu.describe() if emu else "no emulation")
 
