@@ -339,7 +339,7 @@ async def log_directory(keep: bool = False) -> AsyncIterator[Path]:
 # ---------------------------------------------------------------------------- router chains
 async def control_query(address: str, cmd: str = "status", timeout: float = 5.0
                         ) -> dict[str, Any]:
-    from flowrouter.runtime import query_control
+    from flowrouter.net.runtime import query_control
 
     return await query_control(address, cmd, timeout)
 
@@ -372,7 +372,7 @@ class RouterChain:
         self.listen = [f"{HOST}:{free_port()}" for _ in range(n)]
         self.control = [f"{HOST}:{free_port()}" for _ in range(n)]
         for i in range(n - 1, -1, -1):  # the core first, then each router dials the next
-            argv = [sys.executable, "-m", "flowrouter.cli", "--log-level", "warning", "run",
+            argv = [sys.executable, "-m", "flowrouter.tools.cli", "--log-level", "warning", "run",
                     "--name", f"r{i + 1}", "--listen", self.listen[i],
                     "--control", self.control[i], *self.extra_args]
             if i == n - 1:

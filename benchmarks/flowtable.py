@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Flow-table cost of the sans-I/O router core: memory per entry, lookup time, GC sweeps.
 
-No sockets and no event loop: one :class:`flowrouter.router.Router` is driven directly.
+No sockets and no event loop: one :class:`flowrouter.core.router.Router` is driven directly.
 
 Set-up (the same for every table size): the router is a transit router, not the core. Link 1
 is a neighbouring router (HELLO as ROUTER, then an LS_ROUTES vector naming LSID 0x10 at
@@ -47,12 +47,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from flowrouter import control as C  # noqa: E402
-from flowrouter.bands import BAND_MEMBERSHIP  # noqa: E402
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
-from flowrouter.header import HEADER_SIZE, pack_header  # noqa: E402
-from flowrouter.router import Router, RouterParams, Send  # noqa: E402
-from flowrouter.tables import FlowEntry  # noqa: E402
+from flowrouter.wire import control as C  # noqa: E402
+from flowrouter.core.router import Router, RouterParams, Send  # noqa: E402
+from flowrouter.core.tables import FlowEntry  # noqa: E402
+from flowrouter.wire.bands import BAND_MEMBERSHIP  # noqa: E402
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
+from flowrouter.wire.header import HEADER_SIZE, pack_header  # noqa: E402
 
 UP, EP = 1, 2
 BAND = 32

@@ -4,7 +4,7 @@ A random mesh of ROUTERS routers (one location service core) with ENDPOINTS appl
 drives FLOWS flows through their life: members join over the first JOIN_WINDOW seconds
 (every flow has one member, every third a second one), a share of the flows carry data,
 some members leave politely and some vanish without a word (their state must be garbage-
-collected), and every router writes its trace records (flowrouter.traces schema) into
+collected), and every router writes its trace records (flowrouter.core.traces schema) into
 OUT/traces. Then, unless --no-analyze, the Spark job analyses them into OUT/report and the
 wall times and rates are printed (and written to OUT/scale.json).
 
@@ -26,11 +26,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowrouter.flowid import FlowID  # noqa: E402
-from flowrouter.router import Router, RouterParams  # noqa: E402
-from flowrouter.sim import SimNetwork  # noqa: E402
-from flowrouter.sim.generate import random_mesh  # noqa: E402
-from flowrouter.traces import TraceWriter  # noqa: E402
+from flowrouter.core.router import Router, RouterParams  # noqa: E402
+from flowrouter.core.traces import TraceWriter  # noqa: E402
+from flowrouter.testbed.sim import SimNetwork  # noqa: E402
+from flowrouter.testbed.sim.generate import random_mesh  # noqa: E402
+from flowrouter.wire.flowid import FlowID  # noqa: E402
 
 LSID = 0x10
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowrouter import control as C  # noqa: E402
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
-from flowrouter.header import pack_header  # noqa: E402
-from flowrouter.router import Router, RouterParams  # noqa: E402
-from flowrouter.traces import NULL_TRACER, TraceWriter  # noqa: E402
+from flowrouter.wire import control as C  # noqa: E402
+from flowrouter.core.router import Router, RouterParams  # noqa: E402
+from flowrouter.core.traces import NULL_TRACER, TraceWriter  # noqa: E402
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
+from flowrouter.wire.header import pack_header  # noqa: E402
 
 FLOW = FlowID(0xBEEF, 0x10, 1)
 

@@ -47,9 +47,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flowrouter.bands import DATA_BAND_FIRST
-from flowrouter.flowid import FlowID
-from flowrouter.header import MAX_TTL, Locality
+from flowrouter.wire.bands import DATA_BAND_FIRST
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import MAX_TTL, Locality
 
 #: Protocol version carried in every message as ``"v"``.
 VERSION = 1

@@ -20,10 +20,10 @@ With several router addresses the client fails over to the next router when its 
 (:mod:`flowlib.notices`); :class:`flowlib.heartbeat.Heartbeat` tracks a flow's members.
 """
 
-from flowrouter.bands import BandMask
-from flowrouter.control import Fault, FaultKind, JoinStatus
-from flowrouter.flowid import FlowID
-from flowrouter.header import Locality
+from flowrouter.wire.bands import BandMask
+from flowrouter.wire.control import Fault, FaultKind, JoinStatus
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import Locality
 
 from .client import (
                      DEFAULT_FAILOVER_TIMEOUT,

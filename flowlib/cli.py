@@ -7,8 +7,8 @@ import asyncio
 import json
 import sys
 
-from flowrouter.bands import BAND_FAULT, BAND_OVERFLOW, DEFAULT_DATA_BAND
-from flowrouter.header import DEFAULT_TTL, Locality
+from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW, DEFAULT_DATA_BAND
+from flowrouter.wire.header import DEFAULT_TTL, Locality
 
 from .client import connect
 from .errors import FlowError

@@ -41,7 +41,7 @@ How the pieces map onto the protocol (DESIGN.md sections 2-4, 7 and 12):
   rate-limited notices on the overflow band (:mod:`flowlib.notices`).
 
 The receive path is an :class:`asyncio.Protocol` fed by a
-:class:`~flowrouter.header.FrameDecoder` (no stream-reader task, no per-frame await), and
+:class:`~flowrouter.wire.header.FrameDecoder` (no stream-reader task, no per-frame await), and
 frames are written with ``transport.writelines([header, payload])``.
 """
 
@@ -59,8 +59,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrouter import control as C
-from flowrouter.bands import (
+from flowrouter.wire import control as C
+from flowrouter.wire.address import parse_address
+from flowrouter.wire.bands import (
     BAND_FAULT,
     BAND_GC,
     BAND_MEMBERSHIP,
@@ -71,9 +72,8 @@ from flowrouter.bands import (
     BandMask,
     mask_of,
 )
-from flowrouter.config import parse_address
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID, LocalIdAllocator
-from flowrouter.header import (
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID, LocalIdAllocator
+from flowrouter.wire.header import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_TTL,
     MAX_TTL,
@@ -299,7 +299,7 @@ class _SealingTransport:
 
 
 def _requires_auth(credentials: bytes) -> bool:
-    from flowrouter.linkauth import FLAG_REQUIRE_ENDPOINTS, AuthError, parse_hello_credentials
+    from flowrouter.wire.linkauth import FLAG_REQUIRE_ENDPOINTS, AuthError, parse_hello_credentials
 
     try:
         return bool(parse_hello_credentials(credentials).flags & FLAG_REQUIRE_ENDPOINTS)
@@ -396,7 +396,7 @@ class _Link(asyncio.Protocol):
         if self.dead or client._link is not self:
             return
         if self.secure is not None:
-            from flowrouter.linkauth import LinkSecurityError
+            from flowrouter.wire.linkauth import LinkSecurityError
 
             try:
                 chunks = self.secure.decode(data)
@@ -498,7 +498,7 @@ class FlowClient:
         self._keyring: Any = None
         self._key_id: str | None = None
         if link_key is not None:
-            from flowrouter.linkauth import KeyRing, parse_secret
+            from flowrouter.wire.linkauth import KeyRing, parse_secret
 
             key_id, secret = link_key
             raw = secret if isinstance(secret, bytes) else parse_secret(secret)
@@ -648,7 +648,7 @@ class FlowClient:
         creds = self._credentials
         self._auth = self._auth_hello = None
         if self._keyring is not None:
-            from flowrouter.linkauth import LinkAuthenticator
+            from flowrouter.wire.linkauth import LinkAuthenticator
 
             self._auth = LinkAuthenticator(self._keyring, my_name=self.name,
                                            my_role=C.Role.ENDPOINT, key_id=self._key_id,
@@ -1054,7 +1054,7 @@ class FlowClient:
 
         No message goes to the network: a flow exists once someone advertises, listens or
         sends. The LSID defaults to the one the router suggested in its HELLO. Local IDs come
-        from :class:`~flowrouter.flowid.LocalIdAllocator`, persisted in ``state_dir`` (or
+        from :class:`~flowrouter.wire.flowid.LocalIdAllocator`, persisted in ``state_dir`` (or
         ``$FLOWNET_STATE_DIR``), so they are unique across restarts of this host; its file I/O
         runs in a worker thread to keep the event loop responsive.
         """
@@ -1194,7 +1194,7 @@ class FlowClient:
 
     def publish_policy(self, policy: Any) -> None:
         """Give the router a creator-signed flow policy
-        (:class:`flowrouter.capabilities.Policy` or its bytes); routers pass it to each
+        (:class:`flowrouter.wire.capabilities.Policy` or its bytes); routers pass it to each
         other and keep it, so from then on joins and sends on the flows it covers need
         capabilities. Publishing a newer version replaces it (e.g. to revoke tokens)."""
         raw = policy.encode() if hasattr(policy, "encode") else bytes(policy)
@@ -1216,7 +1216,7 @@ class FlowClient:
                      capability: Any = None) -> Listener:
         """Attach a receive queue to *bands* of *flow* and join the flow with them.
 
-        *bands* is a :class:`~flowrouter.bands.BandMask`, a band number, a list of bands or
+        *bands* is a :class:`~flowrouter.wire.bands.BandMask`, a band number, a list of bands or
         text (``"data"``, ``"32-40,fault"``); bands below 16 never reach applications and are
         ignored. The call returns once the router acknowledged the join (the tree toward the
         core is built by then, so messages sent afterwards arrive); it raises
@@ -1226,7 +1226,7 @@ class FlowClient:
         ``listener-N``). Add ``"fault"`` to hear about failovers and router faults, and
         ``"overflow"`` to hear about messages this client dropped.
 
-        *capability* (a :class:`flowrouter.capabilities.Capability` or its bytes) is
+        *capability* (a :class:`flowrouter.wire.capabilities.Capability` or its bytes) is
         presented with the join for flows whose creator published a policy; it stays with
         the flow (re-joins after a failover present it again). ``advertise`` takes one too,
         which is what lets this client send on a protected flow.
@@ -1614,7 +1614,7 @@ class FlowClient:
                                  "secret)")
             elif self._auth is not None:
                 # Prove we hold the key; the router proves it too before we trust it.
-                from flowrouter.linkauth import AuthError
+                from flowrouter.wire.linkauth import AuthError
 
                 try:
                     proof = self._auth.on_peer_hello(msg.name, msg.role, msg.credentials)
@@ -1628,7 +1628,7 @@ class FlowClient:
             return
         if isinstance(msg, C.Auth) and self._auth_hello is not None and hello is not None \
                 and not hello.done():
-            from flowrouter.linkauth import AuthError
+            from flowrouter.wire.linkauth import AuthError
 
             try:
                 self._auth.on_peer_auth(msg.body)
@@ -1638,7 +1638,7 @@ class FlowClient:
                 return
             cipher = self._auth.cipher()  # either side asked for encryption
             if cipher is not None:
-                from flowrouter.linkauth import SecureStream
+                from flowrouter.wire.linkauth import SecureStream
 
                 link.secure = SecureStream(cipher)
                 self._transport = _SealingTransport(  # type: ignore[assignment]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from flowrouter.control import JoinStatus
+from flowrouter.wire.control import JoinStatus
 
 
 class FlowError(Exception):

@@ -1,7 +1,7 @@
 """Heartbeats on a flow: who is there, who went quiet, who is gone.
 
 Every member runs a :class:`Heartbeat` on the flow: it multicasts a small beat on
-:data:`~flowrouter.bands.BAND_HEARTBEAT` (16) every ``period`` seconds, listens to the band,
+:data:`~flowrouter.wire.bands.BAND_HEARTBEAT` (16) every ``period`` seconds, listens to the band,
 and keeps a table of the peers it hears. A peer's state follows the time since it was last
 heard, measured in *its* announced period (so members with different periods judge each other
 fairly):
@@ -60,9 +60,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from flowrouter.bands import BAND_HEARTBEAT
-from flowrouter.flowid import FlowID
-from flowrouter.header import DEFAULT_TTL
+from flowrouter.wire.bands import BAND_HEARTBEAT
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import DEFAULT_TTL
 
 from .errors import ConnectionLost, FailoverInProgress, FlowError, ListenerClosed
 from .queue import Listener

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowrouter import control
-from flowrouter.bands import BAND_FAULT, BAND_OVERFLOW
-from flowrouter.flowid import FlowID
-from flowrouter.header import Locality, MalformedFrame
+from flowrouter.wire import control
+from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import Locality, MalformedFrame
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +48,9 @@ class Message:
 
 
 def decode_fault(message: Message | bytes | memoryview) -> control.Fault:
-    """Read a :class:`flowrouter.control.Fault` notice from a fault-band message or payload.
+    """Read a :class:`flowrouter.wire.control.Fault` notice from a fault-band message or payload.
 
-    Routers send these on :data:`~flowrouter.bands.BAND_FAULT` when a link a flow depended on
+    Routers send these on :data:`~flowrouter.wire.bands.BAND_FAULT` when a link a flow depended on
     goes down, a limit trips, and so on; they are delivered to listeners like any band, so an
     application that subscribes to ``"fault"`` sees the network's trouble as it happens.
     flowlib's own local notices (failover on the fault band, overflow and dropped large

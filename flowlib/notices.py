@@ -1,9 +1,9 @@
 """Local notices: what flowlib itself tells the application on the administration bands.
 
-Routers report trouble inside the flow, on :data:`~flowrouter.bands.BAND_FAULT`. flowlib adds
+Routers report trouble inside the flow, on :data:`~flowrouter.wire.bands.BAND_FAULT`. flowlib adds
 notices of its own about things only the client sees. They are *local*: delivered to this
 client's listeners whose band mask includes the notice's band, never sent to the network.
-All use the routers' fault encoding (:class:`flowrouter.control.Fault`), so one decoder,
+All use the routers' fault encoding (:class:`flowrouter.wire.control.Fault`), so one decoder,
 ``msg.fault()`` / :func:`flowlib.decode_fault`, reads them all; ``origin`` is the client's
 name and every ``extra`` value is text.
 
@@ -39,8 +39,8 @@ dropped (and counted), but never causes another notice.
 
 from __future__ import annotations
 
-from flowrouter import control as C
-from flowrouter.bands import BAND_FAULT, BAND_OVERFLOW
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW
 
 DEFAULT_NOTICE_EVERY = 2000  #: the prototype's spacing, in dropped messages
 DEFAULT_NOTICE_INTERVAL = 1.0  #: seconds between two notices at least

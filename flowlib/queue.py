@@ -19,8 +19,8 @@ import enum
 from collections import deque
 from collections.abc import Callable
 
-from flowrouter.bands import BandMask
-from flowrouter.flowid import FlowID
+from flowrouter.wire.bands import BandMask
+from flowrouter.wire.flowid import FlowID
 
 from .errors import Empty, FlowError, ListenerClosed
 from .message import Message

@@ -19,9 +19,9 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from flowrouter.bands import DEFAULT_DATA_BAND
-from flowrouter.flowid import FlowID
-from flowrouter.header import DEFAULT_TTL
+from flowrouter.wire.bands import DEFAULT_DATA_BAND
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import DEFAULT_TTL
 
 from .client import Address, BandsSpec, FlowClient, LocalitySpec, connect
 from .errors import ConnectionLost, Empty

@@ -10,10 +10,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowrouter.cli import parse_int, parse_peer
-from flowrouter.config import ConfigError, NodeConfig, PeerConfig
-from flowrouter.flowid import FlowID
-from flowrouter.runtime import query_control
+from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
+from flowrouter.net.runtime import query_control
+from flowrouter.tools.cli import parse_int, parse_peer
+from flowrouter.wire.flowid import FlowID
 
 
 @dataclass(slots=True)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     try:
         if args.command == "run":
-            from flowrouter.cli import run_node
+            from flowrouter.tools.cli import run_node
 
             cfg = member_config(LocationServiceConfig(
                 name=args.name, lsids=frozenset(args.lsid), listen=args.listen,

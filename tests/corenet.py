@@ -1,6 +1,6 @@
 """A deterministic in-memory network for driving the sans-I/O router core in tests.
 
-``CoreNet`` holds :class:`flowrouter.router.Router` objects, router-router links and fake
+``CoreNet`` holds :class:`flowrouter.core.router.Router` objects, router-router links and fake
 endpoints. Every frame a router sends is checked (valid header, size matches the payload),
 recorded on the wire it crossed, and either queued for the far router or handed to the far
 endpoint. The queue is FIFO and pumped synchronously; time only moves when a test says so
@@ -18,12 +18,12 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from flowrouter import control as C
-from flowrouter.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END, mask_of
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
-from flowrouter.header import DEFAULT_TTL, Header, pack_header, parse_header
-from flowrouter.router import Close, Router, RouterParams, Send
-from flowrouter.tables import Modifiers
+from flowrouter.core.router import Close, Router, RouterParams, Send
+from flowrouter.core.tables import Modifiers
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END, mask_of
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import DEFAULT_TTL, Header, pack_header, parse_header
 
 LINK_KEY = LINK_LOCAL_FLOW.key
 CREATOR = 0xC0FFEE

@@ -8,11 +8,11 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import Any, TypeVar
 
-from flowrouter import control as C
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
-from flowrouter.header import FrameDecoder, Header, pack_header, parse_header
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import FrameDecoder, Header, pack_header, parse_header
 
 T = TypeVar("T")
 TIMEOUT = 10.0

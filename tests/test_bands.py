@@ -7,8 +7,8 @@ from bitarray import bitarray
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flowrouter import bands as B
-from flowrouter.bands import ALL_BANDS, NUM_BANDS, BandMask, check_band, mask_of
+from flowrouter.wire import bands as B
+from flowrouter.wire.bands import ALL_BANDS, NUM_BANDS, BandMask, check_band, mask_of
 
 masks = st.integers(min_value=0, max_value=ALL_BANDS)
 band_sets = st.sets(st.integers(min_value=0, max_value=NUM_BANDS - 1), max_size=40)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowrouter.bands import BandMask
-from flowrouter.capabilities import (
+from flowrouter.wire.bands import BandMask
+from flowrouter.wire.capabilities import (
     MAX_REVOKED,
     SIG_SIZE,
     UNLIMITED,
@@ -27,7 +27,7 @@ from flowrouter.capabilities import (
     verify,
     verify_policy,
 )
-from flowrouter.header import Locality
+from flowrouter.wire.header import Locality
 
 NOW = 1_700_000_000
 KEY = CreatorKey.generate()

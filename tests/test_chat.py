@@ -16,8 +16,8 @@ import pytest
 from apps.chat import cli
 from apps.chat.client import ChatClient, run_bot, run_plain
 from apps.chat.server import ChatServer
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
 
 LSID = 0x10
 SITES = ("metropol", "commonwe", "kingdom", "republic")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flowrouter.cli import main
-from flowrouter.config import ConfigError, load_config
-from flowrouter.demo import run_demo
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import ConfigError, load_config
+from flowrouter.net.runtime import RouterNode
+from flowrouter.testbed.demo import run_demo
+from flowrouter.tools.cli import main
 
 
 def test_demo_carries_traffic_and_filters(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -104,7 +104,7 @@ def test_help_explains_every_run_option(capsys) -> None:  # type: ignore[no-unty
 
 def test_status_command_against_a_running_router(capsys) -> None:  # type: ignore[no-untyped-def]
     async def scenario() -> None:
-        from flowrouter.config import NodeConfig
+        from flowrouter.net.config import NodeConfig
         node = RouterNode(NodeConfig("rs", listen="127.0.0.1:0", control="127.0.0.1:0",
                                      core_lsids=frozenset({0x10})))
         await node.start()

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from flowrouter import control as C
-from flowrouter.header import MalformedFrame
+from flowrouter.wire import control as C
+from flowrouter.wire.header import MalformedFrame
 
 u8 = st.integers(min_value=0, max_value=255)
 u32 = st.integers(min_value=0, max_value=(1 << 32) - 1)

@@ -32,11 +32,11 @@ from directory import (
 )
 from directory import protocol as P
 from directory.cli import main as flowdir_main
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.flowid import FlowID
-from flowrouter.header import Locality
-from flowrouter.runtime import RouterNode
-from flowrouter.tables import Modifiers
+from flowrouter.core.tables import Modifiers
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import Locality
 
 from .rawep import within
 

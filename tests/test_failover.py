@@ -21,11 +21,11 @@ import pytest
 import flowlib
 from flowlib import ConnectionLost, FailoverInProgress, FaultKind, FlowID, ListenerClosed, Message
 from flowlib.queue import Listener
-from flowrouter import control as C
-from flowrouter.bands import BAND_FAULT, BAND_MEMBERSHIP
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.header import HEADER_SIZE, parse_header
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
+from flowrouter.wire.header import HEADER_SIZE, parse_header
 
 from .rawep import addr, get, run
 from .test_flowlib import FakeRouter, free_port

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flowrouter.flowid import (
+from flowrouter.wire.flowid import (
     LINK_LOCAL_FLOW,
     LSID_LINK_LOCAL,
     FlowID,

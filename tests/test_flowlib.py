@@ -1,4 +1,4 @@
-"""flowlib against real routers (flowrouter.runtime.RouterNode) over loopback, plus a scripted
+"""flowlib against real routers (flowrouter.net.runtime.RouterNode) over loopback, plus a scripted
 fake router for the protocol corners a real router does not produce on demand (refusals,
 malformed frames, GC pings at will).
 
@@ -33,12 +33,12 @@ from flowlib import (
     MessageTooLarge,
 )
 from flowlib.queue import Listener
-from flowrouter import control as C
-from flowrouter.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.flowid import LINK_LOCAL_FLOW, LocalIdAllocator
-from flowrouter.header import HEADER_SIZE, pack_header, parse_header
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, LocalIdAllocator
+from flowrouter.wire.header import HEADER_SIZE, pack_header, parse_header
 
 from .rawep import addr, get, run
 
@@ -759,8 +759,8 @@ def test_public_api_exports() -> None:
 def test_flowcat_create_send_listen(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """The shell tool from the README quick start, against a real router."""
     from flowlib.cli import main as flowcat
-    from flowrouter.config import NodeConfig
-    from flowrouter.runtime import RouterNode
+    from flowrouter.net.config import NodeConfig
+    from flowrouter.net.runtime import RouterNode
 
     monkeypatch.setenv("FLOWNET_STATE_DIR", str(tmp_path))
 

@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 
 from apps.flowtrace import cli, job, report, synth
-from flowrouter.traces import TraceError, read_traces
+from flowrouter.core.traces import TraceError, read_traces
 
 A = "00000000000000a1:00000010:00000001"
 B = "00000000000000a1:00000010:00000002"

@@ -28,8 +28,8 @@ from flowlib.fragment import (
     fragment_header,
     iter_fragments,
 )
-from flowrouter.bands import BAND_OVERFLOW
-from flowrouter.runtime import RouterNode
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire.bands import BAND_OVERFLOW
 
 from .rawep import RawEndpoint, addr, chain, get, run
 

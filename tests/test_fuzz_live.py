@@ -32,11 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scapy.all import RandBin, RandNum, Raw, fuzz
 
-from flowrouter import control as C
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
-from flowrouter.header import pack_header
-from flowrouter.runtime import RouterNode
-from flowrouter.scapy_layer import (
+from flowrouter.net.runtime import RouterNode
+from flowrouter.tools.scapy_layer import (
     FlowControl,
     FlowError,
     FlowFault,
@@ -50,6 +47,9 @@ from flowrouter.scapy_layer import (
     FlowPing,
     FlowPong,
 )
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import pack_header
 
 from .rawep import RawEndpoint, chain
 
@@ -315,7 +315,7 @@ def test_a_dropped_link_is_counted_once() -> None:
 
 
 def test_ls_routes_learned_from_a_closed_link_are_forgotten() -> None:
-    from flowrouter.lsroutes import LsRouting
+    from flowrouter.core.lsroutes import LsRouting
 
     r = LsRouting(frozenset(), {}, None)
     for link in range(1, 51):

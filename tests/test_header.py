@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrouter.flowid import FlowID
-from flowrouter.header import (
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_TTL,
     HEADER_SIZE,
@@ -245,7 +245,7 @@ def test_decoder_pending_counts_partial_payload():
 
 
 def test_take_frame_takes_exactly_one_frame_at_a_time() -> None:
-    from flowrouter.header import take_frame
+    from flowrouter.wire.header import take_frame
 
     key = b"k" * 16
     f1 = pack_header(key, 3, 40) + b"abc"

@@ -21,7 +21,7 @@ from flowlib.heartbeat import (
     decode_beat,
     encode_beat,
 )
-from flowrouter.bands import BAND_HEARTBEAT
+from flowrouter.wire.bands import BAND_HEARTBEAT
 
 from .rawep import addr, chain, run
 

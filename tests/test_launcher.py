@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from flowrouter.launcher import Launcher
-from flowrouter.sim import SimNetwork
-from flowrouter.topology import loads
+from flowrouter.testbed.launcher import Launcher
+from flowrouter.testbed.sim import SimNetwork
+from flowrouter.testbed.topology import loads
 
 TOPO = """
 name = "outage-check"
@@ -72,7 +72,7 @@ def test_launcher_and_simulator_see_the_same_outage(tmp_path) -> None:  # type: 
     # The simulator, same topology and schedule.
     net = SimNetwork.from_topology(topo, seed=3, scenario="cut")
     east, west = net.endpoints["east"], net.endpoints["west"]
-    from flowrouter.flowid import FlowID
+    from flowrouter.wire.flowid import FlowID
     flow = FlowID(0xE, 0x10, 1)
     east.join(flow, "32")
     west.join(flow, "32")

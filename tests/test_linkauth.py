@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrouter.control import Role
-from flowrouter.header import FrameDecoder, pack_header
-from flowrouter.linkauth import (
+from flowrouter.wire.control import Role
+from flowrouter.wire.header import FrameDecoder, pack_header
+from flowrouter.wire.linkauth import (
     DEFAULT_MAX_RECORD,
     AuthError,
     CipherError,

@@ -7,9 +7,9 @@ import asyncio
 import time
 
 import flowlib
-from flowrouter.bands import BAND_FAULT
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire.bands import BAND_FAULT
 from location_service import LocationServiceConfig, flows_of, lookup, member_config
 from location_service.service import main as flowls_main
 

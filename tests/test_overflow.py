@@ -16,7 +16,7 @@ import flowlib
 from flowlib import FaultKind, Message
 from flowlib.notices import NoticeLimiter
 from flowlib.queue import Listener
-from flowrouter.bands import BAND_OVERFLOW
+from flowrouter.wire.bands import BAND_OVERFLOW
 
 from .rawep import addr, chain, get, run
 

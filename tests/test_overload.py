@@ -7,11 +7,11 @@ import asyncio
 import pytest
 
 import flowlib
-from flowrouter import control as C
-from flowrouter.bands import BAND_FAULT
-from flowrouter.config import ConfigError, Emulation, NodeConfig, PeerConfig, config_from_dict
-from flowrouter.linkqueue import OutputQueue, TokenBucket
-from flowrouter.runtime import RouterNode, query_control
+from flowrouter.core.linkqueue import OutputQueue, TokenBucket
+from flowrouter.net.config import ConfigError, Emulation, NodeConfig, PeerConfig, config_from_dict
+from flowrouter.net.runtime import RouterNode, query_control
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT
 
 from .rawep import RawEndpoint, within
 

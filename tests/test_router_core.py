@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrouter import control as C
-from flowrouter.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, mask_of
-from flowrouter.header import Locality, pack_header
-from flowrouter.router import Router, RouterParams
-from flowrouter.tables import LinkState, Modifiers
+from flowrouter.core.router import Router, RouterParams
+from flowrouter.core.tables import LinkState, Modifiers
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, mask_of
+from flowrouter.wire.header import Locality, pack_header
 
 try:  # tests/ as a package or as a plain directory on sys.path
     from .corenet import LINK_KEY, LSID, CoreNet, chain, flow, star

@@ -7,10 +7,10 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from flowrouter.config import NodeConfig, load_config
-from flowrouter.sim.workload import run
-from flowrouter.topology import load
-from flowrouter.traces import MemoryTrace, TraceError, read_traces
+from flowrouter.core.traces import MemoryTrace, TraceError, read_traces
+from flowrouter.net.config import NodeConfig, load_config
+from flowrouter.testbed.sim.workload import run
+from flowrouter.testbed.topology import load
 
 from .corenet import LSID, CoreNet, flow
 
@@ -20,7 +20,7 @@ TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
 def test_core_traces_table_changes_gc_and_drops() -> None:
     traces: dict[str, MemoryTrace] = {}
     net = CoreNet(epoch_length=1.0, gc_ping_after=1, gc_delete_after=3)
-    from flowrouter.router import Router, RouterParams
+    from flowrouter.core.router import Router, RouterParams
 
     def router(name: str, **kw: object) -> Router:
         tr = traces[name] = MemoryTrace(name, sample_rate=1.0)
@@ -74,7 +74,7 @@ def test_daemon_config_enables_tracing(tmp_path: Path) -> None:
 
     async def main() -> None:
         import flowlib
-        from flowrouter.runtime import RouterNode
+        from flowrouter.net.runtime import RouterNode
         node = RouterNode(NodeConfig(**{f: getattr(cfg, f) for f in NodeConfig.__slots__}))  # type: ignore[attr-defined]
         await node.start()
         try:

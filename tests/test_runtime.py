@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from flowrouter import control as C
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
-from flowrouter.header import HEADER, Locality, pack_header
-from flowrouter.runtime import RouterNode, query_control
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode, query_control
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import HEADER, Locality, pack_header
 
 from .rawep import RawEndpoint, chain, within
 
@@ -110,7 +110,7 @@ def test_locality_budget_per_link() -> None:
         # r2 -> r1 costs 3 (geography: another site); r3 -> r2 costs 1 (same site).
         core = RouterNode(NodeConfig("r3", listen="127.0.0.1:0", core_lsids=frozenset({0x10})))
         await core.start()
-        from flowrouter.tables import Modifiers
+        from flowrouter.core.tables import Modifiers
         mid = RouterNode(NodeConfig("r2", listen="127.0.0.1:0", peers=[
             PeerConfig("%s:%d" % core.tcp_address, "r3", modifiers=Modifiers(geography=1))]))
         await mid.start()

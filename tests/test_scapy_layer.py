@@ -1,4 +1,4 @@
-"""The Scapy layer: every control message both ways against flowrouter.control, stream
+"""The Scapy layer: every control message both ways against flowrouter.wire.control, stream
 splitting and TCP reassembly, pcap write/read, and traffic of real routers on loopback
 (recorded at a raw endpoint; and, where raw sockets are allowed, sniffed on ``lo``)."""
 
@@ -19,10 +19,7 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
 
 import flowlib
-from flowrouter import control as C
-from flowrouter.flowid import LINK_LOCAL_FLOW, FlowID
-from flowrouter.header import HEADER_SIZE, Header, Locality, pack_header, parse_header
-from flowrouter.scapy_layer import (
+from flowrouter.tools.scapy_layer import (
     FlowControl,
     FlowFault,
     FlowHeader,
@@ -34,6 +31,9 @@ from flowrouter.scapy_layer import (
     tcp_conversation,
     tcp_streams,
 )
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import HEADER_SIZE, Header, Locality, pack_header, parse_header
 
 from .rawep import RawEndpoint, chain, within
 

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from flowrouter import control as C
-from flowrouter.capabilities import Capability, CreatorKey, Policy
-from flowrouter.config import NodeConfig, PeerConfig
-from flowrouter.flowid import LINK_LOCAL_FLOW
-from flowrouter.runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire import control as C
+from flowrouter.wire.capabilities import Capability, CreatorKey, Policy
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 
 from .rawep import RawEndpoint, within
 
@@ -102,7 +102,7 @@ def test_encrypted_link_carries_traffic_and_hides_it() -> None:
         edge = await _node("edge", {"k": KEY_A}, [PeerConfig(paddr, "core")], encrypt=True)
         try:
             await within(edge.wait_routes(LSID))
-            from flowrouter.flowid import FlowID
+            from flowrouter.wire.flowid import FlowID
             flow = FlowID(0xABC, LSID, 1)
             rx = await RawEndpoint.connect(core, "rx")
             assert (await rx.join(flow, 1 << 40)).status is C.JoinStatus.OK

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from flowrouter import control as C
-from flowrouter.flowid import FlowID
-from flowrouter.router import Router, RouterParams
-from flowrouter.sim import SimNetwork, SimulationError, cli_main
-from flowrouter.sim.engine import EventQueue
-from flowrouter.sim.generate import random_mesh, tree
-from flowrouter.sim.workload import SharedFlowWorkload, default_flow
-from flowrouter.tables import Modifiers
-from flowrouter.topology import Fault, load
+from flowrouter.core.router import Router, RouterParams
+from flowrouter.core.tables import Modifiers
+from flowrouter.testbed.sim import SimNetwork, SimulationError, cli_main
+from flowrouter.testbed.sim.engine import EventQueue
+from flowrouter.testbed.sim.generate import random_mesh, tree
+from flowrouter.testbed.sim.workload import SharedFlowWorkload, default_flow
+from flowrouter.testbed.topology import Fault, load
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import FlowID
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
 FLOW = FlowID(0x5111, 0x10, 1)
@@ -516,10 +516,10 @@ def test_seed003_A2_partition_heals_for_both_sides(repair: bool) -> None:
 
 _DETERMINISM_SCRIPT = """
 import hashlib
-from flowrouter import topology
-from flowrouter.flowid import FlowID
-from flowrouter.sim import SimNetwork
-from flowrouter.sim.workload import SharedFlowWorkload, default_flow
+from flowrouter.testbed import topology
+from flowrouter.wire.flowid import FlowID
+from flowrouter.testbed.sim import SimNetwork
+from flowrouter.testbed.sim.workload import SharedFlowWorkload, default_flow
 t = topology.load({path!r})
 net = SimNetwork.from_topology(t, seed=5, scenario="A2", trace=True)
 for n, lk in net.links.items():

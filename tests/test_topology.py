@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from flowrouter import topology as T
-from flowrouter.tables import Modifiers
-from flowrouter.topology import Fault, TopologyError, load, loads
+from flowrouter.core.tables import Modifiers
+from flowrouter.testbed import topology as T
+from flowrouter.testbed.topology import Fault, TopologyError, load, loads
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
 SHIPPED = sorted(TOPOLOGIES.glob("*.toml"))

@@ -1,4 +1,4 @@
-"""flowrouter.traces: the v1 record schema, the writers, sampling, rotation, the reader."""
+"""flowrouter.core.traces: the v1 record schema, the writers, sampling, rotation, the reader."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from collections import Counter
 
 import pytest
 
-from flowrouter import traces as TR
-from flowrouter.control import Role
-from flowrouter.flowid import FlowID
-from flowrouter.traces import (
+from flowrouter.core import traces as TR
+from flowrouter.core.traces import (
     MemoryTrace,
     NullTracer,
     TraceError,
@@ -24,6 +22,8 @@ from flowrouter.traces import (
     snapshot_fields,
     validate,
 )
+from flowrouter.wire.control import Role
+from flowrouter.wire.flowid import FlowID
 
 KEY = FlowID(0xA1, 0x10, 1).key
 KEY2 = FlowID(0xDEADBEEF, 0x20, 0xFFFFFFFF).key
@@ -342,8 +342,8 @@ def test_read_traces_inputs(tmp_path):
 
 # ----------------------------------------------------------------------------- snapshots
 def test_snapshot_fields_from_a_router():
-    from flowrouter.router import Router, RouterParams
-    from flowrouter.tables import FlowEntry, Link
+    from flowrouter.core.router import Router, RouterParams
+    from flowrouter.core.tables import FlowEntry, Link
 
     r = Router(RouterParams(name="core", node_id=1, core_lsids=frozenset({0x10})))
     r.links[1] = Link(1, "tcp", "a", (0, 0, 0, 0), role=Role.ROUTER)

@@ -47,7 +47,7 @@ Runs seed 003's Table 2 on topologies/seed003-testbed.toml: 1 all-to-all A1, 2 h
 Writes per test: deliveries-SITE.csv, events.jsonl, seq.png, latency.png, rate.png,
 result.json; and summary.md / summary.json. In the simulator (default) the whole suite
 takes seconds; --real starts one router process per topology router on loopback
-(flowrouter.launcher) and runs in real time (default 60 s per test; use --only).
+(flowrouter.testbed.launcher) and runs in real time (default 60 s per test; use --only).
 
 --ls sites (default) makes every site router a member of the room's location service, so
 site-to-site chat uses the direct 56 kbit/s links as in the seed's test-bed and each side of

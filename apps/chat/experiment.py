@@ -54,8 +54,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flowrouter import topology as T
-from flowrouter.flowid import FlowID
+from flowrouter.testbed import topology as T
+from flowrouter.wire.flowid import FlowID
 
 from . import checks
 from .igo import Delivery, IGOConfig, MembershipChange, StateChange
@@ -180,7 +180,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
             start: float = 2.0, tick: float = 0.1, config: dict[str, Any] | None = None
             ) -> RunResult:
     """Run one experiment in the simulator; returns every delivery and event."""
-    from flowrouter.sim import SimNetwork
+    from flowrouter.testbed.sim import SimNetwork
 
     from .sim_adapter import SimSite
 
@@ -256,12 +256,12 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
                          rate: float = 2.0, ls: str = "sites", workdir: str | None = None,
                          base_port: int | None = None, config: dict[str, Any] | None = None,
                          start: float = 3.0) -> RunResult:
-    """One experiment on real router processes (``flowrouter.launcher.Launcher``): one
+    """One experiment on real router processes (``flowrouter.testbed.launcher.Launcher``): one
     ``flowrouter run`` per router on loopback with link emulation, this process running the
     site servers (flowlib clients) and the bots, the fault schedule applied through the
     routers' control interfaces in real time."""
     import flowlib
-    from flowrouter.launcher import Launcher, LaunchReport
+    from flowrouter.testbed.launcher import Launcher, LaunchReport
 
     from .flow_adapter import FlowSite
 

@@ -32,7 +32,7 @@ per-origin sequence number (from 1). Receivers keep, per origin, the highest con
 sequence number received; later messages wait in a buffer. A gap (seen from a later
 message, from the origin's heartbeat, which carries its highest sequence number, or from
 another site's acknowledgement vector) triggers a *repair request* on
-:data:`~flowrouter.bands.BAND_REPAIR` after ``nack_delay``, retried every ``nack_retry``.
+:data:`~flowrouter.wire.bands.BAND_REPAIR` after ``nack_delay``, retried every ``nack_retry``.
 "Multicast out, point-to-point in" (seed 004, Isis): data is multicast on the flow; the repair
 request names **one** site that should answer — the origin while it is reachable, otherwise any
 reachable site whose acknowledgement vector shows that it holds the messages. The answering
@@ -53,7 +53,7 @@ only once every message the heartbeat counts has arrived, because routers let th
 band overtake queued data). With every site connected this is a global order.
 
 **Heartbeats** [5.1.3.2]. Every ``heartbeat_interval`` (2 s) on
-:data:`~flowrouter.bands.BAND_HEARTBEAT`; any message from a site counts as a sign of life; a
+:data:`~flowrouter.wire.bands.BAND_HEARTBEAT`; any message from a site counts as a sign of life; a
 site silent for ``missed_heartbeats`` intervals (3, i.e. 6 s) is disconnected.
 
 **States** [4.3.2, Figure 10]. Per peer site: ``S1`` connected; ``S2`` short-term disconnect
@@ -78,7 +78,7 @@ incarnation number) is treated like a long-term reconnect.
   ``late``.
 * ``leader`` (leader-based, hasten): every site still multicasts its messages (so data crosses
   each link once), and the *leader* site assigns global order numbers, multicast in small
-  ORDER records on :data:`~flowrouter.bands.BAND_ORDER`; sites deliver in that order. A site
+  ORDER records on :data:`~flowrouter.wire.bands.BAND_ORDER`; sites deliver in that order. A site
   cut off from the leader (leader in S2/S3) keeps intra-site chat: its own messages are
   delivered at once (``local``), including those that were waiting for an order number when
   the cut was detected. When the leader hears a site again within the disconnect interval it
@@ -166,7 +166,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from flowrouter.bands import BAND_HEARTBEAT, BAND_ORDER, BAND_REPAIR, DATA_BAND_FIRST, NUM_BANDS
+from flowrouter.wire.bands import (
+    BAND_HEARTBEAT,
+    BAND_ORDER,
+    BAND_REPAIR,
+    DATA_BAND_FIRST,
+    NUM_BANDS,
+)
 
 __all__ = [
     "IGOConfig", "SiteOrdering", "Delivery", "Send", "Deliver", "MembershipChange",

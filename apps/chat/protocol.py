@@ -46,7 +46,7 @@ import struct
 import zlib
 from typing import Any, NamedTuple
 
-from flowrouter.flowid import FlowID
+from flowrouter.wire.flowid import FlowID
 
 CHAT_MAGIC = b"C"
 CHAT_VERSION = 1

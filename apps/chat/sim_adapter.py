@@ -1,7 +1,7 @@
-"""Run IGO sites on simulated endpoints (:mod:`flowrouter.sim`), in virtual time.
+"""Run IGO sites on simulated endpoints (:mod:`flowrouter.testbed.sim`), in virtual time.
 
 One :class:`SimSite` per site: it joins the room flow on :meth:`SiteOrdering.bands` through its
-:class:`~flowrouter.sim.SimEndpoint`, feeds every delivery of those bands to the state machine,
+:class:`~flowrouter.testbed.sim.SimEndpoint`, feeds every delivery of those bands to the state machine,
 ticks it every ``tick`` virtual seconds, and carries out its actions (``Send`` becomes
 ``endpoint.send``; deliveries, membership and state changes are recorded and passed to
 optional callbacks). The clock is the simulator's, so send and delivery times are virtual.
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flowrouter.flowid import FlowID
-from flowrouter.sim import Delivery as SimDelivery
-from flowrouter.sim import SimEndpoint, SimNetwork
+from flowrouter.testbed.sim import Delivery as SimDelivery
+from flowrouter.testbed.sim import SimEndpoint, SimNetwork
+from flowrouter.wire.flowid import FlowID
 
 from .igo import Deliver, Delivery, IGOConfig, MembershipChange, Send, SiteOrdering, StateChange
 

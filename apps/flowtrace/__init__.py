@@ -5,5 +5,5 @@
 * :mod:`apps.flowtrace.synth` — synthetic traces for scale tests;
 * :mod:`apps.flowtrace.cli` — the ``flowtrace`` command (``main(argv)``).
 
-The record schema and the writers live in :mod:`flowrouter.traces`.
+The record schema and the writers live in :mod:`flowrouter.core.traces`.
 """

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 EPILOG = """\
-TRACES are JSON Lines files written by flowrouter.traces.TraceWriter (schema v1; see that
+TRACES are JSON Lines files written by flowrouter.core.traces.TraceWriter (schema v1; see that
 module or the README): files, directories (searched recursively for *.jsonl and *.jsonl.gz),
 shell-style globs, or any Hadoop-compatible URI (hdfs://, s3a://, ...), which Spark reads as
 is. Time buckets are [k*SECONDS, (k+1)*SECONDS) of the routers' clocks.
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser(
         "validate", help="check trace files against schema v1 (no Spark)",
-        description="Read TRACES with flowrouter.traces.read_traces and count valid records, "
+        description="Read TRACES with flowrouter.core.traces.read_traces and count valid records, "
                     "corrupt lines and schema violations by reason. Exit status 0 when all "
                     "lines are valid, 1 otherwise.")
     v.add_argument("traces", nargs="+", metavar="TRACES",
@@ -206,7 +206,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from flowrouter.traces import TraceError, read_traces
+    from flowrouter.core.traces import TraceError, read_traces
 
     kinds: Counter[str] = Counter()
     errors: Counter[tuple[str, str]] = Counter()

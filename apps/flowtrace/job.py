@@ -1,8 +1,8 @@
-"""The PySpark job: mine router traces (schema v1, :mod:`flowrouter.traces`) for flow-table scaling.
+"""The PySpark job: mine router traces (schema v1, :mod:`flowrouter.core.traces`) for flow-table scaling.
 
 :func:`analyze` reads JSON Lines with Spark's JSON source and an explicit schema built from
-:data:`flowrouter.traces.FIELDS`, validates every line with the same rules (and the same
-messages) as :func:`flowrouter.traces.validate`, caches the checked records once, and computes,
+:data:`flowrouter.core.traces.FIELDS`, validates every line with the same rules (and the same
+messages) as :func:`flowrouter.core.traces.validate`, caches the checked records once, and computes,
 per run (``run`` field; one run when absent), router and time bucket:
 
 * **router_buckets** — table entries from snapshots (last snapshot at or before the end of the
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowrouter import traces as TR
+from flowrouter.core import traces as TR
 
 # pyspark is imported lazily (inside functions) so that `flowtrace --help` and the non-Spark
 # parts work without it.
@@ -120,7 +120,7 @@ def default_driver_memory() -> str:
 
 
 def resolve_inputs(inputs: Sequence[str]) -> list[str]:
-    """Local files/dirs/globs -> files (via :func:`flowrouter.traces.expand_paths`); URIs with a
+    """Local files/dirs/globs -> files (via :func:`flowrouter.core.traces.expand_paths`); URIs with a
     scheme other than ``file:`` are passed to Spark unchanged (globs and dirs work there too)."""
     out: list[str] = []
     for item in inputs:
@@ -203,7 +203,7 @@ def error_sql() -> str:
     """The validation verdict as one SQL CASE over the flattened record columns, ``raw``
     (the line as map<string,string>, computed only for lines with a type mismatch) and
     ``_corrupt_record``: null for a valid record, else the reason, with the messages and the
-    check order of :func:`flowrouter.traces.validate`."""
+    check order of :func:`flowrouter.core.traces.validate`."""
 
     def bad(name: str, typ: str) -> str:
         return f"({_q(name)} IS NULL OR NOT ({ok_sql(_q(name), typ)}))"
@@ -240,7 +240,7 @@ def read_records(spark: Any, paths: Sequence[str]) -> Any:
     times faster than ``from_json`` over ``spark.read.text``): a line that is not a JSON object
     comes back with only ``_corrupt_record`` set; a field of the wrong type comes back null
     with the line in ``_corrupt_record``, which is then re-read as a map to tell "present but
-    invalid" from "absent". Differences from :func:`flowrouter.traces.read_traces`: Spark
+    invalid" from "absent". Differences from :func:`flowrouter.core.traces.read_traces`: Spark
     reads a JSON array of objects on one line as several records, and ignores bytes after a
     complete object; both report blank lines as nothing at all.
     """

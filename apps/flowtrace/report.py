@@ -495,7 +495,7 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
         b.append(("p", "Extrapolation from the bucket with the most live flows. `grow`: flows, "
                        "members and routers all scaled; `more_flows`: flows and members scaled "
                        "on the same routers. Memory uses the entry model of "
-                       "`flowrouter.traces` (ENTRY_BYTES per entry + LINK_BYTES per link)."))
+                       "`flowrouter.core.traces` (ENTRY_BYTES per entry + LINK_BYTES per link)."))
         b.append(("table", (["scenario", "scale", "model", "flows", "members", "routers",
                              "entries (all)", "entries/router", "largest table",
                              "memory (all)", "memory (largest)"],

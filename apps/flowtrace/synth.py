@@ -44,7 +44,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flowrouter.traces import ENTRY_BYTES, LINK_BYTES
+from flowrouter.core.traces import ENTRY_BYTES, LINK_BYTES
 
 HOST_LINK_BASE = 1000  #: endpoint link ids at an edge router are HOST_LINK_BASE + host
 CTRL_MASK = 1 | (0xFFFF << 16)  #: membership band 0 and the admin bands 16..31

@@ -87,9 +87,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .bands import ALL_BANDS, NUM_BANDS, BandMask, mask_of
-from .flowid import FlowID
-from .header import Locality
+from flowrouter.wire.bands import ALL_BANDS, NUM_BANDS, BandMask, mask_of
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import Locality
 
 __all__ = [
     "MAX_REVOKED",

@@ -15,8 +15,8 @@ Robustness (what a client library is expected to do, and what the simulator reli
   client-side safety net for experiments with router versions that cannot repair a tree;
 * after its link to the router breaks and comes back it says HELLO again and re-joins.
 
-Masks: ``join(flow, 32)`` means band 32; pass a :class:`~flowrouter.bands.BandMask`, an
-iterable of bands or text such as ``"32-40"`` for more (see :func:`flowrouter.bands.mask_of`).
+Masks: ``join(flow, 32)`` means band 32; pass a :class:`~flowrouter.wire.bands.BandMask`, an
+iterable of bands or text such as ``"32-40"`` for more (see :func:`flowrouter.wire.bands.mask_of`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .. import control as C
-from ..bands import (
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import (
     BAND_FAULT,
     BAND_GC,
     BAND_MEMBERSHIP,
@@ -35,12 +35,18 @@ from ..bands import (
     check_band,
     mask_of,
 )
-from ..flowid import LINK_LOCAL_FLOW, FlowID
-from ..header import DEFAULT_MAX_PAYLOAD, DEFAULT_TTL, Locality, MalformedFrame, pack_header
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import (
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_TTL,
+    Locality,
+    MalformedFrame,
+    pack_header,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .links import Direction
-    from .network import SimNetwork
+    from flowrouter.testbed.sim.links import Direction
+    from flowrouter.testbed.sim.network import SimNetwork
 
 _LINK_KEY = LINK_LOCAL_FLOW.key
 _FAULT_BIT = 1 << BAND_FAULT

@@ -56,29 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .header import DEFAULT_MAX_PAYLOAD
-from .router import RouterParams
-from .tables import Modifiers
+from flowrouter.core.router import RouterParams
+from flowrouter.core.tables import Modifiers
 
-
-class ConfigError(ValueError):
-    pass
-
-
-def parse_address(text: str, what: str = "address") -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port), with a message that says what is wrong."""
-    text = text.strip()
-    host, sep, port_s = text.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"{what} {text!r} must look like HOST:PORT, e.g. 127.0.0.1:7001")
-    host = host.strip("[]")
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ConfigError(f"{what} {text!r}: port {port_s!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"{what} {text!r}: port must be 0..65535")
-    return host, port
+# A bad config value and a bad address are one kind of operator error: one class, two names.
+from flowrouter.wire.address import AddressError as ConfigError
+from flowrouter.wire.address import parse_address
+from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 
 
 def node_id_for(name: str) -> int:
@@ -178,7 +162,7 @@ class NodeConfig:
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     peers: list[PeerConfig] = field(default_factory=list)
     emulation: dict[str, Emulation] = field(default_factory=dict)  #: peer name -> emulation
-    #: link authentication: key id -> secret spec (see flowrouter.linkauth); empty: none
+    #: link authentication: key id -> secret spec (see flowrouter.wire.linkauth); empty: none
     link_keys: dict[str, str] = field(default_factory=dict)
     link_key_id: str | None = None
     link_encrypt: bool = False
@@ -205,7 +189,7 @@ class NodeConfig:
     def keyring(self) -> Any:
         if not self.link_keys:
             return None
-        from .linkauth import KeyRing
+        from flowrouter.wire.linkauth import KeyRing
 
         try:
             return KeyRing.from_config(self.link_keys, self.link_key_id or

@@ -1,6 +1,6 @@
 """The sans-I/O flow router: events in, actions out, the clock passed in.
 
-The asyncio daemon (:mod:`flowrouter.runtime`) and the simulator drive this same object. It
+The asyncio daemon (:mod:`flowrouter.net.runtime`) and the simulator drive this same object. It
 owns no sockets and never reads the time: every event method takes ``now`` (seconds, any
 monotonic origin) and returns a list of actions for the caller to carry out:
 
@@ -10,8 +10,8 @@ monotonic origin) and returns a list of actions for the caller to carry out:
   forgotten it).
 
 Forwarding follows DESIGN.md section 6; join/leave/mask and the epoch GC follow seed 002
-sections 3.4 and 4.2.6. See the module docs of :mod:`flowrouter.bands` and
-:mod:`flowrouter.header` for the band allocation and the wire format.
+sections 3.4 and 4.2.6. See the module docs of :mod:`flowrouter.wire.bands` and
+:mod:`flowrouter.wire.header` for the band allocation and the wire format.
 
 Locality semantics (the seed leaves the edge case open): a message's locality value is a
 budget; crossing a link costs the link's modifier for that locality type, and a copy whose
@@ -28,11 +28,21 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import control as C
-from .bands import BAND_FAULT, BAND_GC, BAND_LS, BAND_MEMBERSHIP, ROUTER_BANDS_END, BandMask
-from .capabilities import CapabilityError, PolicyStore
-from .flowid import LINK_LOCAL_FLOW, flow_text, key_lsid
-from .header import (
+from flowrouter.core.lsroutes import LsRouting
+from flowrouter.core.tables import FlowEntry, Link, LinkState, Modifiers
+from flowrouter.core.traces import NULL_TRACER, Tracer, snapshot_fields
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import (
+    BAND_FAULT,
+    BAND_GC,
+    BAND_LS,
+    BAND_MEMBERSHIP,
+    ROUTER_BANDS_END,
+    BandMask,
+)
+from flowrouter.wire.capabilities import CapabilityError, PolicyStore
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, flow_text, key_lsid
+from flowrouter.wire.header import (
     DEFAULT_MAX_PAYLOAD,
     DEFAULT_TTL,
     OFF_LOC_TYPE,
@@ -41,10 +51,7 @@ from .header import (
     MalformedFrame,
     pack_header,
 )
-from .linkauth import AuthError, LinkAuthenticator, LinkCipher, ReplayCache
-from .lsroutes import LsRouting
-from .tables import FlowEntry, Link, LinkState, Modifiers
-from .traces import NULL_TRACER, Tracer, snapshot_fields
+from flowrouter.wire.linkauth import AuthError, LinkAuthenticator, LinkCipher, ReplayCache
 
 log = logging.getLogger("flowrouter.core")
 
@@ -101,7 +108,7 @@ class RouterParams:
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
     alert_interval: float = 5.0  #: at most one alert per (limit, flow) in this many seconds
     max_ls_routes: int = 4096  #: LSIDs this router keeps routes for
-    #: link authentication (flowrouter.linkauth.KeyRing); None: links are not authenticated.
+    #: link authentication (flowrouter.wire.linkauth.KeyRing); None: links are not authenticated.
     #: With a key ring, every ROUTER link must prove it holds a key; applications must too
     #: when ``auth_endpoints`` (and may, by sending credentials, anyway).
     keyring: Any = None
@@ -126,7 +133,7 @@ class Router:
     def __init__(self, params: RouterParams, now: float = 0.0,
                  tracer: Tracer = NULL_TRACER) -> None:
         self.p = params
-        #: trace records (flowrouter.traces); ``_tracing`` keeps the hot path at one test
+        #: trace records (flowrouter.core.traces); ``_tracing`` keeps the hot path at one test
         self.tracer = tracer
         self._tracing = bool(tracer.enabled)
         self._snapshot_epoch = -1

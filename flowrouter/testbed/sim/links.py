@@ -28,11 +28,11 @@ from collections import Counter
 from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
-from ..bands import ROUTER_BANDS_END
-from ..header import HEADER_SIZE
+from flowrouter.wire.bands import ROUTER_BANDS_END
+from flowrouter.wire.header import HEADER_SIZE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .network import SimNetwork
+    from flowrouter.testbed.sim.network import SimNetwork
 
 _LINK_LOCAL_LSID = b"\0\0\0\0"
 _MAX_RETRANSMITS = 8

@@ -1,7 +1,7 @@
 """Topology files: sites, routers, endpoints, links, LS placement and fault schedules.
 
 One TOML format (documented with examples in ``topologies/README.md``) serves the launcher,
-the simulator (:mod:`flowrouter.sim`) and the tests. :func:`load` / :func:`loads` parse and
+the simulator (:mod:`flowrouter.testbed.sim`) and the tests. :func:`load` / :func:`loads` parse and
 validate a file into the frozen dataclasses below; :meth:`Topology.to_toml` writes one back,
 so ``loads(t.to_toml()) == t`` for every valid topology ``t``.
 
@@ -13,7 +13,7 @@ table in the text with a small scanner (:class:`_Locator`).
 Units: bandwidth in bits per second (``0`` = unlimited; strings such as ``"56k"``, ``"10M"``
 are accepted), delays and times in seconds (``"50ms"``, ``"200us"`` accepted), loss as a
 probability 0..1. Locality modifiers are the per-link costs the router subtracts from a
-message's locality budget (see :mod:`flowrouter.router`).
+message's locality budget (see :mod:`flowrouter.core.router`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .tables import Modifiers
+from flowrouter.core.tables import Modifiers
 
 __all__ = [
     "TopologyError", "Site", "RouterSpec", "EndpointSpec", "LinkSpec", "LocationService",
@@ -1141,7 +1141,7 @@ def _fault_dict(f: Fault) -> dict[str, Any]:
 
 
 def _dump(t: Topology) -> str:
-    L: list[str] = [f"# flownet topology {t.name!r} (written by flowrouter.topology)", ""]
+    L: list[str] = [f"# flownet topology {t.name!r} (written by flowrouter.testbed.topology)", ""]
     L.append(f"name = {_tstr(t.name)}")
     if t.description:
         L.append(f"description = {_tstr(t.description)}")

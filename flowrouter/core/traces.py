@@ -95,7 +95,7 @@ from typing import Any, Protocol, runtime_checkable
 
 SCHEMA_VERSION = 1
 
-#: the router's ``drop.<reason>`` counters (flowrouter.router); other tokens are accepted too
+#: the router's ``drop.<reason>`` counters (flowrouter.core.router); other tokens are accepted too
 DROP_REASONS = ("ttl", "locality", "band-filtered", "no-route", "no-members", "no-state",
                 "no-receivers", "too-big-for-link")
 ENTRY_DEL_CAUSES = ("leave", "gc", "refused", "timeout", "link-down")
@@ -595,7 +595,7 @@ class TraceWriter(BaseTracer):
 
 
 def snapshot_fields(router: Any) -> dict[str, Any]:
-    """The ``snapshot`` arguments for a :class:`flowrouter.router.Router` (duck-typed).
+    """The ``snapshot`` arguments for a :class:`flowrouter.core.router.Router` (duck-typed).
 
     Usage in the core: ``self.tracer.snapshot(now, **snapshot_fields(self))``. Walks the flow
     table once (O(entries)), so call it at the snapshot period, not per message. An entry is

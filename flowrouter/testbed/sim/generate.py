@@ -4,7 +4,7 @@
 earlier one, so depth stays near ``e * ln(n)``) and adds random extra links until the mean
 degree is reached; the result is connected, has a short diameter (the LS distance vector
 treats 32 hops as unreachable) and is fixed by its seed. :func:`tree` builds a k-ary tree.
-Both return a :class:`~flowrouter.topology.Topology`, so they can be written to a file with
+Both return a :class:`~flowrouter.testbed.topology.Topology`, so they can be written to a file with
 ``to_toml()`` and run like any shipped topology.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 
-from ..tables import Modifiers
-from ..topology import (
+from flowrouter.core.tables import Modifiers
+from flowrouter.testbed.topology import (
     Defaults,
     EndpointSpec,
     LinkDefaults,

@@ -22,11 +22,11 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..bands import DEFAULT_DATA_BAND, check_band
-from ..flowid import FlowID
-from ..topology import Topology, TopologyError, load
-from .endpoint import Delivery, SimEndpoint
-from .network import SimNetwork, SimulationError
+from flowrouter.testbed.sim.endpoint import Delivery, SimEndpoint
+from flowrouter.testbed.sim.network import SimNetwork, SimulationError
+from flowrouter.testbed.topology import Topology, TopologyError, load
+from flowrouter.wire.bands import DEFAULT_DATA_BAND, check_band
+from flowrouter.wire.flowid import FlowID
 
 _STAMP = struct.Struct("!IId")  # sender index, sequence number, send time
 WORKLOAD_CREATOR = 0x5111
@@ -154,8 +154,8 @@ def run(topo: Topology, *, scenario: str | None = None, seed: int = 0,
     writers: list[Any] = []
     factory = None
     if router_traces is not None:
-        from ..router import Router
-        from ..traces import TraceWriter
+        from flowrouter.core.router import Router
+        from flowrouter.core.traces import TraceWriter
 
         def factory(params: Any, now: float) -> Router:  # type: ignore[misc]
             w = TraceWriter(router_traces + "/", params.name, sample_rate=trace_sample,
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "seconds (default 0.1)")
     p.add_argument("--trace", metavar="FILE", help="write every simulator event as JSON lines")
     p.add_argument("--router-traces", metavar="DIR",
-                   help="write each router's trace records (flowrouter.traces schema, the "
+                   help="write each router's trace records (flowrouter.core.traces schema, the "
                         "input of 'flowtrace analyze') into DIR")
     p.add_argument("--trace-sample", type=float, default=0.01,
                    help="fraction of forwarding decisions traced (default 0.01)")

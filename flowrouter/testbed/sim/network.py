@@ -1,6 +1,6 @@
 """The simulated network: sans-I/O routers, endpoints and virtual links in virtual time.
 
-Every router is the very :class:`flowrouter.router.Router` the daemon runs; the network feeds
+Every router is the very :class:`flowrouter.core.router.Router` the daemon runs; the network feeds
 it the events a runtime would (``open_link`` when a transport connects, ``receive`` per frame,
 ``close_link`` when a transport breaks, ``tick`` every ``tick_interval`` virtual seconds) and
 carries out the actions it returns (``Send`` on a link, ``Close`` of a link).
@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..header import DEFAULT_MAX_PAYLOAD
-from ..router import Router, RouterParams, Send
-from ..tables import Modifiers
-from ..topology import Fault, Topology, node_id_for
-from .endpoint import SimEndpoint
-from .engine import EventQueue
-from .links import Direction, SimLink
+from flowrouter.core.router import Router, RouterParams, Send
+from flowrouter.core.tables import Modifiers
+from flowrouter.testbed.sim.endpoint import SimEndpoint
+from flowrouter.testbed.sim.engine import EventQueue
+from flowrouter.testbed.sim.links import Direction, SimLink
+from flowrouter.testbed.topology import Fault, Topology, node_id_for
+from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 
 
 class TraceRecord(NamedTuple):
@@ -422,7 +422,7 @@ class SimNetwork:
         self.set_link(name, bandwidth=bw, delay=dl, loss=ls, direction=direction)
 
     def apply_fault(self, fault: Fault) -> None:
-        """Schedule a topology :class:`~flowrouter.topology.Fault` (times are absolute)."""
+        """Schedule a topology :class:`~flowrouter.testbed.topology.Fault` (times are absolute)."""
         for name in fault.links:
             self.link(name)
         kind = fault.kind

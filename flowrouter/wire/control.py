@@ -5,9 +5,9 @@ Every control payload starts with ``version (1 byte) | type (1 byte)``. Link-loc
 messages (JOIN,
 JOIN_ACK, LEAVE, MASK, PING, PONG) travel on the flow they concern, on the membership band (or
 the GC band for PING/PONG), and are consumed and regenerated hop by hop. FAULT travels to
-applications on :data:`~flowrouter.bands.BAND_FAULT`.
+applications on :data:`~flowrouter.wire.bands.BAND_FAULT`.
 
-A decoder that meets anything unexpected raises :class:`~flowrouter.header.MalformedFrame`; the
+A decoder that meets anything unexpected raises :class:`~flowrouter.wire.header.MalformedFrame`; the
 router then drops the offending link (never itself).
 """
 
@@ -17,7 +17,7 @@ import enum
 import struct
 from dataclasses import dataclass, field
 
-from .header import MalformedFrame
+from flowrouter.wire.header import MalformedFrame
 
 CONTROL_VERSION = 1
 PROTOCOL_MAGIC = b"FLOW"
@@ -167,7 +167,7 @@ class LsRoutes:
 
 @dataclass(frozen=True, slots=True)
 class Auth:
-    """The link-authentication proof that follows HELLO (see :mod:`flowrouter.linkauth`)."""
+    """The link-authentication proof that follows HELLO (see :mod:`flowrouter.wire.linkauth`)."""
 
     body: bytes
     TYPE = MsgType.AUTH
@@ -178,7 +178,7 @@ class Auth:
 
 @dataclass(frozen=True, slots=True)
 class PolicyMsg:
-    """A creator-signed flow policy (:class:`flowrouter.capabilities.Policy`), gossiped
+    """A creator-signed flow policy (:class:`flowrouter.wire.capabilities.Policy`), gossiped
     between routers so every first-hop router can enforce it."""
 
     raw: bytes
@@ -193,7 +193,7 @@ class Join:
     req_id: int
     mask: int
     flags: int = 0
-    #: a capability token (:mod:`flowrouter.capabilities`) for flows under a policy
+    #: a capability token (:mod:`flowrouter.wire.capabilities`) for flows under a policy
     capability: bytes = b""
     TYPE = MsgType.JOIN
     _ST = struct.Struct("!I16sB")

@@ -1,16 +1,16 @@
 """The asyncio shell around the sans-I/O router: sockets, timers, reconnects, control queries.
 
-Everything protocol-shaped happens in :class:`flowrouter.router.Router`; this module only moves
+Everything protocol-shaped happens in :class:`flowrouter.core.router.Router`; this module only moves
 bytes and time in and actions out:
 
 * TCP links (routers and endpoints) use an :class:`asyncio.Protocol` per connection and a
-  :class:`~flowrouter.header.FrameDecoder`; frames are handed to the core as views into the
+  :class:`~flowrouter.wire.header.FrameDecoder`; frames are handed to the core as views into the
   received buffer and written with ``writelines([header, payload])``, so a forwarded payload is
   never copied by Python code.
 * UDP links share one socket bound with asyncio-dgram; each remote address is a link. Sends use
   ``socket.sendmsg`` scatter/gather (again no copy); a full socket buffer is a counted drop.
 * Each link's output goes straight to the transport until the transport pushes back (or the
-  link is shaped for emulation); then frames wait in an :class:`~flowrouter.linkqueue.
+  link is shaped for emulation); then frames wait in an :class:`~flowrouter.core.linkqueue.
   OutputQueue`: control first, data fair between flows (deficit round robin), bounded by
   ``max_link_buffer`` with drops taken from the longest flow queue, counted as
   ``drop.link-congested`` and announced on the flow's fault band. Each input link has a credit
@@ -36,9 +36,13 @@ from typing import Any
 
 import asyncio_dgram
 
-from .config import ConfigError, Emulation, NodeConfig, PeerConfig, parse_address
-from .control import Role
-from .header import (
+from flowrouter.core.linkqueue import OutputQueue
+from flowrouter.core.router import Action, Close, Router, Secure, Send
+from flowrouter.core.tables import LinkState, Modifiers
+from flowrouter.core.traces import NULL_TRACER, TraceWriter
+from flowrouter.net.config import ConfigError, Emulation, NodeConfig, PeerConfig, parse_address
+from flowrouter.wire.control import Role
+from flowrouter.wire.header import (
     HEADER_SIZE,
     UDP_MAX_PAYLOAD,
     FrameDecoder,
@@ -46,13 +50,9 @@ from .header import (
     split_datagram,
     take_frame,
 )
-from .linkauth import LinkSecurityError, SecureStream
-from .linkqueue import OutputQueue
-from .router import Action, Close, Router, Secure, Send
-from .tables import LinkState, Modifiers
-from .traces import NULL_TRACER, TraceWriter
+from flowrouter.wire.linkauth import LinkSecurityError, SecureStream
 
-log = logging.getLogger("flowrouter.runtime")
+log = logging.getLogger("flowrouter.net.runtime")
 
 
 #: frames with payloads this large are written at once rather than batched: joining them

@@ -24,7 +24,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from .bands import NUM_BANDS
+from flowrouter.wire.bands import NUM_BANDS
 
 HEADER = struct.Struct("!QIIIBBBB")
 HEADER_SIZE = HEADER.size  # 24

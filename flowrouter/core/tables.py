@@ -1,6 +1,6 @@
 """The router's tables (seed 002 section 4.2): link table entries and flow route entries.
 
-Plain slotted objects; the logic that changes them lives in :mod:`flowrouter.router`.
+Plain slotted objects; the logic that changes them lives in :mod:`flowrouter.core.router`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .control import Role
-from .header import DEFAULT_MAX_PAYLOAD, NUM_LOCALITY_TYPES, Locality
+from flowrouter.wire.control import Role
+from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD, NUM_LOCALITY_TYPES, Locality
 
 
 class LinkState(enum.Enum):
@@ -67,7 +67,7 @@ class Link:
     dependent: set[bytes] = field(default_factory=set)
     rx: int = 0
     tx: int = 0
-    #: link authentication in progress (flowrouter.linkauth.LinkAuthenticator) and the
+    #: link authentication in progress (flowrouter.wire.linkauth.LinkAuthenticator) and the
     #: peer's HELLO held until its AUTH proves it
     auth: Any = None
     pending_hello: Any = None

@@ -1,6 +1,6 @@
-"""Scale benchmark: ``python -m flowrouter.sim.bench [--routers 1000] [--duration 30]``.
+"""Scale benchmark: ``python -m flowrouter.testbed.sim.bench [--routers 1000] [--duration 30]``.
 
-Builds a random connected mesh (:func:`flowrouter.sim.generate.random_mesh`), attaches
+Builds a random connected mesh (:func:`flowrouter.testbed.sim.generate.random_mesh`), attaches
 endpoints that all join one flow and send at 1 message/s, runs it in virtual time and prints
 how many simulator events (frame deliveries, router ticks, timers) it ran per wall second.
 """
@@ -11,13 +11,13 @@ import argparse
 import json
 import time
 
-from .generate import random_mesh, tree
-from .network import SimNetwork
-from .workload import SharedFlowWorkload, default_flow, summarize
+from flowrouter.testbed.sim.generate import random_mesh, tree
+from flowrouter.testbed.sim.network import SimNetwork
+from flowrouter.testbed.sim.workload import SharedFlowWorkload, default_flow, summarize
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flowrouter.sim.bench")
+    p = argparse.ArgumentParser(prog="python -m flowrouter.testbed.sim.bench")
     p.add_argument("--routers", type=int, default=1000)
     p.add_argument("--degree", type=float, default=4.0)
     p.add_argument("--endpoints", type=int, default=100)

@@ -2,8 +2,8 @@
 
 Quick start::
 
-    from flowrouter import topology
-    from flowrouter.sim import SimNetwork
+    from flowrouter.testbed import topology
+    from flowrouter.testbed.sim import SimNetwork
 
     topo = topology.load("topologies/seed003-testbed.toml")
     net = SimNetwork.from_topology(topo, seed=1, scenario="A1")
@@ -16,17 +16,17 @@ Quick start::
 Modules: :mod:`.engine` (event queue), :mod:`.links` (link model), :mod:`.endpoint`
 (simulated endpoint), :mod:`.network` (wiring), :mod:`.workload` (default workload,
 :func:`run_topology` and the ``flowrouter sim`` command, :func:`cli_main`), :mod:`.generate`
-(synthetic topologies for scale runs), :mod:`.bench` (``python -m flowrouter.sim.bench``).
+(synthetic topologies for scale runs), :mod:`.bench` (``python -m flowrouter.testbed.sim.bench``).
 """
 
 from __future__ import annotations
 
-from .endpoint import Delivery, FaultNotice, JoinResult, SimEndpoint
-from .engine import EventQueue
-from .links import Direction, SimLink
-from .network import RouterNode, SimNetwork, SimulationError, TraceRecord
-from .workload import SharedFlowWorkload, cli_main, default_flow
-from .workload import run as run_topology
+from flowrouter.testbed.sim.endpoint import Delivery, FaultNotice, JoinResult, SimEndpoint
+from flowrouter.testbed.sim.engine import EventQueue
+from flowrouter.testbed.sim.links import Direction, SimLink
+from flowrouter.testbed.sim.network import RouterNode, SimNetwork, SimulationError, TraceRecord
+from flowrouter.testbed.sim.workload import SharedFlowWorkload, cli_main, default_flow
+from flowrouter.testbed.sim.workload import run as run_topology
 
 __all__ = ["Delivery", "Direction", "EventQueue", "FaultNotice", "JoinResult", "RouterNode",
            "SharedFlowWorkload", "SimEndpoint", "SimLink", "SimNetwork", "SimulationError",

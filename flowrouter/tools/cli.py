@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from .config import ConfigError, NodeConfig, PeerConfig, config_from_dict, load_config
+from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig, config_from_dict, load_config
 
 log = logging.getLogger("flowrouter")
 
@@ -180,7 +180,7 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 
 async def run_node(cfg: NodeConfig) -> None:
-    from .runtime import RouterNode
+    from flowrouter.net.runtime import RouterNode
 
     node = RouterNode(cfg)
     await node.start()
@@ -229,8 +229,8 @@ def format_status(st: dict[str, Any]) -> str:
 def _up(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from .launcher import Launcher, summarize
-    from .topology import TopologyError, load
+    from flowrouter.testbed.launcher import Launcher, summarize
+    from flowrouter.testbed.topology import TopologyError, load
 
     try:
         topo = load(args.topology)
@@ -277,7 +277,7 @@ def _use_uvloop(wanted: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:  # the simulator has its own parser (and --help)
-        from .sim import cli_main
+        from flowrouter.testbed.sim import cli_main
 
         return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             return 0
         if args.command == "status":
-            from .runtime import query_control
+            from flowrouter.net.runtime import query_control
 
             reply = asyncio.run(query_control(args.control))
             print(json.dumps(reply["status"], indent=2) if args.json
@@ -307,14 +307,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{[hex(x) for x in sorted(cfg.core_lsids)] or 'no LSID'}")
             return 0
         if args.command == "demo":
-            from .demo import run_demo
+            from flowrouter.testbed.demo import run_demo
 
             return asyncio.run(run_demo(args.count))
         if args.command == "up":
             return _up(args)
         if args.command == "sim":
             try:
-                from .sim import cli_main
+                from flowrouter.testbed.sim import cli_main
             except ImportError as exc:  # pragma: no cover
                 print(f"flowrouter sim is unavailable: {exc}", file=sys.stderr)
                 return 2

@@ -12,10 +12,9 @@ import asyncio
 import time
 
 import flowlib
-
-from .bands import BandMask
-from .config import NodeConfig, PeerConfig
-from .runtime import RouterNode
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire.bands import BandMask
 
 LSID = 0x10
 

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bands import DEFAULT_DATA_BAND
-from .flowid import FlowID
-from .runtime import query_control
-from .topology import Fault, LinkSpec, Topology
+from flowrouter.net.runtime import query_control
+from flowrouter.testbed.topology import Fault, LinkSpec, Topology
+from flowrouter.wire.bands import DEFAULT_DATA_BAND
+from flowrouter.wire.flowid import FlowID
 
-log = logging.getLogger("flowrouter.launcher")
+log = logging.getLogger("flowrouter.testbed.launcher")
 
 FLOW_LOCAL_ID = 0x5111  #: the shared flow's local id (creator: a hash of the topology name)
 
@@ -185,7 +185,7 @@ class Launcher:
             cfg.write_text(self.router_config(r.name), encoding="utf-8")
             with (self.workdir / f"{r.name}.log").open("wb") as logf:  # noqa: ASYNC230
                 self.procs[r.name] = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "flowrouter.cli", "--log-level", self.log_level,
+                    sys.executable, "-m", "flowrouter.tools.cli", "--log-level", self.log_level,
                     "run", "--config", str(cfg), stdout=logf, stderr=logf, env=env)
         deadline = time.monotonic() + 30
         for name, ctl in self.control.items():

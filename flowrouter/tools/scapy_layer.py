@@ -22,7 +22,7 @@
 Example::
 
     from scapy.all import rdpcap
-    from flowrouter.scapy_layer import bind_flow_ports, tcp_streams, dissect_stream
+    from flowrouter.tools.scapy_layer import bind_flow_ports, tcp_streams, dissect_stream
     bind_flow_ports(7001, 7002)
     for (src, sport, dst, dport), data in tcp_streams(rdpcap("cap.pcap")).items():
         for frame in dissect_stream(data):
@@ -56,9 +56,15 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
 from scapy.volatile import RandNum
 
-from . import control as C
-from .bands import BAND_FAULT, BAND_NAMES, DEFAULT_DATA_BAND, ROUTER_BANDS_END, BandMask
-from .header import DEFAULT_TTL, HEADER_SIZE, Locality
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import (
+    BAND_FAULT,
+    BAND_NAMES,
+    DEFAULT_DATA_BAND,
+    ROUTER_BANDS_END,
+    BandMask,
+)
+from flowrouter.wire.header import DEFAULT_TTL, HEADER_SIZE, Locality
 
 __all__ = [
     "BandMaskField",
@@ -266,7 +272,7 @@ class FlowJoin(Packet):
 
 
 class FlowAuth(Packet):
-    """The link-authentication proof after HELLO (flowrouter.linkauth)."""
+    """The link-authentication proof after HELLO (flowrouter.wire.linkauth)."""
 
     name = "FlowAuth"
     fields_desc: ClassVar[list[AnyField]] = [
@@ -276,7 +282,7 @@ class FlowAuth(Packet):
 
 
 class FlowPolicy(Packet):
-    """A creator-signed flow policy (flowrouter.capabilities.Policy)."""
+    """A creator-signed flow policy (flowrouter.wire.capabilities.Policy)."""
 
     name = "FlowPolicy"
     fields_desc: ClassVar[list[AnyField]] = [
