@@ -1,1 +1,3 @@
-"""Applications built on flownet."""
+"""Applications built on flownet (chat, flowtrace).
+The top layer: may import directory, flowlib and flowrouter; nothing imports apps.
+"""

@@ -1,4 +1,5 @@
 """flownet's directory service (DESIGN.md section 8, seed 002 section 5.1).
+Built on flowlib; may import flowlib and flowrouter.wire only.
 
 The directory is a flow that directory members join: a well-known flow per location service,
 ``FlowID(0xD1EC7044, LSID, 0)``. Its entries are tuples ``(name, FlowID, kind, *attrs)`` with

@@ -1,4 +1,5 @@
 """flowlib: the client library of flownet.
+May import only the wire layer of flowrouter (flowrouter.wire); applications build on it.
 
 Asyncio first::
 

@@ -1,4 +1,5 @@
 """Location services: the cores of the flows' shared trees.
+A router in the LS role: builds on flowrouter (its CLI and daemon) and flowlib.
 
 A location service (LS) for an LSID is a group of member routers, each configured as a core
 for that LSID and linked to the others in a full mesh. Members announce the LSID at distance 0
