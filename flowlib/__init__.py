@@ -16,7 +16,7 @@ and the seed's synchronous names (``flow_connect``, ``flow_addlistener``, ``flow
 through :class:`flowlib.sync.SyncFlowClient`.
 
 With several router addresses the client fails over to the next router when its router dies
-(:mod:`flowlib.client`); messages larger than a frame are fragmented and reassembled
+(:mod:`flowlib.failover`); messages larger than a frame are fragmented and reassembled
 (:mod:`flowlib.fragment`); receive-queue overflows are reported on the overflow band
 (:mod:`flowlib.notices`); :class:`flowlib.heartbeat.Heartbeat` tracks a flow's members.
 """

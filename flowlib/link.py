@@ -1,0 +1,156 @@
+"""One TCP connection to a flow router, as the asyncio protocol that reads it.
+
+:class:`Link` turns bytes into frames (the handshake one frame at a time, since after the
+router's AUTH the rest of the stream may be sealed records) and hands them to its client's
+handlers; :class:`SealingTransport` seals every write once the link is encrypted. The
+decisions (what a frame means, when the link is up or lost) are the client's
+(:mod:`flowlib.connection`). Imports asyncio, socket and the wire layer of flowrouter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import TYPE_CHECKING, Any
+
+from flowrouter.wire.bands import ROUTER_BANDS_END
+from flowrouter.wire.header import FrameDecoder, MalformedFrame, take_frame
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+
+class SealingTransport:
+    """The link's transport once it is encrypted: every write becomes one sealed record
+    (header and payload are joined for sealing anyway); everything else passes through."""
+
+    def __init__(self, inner: Any, secure: Any) -> None:
+        self._inner = inner
+        self._secure = secure
+
+    def write(self, data: Any) -> None:
+        self._inner.write(self._secure.encode(data))
+
+    def writelines(self, buffers: Any) -> None:
+        self._inner.write(self._secure.encode(b"".join(buffers)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Link(asyncio.Protocol):
+    """One TCP connection's receive path: bytes -> frames -> the client's handlers.
+
+    A client makes a new one per connection attempt; callbacks from any link but the client's
+    current one are ignored, so a failed attempt or a dead link can never disturb the next.
+    """
+
+    def __init__(self, client: Connection, address: str) -> None:
+        self.client = client
+        self.address = address
+        self.decoder = FrameDecoder(client._own_max_payload)
+        self.transport: asyncio.Transport | None = None
+        self.router_name = ""
+        #: the handshake's bytes, parsed one frame at a time: after the router's AUTH the
+        #: rest of the stream may be sealed records (None once the handshake is over)
+        self.hs: bytearray | None = bytearray()
+        #: the record layer once the link is encrypted
+        self.secure: Any = None
+        #: we gave up on this link (protocol error, refusal): stop reading it
+        self.dead = False
+        #: why this link ended, when we ended it
+        self.reason: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        client = self.client
+        if client._link is not self:
+            transport.abort()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if client._failover:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                    for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2),
+                                       ("TCP_KEEPCNT", 3)):
+                        if hasattr(socket, opt):
+                            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+            except OSError:
+                pass
+        client._connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        if self.dead or client._link is not self:
+            return
+        if self.secure is not None:
+            from flowrouter.wire.linkauth import LinkSecurityError
+
+            try:
+                chunks = self.secure.decode(data)
+            except LinkSecurityError as exc:
+                client._protocol_error(self, f"bad sealed record from the router: {exc}")
+                return
+            for chunk in chunks:
+                self._frames(chunk)
+                if self.dead:
+                    return
+            return
+        if self.hs is not None:
+            self._handshake_bytes(data)
+            return
+        self._frames(data)
+
+    def _handshake_bytes(self, data: bytes) -> None:
+        client = self.client
+        buf = self.hs
+        assert buf is not None
+        buf += data
+        while True:
+            try:
+                frame = take_frame(buf, client._own_max_payload)
+            except MalformedFrame as exc:
+                client._protocol_error(self, f"malformed frame from the router: {exc}")
+                return
+            if frame is None:
+                return
+            self._frames(frame)
+            if self.dead:
+                return
+            hello = client._hello
+            if self.secure is not None or (hello is not None and hello.done()):
+                rest = bytes(buf)
+                self.hs = None
+                if rest:
+                    self.data_received(rest)
+                return
+
+    def _frames(self, data: bytes) -> None:
+        client = self.client
+        try:
+            frames = self.decoder.feed(data)
+        except MalformedFrame as exc:
+            client._protocol_error(self, f"malformed frame from the router: {exc}")
+            return
+        deliver = client._deliver
+        for header, payload in frames:
+            if header[20] >= ROUTER_BANDS_END:
+                deliver(header, payload)
+            else:
+                client._on_control(self, header, payload)
+            if self.dead:
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._connection_lost(self, exc)
+
+    def pause_writing(self) -> None:
+        if self.client._link is self:
+            self.client._paused = True
+
+    def resume_writing(self) -> None:
+        if self.client._link is self:
+            self.client._resume_writing()
