@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -39,7 +40,7 @@ async def eventually(check: Callable[[], bool], timeout: float = 15.0,
 
 
 @contextlib.asynccontextmanager
-async def testbed(tmp_path) -> AsyncIterator[dict[str, RouterNode]]:
+async def router_testbed(tmp_path) -> AsyncIterator[dict[str, RouterNode]]:
     """A hub router (core of LSID 0x10) and one router per site dialling it."""
     nodes: dict[str, RouterNode] = {}
     try:
@@ -90,7 +91,7 @@ def run(coro_fn: Callable[[], Awaitable[None]], timeout: float = 60.0) -> None:
 
 def test_four_sites_on_real_routers_deliver_in_one_order(tmp_path) -> None:
     async def main() -> None:
-        async with testbed(tmp_path) as nodes, servers(nodes, tmp_path) as srv:
+        async with router_testbed(tmp_path) as nodes, servers(nodes, tmp_path) as srv:
             clients = {s: await ChatClient.connect(server_addr(srv[s]), f"user-{s}")
                        for s in SITES}
             got: dict[str, list[tuple[str, str]]] = {s: [] for s in SITES}
@@ -126,7 +127,8 @@ def test_four_sites_on_real_routers_deliver_in_one_order(tmp_path) -> None:
 
 def test_plain_client_and_bot(tmp_path) -> None:
     async def main() -> None:
-        async with testbed(tmp_path) as nodes, servers(nodes, tmp_path, mode="hasten") as srv:
+        async with router_testbed(tmp_path) as nodes, \
+                servers(nodes, tmp_path, mode="hasten") as srv:
             watcher = await ChatClient.connect(server_addr(srv["kingdom"]), "watcher")
             seen: list[dict] = []
 
@@ -172,7 +174,7 @@ def test_room_flow_found_through_the_directory(tmp_path) -> None:
     from directory import DirectoryMember
 
     async def main() -> None:
-        async with testbed(tmp_path) as nodes:
+        async with router_testbed(tmp_path) as nodes:
             member = await DirectoryMember.connect([addr(nodes["hub"])], name="dir-hub")
             a = b = None
             try:
@@ -215,3 +217,55 @@ def test_cli_experiment_runs_in_the_simulator(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "| 7 | leader | L1 | 10/30 |" in out
     assert (tmp_path / "summary.md").exists()
+
+
+def test_cli_server_passes_every_ordering_option_to_the_site() -> None:
+    args = cli.build_parser().parse_args([
+        "server", "--site", "kingdom", "--sites", "metropol,kingdom", "--router",
+        "127.0.0.1:1", "--mode", "hasten", "--stability", "--long-term-reconcile",
+        "--long-term-rate", "3", "--display-rate", "7", "--max-lag", "99", "--heartbeat", "0.5",
+        "--missed", "4", "--disconnect-interval", "9"])
+    srv = cli.make_server(args)
+    c = srv.config
+    assert (c.mode, c.stability, c.long_term_reconcile, c.long_term_rate, c.display_rate,
+            c.max_lag, c.heartbeat_interval, c.missed_heartbeats, c.disconnect_interval) == \
+        ("hasten", True, True, 3.0, 7.0, 99, 0.5, 4, 9.0)
+    plain = cli.make_server(cli.build_parser().parse_args([
+        "server", "--site", "kingdom", "--sites", "metropol,kingdom", "--router",
+        "127.0.0.1:1"]))
+    assert not plain.config.stability and plain.config.mode == "all-to-all"
+
+
+def test_cli_experiment_stability_reaches_the_sites(tmp_path, capsys) -> None:
+    rc = cli.main(["experiment", "--only", "5", "--duration", "30", "--out", str(tmp_path),
+                   "--no-plots", "--stability"])
+    assert rc == 0
+    row = json.loads((tmp_path / "test5-hasten-A2" / "result.json").read_text())
+    assert row["config"]["stability"] is True and row["config"]["mode"] == "hasten"
+    # stability tracking sends acknowledgement heartbeats between the regular ones
+    assert row["counters"]["sent.heartbeat"] > 4 * 30 / 2.0 * 2
+    capsys.readouterr()
+
+
+def _free_base() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1]) % 20000 + 30000
+
+
+def test_cli_experiment_real_runs_router_processes(tmp_path, capsys) -> None:
+    """--real starts the topology's routers as processes on loopback and runs the sites on
+    them in real time (a short run: every site delivers every site's messages)."""
+    rc = cli.main(["experiment", "--real", "--only", "1", "--duration", "8", "--out",
+                   str(tmp_path), "--no-plots", "--base-port", str(_free_base())])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Real routers on loopback, 8 s per run" in out
+    row = json.loads((tmp_path / "test1-all-to-all-A1" / "result.json").read_text())
+    assert row["run"] == "real"
+    assert row["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
+                                 "causal": 0}
+    assert set(row["delivered"]) == set(SITES)
+    for site, n in row["delivered"].items():
+        assert n >= 4 * 2, site  # every site heard from every site

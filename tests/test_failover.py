@@ -129,6 +129,11 @@ class Collector:
         missing = (max(seqs) - min(seqs) + 1) - len(set(seqs)) if seqs else 0
         return gap * 1000, missing
 
+    def holes(self) -> list[tuple[int, int]]:
+        """Runs of sequence numbers missing between the lowest and highest received."""
+        seqs = sorted({s for _, s in self.data()})
+        return [(a + 1, b - 1) for a, b in zip(seqs, seqs[1:]) if b > a + 1]
+
     async def stop(self) -> None:
         self._task.cancel()
         with contextlib.suppress(BaseException):
@@ -156,11 +161,14 @@ def test_kill_routers_receivers_fail_over_and_resume(capsys: pytest.CaptureFixtu
             col_b = Collector(await rx_b.listen(flow, [32, BAND_FAULT], size=100_000))
             stop = asyncio.Event()
 
+            sent_count = [0]
+
             async def load() -> int:
                 seq = 0
                 while not stop.is_set():
                     await tx.send(flow, b"%d" % seq)
                     seq += 1
+                    sent_count[0] = seq
                     await asyncio.sleep(0.001)  # pacing a load generator, not a sync
                 return seq
 
@@ -170,6 +178,7 @@ def test_kill_routers_receivers_fail_over_and_resume(capsys: pytest.CaptureFixtu
 
             # 1. kill rxA's router: rxA moves to r4
             r3_address = addr(r3)
+            kill_points = [sent_count[0]]  # tx's next sequence number at each kill
             killed = time.perf_counter()
             await r3.stop()
             await col_a.until(lambda: bool(col_a.faults(FaultKind.FAILOVER)))
@@ -191,6 +200,7 @@ def test_kill_routers_receivers_fail_over_and_resume(capsys: pytest.CaptureFixtu
 
             # 2. kill rxB's router r1: rxB moves to r2; r4 (rxA's new router) may lose its
             # way up too and re-graft through r2 (a router fault, not a failover, for rxA)
+            kill_points.append(sent_count[0])
             killed = time.perf_counter()
             n_a = len(col_a.data())
             await r1.stop()
@@ -215,6 +225,15 @@ def test_kill_routers_receivers_fail_over_and_resume(capsys: pytest.CaptureFixtu
                           f"rxB got {len(col_b.data())}")
             # loopback: the interruption is milliseconds; allow a slow CI machine 2 s
             assert gap_a < 2000 and gap_b < 2000
+            # losses happen only at the failures: at most one run of lost numbers per kill,
+            # each beginning no later than the first message sent after a kill
+            for col, lost in ((col_a, lost_a2), (col_b, lost_b)):
+                holes = col.holes()
+                assert sum(hi - lo + 1 for lo, hi in holes) == lost
+                assert len(holes) <= len(kill_points), holes
+                for lo, _hi in holes:
+                    assert any(lo <= k for k in kill_points), (holes, kill_points)
+            assert lost_a2 + lost_b < sent // 2, (lost_a2, lost_b, sent)
             for c in (col_a, col_b):
                 await c.stop()
             for c in (rx_a, rx_b, tx):

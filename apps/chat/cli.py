@@ -175,14 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _server(a: argparse.Namespace) -> int:
+def make_server(a: argparse.Namespace) -> Any:
+    """The :class:`~apps.chat.server.ChatServer` that ``flowchat server`` options describe."""
     from .server import ChatServer
 
     sites = [x.strip() for x in a.sites.split(",") if x.strip()]
-    srv = ChatServer(a.site, a.router, sites=sites, room=a.room, mode=a.mode, leader=a.leader,
-                     listen=a.listen, flow=a.flow, lsid=a.lsid,
-                     use_directory=not a.no_directory, state_dir=a.state_dir,
-                     **_igo_kwargs(a))
+    return ChatServer(a.site, a.router, sites=sites, room=a.room, mode=a.mode, leader=a.leader,
+                      listen=a.listen, flow=a.flow, lsid=a.lsid,
+                      use_directory=not a.no_directory, state_dir=a.state_dir,
+                      **_igo_kwargs(a))
+
+
+async def _server(a: argparse.Namespace) -> int:
+    srv = make_server(a)
     await srv.start()
     print(f"flowchat: site {a.site} ({a.mode}) in room {a.room!r} on flow {srv.flow} "
           f"({srv.flow_source}); clients connect to "

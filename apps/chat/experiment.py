@@ -48,9 +48,9 @@ import random
 import statistics
 import time
 from bisect import bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +174,11 @@ def igo_config(exp: Experiment, sites: Sequence[str], **overrides: Any) -> IGOCo
                      leader=LEADER_SITE if exp.mode == "leader" else None, **overrides)
 
 
+def config_record(cfg: IGOConfig) -> dict[str, Any]:
+    """The ordering configuration a run used, JSON-able (written to result.json)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+
+
 # ============================================================================ simulator
 def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duration: float = 300.0,
             seed: int = 1, size: int = 1000, rate: float = 2.0, ls: str = "sites",
@@ -235,6 +240,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
                     {n: sites[n].ordering.seq for n in SITES}, send_vectors, outages,
                     scenario_groups(exp, SITES),
                     {n: dict(s.ordering.counters) for n, s in sites.items()}, wall, "sim")
+    res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
     res.extra["link_drops"] = dict(net.link_drops())
     res.extra["ls"] = ls
     res.extra["leader_deliveries"] = (len(sites[LEADER_SITE].deliveries)
@@ -339,6 +345,7 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
                     {n: sites[n].ordering.seq for n in SITES}, send_vectors, outages,
                     scenario_groups(exp, SITES),
                     {n: dict(s.ordering.counters) for n, s in sites.items()}, duration, "real")
+    res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
     res.extra["faults_applied"] = report.faults_applied
     res.extra["workdir"] = str(launcher.workdir)
     res.extra["ls"] = ls
@@ -687,6 +694,8 @@ def run_all(experiments: list[Experiment], *, out: str | Path, real: bool = Fals
                                                                           **kwargs)
         row = analyse(res)
         row["ls"] = res.extra.get("ls")
+        row["config"] = res.extra.get("config")
+        row["counters"] = dict(sum((Counter(c) for c in res.counters.values()), Counter()))
         d = outdir / exp.name
         write_logs(res, d)
         if plots:

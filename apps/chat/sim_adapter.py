@@ -1,9 +1,9 @@
 """Run IGO sites on simulated endpoints (:mod:`flowrouter.testbed.sim`), in virtual time.
 
-One :class:`SimSite` per site: it joins the room flow on :meth:`SiteOrdering.bands` through its
-:class:`~flowrouter.testbed.sim.SimEndpoint`, feeds every delivery of those bands to the state machine,
-ticks it every ``tick`` virtual seconds, and carries out its actions (``Send`` becomes
-``endpoint.send``; deliveries, membership and state changes are recorded and passed to
+One :class:`SimSite` per site: it joins the room flow on :meth:`SiteOrdering.bands` through
+its :class:`~flowrouter.testbed.sim.SimEndpoint`, feeds every delivery of those bands to the
+state machine, ticks it every ``tick`` virtual seconds, and carries out its actions (``Send``
+becomes ``endpoint.send``; deliveries, membership and state changes are recorded and passed to
 optional callbacks). The clock is the simulator's, so send and delivery times are virtual.
 
     net = SimNetwork.from_topology(topo, seed=1, scenario="A1")
