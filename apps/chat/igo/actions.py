@@ -1,0 +1,61 @@
+"""What the IGO state machine hands back: actions to carry out (send, deliver) and the
+events an application shows (membership and state changes). Imports only the standard library."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed to the application at ``site``."""
+
+    site: str  #: where it was delivered
+    origin: str  #: the site that sent it
+    seq: int  #: the origin's sequence number
+    lamport: int
+    gseq: int | None  #: leader mode: the leader's order number (None if delivered locally)
+    send_time: float
+    delivery_time: float
+    late: bool  #: delivered out of the order its ordering rule would give (reconciled)
+    local: bool  #: leader mode: delivered while cut off from the leader (intra-site order)
+    payload: bytes
+
+    @property
+    def latency(self) -> float:
+        return self.delivery_time - self.send_time
+
+
+class Send(NamedTuple):
+    band: int
+    payload: bytes
+    kind: str
+
+
+class Deliver(NamedTuple):
+    delivery: Delivery
+
+
+class MembershipChange(NamedTuple):
+    time: float
+    members: tuple[str, ...]  #: sites this site's ordering includes (always itself)
+
+
+class StateChange(NamedTuple):
+    time: float
+    peer: str | None  #: the peer whose state changed, or None for the site's overall state
+    old: str
+    new: str
+
+
+Action = Send | Deliver | MembershipChange | StateChange
+
+
+class PeerState(enum.StrEnum):
+    UNKNOWN = "unknown"  #: never heard
+    S1 = "S1"
+    S2 = "S2"
+    S3 = "S3"
+

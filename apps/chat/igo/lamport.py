@@ -1,0 +1,143 @@
+"""All-to-all ordering (delay and hasten modes): Lamport order over the ordering set,
+causal dependencies, and delivery. Sans-I/O: imports only the standard library,
+flowrouter.wire and the other IGO modules."""
+
+from __future__ import annotations
+
+import heapq
+
+from .actions import Deliver, Delivery, PeerState
+from .core import SiteCore
+from .records import Msg, Stream
+
+
+class LamportOrdering(SiteCore):
+    """Lamport order, causal order and delivery (a part of SiteOrdering)."""
+
+    def _accept(self, msg: Msg, now: float, refill: bool = False) -> None:
+        """A message whose FIFO predecessors are all in: hand it to the ordering rule."""
+        key = (msg.origin, msg.seq)
+        if self.mode == "leader":
+            if self.is_leader:
+                self._ready[key] = msg
+                self._leader_assign(msg, now)
+            elif msg.origin == self.me:
+                self._awaiting_order[msg.seq] = msg
+                lp = self.peers[self.leader]  # type: ignore[index]
+                if lp.state in (PeerState.S2, PeerState.S3):
+                    self._deliver_local(msg, now)
+            else:
+                self._ready[key] = msg
+            return
+        self._ready[key] = msg
+        heapq.heappush(self._heap, (msg.lamport, msg.origin, msg.seq))
+
+    def _lamport_ok(self, t: int, o: int) -> bool:
+        for p in self.peers.values():
+            i = p.idx
+            if i == o or not self._in_ordering(p):
+                continue
+            b = self.streams[i].bound
+            if b > t or (b == t and i > o):
+                continue
+            return False
+        return not (o != self.me and not (self.clock > t or self.clock == t and self.me > o))
+
+    def _frontier(self) -> tuple[int, int]:
+        """The smallest (lamport, origin) key a message from our ordering set may still
+        have: everything below it that the ordering set sent is here."""
+        best = (self.clock, self.me)
+        for p in self.peers.values():
+            if self._in_ordering(p):
+                k = (self.streams[p.idx].bound, p.idx)
+                if k < best:
+                    best = k
+        return best
+
+    def _missing_dep(self, msg: Msg) -> tuple[int, int] | None:
+        for o, s in enumerate(msg.deps):
+            if o == msg.origin or o == self.me:
+                continue
+            if s > self.streams[o].settled:
+                return o, s
+        return None
+
+    def _deps_ok(self, msg: Msg, now: float) -> bool:
+        dep = self._missing_dep(msg)
+        while dep is not None:
+            o, s = dep
+            st = self.streams[o]
+            key = (msg.origin, msg.seq)
+            since = self._dep_wait.setdefault(key, now)
+            if now - since >= self.cfg.dependency_timeout:
+                # bounded latency beats a dependency nobody can give us
+                self.counters["dependency.skipped"] += 1
+                if s > st.contiguous:
+                    self._skip(o, st, s, now, reason="dependency")
+                break
+            if s > st.known_high:
+                st.known_high = s
+            if st.contiguous < s:
+                self._want_nack(st, now, hint=True)
+            self.counters["dependency.waits"] += 1
+            return False
+        self._dep_wait.pop((msg.origin, msg.seq), None)
+        return True
+
+    def _deliverable(self, now: float) -> None:
+        if self.mode == "leader":
+            return
+        heap = self._heap
+        stability = self.cfg.stability
+        while heap:
+            t, o, s = heap[0]
+            msg = self._ready.get((o, s))
+            if msg is None:  # dropped (peer restarted)
+                heapq.heappop(heap)
+                continue
+            late = (t, o) < self._last_key
+            if not late and not self._lamport_ok(t, o):
+                break
+            if stability and not late and not self._stable(msg, now):
+                break
+            if not self._deps_ok(msg, now):
+                break
+            heapq.heappop(heap)
+            del self._ready[(o, s)]
+            if not late:
+                self._last_key = (t, o)
+            self._deliver(msg, now, late=late, gseq=None, local=False)
+
+    def _deliver(self, msg: Msg, now: float, *, late: bool, gseq: int | None,
+                 local: bool) -> None:
+        st = self.streams[msg.origin]
+        if msg.seq > st.settled:
+            st.delivered.add(msg.seq)
+            self._settle(st)
+        self.deliveries += 1
+        self._acks_changed = True
+        self.counters["delivered"] += 1
+        if late:
+            self.counters["delivered.late"] += 1
+        if local:
+            self.counters["delivered.local"] += 1
+        d = Delivery(self.site, self.cfg.sites[msg.origin], msg.seq, msg.lamport, gseq,
+                     msg.send_time, now, late, local, msg.payload)
+        if self._display_bucket is not None:
+            self._display.append(d)
+        else:
+            self._emit(Deliver(d))
+
+    def _settle(self, st: Stream) -> None:
+        while True:
+            n = st.settled + 1
+            if n in st.delivered:
+                st.delivered.discard(n)
+                st.settled = n
+                continue
+            for r in st.skipped:
+                if r[0] <= n <= r[1]:
+                    st.settled = r[1]
+                    break
+            else:
+                return

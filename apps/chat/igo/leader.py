@@ -1,0 +1,266 @@
+"""Leader mode: the leader numbers every message in ORDER records; sites deliver in that
+order, fetch what an ORDER names, and chat locally when cut off from the leader. Sans-I/O:
+imports only the standard library, flowrouter.wire and the other IGO modules."""
+
+from __future__ import annotations
+
+from flowrouter.wire.bands import (
+    BAND_ORDER,
+    BAND_REPAIR,
+)
+
+from .actions import PeerState, Send
+from .core import SiteCore
+from .records import Msg, seq_ranges
+from .states import PeerEvent
+from .wire import (
+    F_LATE,
+    MAX_NACK_NUMBERS,
+    MAX_ORDER_ENTRIES,
+    MAX_RANGES,
+    STREAM_ORDER,
+    Gone,
+    Nack,
+    Order,
+    ProtocolError,
+    encode_gone,
+    encode_nack,
+    encode_order,
+)
+
+
+class LeaderOrdering(SiteCore):
+    """Leader-based ordering (a part of SiteOrdering)."""
+
+    def _leader_assign(self, msg: Msg, now: float) -> None:
+        """The leader orders a message whose FIFO predecessors are all ordered."""
+        o = msg.origin
+        flags = 0
+        if o != self.me:
+            p = self.peers[o]
+            if p.state is not PeerState.S1:
+                flags |= F_LATE
+        self.g_high += 1
+        g = self.g_high
+        entry = (o, msg.seq, flags)
+        self._order_log[g] = entry
+        while len(self._order_log) > self.cfg.history_size:
+            self._order_log.pop(self._order_log_first, None)
+            self._order_log_first += 1
+        if not self._order_out:
+            self._order_out_first = g
+        self._order_out.append(entry)
+        self.counters["order.assigned"] += 1
+        del self._ready[(o, msg.seq)]
+        self._deliver(msg, now, late=bool(flags & F_LATE), gseq=g, local=False)
+
+    def _flush_orders(self) -> None:
+        if not self._order_out:
+            return
+        first = self._order_out_first
+        entries = self._order_out
+        self._order_out = []
+        for k in range(0, len(entries), MAX_ORDER_ENTRIES):
+            chunk = tuple(entries[k:k + MAX_ORDER_ENTRIES])
+            self._out.append(Send(BAND_ORDER, encode_order(
+                self.tag, self.me, Order(self.inc, self._view_bits(), first + k, chunk)),
+                "order"))
+            self.counters["sent.order"] += 1
+
+    def _answer_order_nack(self, tx: int, n: Nack, now: float) -> None:
+        if not self.is_leader:
+            return
+        for lo, hi in n.ranges:
+            hi = min(hi, self.g_high)
+            if lo < self._order_log_first:
+                self._emit(Send(self.cfg.inbox_band(tx), encode_gone(
+                    self.tag, self.me, Gone(tx, STREAM_ORDER, self._order_log_first)), "gone"))
+                lo = self._order_log_first
+            if lo > hi:
+                continue
+            entries = tuple(self._order_log[g] for g in range(lo, hi + 1))
+            for k in range(0, len(entries), MAX_ORDER_ENTRIES):
+                self._emit(Send(self.cfg.inbox_band(tx), encode_order(
+                    self.tag, self.me,
+                    Order(self.inc, self._view_bits(), lo + k, entries[k:k + MAX_ORDER_ENTRIES])),
+                    "order-repair"))
+                self.counters["repair.order-sent"] += 1
+
+    def _on_order(self, tx: int, o: Order, now: float) -> None:
+        if self.mode != "leader" or tx != self.leader:
+            raise ProtocolError("order-not-leader", f"ORDER from site {tx}")
+        if self.is_leader:
+            return
+        p = self.peers[tx]
+        if self._leader_inc and o.inc != self._leader_inc:
+            self.counters["leader.restarted"] += 1
+            self._orders.clear()
+            self._order_synced = False
+        self._leader_inc = o.inc
+        self._leader_view = o.view
+        if p.state in (PeerState.UNKNOWN, PeerState.S3):
+            p.last_heard = now
+            self._leader_seen_g(o.first - 1, now)
+            self._peer_event(p, PeerEvent.CONTACT, now)
+        else:
+            self._heard(tx, now)
+            self._leader_seen_g(o.first - 1, now)
+        for k, entry in enumerate(o.entries):
+            g = o.first + k
+            if g >= self.next_g:
+                self._orders[g] = entry
+        last = o.first + len(o.entries) - 1
+        if last > self.g_high:
+            self.g_high = last
+        self._drain_orders(now)
+        self._update_membership(now)
+
+    def _leader_seen_g(self, g: int, now: float) -> None:
+        """The leader has assigned up to *g* (from its heartbeat or an ORDER record)."""
+        if not self._order_synced:
+            # first contact, or back after a cut: resume at the leader's current position
+            self._order_synced = True
+            if g + 1 > self.next_g:
+                skipped = g + 1 - self.next_g
+                self.counters["order.skipped"] += skipped
+                for k in [k for k in self._orders if k <= g]:
+                    del self._orders[k]
+                self.next_g = g + 1
+        if g > self.g_high:
+            self.g_high = g
+        if self.g_high >= self.next_g and self._order_nack_due is None:
+            self._order_nack_due = now + self.cfg.nack_delay
+
+    def _leader_state_changed(self, old: PeerState, new: PeerState,
+                              now: float) -> None:
+        if new in (PeerState.S2, PeerState.S3) and old in (PeerState.S1, PeerState.UNKNOWN):
+            # cut off from the leader: intra-site chat; our waiting messages go out now
+            for seq in sorted(self._awaiting_order):
+                msg = self._awaiting_order[seq]
+                if seq not in self._local_delivered:
+                    self._deliver_local(msg, now)
+            if not self.cfg.leader_reconcile_cut_site:
+                self._order_synced = False
+        if new is PeerState.S1 and old is PeerState.S2 and self.cfg.leader_reconcile_cut_site:
+            self._order_nack_due = now
+
+    def _deliver_local(self, msg: Msg, now: float) -> None:
+        if msg.seq in self._local_delivered:
+            return
+        self._local_delivered.add(msg.seq)
+        self._deliver(msg, now, late=False, gseq=None, local=True)
+
+    def _drain_orders(self, now: float) -> None:
+        if self.mode != "leader" or self.is_leader or self._draining:
+            return
+        self._draining = True
+        try:
+            self._drain_orders_loop(now)
+        finally:
+            self._draining = False
+
+    def _drain_orders_loop(self, now: float) -> None:
+        while self.next_g in self._orders:
+            g = self.next_g
+            o, s, fl = self._orders[g]
+            late = bool(fl & F_LATE)
+            if o == self.me:
+                # the leader orders our messages in FIFO order: any older one still waiting
+                # was skipped by it (e.g. it restarted) and will never be ordered
+                for old in [q for q in self._awaiting_order if q < s]:
+                    self._deliver_local(self._awaiting_order.pop(old), now)
+                for old in [q for q in self._local_delivered if q < s]:
+                    self._local_delivered.discard(old)
+                msg = self._awaiting_order.pop(s, None)
+                if s in self._local_delivered:
+                    self._local_delivered.discard(s)
+                    self.counters["order.own-already-delivered"] += 1
+                else:
+                    msg = msg or self.streams[self.me].store.get(s)
+                    if msg is None:
+                        self.counters["order.own-unknown"] += 1
+                    else:
+                        self._deliver(msg, now, late=late, gseq=g, local=False)
+            else:
+                st = self.streams[o]
+                msg = self._ready.pop((o, s), None) or st.pending.get(s) or st.store.get(s)
+                if msg is None:
+                    self._fetch_for_order(o, s, now)
+                    return
+                self._deliver(msg, now, late=late, gseq=g, local=False)
+            del self._orders[g]
+            self._fetch_due.pop((o, s), None)
+            self.next_g += 1
+        if (self._orders and min(self._orders) > self.next_g
+                and self._order_nack_due is None):
+            self._order_nack_due = now + self.cfg.nack_delay
+
+    def _fetch_for_order(self, o: int, s: int, now: float) -> None:
+        """ORDER entries name messages we lack: ask the leader (it holds everything it
+        ordered), or another holder, for all of them at once (per origin, as ranges)."""
+        due = self._fetch_due.get((o, s))
+        if due is not None and due > now:
+            return
+        want: dict[int, list[int]] = {}
+        for g in sorted(self._orders)[:MAX_NACK_NUMBERS]:
+            eo, es, _ = self._orders[g]
+            if eo == self.me or (eo, es) in self._ready:
+                continue
+            est = self.streams[eo]
+            if es in est.pending or es in est.store:
+                continue
+            d = self._fetch_due.get((eo, es))
+            if d is not None and d > now:
+                continue
+            want.setdefault(eo, []).append(es)
+        lp = self.peers[self.leader]  # type: ignore[index]
+        for eo, seqs in want.items():
+            target = self.leader if self._reachable(lp, now) \
+                else self._choose_target(eo, seqs[0], now, 0)
+            if target is None:
+                self.counters["nack.no-target"] += 1
+                continue
+            for q in seqs:
+                self._fetch_due[(eo, q)] = now + self.cfg.nack_retry
+            self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
+                target, eo, 0, tuple(seq_ranges(seqs)[:MAX_RANGES]))), "nack"))
+            self.counters["sent.nack"] += 1
+
+    def _order_nack(self, now: float) -> None:
+        self._order_nack_due = None
+        if self.is_leader or self.leader is None:
+            return
+        lp = self.peers[self.leader]
+        if not self._reachable(lp, now) or not self._order_synced:
+            return
+        hi = max([self.g_high] + list(self._orders))
+        missing = [g for g in range(self.next_g, hi + 1) if g not in self._orders]
+        if not missing:
+            return
+        ranges = seq_ranges(missing[:MAX_NACK_NUMBERS])[:MAX_RANGES]
+        self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
+            self.leader, STREAM_ORDER, 0, tuple(ranges))), "nack"))
+        self.counters["sent.nack-order"] += 1
+        self._order_nack_due = now + self.cfg.nack_retry
+
+    def _prune_ready(self, now: float) -> None:
+        """Leader mode, ordinary site: data never named by an ORDER we deliver (ordered while
+        we were cut off) is dropped after ``keep_ready_for`` seconds."""
+        if self.mode != "leader" or self.is_leader:
+            return
+        limit = now - self.cfg.keep_ready_for
+        old = [k for k, m in self._ready.items() if m.rx < limit]
+        for k in old:
+            del self._ready[k]
+        n = len(old)
+        for o, st in enumerate(self.streams):
+            if o == self.me or not st.pending:
+                continue
+            stale = [q for q, m in st.pending.items() if m.rx < limit]
+            for q in stale:
+                del st.pending[q]
+            n += len(stale)
+        if n:
+            self.counters["ready.pruned"] += n
+        for k in [k for k, v in self._fetch_due.items() if v < limit]:
+            del self._fetch_due[k]

@@ -1,0 +1,107 @@
+"""The IGO state machine's internal records: a message, what is known of one origin's
+stream, of one peer site, and a token bucket for pacing. Imports only the standard library."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from .actions import PeerState
+
+
+class Msg:
+    __slots__ = ("origin", "inc", "seq", "lamport", "send_time", "deps", "payload", "rx")
+
+    def __init__(self, origin: int, inc: int, seq: int, lamport: int, send_time: float,
+                 deps: tuple[int, ...], payload: bytes, rx: float) -> None:
+        self.origin = origin
+        self.inc = inc
+        self.seq = seq
+        self.lamport = lamport
+        self.send_time = send_time
+        self.deps = deps
+        self.payload = payload
+        self.rx = rx
+
+
+class Stream:
+    """What this site knows about one origin's sequence of messages."""
+
+    __slots__ = ("inc", "contiguous", "pending", "known_high", "bound", "hb_high", "hb_clock",
+                 "delivered", "settled", "skipped", "store", "store_order", "nack_due",
+                 "nack_tries", "lt_wanted", "synced", "asked_high", "asked_at", "progress_at")
+
+    def __init__(self, inc: int = 0) -> None:
+        self.inc = inc
+        self.contiguous = 0  #: every seq <= this was received or skipped
+        self.pending: dict[int, Msg] = {}  #: received beyond a gap
+        self.known_high = 0  #: highest seq known to exist
+        self.bound = 0  #: the origin's future messages have lamport >= bound
+        self.hb_high = 0  #: from its last heartbeat: its highest seq ...
+        self.hb_clock = 0  #: ... and its clock then (usable once contiguous >= hb_high)
+        self.delivered: set[int] = set()  #: delivered seqs above `settled`
+        self.settled = 0  #: every seq <= this was delivered or skipped
+        self.skipped: list[list[int]] = []  #: [lo, hi] ranges never to be delivered (gaps)
+        self.store: dict[int, Msg] = {}  #: messages kept to answer repairs
+        self.store_order: deque[int] = deque()
+        self.nack_due: float | None = None
+        self.nack_tries = 0
+        self.asked_high = 0  #: highest seq a repair request already named
+        self.asked_at = float("-inf")  #: when every missing seq was last requested
+        self.progress_at = float("-inf")  #: when `contiguous` last advanced
+        self.lt_wanted: list[list[int]] = []  #: skipped ranges still to fetch (long-term)
+        self.synced = False  #: the stream's position is established (first contact done)
+
+
+class PeerRecord:
+    __slots__ = ("idx", "name", "state", "reconciling", "last_heard", "since", "acks", "view",
+                 "g", "inc", "frontier", "held_from")
+
+    def __init__(self, idx: int, name: str) -> None:
+        self.idx = idx
+        self.name = name
+        self.state = PeerState.UNKNOWN
+        self.reconciling = False
+        self.last_heard = float("-inf")
+        self.since = 0.0  #: when the current state began
+        self.acks: tuple[int, ...] = ()
+        self.view = 0
+        self.g = 0
+        self.inc = 0
+        self.frontier: tuple[int, int] = (0, 0)
+        self.held_from: tuple[int, ...] = ()
+
+
+class TokenBucket:
+    """Token bucket: ``take()`` succeeds at most ``rate`` times a second (burst ``burst``)."""
+
+    __slots__ = ("rate", "burst", "tokens", "t")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = max(1.0, burst)
+        self.tokens = self.burst
+        self.t = now
+
+    def refill(self, now: float) -> None:
+        if now > self.t:
+            self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+            self.t = now
+
+    def take(self, now: float) -> bool:
+        self.refill(now)
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+def seq_ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s in sorted(seqs):
+        if out and s == out[-1][1] + 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+

@@ -1,0 +1,216 @@
+"""Repairs: asking for missing messages (NACK, one named site), answering them point to
+point or multicast at a bounded rate, GONE answers, and long-term reconciliation at a low
+rate. Sans-I/O: imports only the standard library, flowrouter.wire and the other IGO modules."""
+
+from __future__ import annotations
+
+from flowrouter.wire.bands import (
+    BAND_REPAIR,
+)
+
+from .actions import Send
+from .core import SiteCore
+from .records import Stream
+from .wire import (
+    F_LOW,
+    F_RESEND,
+    MAX_NACK_NUMBERS,
+    MAX_RANGES,
+    STREAM_ORDER,
+    Gone,
+    Nack,
+    encode_gone,
+    encode_nack,
+)
+
+
+class Repairs(SiteCore):
+    """Repair requests and answers (a part of SiteOrdering)."""
+
+    def _gap_nacks_enabled(self) -> bool:
+        # leader mode: ordinary sites fetch only what an ORDER entry names
+        return self.mode != "leader" or self.is_leader
+
+    def _want_nack(self, st: Stream, now: float, immediate: bool = False,
+                   hint: bool = False) -> None:
+        due = now if immediate else now + (self.cfg.hint_delay if hint else self.cfg.nack_delay)
+        if st.nack_due is None or st.nack_due > due:
+            st.nack_due = due
+
+    def _missing(self, st: Stream, above: int = 0, limit: int = MAX_NACK_NUMBERS
+                 ) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        total = 0
+        s = max(st.contiguous, above) + 1
+        while s <= st.known_high and len(out) < MAX_RANGES and total < limit:
+            if s in st.pending:
+                s += 1
+                continue
+            lo = s
+            while s <= st.known_high and s not in st.pending and total + (s - lo) < limit:
+                s += 1
+            out.append((lo, s - 1))
+            total += s - lo
+        return out
+
+    def _choose_target(self, o: int, first: int, now: float,
+                       tries: int) -> int | None:
+        cands = []
+        if o in self.peers and self._reachable(self.peers[o], now):
+            cands.append(o)
+        holders = [p.idx for p in self.peers.values()
+                   if p.idx != o and self._reachable(p, now) and self._holds(p, o, first)]
+        cands += sorted(holders, key=lambda i: (i != self.leader, i))
+        if not cands:
+            return None
+        return cands[tries % len(cands)]
+
+    def _nacks(self, now: float) -> None:
+        """Ask for missing messages. The first request names every gap; later ones name
+        only seqs no request named yet, until no progress was made for ``nack_retry``
+        (growing with each retry): then everything still missing is asked again, of the
+        next holder. Repairs trickling in over a slow link are progress, so a long
+        reconciliation is never requested twice."""
+        cfg = self.cfg
+        for o, st in enumerate(self.streams):
+            if o == self.me or st.nack_due is None or st.nack_due > now:
+                continue
+            timeout = cfg.nack_retry * (1.0 + 0.5 * min(st.nack_tries, 2))
+            last = max(st.asked_at, st.progress_at)
+            stale = now - last >= timeout
+            ranges = self._missing(st, 0 if stale else st.asked_high)
+            if not ranges:
+                st.nack_due = (last + timeout if st.known_high > st.contiguous else None)
+                if st.nack_due is None:
+                    st.nack_tries = 0
+                continue
+            if stale and st.asked_at > float("-inf"):
+                st.nack_tries += 1
+                self.counters["nack.retry"] += 1
+            target = self._choose_target(o, ranges[0][0], now, st.nack_tries)
+            if target is None:
+                self.counters["nack.no-target"] += 1
+                st.nack_due = now + cfg.nack_retry
+                continue
+            self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me,
+                                                     Nack(target, o, 0, tuple(ranges))),
+                            "nack"))
+            self.counters["sent.nack"] += 1
+            st.asked_high = max(st.asked_high, ranges[-1][1])
+            if stale:
+                st.asked_at = now
+            st.nack_due = now + timeout
+        if self._order_nack_due is not None and self._order_nack_due <= now:
+            self._order_nack(now)
+
+    def _on_nack(self, tx: int, n: Nack, now: float) -> None:
+        if n.target != self.me:
+            self.counters["nack.overheard"] += 1
+            return
+        if n.stream == STREAM_ORDER:
+            self._answer_order_nack(tx, n, now)
+            return
+        o = n.stream
+        st = self.streams[o]
+        high = self.seq if o == self.me else st.contiguous
+        low_priority = bool(n.flags & F_LOW)
+        floor = st.store_order[0] if st.store_order else high + 1
+        if not low_priority:
+            floor = max(floor, high - self.cfg.max_lag + 1)
+        gone = False
+        queued = 0
+        for lo, hi in n.ranges:
+            for s in range(lo, hi + 1):
+                if s > high:
+                    break
+                if s < floor or s not in st.store:
+                    gone = True
+                    continue
+                if low_priority:
+                    if len(self._low_repairs) < self.cfg.max_lag:
+                        self._low_repairs.append((o, s, tx))
+                else:
+                    self._repairs.setdefault((o, s), set()).add(tx)
+                queued += 1
+        if gone:
+            low = max(floor, 1)
+            # everything we cannot give below `low`: the requester must skip it
+            self.counters["repair.gone"] += 1
+            self._emit(Send(self.cfg.inbox_band(tx),
+                            encode_gone(self.tag, self.me, Gone(tx, o, low)), "gone"))
+        if queued and self._repair_due is None:
+            self._repair_due = now + self.cfg.repair_coalesce
+        self.counters["repair.requested"] += queued
+
+    def _serve_repairs(self, now: float) -> None:
+        cfg = self.cfg
+        if self._repairs and self._repair_due is not None and now >= self._repair_due:
+            for key in sorted(self._repairs):
+                if not self._repair_bucket.take(now):
+                    break
+                who = self._repairs.pop(key)
+                o, s = key
+                msg = self.streams[o].store.get(s)
+                if msg is None:
+                    continue
+                band = cfg.inbox_band(next(iter(who))) if len(who) == 1 else cfg.data_band
+                self._emit(Send(band, self._encode_msg(msg, F_RESEND),
+                                "repair" if len(who) == 1 else "repair-multicast"))
+                self.counters["repair.sent"] += 1
+            self._repair_due = now if self._repairs else None
+        if not self._repairs:
+            while self._low_repairs and self._low_bucket.take(now):
+                o, s, requester = self._low_repairs.popleft()
+                msg = self.streams[o].store.get(s)
+                if msg is not None:
+                    self._emit(Send(cfg.inbox_band(requester),
+                                    self._encode_msg(msg, F_RESEND | F_LOW),
+                                    "repair-low"))
+                    self.counters["repair.low-sent"] += 1
+
+    def _on_gone(self, tx: int, g: Gone, now: float) -> None:
+        if g.requester != self.me:
+            return
+        if g.stream == STREAM_ORDER:
+            if self.next_g < g.low:
+                self.counters["order.gone"] += g.low - self.next_g
+                for k in [k for k in self._orders if k < g.low]:
+                    del self._orders[k]
+                self.next_g = g.low
+                self._drain_orders(now)
+            return
+        st = self.streams[g.stream]
+        self.counters["repair.gone-received"] += 1
+        if tx != g.stream:
+            # a holder that no longer has them: ask someone else (the origin decides gaps)
+            self.counters["repair.gone-holder"] += 1
+            st.nack_tries += 1
+            st.asked_at = float("-inf")
+            st.nack_due = now
+            return
+        if g.low - 1 > st.contiguous:
+            self._skip(g.stream, st, g.low - 1, now, reason="gone")
+        for r in st.lt_wanted:  # a low-priority fetch it cannot serve: stop asking
+            if r[0] < g.low:
+                r[0] = min(g.low, r[1] + 1)
+        st.lt_wanted = [r for r in st.lt_wanted if r[0] <= r[1]]
+        self._deliverable(now)
+
+    def _long_term(self, now: float) -> None:
+        if not self.cfg.long_term_reconcile:
+            return
+        for o, st in enumerate(self.streams):
+            if o == self.me or not st.lt_wanted:
+                continue
+            r = st.lt_wanted[0]
+            target = self._choose_target(o, r[0], now, 0)
+            if target is None or not self._lt_bucket.take(now):
+                continue
+            hi = min(r[1], r[0] + 4)
+            self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me,
+                                                     Nack(target, o, F_LOW, ((r[0], hi),))),
+                            "nack-low"))
+            self.counters["sent.nack-low"] += 1
+            r[0] = hi + 1
+            if r[0] > r[1]:
+                st.lt_wanted.pop(0)

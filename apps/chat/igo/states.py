@@ -1,0 +1,283 @@
+"""Site state machine: per-peer states S1/S2/S3 as a transition table with named events
+(:data:`TRANSITIONS`), the site's overall state, the ordering set (membership) and
+heartbeats. Sans-I/O: imports only the standard library, flowrouter.wire and the other IGO
+modules.
+
+Seed 003 Figure 10, per peer site::
+
+    UNKNOWN --CONTACT--> S1            UNKNOWN --SILENT--> S3 (never heard at start-up)
+    S1 --SILENT (detect_after)--> S2   S2 --RECONCILED (every message it sent is here)--> S1
+    S2 --LONG_SILENCE (disconnect_interval)--> S3       S3 --CONTACT--> S1 (no reconciliation)
+    S1/S2/S3 --RESTARTED (new incarnation)--> S3 (then CONTACT, like a long-term reconnect)
+
+While in S2 a peer heard again is *reconciling* (a flag of S2: repairs under way).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+
+from flowrouter.wire.bands import (
+    BAND_HEARTBEAT,
+)
+
+from .actions import MembershipChange, PeerState, Send, StateChange
+from .core import SiteCore
+from .records import PeerRecord, Stream
+from .wire import Heartbeat, encode_heartbeat
+
+
+class PeerEvent(enum.Enum):
+    """What can happen to a peer, as seen from this site."""
+
+    CONTACT = "contact"  #: heard while unknown / long-term disconnected: resume its stream
+    SILENT = "silent"  #: silent for detect_after (missed heartbeats)
+    LONG_SILENCE = "long-silence"  #: silent for disconnect_interval
+    RECONCILED = "reconciled"  #: back in S2 and every message it sent has arrived
+    RESTARTED = "restarted"  #: a new incarnation of the peer
+
+
+_S = PeerState
+#: (state, event) -> next state; a pair not listed leaves the state unchanged
+TRANSITIONS: dict[tuple[PeerState, PeerEvent], PeerState] = {
+    (_S.UNKNOWN, PeerEvent.CONTACT): _S.S1,
+    (_S.UNKNOWN, PeerEvent.SILENT): _S.S3,
+    (_S.S1, PeerEvent.SILENT): _S.S2,
+    (_S.S2, PeerEvent.RECONCILED): _S.S1,
+    (_S.S2, PeerEvent.LONG_SILENCE): _S.S3,
+    (_S.S3, PeerEvent.CONTACT): _S.S1,
+    (_S.S2, PeerEvent.CONTACT): _S.S1,  # a stream resynchronised while in S2 (restart)
+    (_S.S1, PeerEvent.RESTARTED): _S.S3,
+    (_S.S2, PeerEvent.RESTARTED): _S.S3,
+}
+
+
+class PeerStates(SiteCore):
+    """Peers' liveness and states, membership and heartbeats (a part of SiteOrdering)."""
+
+    def _reachable(self, p: PeerRecord, now: float) -> bool:
+        return (p.state is PeerState.S1 or p.state is PeerState.S2 and p.reconciling) \
+            and now - p.last_heard < self.cfg.detect_after
+
+    def _heard(self, i: int, now: float) -> None:
+        """Any frame transmitted by peer *i*: a sign of life."""
+        p = self.peers[i]
+        p.last_heard = now
+        if p.state is PeerState.S2 and not p.reconciling:
+            p.reconciling = True
+            self._urgent_hb = True  # tell it where we are, so it can reconcile quickly
+            self.counters["reconcile.started"] += 1
+            st = self.streams[i]
+            if st.known_high > st.contiguous:
+                self._want_nack(st, now, immediate=True)
+            self._check_caught_up(p, now)
+
+    def _first_contact(self, p: PeerRecord, st: Stream, upto: int,
+                       now: float) -> None:
+        """Unknown / long-term disconnected peer heard: resume its stream at *upto*."""
+        if p.state is PeerState.S3:
+            self.counters["reconnect.long-term"] += 1
+            # without transitive connectivity a site we still reach may have received what
+            # this one said meanwhile: that part of the conversation was ours, fetch it
+            # (peers connected to us all along, that hold the messages right after ours)
+            held = max((q.acks[p.idx] for q in self.peers.values()
+                        if q is not p and q.state is PeerState.S1 and q.since <= p.since
+                        and self._reachable(q, now)
+                        and self._holds(q, p.idx, st.contiguous + 1)), default=0)
+            if self.cfg.stability and upto > st.contiguous:
+                # stability tracking promises connected sites the same sequence, and our
+                # acknowledgements cannot tell "skipped" from "have": reconcile instead
+                # (bounded by max_lag: the origin answers GONE beyond it)
+                held = upto
+            if held > st.contiguous:
+                self.counters["reconnect.fetch-from-holders"] += 1
+                upto = st.contiguous
+                st.known_high = max(st.known_high, held)
+                self._want_nack(st, now, immediate=True)
+        elif (p.state is PeerState.UNKNOWN and now - self.started < self.cfg.disconnect_interval
+              and 0 < upto - st.contiguous <= self.cfg.max_lag):
+            # A peer heard for the first time while we are starting up: what it said before
+            # is not history from before we joined but, very likely, lost on the way (as
+            # when every site starts together and a first message is dropped). Reconcile it
+            # like a short-term disconnect, bounded by max_lag, instead of skipping it.
+            self.counters["first-contact.fetch"] += 1
+            st.known_high = max(st.known_high, upto)
+            upto = st.contiguous
+            self._want_nack(st, now, immediate=True)
+        self._skip(p.idx, st, upto, now, reason="long-term")
+        st.synced = True
+        self._urgent_hb = True
+        self._peer_event(p, PeerEvent.CONTACT, now)
+
+    def _check_caught_up(self, p: PeerRecord, now: float) -> None:
+        st = self.streams[p.idx]
+        if p.state is PeerState.S2 and p.reconciling and st.contiguous >= st.known_high \
+                and st.contiguous >= st.hb_high:
+            self.counters["reconcile.done"] += 1
+            self._peer_event(p, PeerEvent.RECONCILED, now)
+
+    def _detect_silence(self, now: float) -> None:
+        """Failure detection: silent peers get SILENT / LONG_SILENCE events."""
+        cfg = self.cfg
+        for p in self.peers.values():
+            silent = now - max(p.last_heard, self._t0)
+            if p.state is PeerState.S2:
+                if p.reconciling and silent >= cfg.detect_after:
+                    p.reconciling = False
+                    self.counters["reconcile.interrupted"] += 1
+                if silent >= cfg.disconnect_interval:
+                    self._peer_event(p, PeerEvent.LONG_SILENCE, now)
+            elif silent >= cfg.detect_after:
+                self._peer_event(p, PeerEvent.SILENT, now)
+
+    def _peer_event(self, p: PeerRecord, event: PeerEvent, now: float) -> None:
+        """Apply *event* to peer *p* through :data:`TRANSITIONS`."""
+        new = TRANSITIONS.get((p.state, event))
+        if new is not None:
+            self._set_peer(p, new, now)
+
+    def _set_peer(self, p: PeerRecord, new: PeerState, now: float) -> None:
+        old = p.state
+        if old is new:
+            return
+        p.state = new
+        p.since = now
+        if new is not PeerState.S2:
+            p.reconciling = False
+        self.counters[f"peer.{old}->{new}"] += 1
+        self._emit(StateChange(now, p.name, str(old), str(new)))
+        if self.mode == "leader" and not self.is_leader and p.idx == self.leader:
+            self._leader_state_changed(old, new, now)
+        self._update_state(now)
+        self._update_membership(now)
+
+    def _update_state(self, now: float) -> None:
+        if self.mode == "leader" and not self.is_leader:
+            lp = self.peers[self.leader]  # type: ignore[index]
+            new = PeerState.S1 if lp.state in (PeerState.S1, PeerState.UNKNOWN) else lp.state
+        else:
+            states = {p.state for p in self.peers.values()}
+            new = (PeerState.S2 if PeerState.S2 in states else
+                   PeerState.S3 if PeerState.S3 in states else PeerState.S1)
+        if new is not self.state:
+            self._emit(StateChange(now, None, str(self.state), str(new)))
+            self.state = new
+
+    def _in_ordering(self, p: PeerRecord) -> bool:
+        if p.state is PeerState.S1:
+            return True
+        if p.state is PeerState.UNKNOWN:
+            # a site not heard yet at start-up is presumed connected until failure
+            # detection gives up on it (3 missed heartbeats), as any connected site is
+            return True
+        if p.state is PeerState.S2:
+            return self.mode == "all-to-all"  # delay-delivery keeps waiting for it
+        return False
+
+    def _update_membership(self, now: float) -> None:
+        cfg = self.cfg
+        if self.mode == "leader":
+            if self.is_leader:
+                idx = [self.me] + [p.idx for p in self.peers.values()
+                                   if p.state is PeerState.S1]
+            else:
+                lp = self.peers[self.leader]  # type: ignore[index]
+                if lp.state is PeerState.S1:
+                    idx = [i for i in range(self.n) if self._leader_view >> i & 1]
+                    idx += [self.me, self.leader]  # type: ignore[list-item]
+                else:
+                    idx = [self.me]
+        else:
+            idx = [self.me] + [p.idx for p in self.peers.values() if self._in_ordering(p)]
+        members = tuple(cfg.sites[i] for i in sorted(set(idx)))
+        if members != self._members:
+            self._members = members
+            self._emit(MembershipChange(now, members))
+            if self.mode != "leader":
+                self._deliverable(now)
+
+    def _view_bits(self) -> int:
+        bits = 1 << self.me
+        for p in self.peers.values():
+            if p.state is PeerState.S1:
+                bits |= 1 << p.idx
+        return bits
+
+    def _send_heartbeat(self, now: float, flags: int) -> None:
+        cfg = self.cfg
+        acks = tuple(self.seq if i == self.me else self.streams[i].contiguous
+                     for i in range(self.n))
+        g = self.g_high if self.is_leader else self.next_g - 1
+        hb = Heartbeat(self.inc, self.clock, self.seq, self._view_bits(), g, flags, acks,
+                       self._frontier(), tuple(self._held_from(st) for st in self.streams))
+        self._emit(Send(BAND_HEARTBEAT, encode_heartbeat(self.tag, self.me, hb), "heartbeat"))
+        self.counters["sent.heartbeat"] += 1
+        self._last_hb = now
+        self._acks_changed = False
+        self._urgent_hb = False
+        if not flags:
+            self._next_hb = now + cfg.heartbeat_interval
+
+    def _on_heartbeat(self, tx: int, hb: Heartbeat, now: float) -> None:
+        p = self.peers[tx]
+        if not self._incarnation(p, self.streams[tx], hb.inc, now):
+            return
+        st = self.streams[tx]
+        self.clock = max(self.clock, hb.lamport)
+        p.acks = hb.acks
+        p.held_from = hb.held_from
+        p.frontier = hb.frontier
+        p.view = hb.view
+        p.g = hb.g
+        st.hb_high = max(st.hb_high, hb.high) if st.synced else hb.high
+        st.hb_clock = hb.lamport
+        if p.state in (PeerState.UNKNOWN, PeerState.S3) or not st.synced:
+            # resume its stream where it is now: no reconciliation (long-term)
+            p.last_heard = now
+            self._first_contact(p, st, hb.high, now)
+        else:
+            self._heard(tx, now)
+        if hb.high > st.known_high:
+            st.known_high = hb.high
+        # acknowledgements tell us what exists elsewhere (holders for repairs)
+        for o, a in enumerate(hb.acks):
+            if o == self.me:
+                continue
+            so = self.streams[o]
+            if so.synced and a > so.known_high and so.inc:
+                so.known_high = a
+                if self._gap_nacks_enabled():
+                    self._want_nack(so, now, hint=True)
+        if self.mode == "leader" and tx == self.leader:
+            self._leader_view = hb.view
+            self._leader_seen_g(hb.g, now)
+            self._update_membership(now)
+        self._advance(tx, st, now)
+        if st.contiguous >= st.hb_high:
+            st.bound = max(st.bound, hb.lamport)
+        self._check_caught_up(p, now)
+        if st.known_high > st.contiguous and self._gap_nacks_enabled():
+            self._want_nack(st, now, hint=True)
+        self._deliverable(now)
+
+    def _incarnation(self, p: PeerRecord, st: Stream, inc: int, now: float) -> bool:
+        """Check a frame's incarnation of peer *p*; a new one restarts its stream."""
+        if st.inc == inc:
+            return True
+        if st.inc == 0:
+            st.inc = inc
+            p.inc = inc
+            return True
+        # the peer restarted: forget its old stream, treat it like a long-term reconnect
+        self.counters["peer.restarted"] += 1
+        new = Stream(inc)
+        self.streams[p.idx] = new
+        st.pending.clear()
+        self._heap = [e for e in self._heap if e[1] != p.idx]
+        heapq.heapify(self._heap)
+        for k in [k for k in self._ready if k[0] == p.idx]:
+            del self._ready[k]
+        p.inc = inc
+        self._peer_event(p, PeerEvent.RESTARTED, now)
+        return True

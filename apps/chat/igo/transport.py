@@ -1,0 +1,177 @@
+"""Reliable FIFO transport per origin site: sequence numbers, the gap buffer, history
+kept for repairs, skipped ranges (gaps). Sans-I/O: imports only the standard library,
+flowrouter.wire and the other IGO modules."""
+
+from __future__ import annotations
+
+from .actions import PeerState
+from .core import SiteCore
+from .records import Msg, PeerRecord, Stream
+from .wire import F_RESEND, DataMsg
+
+
+class FifoTransport(SiteCore):
+    """Per-origin FIFO streams (a part of SiteOrdering)."""
+
+    def _keep(self, st: Stream, msg: Msg) -> None:
+        if msg.seq in st.store:
+            return
+        st.store[msg.seq] = msg
+        st.store_order.append(msg.seq)
+        while len(st.store_order) > self.cfg.history_size:
+            st.store.pop(st.store_order.popleft(), None)
+
+    @staticmethod
+    def _held_from(st: Stream) -> int:
+        low = st.store_order[0] if st.store_order else st.contiguous + 1
+        if st.skipped:
+            low = max(low, max(r[1] for r in st.skipped) + 1)
+        return low
+
+    def _holds(self, p: PeerRecord, o: int, first: int) -> bool:
+        """Peer *p* said it can resend origin *o*'s message *first*."""
+        return (len(p.acks) == self.n and len(p.held_from) == self.n
+                and p.held_from[o] <= first <= p.acks[o])
+
+    def _on_data(self, tx: int, d: DataMsg, now: float) -> None:
+        o = d.origin
+        if o == self.me:
+            self.counters["data.own-returned"] += 1
+            if tx != self.me:
+                self._heard(tx, now)
+            return
+        st = self.streams[o]
+        if tx == o:
+            p = self.peers[o]
+            if not self._incarnation(p, st, d.inc, now):
+                return
+            st = self.streams[o]
+            if p.state in (PeerState.UNKNOWN, PeerState.S3) or not st.synced:
+                p.last_heard = now
+                self._first_contact(p, st, d.seq - 1, now)
+            else:
+                if d.seq > st.known_high:
+                    st.known_high = d.seq
+                self._heard(tx, now)
+        else:
+            self._heard(tx, now)
+            if not st.synced:
+                if self.mode == "leader" and not self.is_leader:
+                    # fetched for an ORDER entry: no stream position needed
+                    self._ready[(o, d.seq)] = Msg(o, d.inc, d.seq, d.lamport, d.send_time,
+                                                   tuple(d.deps), d.payload, now)
+                    self.counters["data.fetched-unsynced"] += 1
+                    return
+                # first we hear of this origin is through another site: start its stream
+                # here (like a first contact), so dependencies on it can be met
+                self.counters["data.relay-sync"] += 1
+                st.inc = d.inc
+                self._skip(o, st, d.seq - 1, now, reason="first-contact")
+                st.synced = True
+            if d.inc != st.inc:
+                self.counters["data.stale-incarnation"] += 1
+                return
+        self.clock = max(self.clock, d.lamport + 1)
+        msg = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps), d.payload, now)
+        if d.flags & F_RESEND:
+            self.counters["received.resent"] += 1
+        if d.seq <= st.contiguous:
+            if self.mode == "leader" and not self.is_leader:
+                # an ORDER entry may name a message our stream skipped: keep it for the drain
+                if (o, d.seq) not in self._ready:
+                    self._ready[(o, d.seq)] = msg
+                    self.counters["data.kept-for-order"] += 1
+                return
+            if self.cfg.long_term_reconcile and self._unskip(st, d.seq):
+                # long-term reconciliation filling a gap (history, flagged late; the only
+                # deliveries that may follow messages that depend on them)
+                self.counters["long-term.fetched"] += 1
+                self._keep(st, msg)
+                self._accept(msg, now, refill=True)
+            elif any(r[0] <= d.seq <= r[1] for r in st.skipped):
+                self.counters["data.after-skip"] += 1
+            else:
+                self.counters["data.duplicate"] += 1
+            return
+        if d.seq in st.pending:
+            self.counters["data.duplicate"] += 1
+            return
+        st.pending[d.seq] = msg
+        if d.seq > st.known_high:
+            st.known_high = d.seq
+        self._advance(o, st, now)
+        if st.known_high > st.contiguous and self._gap_nacks_enabled():
+            self._want_nack(st, now)
+        if o in self.peers:
+            self._check_caught_up(self.peers[o], now)
+        self._deliverable(now)
+
+    def _advance(self, o: int, st: Stream, now: float) -> None:
+        """Move contiguous messages out of the gap buffer into ordering."""
+        moved = False
+        while st.contiguous + 1 in st.pending:
+            msg = st.pending.pop(st.contiguous + 1)
+            st.contiguous += 1
+            st.bound = max(st.bound, msg.lamport + 1)
+            self._keep(st, msg)
+            self._accept(msg, now)
+            moved = True
+        if st.contiguous >= st.hb_high:
+            st.bound = max(st.bound, st.hb_clock)
+        if moved:
+            self._acks_changed = True
+            st.progress_at = now
+            if st.contiguous >= st.known_high:
+                st.nack_due = None
+                st.nack_tries = 0
+
+    def _skip(self, o: int, st: Stream, upto: int, now: float, *,
+              reason: str) -> None:
+        """Give up on every message of origin *o* up to *upto* that has not arrived (a gap).
+
+        Messages already buffered beyond the gap are kept and ordered."""
+        if upto <= st.contiguous:
+            return
+        waiting = sorted(s for s in st.pending if s <= upto)
+        prev = st.contiguous
+        skipped = 0
+        for s in waiting:
+            if s > prev + 1:
+                self._add_skip(st, prev + 1, s - 1)
+                skipped += s - 1 - prev
+            msg = st.pending.pop(s)
+            st.contiguous = s
+            st.bound = max(st.bound, msg.lamport + 1)
+            self._keep(st, msg)
+            self._accept(msg, now)
+            prev = s
+        if upto > prev:
+            self._add_skip(st, prev + 1, upto)
+            skipped += upto - prev
+        st.contiguous = max(st.contiguous, upto)
+        st.known_high = max(st.known_high, upto)
+        if skipped:
+            self.counters[f"skipped.{reason}"] += skipped
+        self._settle(st)
+        self._advance(o, st, now)
+        self._acks_changed = True
+
+    def _add_skip(self, st: Stream, lo: int, hi: int) -> None:
+        st.skipped.append([lo, hi])
+        if self.cfg.long_term_reconcile:
+            st.lt_wanted.append([lo, hi])
+
+    def _unskip(self, st: Stream, seq: int) -> bool:
+        for i, r in enumerate(st.skipped):
+            if r[0] <= seq <= r[1]:
+                if r[0] == r[1]:
+                    del st.skipped[i]
+                elif seq == r[0]:
+                    r[0] += 1
+                elif seq == r[1]:
+                    r[1] -= 1
+                else:
+                    st.skipped.insert(i + 1, [seq + 1, r[1]])
+                    r[1] = seq - 1
+                return True
+        return False

@@ -1,0 +1,145 @@
+"""Seed 003's experiments as data: the eight tests of Table 2, their partitions, the room's
+ordering configuration, and what a run returns (:class:`RunResult`). Imports flowrouter.testbed
+(topology files) and the chat's own modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from flowrouter.testbed import topology as T
+
+from .igo import Delivery, IGOConfig
+
+SITES = ("metropol", "commonwe", "kingdom", "republic")
+
+
+LEADER_SITE = "hub"
+
+
+LEADER_ENDPOINT = "leader"
+
+
+DEFAULT_TOPOLOGY = Path(__file__).resolve().parents[2] / "topologies" / "seed003-testbed.toml"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    number: int
+    mode: str  #: all-to-all | hasten | leader
+    scenario: str
+    down: float
+    up: float
+    seed_note: str
+
+    @property
+    def name(self) -> str:
+        return f"test{self.number}-{self.mode}-{self.scenario}"
+
+    @property
+    def long_term(self) -> bool:
+        return self.down >= 15.0
+
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment(1, "all-to-all", "A1", 10, 30,
+               "global order kept; delivery delayed during the outage, one burst"),
+    Experiment(2, "hasten", "A1", 10, 30,
+               "delivery resumes after ~6 s detection; reconciled messages <= ~14 s late"),
+    Experiment(3, "hasten", "A1-25", 25, 25,
+               "long-term: no reconciliation, gaps from the cut site"),
+    Experiment(4, "all-to-all", "A2", 10, 30,
+               "no gaps; delivery on both sides delayed, global order after reconnect"),
+    Experiment(5, "hasten", "A2", 10, 30,
+               "~0.5 s connected, detect ~6 s, reconciled <= ~14 s late, no gaps"),
+    Experiment(6, "hasten", "A2-25", 25, 25,
+               "long-term: gaps across the partition, none within it"),
+    Experiment(7, "leader", "L1", 10, 30,
+               "~0.1 s connected; cut site sees gaps, others none (reconciled late)"),
+    Experiment(8, "leader", "L2", 10, 30,
+               "~0.1 s connected; ~6 s spikes at detection, up to ~12 s"),
+)
+
+
+SEED_FIGURES = {
+    "connected latency": "< 1 s (all-to-all ~0.5 s, leader ~0.1 s)",
+    "detection": "~6 s (3 heartbeats of 2 s)",
+    "reconciled": "<= ~14 s late (10 s outage + ~4 s reconnect and reconcile)",
+    "order": "same order at every site of a partition",
+}
+
+
+def select(only: str | None) -> list[Experiment]:
+    """``--only``: test numbers and/or scenario names, comma-separated (``1,5`` or ``A1,L2``)."""
+    if not only:
+        return list(EXPERIMENTS)
+    want = {w.strip() for w in only.split(",") if w.strip()}
+    out = [e for e in EXPERIMENTS
+           if str(e.number) in want or e.scenario in want or e.name in want]
+    unknown = want - {str(e.number) for e in out} - {e.scenario for e in out} \
+        - {e.name for e in out}
+    if unknown:
+        raise ValueError(f"unknown experiment(s) {', '.join(sorted(unknown))}: use numbers 1-8 "
+                         "or scenarios " + ", ".join(sorted({e.scenario for e in EXPERIMENTS})))
+    return out
+
+
+def ls_at_sites(topo: T.Topology, lsid: int, sites: Sequence[str] = SITES) -> T.Topology:
+    """The same topology with every site router also a member of LSID *lsid*'s service."""
+    routers = tuple(replace(r, core_lsids=tuple(sorted(set(r.core_lsids) | {lsid})))
+                    if r.name in sites else r for r in topo.routers)
+    services = tuple(replace(ls, cores=tuple(dict.fromkeys(ls.cores + tuple(sites))))
+                     if ls.lsid == lsid else ls for ls in topo.location_services)
+    return replace(topo, routers=routers, location_services=services)
+
+
+@dataclass
+class RunResult:
+    experiment: Experiment
+    duration: float
+    sites: tuple[str, ...]  #: sites that chat (not the leader)
+    deliveries: dict[str, list[Delivery]]
+    events: dict[str, list[Any]]
+    sent: dict[str, int]  #: messages sent per site
+    send_vectors: dict[tuple[str, int], dict[str, int]]  #: causal past of each message
+    outages: list[tuple[float, float]]
+    groups: dict[str, set[str]]  #: per site: sites on its side during outages
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    wall: float = 0.0
+    mode_label: str = "sim"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def scenario_groups(exp: Experiment, sites: Sequence[str]) -> dict[str, set[str]]:
+    """Which sites share a side with each site during the scenario's outages."""
+    s = set(sites)
+    if exp.scenario.startswith("A1"):
+        sides = [{"metropol"}, s - {"metropol"}]
+    elif exp.scenario.startswith("A2"):
+        sides = [{"metropol", "commonwe"}, {"kingdom", "republic"}]
+    elif exp.scenario.startswith("L1"):
+        sides = [{"metropol"}, s - {"metropol"}]
+    else:
+        sides = [{"metropol"}, {"commonwe"}, s - {"metropol", "commonwe"}]
+    return {x: next(g for g in sides if x in g) for x in sites}
+
+
+def igo_config(exp: Experiment, sites: Sequence[str], **overrides: Any) -> IGOConfig:
+    all_sites = tuple(sites) + ((LEADER_SITE,) if exp.mode == "leader" else ())
+    return IGOConfig(sites=all_sites, room="seed003", mode=exp.mode,
+                     leader=LEADER_SITE if exp.mode == "leader" else None, **overrides)
+
+
+def config_record(cfg: IGOConfig) -> dict[str, Any]:
+    """The ordering configuration a run used, JSON-able (written to result.json)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
+
+
+def outages_of(topo: T.Topology, scenario: str, duration: float) -> list[tuple[float, float]]:
+    spans: set[tuple[float, float]] = set()
+    for f in topo.faults_for(scenario):
+        for a, b in f.outages(duration):
+            spans.add((a, min(b, duration)))
+    return sorted(spans)
