@@ -120,7 +120,7 @@ def test_mutual_authentication_and_symmetric_session_keys() -> None:
 
 def test_credentials_encoding() -> None:
     blob, nonce = make_hello_credentials("k1", encrypt=True)
-    assert len(blob) == 36 + 2 and len(nonce) == 32
+    assert len(blob) == 68 + 2 and len(nonce) == 32
     creds = parse_hello_credentials(blob)
     assert creds.key_id == "k1" and creds.nonce == nonce and creds.encrypt
     assert "k1" in repr(creds)
@@ -177,7 +177,7 @@ def test_every_handshake_failure_has_its_reason(case: str, expected: str) -> Non
         elif case == "empty-creds":
             a.on_peer_hello("r2", Role.ROUTER, b"")
         elif case == "garbage-creds":
-            a.on_peer_hello("r2", Role.ROUTER, b"\x01\x01\x00" + b"x" * 40)
+            a.on_peer_hello("r2", Role.ROUTER, b"\x02\x01\x00" + b"x" * 80)
         elif case == "reflection":  # our own HELLO bounced back at us
             a.on_peer_hello("r1", Role.ROUTER, a.hello_credentials())
         elif case == "replayed-hello":
@@ -232,7 +232,9 @@ def test_proof_primitives() -> None:
     with pytest.raises(ValueError):
         encode_auth(b"short")
     with pytest.raises(AuthError):
-        derive_session_keys(SECRET, SECRET, n1, n1)
+        derive_session_keys(SECRET, SECRET, n1, n1, bytes(32))
+    with pytest.raises(AuthError):  # no ephemeral secret: no session keys
+        derive_session_keys(SECRET, SECRET, n1, n2, b"")
 
 
 # ---------------------------------------------------------------------------------- ciphers

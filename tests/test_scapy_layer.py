@@ -443,3 +443,22 @@ def test_live_capture_on_loopback_with_flowlib(tmp_path) -> None:  # type: ignor
     udp_pkt = Ether() / IP() / UDP(sport=40000, dport=r1) / bytes(
         FlowHeader(band=40) / b"dgram")
     assert FlowHeader in Ether(bytes(udp_pkt))
+
+
+def test_link_credentials_and_auth_proof_dissect_like_linkauth() -> None:
+    from flowrouter.tools.scapy_layer import FlowAuthProof, FlowLinkCredentials
+    from flowrouter.wire.linkauth import KeyRing, LinkAuthenticator, parse_hello_credentials
+
+    ring = KeyRing({"site": bytes(range(32))})
+    a = LinkAuthenticator(ring, my_name="r1", encrypt=True)
+    b = LinkAuthenticator(ring, my_name="r2")
+    creds = FlowLinkCredentials(a.hello_credentials())
+    ref = parse_hello_credentials(a.hello_credentials())
+    assert (creds.version, creds.nonce, creds.ephemeral, creds.key_id) == (
+        2, ref.nonce, a.my_ephemeral, b"site")
+    assert creds.flags.encrypt and not creds.flags.require_endpoints
+    body = b.on_peer_hello("r1", 1, a.hello_credentials())
+    proof = FlowAuthProof(body)
+    assert (proof.version, proof.kind, len(proof.proof)) == (2, 2, 32)
+    assert bytes(FlowLinkCredentials(nonce=ref.nonce, ephemeral=a.my_ephemeral,
+                                     key_id=b"site", flags=1)) == a.hello_credentials()

@@ -6,9 +6,10 @@
 * :class:`FlowControl` — ``version | type`` of a control payload, followed by one of
   :class:`FlowHello`, :class:`FlowError`, :class:`FlowLsRoutes`, :class:`FlowJoin`,
   :class:`FlowJoinAck`, :class:`FlowLeave`, :class:`FlowMask`, :class:`FlowPing`,
-  :class:`FlowPong`, :class:`FlowFault`. A header's payload is control when its band is below
-  16 or its LSID is 0 (link-local), or when it is a router's FAULT notice on the fault band;
-  anything else is application data (``Raw``).
+  :class:`FlowPong`, :class:`FlowFault`; a HELLO's credentials and an AUTH's body dissect
+  as :class:`FlowLinkCredentials` and :class:`FlowAuthProof`. A header's payload is control
+  when its band is below 16 or its LSID is 0 (link-local), or when it is a router's FAULT
+  notice on the fault band; anything else is application data (``Raw``).
 * :func:`bind_flow_ports` binds the header to TCP/UDP ports (flownet has no well-known port).
 * A TCP segment need not hold whole frames: :func:`dissect_stream` splits a reassembled byte
   stream into frames, :func:`tcp_streams` reassembles the streams of a capture (by sequence
@@ -278,6 +279,34 @@ class FlowAuth(Packet):
     fields_desc: ClassVar[list[AnyField]] = [
         FieldLenField("body_len", None, length_of="body", fmt="!H"),
         StrLenField("body", b"", length_from=lambda p: p.body_len, max_length=1024),
+    ]
+
+
+class FlowLinkCredentials(Packet):
+    """What a HELLO's ``credentials`` hold under link authentication (version 2: nonce and
+    ephemeral X25519 key, flowrouter.wire.linkauth). Dissect with
+    ``FlowLinkCredentials(hello.credentials)``; the HELLO keeps them as opaque bytes."""
+
+    name = "FlowLinkCredentials"
+    fields_desc: ClassVar[list[AnyField]] = [
+        ByteField("version", 2),
+        ByteEnumField("scheme", 2, {2: "psk-hmac-sha256+x25519"}),
+        FlagsField("flags", 0, 8, ["encrypt", "require_endpoints"]),
+        StrFixedLenField("nonce", b"\0" * 32, 32),
+        StrFixedLenField("ephemeral", b"\0" * 32, 32),
+        FieldLenField("key_id_len", None, length_of="key_id", fmt="B"),
+        StrLenField("key_id", b"", length_from=lambda p: p.key_id_len, max_length=64),
+    ]
+
+
+class FlowAuthProof(Packet):
+    """The body of an AUTH message (``FlowAuthProof(auth.body)``)."""
+
+    name = "FlowAuthProof"
+    fields_desc: ClassVar[list[AnyField]] = [
+        ByteField("version", 2),
+        ByteField("kind", 2),
+        StrFixedLenField("proof", b"\0" * 32, 32),
     ]
 
 
