@@ -4,16 +4,25 @@ and a member's death is survived (its subtrees re-graft onto the other member)."
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import flowlib
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
-from flowrouter.wire.bands import BAND_FAULT
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT, mask_of
+from flowrouter.wire.flowid import FlowID
 from location_service import LocationServiceConfig, flows_of, lookup, member_config
 from location_service.service import main as flowls_main
 
-from .rawep import within
+from .rawep import RawEndpoint, within
 
 LSID = 0x10
 
@@ -153,3 +162,73 @@ def test_flowls_cli_lookup(capsys) -> None:  # type: ignore[no-untyped-def]
         finally:
             await node.stop()
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_flowls_flows_filters_by_creator_and_lsid(capsys) -> None:  # type: ignore[no-untyped-def]
+    mine = [FlowID(0xA1, LSID, 1), FlowID(0xA1, LSID, 2)]
+    other = FlowID(0xB2, LSID, 1)
+
+    async def main() -> None:
+        node = RouterNode(member_config(LocationServiceConfig(
+            "m1", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0")))
+        await node.start()
+        ep = None
+        try:
+            ep = await RawEndpoint.connect(node)
+            for req, flow in enumerate((*mine, other), 1):
+                ack = await ep.join(flow, mask_of([32]), req=req)
+                assert ack.status is C.JoinStatus.OK
+            ctl = "%s:%d" % node.control_address
+            rows = await flows_of(ctl, creator=0xA1)
+            assert sorted(r["flow"] for r in rows) == sorted(str(f) for f in mine)
+            assert len(await flows_of(ctl, lsid=LSID)) == 3
+            assert await flows_of(ctl, lsid=0x99) == []
+            rc = await asyncio.to_thread(flowls_main, ["flows", "--control", ctl,
+                                                       "--creator", "b2", "--json"])
+            assert rc == 0
+            assert [r["flow"] for r in json.loads(capsys.readouterr().out)] == [str(other)]
+            rc = await asyncio.to_thread(flowls_main, ["flows", "--control", ctl])
+            assert rc == 0
+            assert capsys.readouterr().out.strip().endswith("3 flow(s)")
+        finally:
+            if ep is not None:
+                await ep.close()
+            await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_flowls_run_starts_a_member_that_answers_and_stops_on_sigint(capsys) -> None:  # type: ignore[no-untyped-def]
+    root = Path(__file__).resolve().parent.parent
+    listen, control = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "location_service.service", "run", "--name", "lsm",
+         "--lsid", "0x10", "--lsid", "0x11", "--listen", f"127.0.0.1:{listen}",
+         "--control", f"127.0.0.1:{control}"],
+        cwd=root, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # the daemon logs once it listens
+            seen.append(line)
+            if "running (core for 0x10, 0x11)" in line:
+                break
+        else:
+            raise AssertionError("flowls run exited before running: " + "".join(seen))
+        ctl = f"127.0.0.1:{control}"
+        assert flowls_main(["lookup", "0x11", "--control", ctl]) == 0
+        assert "LSID 0x11 at router lsm: this router is a member" in capsys.readouterr().out
+        assert flowls_main(["flows", "--control", ctl, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == []
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
