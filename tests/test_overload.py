@@ -51,6 +51,21 @@ def test_bound_drops_from_the_longest_queue() -> None:
     assert len([f for f in frames_of(q) if f.startswith(b"y")]) == 3
 
 
+def test_bound_drop_picks_the_longest_queue_not_the_first_or_the_newest() -> None:
+    # Arrival order Z, A, B: the longest queue (A) is neither the first nor the last flow
+    # to arrive nor the flow whose push overflows the bound, so only "longest" picks it.
+    q = OutputQueue(max_bytes=10 * 124)
+    q.push(Z, HDR, b"z0" + b"." * 98, False, 0.0)
+    for i in range(7):
+        q.push(A, HDR, b"a%d" % i + b"." * 98, False, 0.0)
+    for i in range(2):
+        q.push(B, HDR, b"b%d" % i + b"." * 98, False, 0.0)
+    dropped = q.push(Z, HDR, b"z1" + b"." * 98, False, 0.0)
+    assert [(k, n) for k, n, _ in dropped] == [(A, 124)]
+    left = sorted(f[:2] for f in frames_of(q))
+    assert left == sorted([b"z0", b"z1", b"b0", b"b1", *(b"a%d" % i for i in range(6))])
+
+
 def test_control_frames_go_first() -> None:
     q = OutputQueue(max_bytes=10**6)
     q.push(A, HDR, b"data", False, 0.0)
