@@ -1,0 +1,132 @@
+"""Forwarding: where one data frame goes, and why it is dropped when it goes nowhere.
+
+The hot path (DESIGN.md section 6): the flow entry's downstream masks, its upstream, and
+at a core the sibling LS members' masks choose the output links; then each output link
+gets its own header, with the TTL and the locality budget charged for that link.
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
+lsroutes, traces); never another part (calls into other parts go through ``self``,
+declared in :class:`~flowrouter.core.state.RouterState`).
+"""
+
+from __future__ import annotations
+
+from flowrouter.core.actions import Action, Send
+from flowrouter.core.state import RouterState
+from flowrouter.core.tables import Link
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import key_lsid
+from flowrouter.wire.header import OFF_LOC_TYPE, OFF_LOC_VALUE, OFF_TTL, pack_header
+
+#: builds a Send without NamedTuple's Python-level __new__ (half the cost, on the hot path)
+_new_tuple = tuple.__new__
+
+
+class Forwarding(RouterState):
+    """Data-frame forwarding: output links, TTL and locality per link, drops."""
+
+    def _dropped(self, reason: str, key: bytes, band: int, link_id: int, size: int,
+                 now: float, links: int = 1) -> list[Action]:
+        self.counters["drop." + reason] += 1
+        if self._tracing:
+            tr = self.tracer
+            tr.drop_left -= 1
+            if tr.drop_left <= 0:
+                tr.drop_sampled(now, key, band, link_id, reason, size, links)
+        return []
+
+    def _forward(self, link_id: int, link: Link, header: memoryview | bytes,
+                 payload: memoryview | bytes, band: int, now: float) -> list[Action]:
+        counters = self.counters
+        ttl = header[OFF_TTL]
+        key = bytes(header[:16])
+        if (self._policies_active and link.role is C.Role.ENDPOINT
+                and self.policies.requires(key, "send")
+                and not self._may_send(link, key, header, band, now)):
+            return self._dropped("unauthorised", key, band, link_id, len(payload), now)
+        if ttl == 0:
+            return self._dropped("ttl", key, band, link_id, len(payload), now)
+        entry = self.flows.get(key)
+        bit = 1 << band
+        if entry is None:
+            lsid = key_lsid(key)
+            if lsid in self.p.core_lsids:
+                return self._dropped("no-members", key, band, link_id, len(payload), now)
+            out_link = self.routing.link_for(lsid)
+            if out_link is None:
+                return self._dropped("no-route", key, band, link_id, len(payload), now)
+            if out_link == link_id:
+                return self._dropped("no-state", key, band, link_id, len(payload), now)
+            targets = [out_link]
+            counters["forward.toward-core"] += 1
+        else:
+            if link_id in entry.down:
+                entry.traffic[link_id] = self.epoch
+            up = entry.upstream
+            if link_id == up:
+                if not entry.agg & bit:  # one test saves a copy on every downstream link
+                    return self._dropped("band-filtered", key, band, link_id, len(payload),
+                                         now, len(entry.down))
+                targets = [lk for lk, m in entry.down.items() if m & bit]
+            else:
+                targets = [lk for lk, m in entry.down.items() if m & bit and lk != link_id]
+                if up is not None:
+                    targets.append(up)
+                elif entry.sib and link_id not in entry.sib:
+                    # At a core: other LS members' subtrees, filtered by their masks. What
+                    # comes from a sibling goes only down (the members form a full mesh).
+                    targets += [lk for lk, m in entry.sib.items() if m & bit]
+            if not targets:
+                return self._dropped("no-receivers", key, band, link_id, len(payload), now)
+        out = self._emit(targets, key, header, payload, band, ttl - 1, link_id, now)
+        if self._tracing and out:
+            tr = self.tracer  # sampling countdown inline: no call per unsampled decision
+            tr.fwd_left -= 1
+            if tr.fwd_left <= 0:
+                tr.fwd_sampled(now, key, band, link_id, len(out), len(payload))
+        return out
+
+    def _emit(self, targets: list[int], key: bytes, header: memoryview | bytes,
+              payload: memoryview | bytes, band: int, ttl: int, in_link: int = 0,
+              now: float = 0.0) -> list[Action]:
+        """Build one header per distinct (TTL, locality) and a Send per target link."""
+        links = self.links
+        loc_type = header[OFF_LOC_TYPE]
+        size = len(payload)
+        out: list[Action] = []
+        counters = self.counters
+        if loc_type == 0:
+            hdr = pack_header(key, size, band, 0, 0, ttl)
+            for t in targets:
+                lk = links[t]
+                if ttl == 0 and lk.role is C.Role.ROUTER:
+                    self._dropped("ttl", key, band, in_link, size, now)
+                    continue
+                if size > lk.max_payload:
+                    self._dropped("too-big-for-link", key, band, in_link, size, now)
+                    continue
+                lk.tx += 1
+                out.append(_new_tuple(Send, (t, hdr, payload)))
+        else:
+            value = header[OFF_LOC_VALUE]
+            cache: dict[int, bytes] = {}
+            for t in targets:
+                lk = links[t]
+                left = value - lk.modifiers[loc_type]
+                if left < 0:
+                    self._dropped("locality", key, band, in_link, size, now)
+                    continue
+                if ttl == 0 and lk.role is C.Role.ROUTER:
+                    self._dropped("ttl", key, band, in_link, size, now)
+                    continue
+                if size > lk.max_payload:
+                    self._dropped("too-big-for-link", key, band, in_link, size, now)
+                    continue
+                cached = cache.get(left)
+                if cached is None:
+                    cached = cache[left] = pack_header(key, size, band, loc_type, left, ttl)
+                hdr = cached
+                lk.tx += 1
+                out.append(_new_tuple(Send, (t, hdr, payload)))
+        counters["forwarded"] += len(out)
+        return out

@@ -1,0 +1,193 @@
+"""Links: the life of one link, from HELLO (and AUTH) to link up and to link down.
+
+A transport that connects is opened here; its first frames must be HELLO (and, with a
+key ring, AUTH: :mod:`flowrouter.wire.linkauth`). A link that closes, times out or
+sends a malformed frame is forgotten here, and every flow that used it is repaired.
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
+lsroutes, traces); never another part (calls into other parts go through ``self``,
+declared in :class:`~flowrouter.core.state.RouterState`).
+"""
+
+from __future__ import annotations
+
+from flowrouter.core.actions import Action, Close, Secure, Send
+from flowrouter.core.state import LINK_KEY, RouterState, log
+from flowrouter.core.tables import Link, LinkState, Modifiers
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_MEMBERSHIP
+from flowrouter.wire.flowid import flow_text
+from flowrouter.wire.header import MalformedFrame, pack_header
+from flowrouter.wire.linkauth import AuthError, LinkAuthenticator
+
+
+class Links(RouterState):
+    """The link table: handshake, link up, link down, malformed-frame drops."""
+
+    def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
+                  modifiers: Modifiers | None = None, expected_peer: str | None = None
+                  ) -> list[Action]:
+        """A transport connected (either direction): say HELLO and await the peer's."""
+        if link_id in self.links:
+            raise ValueError(f"link id {link_id} is already in use")
+        mods = (modifiers or Modifiers()).as_tuple()
+        self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
+                                   modifiers_configured=modifiers is not None, opened_at=now)
+        self._handshaking.add(link_id)
+        creds = b""
+        if self.p.keyring is not None:
+            auth = self.links[link_id].auth = LinkAuthenticator(
+                self.p.keyring, my_name=self.p.name, my_role=C.Role.ROUTER,
+                key_id=self.p.auth_key_id, encrypt=self.p.auth_encrypt,
+                replay_cache=self._replay, require_endpoints=self.p.auth_endpoints)
+            creds = auth.hello_credentials()
+        hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
+                        self.default_lsid(), creds,
+                        modifiers=(mods[1], mods[2], mods[3]) if modifiers is not None
+                        else (0, 0, 0)).encode()
+        return [Send(link_id, pack_header(LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
+
+    def default_lsid(self) -> int:
+        if self.p.default_lsid:
+            return self.p.default_lsid
+        known = self.routing.known_lsids()
+        return min(known) if known else 0
+
+    def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
+        """The transport is gone (or we dropped it): repair every flow that used it."""
+        link = self.links.pop(link_id, None)
+        self._handshaking.discard(link_id)
+        if link is None:
+            return []
+        was_up = link.state is LinkState.UP
+        link.state = LinkState.DOWN
+        self.generation += 1
+        log.info("%s %s: %s", "lost" if was_up else "gave up on", link.describe(), reason)
+        self.counters["links.down"] += 1
+        if self._tracing:
+            self.tracer.link_down(now, link_id, link.peer_name, link.role, reason)
+        out: list[Action] = []
+        if link.role is C.Role.ROUTER:
+            out += self._advertise_routes(self.routing.link_down(link_id), now)
+        for key in sorted(link.dependent):  # sorted: the same order in every process
+            entry = self.flows.get(key)
+            if entry is None:
+                continue
+            fault = C.Fault(C.FaultKind.LINK_DOWN, self.p.name,
+                            f"{link.describe()} went down: {reason}",
+                            {"peer": link.peer_name, "flow": flow_text(key)})
+            if entry.upstream == link_id:
+                entry.upstream = None
+                entry.joined = False
+                out += self._rejoin(key, entry, now)
+                if entry.upstream is None and not entry.joined:
+                    self.counters["flows.orphaned"] += 1
+                    self._orphans.add(key)
+            else:
+                if entry.sib:
+                    entry.sib.pop(link_id, None)
+                self._drop_down(entry, key, link_id, "link-down", now)
+                entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
+            if key in self.flows:
+                # Router links carry whole subtrees: their loss is news for every member.
+                # An application going away is a membership change, not a fault (heartbeats
+                # tell members about each other), and must not let one flaky client flood
+                # the tree with notices.
+                if link.role is C.Role.ROUTER:
+                    out += self._emit_fault(key, entry, fault)
+                out += self._after_change(key, entry, now, "link-down")
+        return out
+
+    def drop_link(self, link_id: int, exc: MalformedFrame, now: float) -> list[Action]:
+        """Count and report a malformed frame, tell the peer why, and drop only that link."""
+        link = self.links.get(link_id)
+        self.counters["malformed"] += 1
+        self.counters[f"malformed.{exc.reason}"] += 1
+        desc = link.describe() if link else f"link {link_id}"
+        log.warning("%s: malformed frame (%s); dropping the link", desc, exc)
+        err = C.Error(1, f"malformed frame: {exc}").encode()
+        out: list[Action] = [Send(link_id, pack_header(LINK_KEY, len(err), BAND_MEMBERSHIP),
+                                  err)]
+        out += self.close_link(link_id, now, f"malformed frame ({exc.reason})")
+        out.append(Close(link_id, f"malformed frame: {exc}"))
+        return out
+
+    def _handshake(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
+                   now: float) -> list[Action]:
+        if bytes(header[:16]) != LINK_KEY:
+            raise MalformedFrame("no-hello", "first frame on a link must be HELLO")
+        msg = C.decode(payload)
+        if isinstance(msg, C.Error):
+            log.warning("%s refused us: %s", link.describe(), msg.text)
+            closed = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
+            return closed + [Close(link.link_id, "refused by peer")]
+        if isinstance(msg, C.Auth) and link.pending_hello is not None:
+            try:
+                link.auth.on_peer_auth(msg.body)
+            except AuthError as exc:
+                return self._refuse(link, exc.reason, str(exc), now)
+            hello, link.pending_hello = link.pending_hello, None
+            self.counters["auth.ok"] += 1
+            # TCP links are sealed when either side asked (UDP links: authenticated only)
+            cipher = link.auth.cipher() if link.transport == "tcp" else None
+            out: list[Action] = [Secure(link.link_id, cipher)] if cipher is not None else []
+            return out + self._link_up(link, hello, now)
+        if not isinstance(msg, C.Hello) or link.pending_hello is not None:
+            raise MalformedFrame("no-hello", f"first frame on a link must be HELLO (and then "
+                                             f"AUTH), got {type(msg).__name__}")
+        if msg.max_payload <= 0:
+            raise MalformedFrame("bad-hello", "peer announces a maximum payload of 0")
+        if self.p.keyring is not None and (msg.role is C.Role.ROUTER or self.p.auth_endpoints
+                                           or msg.credentials):
+            if not msg.credentials:
+                return self._refuse(link, "missing-credentials",
+                                    f"{msg.role.name.lower()} {msg.name!r} offers no link "
+                                    "credentials and this router requires them", now)
+            try:
+                proof = link.auth.on_peer_hello(msg.name, msg.role, msg.credentials)
+            except AuthError as exc:
+                return self._refuse(link, exc.reason, str(exc), now)
+            link.pending_hello = msg
+            body = C.Auth(proof).encode()
+            return [Send(link.link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP),
+                         body)]
+        return self._link_up(link, msg, now)
+
+    def _refuse(self, link: Link, reason: str, detail: str, now: float) -> list[Action]:
+        """Link authentication failed: say why, count it, drop only that link."""
+        self.counters["auth.refused"] += 1
+        self.counters[f"auth.refused.{reason}"] += 1
+        log.warning("%s: link refused (%s): %s", link.describe(), reason, detail)
+        err = C.Error(2, f"link authentication failed: {reason}").encode()
+        out: list[Action] = [Send(link.link_id, pack_header(LINK_KEY, len(err),
+                                                            BAND_MEMBERSHIP), err)]
+        out += self.close_link(link.link_id, now, f"authentication failed ({reason})")
+        return out + [Close(link.link_id, f"authentication failed: {reason}")]
+
+    def _link_up(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
+        if link.expected_peer and msg.name != link.expected_peer:
+            log.warning("%s: expected router %r, it says it is %r", link.describe(),
+                        link.expected_peer, msg.name)
+        link.role = msg.role
+        if not link.modifiers_configured:
+            link.modifiers = ((0, *msg.modifiers) if msg.role is C.Role.ROUTER
+                              else self.p.endpoint_modifiers.as_tuple())
+        link.peer_name = msg.name
+        link.peer_node_id = msg.node_id
+        link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
+        link.state = LinkState.UP
+        self._handshaking.discard(link.link_id)
+        self.generation += 1
+        self.counters["links.up"] += 1
+        if self._tracing:
+            self.tracer.link_up(now, link.link_id, msg.name, msg.role)
+        log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
+        if msg.role is C.Role.ROUTER:
+            self.routing.link_up(link.link_id, msg.name)
+            out = self._advertise_routes(True, now, only=link.link_id)
+            for raw in self._policy_raws:  # a new neighbour learns the policies in force
+                body = C.PolicyMsg(raw).encode()
+                out.append(Send(link.link_id, pack_header(LINK_KEY, len(body),
+                                                          BAND_MEMBERSHIP), body))
+            return out
+        return []

@@ -1,0 +1,55 @@
+"""RouterParams: everything the router core needs to know about itself.
+
+The daemon's TOML (:mod:`flowrouter.net.config`) and the simulator fill it in. May import
+:mod:`flowrouter.wire` and :mod:`flowrouter.core.tables`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowrouter.core.tables import Modifiers
+from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
+
+
+@dataclass(slots=True)
+class RouterParams:
+    """Everything the core needs to know about itself (the daemon's TOML fills it in)."""
+
+    name: str
+    node_id: int
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+    #: LSIDs for which this router is the core of the shared trees
+    core_lsids: frozenset[int] = frozenset()
+    #: LSID suggested to endpoints for new flows (0: the first core LSID known)
+    default_lsid: int = 0
+    #: static LS routes: LSID -> name of the neighbouring router toward it
+    routes: dict[int, str] = field(default_factory=dict)
+    #: neighbour used for LSIDs with no other route
+    default_route: str | None = None
+    epoch_length: float = 5.0  #: seconds per GC epoch
+    gc_ping_after: int = 3  #: T1: idle epochs on (flow, link) before a keep-alive ping
+    gc_delete_after: int = 6  #: T2: idle epochs before the link leaves the entry
+    join_timeout: float = 5.0  #: seconds an upstream join may stay unanswered
+    max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
+    max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
+    alert_interval: float = 5.0  #: at most one alert per (limit, flow) in this many seconds
+    max_ls_routes: int = 4096  #: LSIDs this router keeps routes for
+    #: link authentication (flowrouter.wire.linkauth.KeyRing); None: links are not authenticated.
+    #: With a key ring, every ROUTER link must prove it holds a key; applications must too
+    #: when ``auth_endpoints`` (and may, by sending credentials, anyway).
+    keyring: Any = None
+    auth_key_id: str | None = None
+    auth_encrypt: bool = False  #: ask for encrypted links (TCP; on if either side asks)
+    auth_endpoints: bool = False
+    handshake_timeout: float = 10.0
+    #: locality costs of links to applications (accepted links from routers adopt the
+    #: costs the dialling router announces)
+    endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
+
+    def __post_init__(self) -> None:
+        if not self.gc_delete_after > self.gc_ping_after >= 1:
+            raise ValueError("GC thresholds need 1 <= gc_ping_after (T1) < gc_delete_after (T2)")
+        if self.epoch_length <= 0:
+            raise ValueError("epoch_length must be positive")
