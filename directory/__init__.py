@@ -9,8 +9,10 @@ so the nearest member that knows the answer is found first.
 
 * :class:`DirectoryMember` - the role that stores entries and answers queries (embed it in
   an application, or run ``flowdir serve``);
-* :class:`DirectoryClient` - register, lookup, list, watch, remove;
-* :mod:`directory.protocol` - the flow, bands, tuple/pattern types and the wire messages;
+* :class:`DirectoryClient` - register, lookup, list, remove; :class:`Watcher`
+  (:mod:`directory.watch`) - follow changes;
+* :mod:`directory.protocol` - the flow, bands and wire messages; :mod:`directory.entries` -
+  the tuple and pattern types they carry;
 * ``flowdir`` (:mod:`directory.cli`) - the same from a shell.
 """
 
