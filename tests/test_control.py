@@ -30,6 +30,17 @@ messages = st.one_of(
     st.builds(C.Mask, mask=mask128),
     st.builds(C.Ping, epoch=u32),
     st.builds(C.Pong, epoch=u32),
+    st.builds(C.Echo, seq=u32, stamp=u64),
+    st.builds(C.EchoReply, seq=u32, stamp=u64),
+    st.builds(lambda rnd, count, hold, entries: C.Refresh(rnd, count - 1, count, hold,
+                                                          tuple(entries)),
+              u32, st.integers(min_value=1, max_value=0xFFFF), u32,
+              st.lists(st.tuples(st.binary(min_size=16, max_size=16), mask128, u8),
+                       max_size=20)),
+    st.builds(C.Prune, keys=st.lists(st.binary(min_size=16, max_size=16), max_size=20)
+              .map(tuple)),
+    st.builds(C.NotOnTree, keys=st.lists(st.binary(min_size=16, max_size=16), max_size=20)
+              .map(tuple)),
     st.builds(C.Fault, kind=st.sampled_from(C.FaultKind), origin=short_text, detail=long_text,
               extra=st.dictionaries(short_text, long_text, max_size=5)),
 )
@@ -49,6 +60,11 @@ EXAMPLES = [
     C.Mask(1 << 40),
     C.Ping(3),
     C.Pong(0xFFFFFFFF),
+    C.Echo(1, 123456789),
+    C.EchoReply(0xFFFFFFFF, 0),
+    C.Refresh(7, 1, 3, 35_000, ((b"k" * 16, 1 << 32, 0), (b"a" * 16, 0, C.REFRESH_ADVERTISE))),
+    C.Prune((b"p" * 16,)),
+    C.NotOnTree((b"n" * 16, b"m" * 16)),
     C.Fault(C.FaultKind.LINK_DOWN, "r2", "link 3 went down", {"peer": "r3", "flow": "a:1:2"}),
 ]
 
@@ -93,7 +109,7 @@ def test_wrong_version_rejected(msg, version):
     assert info.value.reason == "bad-version"
 
 
-@pytest.mark.parametrize("mtype", [0, 6, 9, 16, 19, 21, 255])
+@pytest.mark.parametrize("mtype", [0, 6, 9, 22, 99, 255])
 def test_unknown_type_rejected(mtype):
     with pytest.raises(MalformedFrame, match=f"unknown control type {mtype}") as info:
         C.decode(bytes([C.CONTROL_VERSION, mtype]))
@@ -200,3 +216,20 @@ def test_fuzz_mutated_valid_messages(msg, data):
         i = data.draw(st.integers(min_value=0, max_value=len(raw) - 1))
         raw[i] = data.draw(u8)
     _decode_or_malformed(bytes(raw))
+
+
+def test_refresh_chunk_index_must_be_inside_its_round():
+    raw = bytearray(C.Refresh(1, 0, 1, 1000, ()).encode())
+    raw[6:8] = (2).to_bytes(2, "big")  # index 2 of a 1-chunk round
+    with pytest.raises(MalformedFrame, match="chunk 2 of 1"):
+        C.decode(bytes(raw))
+
+
+def test_refresh_capacity_fits_the_link():
+    for max_payload in (200, 1400, 65536):
+        n = C.refresh_capacity(max_payload)
+        entries = tuple((bytes(16), (1 << 128) - 1, 0) for _ in range(n))
+        assert len(C.Refresh(1, 0, 1, 1, entries).encode()) <= max_payload
+    assert C.refresh_capacity(1 << 20) == C.MAX_REFRESH_ENTRIES
+    keys = tuple(bytes(16) for _ in range(C.keys_capacity(1400)))
+    assert len(C.Prune(keys).encode()) <= 1400

@@ -102,7 +102,7 @@ BAD_LINES = [
     '{"v":1,"t":3,"router":"edge1","kind":"entry_add","fl',
     "[1, 2, 3]",
     "",
-    '{"v":2,"t":1,"router":"x","kind":"fwd"}',
+    '{"v":3,"t":1,"router":"x","kind":"fwd"}',
     '{"v":1,"t":1,"router":"x","kind":"teleport"}',
     json.dumps(rec(1.0, "x", "fwd", flow=A, band=200, in_link=1, out_links=1, bytes=1,
                    sample=1)),

@@ -41,6 +41,8 @@ def exercise(tr: Tracer, t0: float = 0.0) -> None:
     tr.drop(t0 + 3.5, KEY, 41, 1, "band-filtered", 800, links=3)
     tr.drop(t0 + 3.6, KEY, 40, 7, "ttl")
     tr.gc_ping(t0 + 4.0, KEY, 7, 12)
+    tr.refresh(t0 + 4.2, 1, "sent", 2, 1)
+    tr.prune(t0 + 4.4, 7, "sent", "prune", 1)
     tr.link_del(t0 + 5.0, KEY, 7, 1 << 41, "gc", last=t0 + 1.0, role="endpoint")
     tr.entry_del(t0 + 5.0, KEY, "gc")
     tr.snapshot(t0 + 6.0, entries=1, links_total=0, active_flows=0, mem_bytes=700, core=True,
@@ -130,7 +132,7 @@ def test_every_method_writes_valid_records():
     assert set(kinds) == set(TR.KINDS)
     for rec in tr.records:
         assert validate(rec) is None, rec
-        assert rec["v"] == 1 and rec["router"] == "r1" and rec["run"] == "exp-1"
+        assert rec["v"] == 2 and rec["router"] == "r1" and rec["run"] == "exp-1"
     by: dict[str, dict] = {}
     for r in tr.records:
         by.setdefault(r["kind"], r)  # the first of each kind
@@ -169,7 +171,7 @@ def test_null_tracer_does_nothing():
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"v": 2}, "unsupported version"),
+    ({"v": 3}, "unsupported version"),
     ({"v": 1.0}, "unsupported version"),
     ({"v": None}, "unsupported version"),
     ({"t": "soon"}, "missing or invalid field 't'"),
@@ -304,7 +306,7 @@ def test_read_traces_counts_bad_lines_and_goes_on(tmp_path):
         "[1, 2, 3]",
         "",
         "   ",
-        '{"v":2,"t":1,"router":"x","kind":"fwd"}',
+        '{"v":3,"t":1,"router":"x","kind":"fwd"}',
         '{"v":1,"t":1,"router":"x","kind":"teleport"}',
         '{"v":1,"t":NaN,"router":"x","kind":"entry_add","flow":"' + str(FlowID(1, 2, 3)) + '"}',
         "\xff\xfe garbage",
@@ -366,3 +368,19 @@ def test_snapshot_fields_from_a_router():
     tr.snapshot(5.0, **f)
     assert validate(tr.records[0]) is None
     assert tr.records[0]["fanout"] == {"1": 1, "3": 1}
+
+
+def test_version_2_records_and_version_1_files_both_validate():
+    tr = MemoryTrace("r1")
+    tr.refresh(1.0, 3, "received", entries=120, chunks=2, repaired=1, removed=2, unknown=0)
+    tr.refresh(2.0, 4, "sent", entries=5, chunks=1)
+    tr.prune(3.0, 3, "sent", "not-on-tree", 7)
+    recs = [json.loads(line) for line in tr.lines()]
+    assert [validate(r) for r in recs] == [None, None, None]
+    assert recs[0]["v"] == 2 and recs[0]["removed"] == 2 and "repaired" not in recs[1]
+    old = {"v": 1, "t": 1, "router": "r", "kind": "gc_ping", "flow": str(FlowID(1, 2, 3)),
+           "link": 2, "epoch": 4}
+    assert validate(old) is None
+    # refresh and prune records do not exist in version 1
+    assert validate({**recs[2], "v": 1}) == "unknown kind"
+    assert validate({**recs[2], "msg": "Prune!"}) == "missing or invalid field 'msg'"

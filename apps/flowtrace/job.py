@@ -213,12 +213,16 @@ def error_sql() -> str:
         return f"({_q(name)} IS NOT NULL OR (raw IS NOT NULL AND raw[{_lit(name)}] IS NOT NULL))"
 
     arms = ["WHEN _corrupt_record IS NOT NULL AND raw IS NULL THEN 'corrupt'",
-            f"WHEN v IS NULL OR v != {TR.SCHEMA_VERSION} THEN 'unsupported version'"]
+            "WHEN v IS NULL OR v NOT IN (" + ", ".join(map(str, TR.SUPPORTED_VERSIONS))
+            + ") THEN 'unsupported version'"]
     for name, typ in TR.COMMON_FIELDS:
         arms.append(f"WHEN {bad(name, typ)} THEN "
                     + _lit(f"missing or invalid field '{name}'"))
     arms.append(f"WHEN kind NOT IN ({', '.join(_lit(k) for k in TR.KINDS)}) "
                 "THEN 'unknown kind'")
+    for kind, versions in TR.VERSION_KINDS.items():  # kinds of some schema versions only
+        arms.append(f"WHEN kind = {_lit(kind)} AND v NOT IN "
+                    f"({', '.join(map(str, versions))}) THEN 'unknown kind'")
     # then one switch on the kind (not a test per kind and field)
     per_kind = []
     for kind, (required, optional) in TR.FIELDS.items():

@@ -1,18 +1,33 @@
-"""Router trace records: the schema (version 1), the writers the router core calls, a reader.
+"""Router trace records: the schema (version 2), the writers the router core calls, a reader.
 
 Routers and the simulator write **JSON Lines**: one JSON object per line, UTF-8, ``\\n``
 terminated. The PySpark job in :mod:`apps.flowtrace` mines them for flow-table scaling
 (DESIGN.md section 10); :func:`read_traces` is the reference validator for everything else.
 
-Record schema, version 1
+Record schema, version 2
 ========================
+
+Version 2 (soft state, DESIGN.md section 14) replaces the per-(flow, link) ``gc_ping``
+records by per-neighbour ``refresh`` and ``prune`` records and adds causes; the reader and
+:func:`validate` accept version 1 files too (:data:`SUPPORTED_VERSIONS`). What changed:
+
+* new kinds ``refresh`` and ``prune`` (below); routers no longer write ``gc_ping`` (still
+  valid, so old tools' records validate);
+* ``link_del`` / ``entry_del`` causes ``expired`` (not refreshed within the hold time),
+  ``refresh`` (missing from a complete refresh round: a lost LEAVE repaired), ``prune`` and
+  ``not-on-tree`` (the neighbour said it dropped or never had the state); a link whose
+  peer stopped answering echoes goes down with ``link_down.reason`` saying so;
+  ``link_add`` cause ``refresh`` (a mask repaired from a digest);
+* ``link_del.last`` is the time the (flow, link) was last refreshed or joined (version 1: the
+  last traffic the GC saw); ``snapshot.active_flows`` counts entries refreshed or joined in
+  the current or previous epoch.
 
 Every record has the common fields
 
 =========  ======  ==========================================================================
 field      type    meaning
 =========  ======  ==========================================================================
-``v``      int     schema version, always ``1``
+``v``      int     schema version: ``2`` (readers also accept ``1``)
 ``t``      number  seconds on the router's clock (the ``now`` the core was given, plus the
                    writer's ``t_offset``); routers analysed together must share an origin
                    (the simulator's virtual time, or wall-clock time for daemons)
@@ -43,6 +58,14 @@ kind           fields
                link-down, refused), ``last?`` (time of the last traffic the GC saw on this
                (flow, link); the job measures GC lag from it), ``role?``
 ``gc_ping``    ``flow``, ``link``, ``epoch`` — a keep-alive ping sent down (flow, link)
+               (version 1 routers)
+``refresh``    ``link``, ``dir`` (``sent``: a digest round started toward this upstream
+               neighbour; ``received``: a round from this downstream neighbour completed),
+               ``entries``, ``chunks``, ``repaired?`` (masks corrected), ``removed?``
+               ((flow, link) pairs the round no longer listed), ``unknown?`` (entries
+               answered NOT_ON_TREE) — one record per digest round, never per flow
+``prune``      ``link``, ``dir`` (``sent`` / ``received``), ``msg`` (``prune`` or
+               ``not-on-tree``), ``flows`` (keys in the message)
 ``link_up``    ``link``, ``peer`` (peer's name), ``role`` (router, endpoint, unknown)
 ``link_down``  ``link``, ``peer``, ``role``, ``reason?`` (free text)
 ``snapshot``   ``entries``, ``links_total`` (downstream links summed over entries),
@@ -93,14 +116,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)  #: what read_traces and validate accept
 
 #: the router's ``drop.<reason>`` counters (flowrouter.core.router); other tokens are accepted too
 DROP_REASONS = ("ttl", "locality", "band-filtered", "no-route", "no-members", "no-state",
                 "no-receivers", "too-big-for-link")
-ENTRY_DEL_CAUSES = ("leave", "gc", "refused", "timeout", "link-down")
-LINK_ADD_CAUSES = ("join", "mask")
-LINK_DEL_CAUSES = ("leave", "gc", "link-down", "refused")
+ENTRY_DEL_CAUSES = ("leave", "gc", "refused", "timeout", "link-down", "expired", "refresh",
+                    "prune", "not-on-tree")
+LINK_ADD_CAUSES = ("join", "mask", "refresh")
+LINK_DEL_CAUSES = ("leave", "gc", "link-down", "refused", "expired", "refresh", "prune",
+                   "not-on-tree")
 ROLES = ("router", "endpoint", "unknown")
 
 #: value types of the schema (see :data:`FIELDS`); the Spark job builds its checks from these
@@ -127,6 +153,9 @@ FIELDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]
     "link_del": ((("flow", "flow"), ("link", "int"), ("mask", "hex"), ("cause", "token")),
                  (("last", "num"), ("role", "role"))),
     "gc_ping": ((("flow", "flow"), ("link", "int"), ("epoch", "int")), ()),
+    "refresh": ((("link", "int"), ("dir", "token"), ("entries", "int"), ("chunks", "int")),
+                (("repaired", "int"), ("removed", "int"), ("unknown", "int"))),
+    "prune": ((("link", "int"), ("dir", "token"), ("msg", "token"), ("flows", "int")), ()),
     "link_up": ((("link", "int"), ("peer", "str"), ("role", "role")), ()),
     "link_down": ((("link", "int"), ("peer", "str"), ("role", "role")), (("reason", "str"),)),
     "snapshot": ((("entries", "int"), ("links_total", "int"), ("active_flows", "int"),
@@ -134,6 +163,8 @@ FIELDS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]
                  (("edge", "bool"), ("members", "int"), ("lsids", "ints"), ("epoch", "int"))),
 }
 KINDS = tuple(FIELDS)
+#: kinds that exist only in some versions (every other kind is valid in all of them)
+VERSION_KINDS = {"refresh": (2,), "prune": (2,)}
 SAMPLED_KINDS = ("fwd", "drop")
 
 FLOW_RE = re.compile(r"[0-9a-f]{16}:[0-9a-f]{8}:[0-9a-f]{8}")
@@ -213,6 +244,10 @@ class Tracer(Protocol):
     def link_del(self, t: float, flow: bytes, link: int, mask: int, cause: str,
                  last: float | None = None, role: Any = None) -> None: ...
     def gc_ping(self, t: float, flow: bytes, link: int, epoch: int) -> None: ...
+    def refresh(self, t: float, link: int, direction: str, entries: int, chunks: int,
+                repaired: int | None = None, removed: int | None = None,
+                unknown: int | None = None) -> None: ...
+    def prune(self, t: float, link: int, direction: str, msg: str, flows: int) -> None: ...
     def link_up(self, t: float, link: int, peer: str, role: Any) -> None: ...
     def link_down(self, t: float, link: int, peer: str, role: Any,
                   reason: str | None = None) -> None: ...
@@ -241,7 +276,7 @@ class NullTracer:
     def _nothing(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    entry_add = entry_del = link_add = link_del = gc_ping = _nothing
+    entry_add = entry_del = link_add = link_del = gc_ping = refresh = prune = _nothing
     link_up = link_down = fwd = drop = snapshot = emit = flush = close = _nothing
     fwd_sampled = drop_sampled = _nothing
 
@@ -397,6 +432,21 @@ class BaseTracer:
     def gc_ping(self, t: float, flow: Any, link: int, epoch: int) -> None:
         self._put(self._rec("gc_ping", t, {"flow": flow_key_text(flow), "link": link,
                                            "epoch": epoch}))
+
+    def refresh(self, t: float, link: int, direction: str, entries: int, chunks: int,
+                repaired: int | None = None, removed: int | None = None,
+                unknown: int | None = None) -> None:
+        fields: dict[str, Any] = {"link": link, "dir": direction, "entries": entries,
+                                  "chunks": chunks}
+        for name, value in (("repaired", repaired), ("removed", removed),
+                            ("unknown", unknown)):
+            if value is not None:
+                fields[name] = value
+        self._put(self._rec("refresh", t, fields))
+
+    def prune(self, t: float, link: int, direction: str, msg: str, flows: int) -> None:
+        self._put(self._rec("prune", t, {"link": link, "dir": direction, "msg": msg,
+                                         "flows": flows}))
 
     def link_up(self, t: float, link: int, peer: str, role: Any) -> None:
         self._put(self._rec("link_up", t, {"link": link, "peer": peer or "?",
@@ -658,14 +708,16 @@ def _bad(value: Any, typ: str) -> bool:
 
 
 def validate(rec: Any) -> str | None:
-    """None if *rec* (a parsed JSON value) is a valid v1 record, else the first problem.
+    """None if *rec* (a parsed JSON value) is a valid record of a supported version, else
+    the first problem.
 
     The messages (``unsupported version``, ``unknown kind``, ``missing or invalid field 'x'``,
     ``invalid field 'x'``) are the ones the Spark job reports.
     """
     if not isinstance(rec, dict):
         return "not a JSON object"
-    if rec.get("v") != SCHEMA_VERSION or type(rec.get("v")) is not int:
+    version = rec.get("v")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         return "unsupported version"
     for name, typ in COMMON_FIELDS:
         value = rec.get(name)
@@ -673,7 +725,7 @@ def validate(rec: Any) -> str | None:
             return f"missing or invalid field '{name}'"
     kind = rec["kind"]
     spec = FIELDS.get(kind)
-    if spec is None:
+    if spec is None or version not in VERSION_KINDS.get(kind, SUPPORTED_VERSIONS):
         return "unknown kind"
     required, optional = spec
     for name, typ in required:

@@ -1,11 +1,27 @@
 """Control-message payloads: versioned, validated, one codec for every control frame.
 
 Every control payload starts with ``version (1 byte) | type (1 byte)``. Link-local messages
-(HELLO, ERROR, LS_ROUTES, AUTH, POLICY) travel on the reserved link-local flow; per-flow
+(HELLO, ERROR, LS_ROUTES, AUTH, POLICY, and the soft-state messages ECHO, ECHO_REPLY,
+REFRESH, PRUNE, NOT_ON_TREE, see below) travel on the reserved link-local flow; per-flow
 messages (JOIN,
 JOIN_ACK, LEAVE, MASK, PING, PONG) travel on the flow they concern, on the membership band (or
 the GC band for PING/PONG), and are consumed and regenerated hop by hop. FAULT travels to
 applications on :data:`~flowrouter.wire.bands.BAND_FAULT`.
+
+Soft state (DESIGN.md section 14) uses five link-local messages, all aggregated per
+neighbour rather than per flow:
+
+* ``ECHO(seq, stamp)`` / ``ECHO_REPLY(seq, stamp)``: link liveness; the reply returns the
+  sender's stamp (its own clock, microseconds) so the sender measures the round trip without
+  keeping state;
+* ``REFRESH(round, index, count, hold_ms, entries)``: one chunk of a downstream node's digest of
+  the (flow, band mask) pairs it wants from this neighbour. ``count`` chunks make a round;
+  ``hold_ms`` is how long the receiver may keep state the digest lists without hearing it
+  again (PIM's hold time). Each entry is ``flow key (16) | mask (16) | flags (1)``;
+* ``PRUNE(keys)``: the sender dropped these flows' state for the receiver (expiry, limits);
+* ``NOT_ON_TREE(keys)``: the sender holds no state for these flows although the receiver
+  refreshed them or sent their traffic from the tree's side; the receiver re-joins (if it
+  is downstream) or forgets the branch (if it is upstream).
 
 A decoder that meets anything unexpected raises :class:`~flowrouter.wire.header.MalformedFrame`; the
 router then drops the offending link (never itself).
@@ -40,7 +56,12 @@ class MsgType(enum.IntEnum):
     MASK = 13
     PING = 14
     PONG = 15
+    ECHO = 16
+    ECHO_REPLY = 17
+    REFRESH = 18
+    PRUNE = 19
     FAULT = 20
+    NOT_ON_TREE = 21
 
 
 class JoinStatus(enum.IntEnum):
@@ -272,8 +293,102 @@ class Fault:
         return body
 
 
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """Link liveness probe; answered at once by :class:`EchoReply` with the same fields."""
+
+    seq: int
+    stamp: int  #: the sender's clock in microseconds (opaque to the receiver)
+    TYPE = MsgType.ECHO
+    _ST = struct.Struct("!IQ")
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(self.seq, self.stamp)
+
+
+@dataclass(frozen=True, slots=True)
+class EchoReply:
+    seq: int
+    stamp: int  #: copied from the ECHO, so the prober computes the round trip statelessly
+    TYPE = MsgType.ECHO_REPLY
+    _ST = Echo._ST
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(self.seq, self.stamp)
+
+
+REFRESH_SIBLING = 0x01  #: the entry is a location-service member's subtree mask (core mesh)
+REFRESH_ADVERTISE = 0x02  #: the sender only sends on the flow (mask 0 is an advertisement)
+REFRESH_ENTRY = struct.Struct("!16s16sB")
+#: bytes of a REFRESH besides its entries (prefix, round, index, count, hold, entry count)
+REFRESH_OVERHEAD = _PREFIX.size + 4 + 2 + 2 + 4 + 2
+MAX_REFRESH_ENTRIES = 1024  #: entries per chunk, whatever the link could carry
+
+
+def refresh_capacity(max_payload: int) -> int:
+    """Entries one REFRESH chunk may carry on a link with this maximum payload."""
+    return max(1, min(MAX_REFRESH_ENTRIES,
+                      (max_payload - REFRESH_OVERHEAD) // REFRESH_ENTRY.size))
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    """One chunk of a refresh digest (see the module docs)."""
+
+    round: int
+    index: int
+    count: int
+    hold_ms: int
+    entries: tuple[tuple[bytes, int, int], ...]  #: (flow key, band mask, flags)
+    TYPE = MsgType.REFRESH
+    _ST = struct.Struct("!IHHIH")
+
+    def encode(self) -> bytes:
+        if len(self.entries) > 0xFFFF:
+            raise ValueError("too many entries for one REFRESH chunk")
+        pack = REFRESH_ENTRY.pack
+        return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
+                + self._ST.pack(self.round, self.index, self.count, self.hold_ms,
+                                len(self.entries))
+                + b"".join(pack(k, m.to_bytes(16, "big"), f) for k, m, f in self.entries))
+
+
+def _keys_blob(keys: tuple[bytes, ...]) -> bytes:
+    if len(keys) > 0xFFFF:
+        raise ValueError("too many flow keys for one message")
+    return len(keys).to_bytes(2, "big") + b"".join(keys)
+
+
+@dataclass(frozen=True, slots=True)
+class Prune:
+    """The sender dropped its state for these flows on this link."""
+
+    keys: tuple[bytes, ...]
+    TYPE = MsgType.PRUNE
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _keys_blob(self.keys)
+
+
+@dataclass(frozen=True, slots=True)
+class NotOnTree:
+    """The sender holds no state for these flows on this link (answer to a refresh or to
+    traffic from the tree's side)."""
+
+    keys: tuple[bytes, ...]
+    TYPE = MsgType.NOT_ON_TREE
+
+    def encode(self) -> bytes:
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _keys_blob(self.keys)
+
+
+#: flow keys one PRUNE or NOT_ON_TREE may carry on a link with this maximum payload
+def keys_capacity(max_payload: int) -> int:
+    return max(1, min(0xFFFF, (max_payload - _PREFIX.size - 2) // 16))
+
+
 ControlMessage = (Hello | Error | LsRoutes | Auth | PolicyMsg | Join | JoinAck | Leave | Mask
-                  | Ping | Pong | Fault)
+                  | Ping | Pong | Fault | Echo | EchoReply | Refresh | Prune | NotOnTree)
 
 
 def decode(payload: bytes | memoryview) -> ControlMessage:
@@ -329,6 +444,24 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
         msg = Ping(int.from_bytes(r.take(4), "big"))
     elif t is MsgType.PONG:
         msg = Pong(int.from_bytes(r.take(4), "big"))
+    elif t is MsgType.ECHO:
+        msg = Echo(*r.unpack(Echo._ST))
+    elif t is MsgType.ECHO_REPLY:
+        msg = EchoReply(*r.unpack(Echo._ST))
+    elif t is MsgType.REFRESH:
+        rnd, index, count, hold, n = r.unpack(Refresh._ST)
+        if count == 0 or index >= count:
+            raise MalformedFrame("bad-control", f"REFRESH chunk {index} of {count}")
+        raw = r.take(n * REFRESH_ENTRY.size)
+        entries = []
+        for k, m, f in REFRESH_ENTRY.iter_unpack(raw):
+            entries.append((k, int.from_bytes(m, "big"), f))
+        msg = Refresh(rnd, index, count, hold, tuple(entries))
+    elif t is MsgType.PRUNE or t is MsgType.NOT_ON_TREE:
+        n = int.from_bytes(r.take(2), "big")
+        raw = r.take(16 * n)
+        keys = tuple(raw[i:i + 16] for i in range(0, len(raw), 16))
+        msg = Prune(keys) if t is MsgType.PRUNE else NotOnTree(keys)
     else:  # FAULT
         try:
             kind = FaultKind(r.u8())
