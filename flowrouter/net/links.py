@@ -1,0 +1,238 @@
+"""The two kinds of link a router node speaks: TCP (one asyncio Protocol per connection) and
+UDP (one shared socket, a link per remote address).
+
+TCP frames are handed to the core as views into the received buffer and written with
+``writelines([header, payload])``; the handshake is parsed a frame at a time because, after
+the peer's AUTH, the rest of the stream may be sealed records
+(:class:`~flowrouter.wire.linkauth.SecureStream`). UDP sends use ``socket.sendmsg`` scatter/
+gather; a full socket buffer is a counted drop. Both send through a
+:class:`~flowrouter.net.output.LinkOutput`.
+
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
+:mod:`flowrouter.net.output`; the node is only a type here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+from flowrouter.core.tables import LinkState
+from flowrouter.net.config import PeerConfig
+from flowrouter.net.output import LinkOutput
+from flowrouter.wire.header import HEADER_SIZE, FrameDecoder, MalformedFrame, take_frame
+from flowrouter.wire.linkauth import LinkSecurityError, SecureStream
+
+if TYPE_CHECKING:
+    from flowrouter.net.node import RouterNode
+
+log = logging.getLogger("flowrouter.net.runtime")
+
+
+class TcpLink(asyncio.Protocol):
+    """One TCP connection to a router or an application (dialled or accepted)."""
+
+    __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
+                 "reading", "hs", "secure")
+
+    def __init__(self, node: RouterNode, peer: PeerConfig | None) -> None:
+        self.node = node
+        self.peer = peer
+        self.link_id = 0
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(node.config.max_payload)
+        self.out: LinkOutput | None = None
+        self.address = "?"
+        self.reading = True
+        #: bytes of the handshake, parsed one frame at a time: after the peer's AUTH the
+        #: rest of the stream may be sealed records, not frames
+        self.hs: bytearray | None = bytearray()
+        self.secure: SecureStream | None = None
+
+    # asyncio callbacks ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # duck-typed: uvloop's transports are not asyncio.Transport subclasses
+        self.transport = transport  # type: ignore[assignment]
+        node = self.node
+        # A small transport buffer (a few large frames): beyond it frames wait in our fair
+        # queue, not in asyncio's.
+        self.transport.set_write_buffer_limits(high=256 * 1024)  # type: ignore[union-attr]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        peername = transport.get_extra_info("peername")
+        self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
+        self.link_id = node._register(self)
+        self.out = LinkOutput(node, self.link_id, self._write, self._write_many)
+        mods = self.peer.modifiers if self.peer else None  # accepted: learnt at HELLO
+        node.execute(node.core.open_link(
+            self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
+            expected_peer=self.peer.name if self.peer else None))
+
+    def data_received(self, data: bytes) -> None:
+        if self.secure is not None:
+            try:
+                chunks = self.secure.decode(data)
+            except LinkSecurityError as exc:
+                node = self.node
+                node.execute(node.core.drop_link(
+                    self.link_id, MalformedFrame("bad-record", str(exc)), node.now()))
+                return
+            for chunk in chunks:
+                self._frames(chunk)
+            return
+        if self.hs is not None:
+            self._handshake_bytes(data)
+            return
+        self._frames(data)
+
+    def _handshake_bytes(self, data: bytes) -> None:
+        node = self.node
+        buf = self.hs
+        assert buf is not None
+        buf += data
+        while True:
+            try:
+                frame = take_frame(buf, node.config.max_payload)
+            except MalformedFrame as exc:
+                node.execute(node.core.drop_link(self.link_id, exc, node.now()))
+                return
+            if frame is None:
+                return
+            node.execute(node.core.receive(self.link_id, frame[:HEADER_SIZE],
+                                           frame[HEADER_SIZE:], node.now()))
+            link = node.core.links.get(self.link_id)
+            if link is None:
+                return  # refused or dropped
+            if self.secure is not None or link.state is LinkState.UP:
+                rest = bytes(buf)
+                self.hs = None
+                node._link_state_changed()
+                if rest:
+                    self.data_received(rest)
+                return
+
+    def _frames(self, data: bytes) -> None:
+        node = self.node
+        try:
+            frames = self.decoder.feed(data)
+        except MalformedFrame as exc:
+            node.execute(node.core.drop_link(self.link_id, exc, node.now()))
+            return
+        if not frames:
+            return
+        core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
+        node._rx_link = link_id
+        node._batching = True
+        try:
+            for header, payload in frames:
+                actions = core.receive(link_id, header, payload, now)
+                if actions:
+                    execute(actions)
+        finally:
+            node._batching = False
+            node._rx_link = 0
+            node._flush()
+        if core.generation != node._seen_generation:
+            node._link_state_changed()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        node = self.node
+        reason = f"connection lost: {exc}" if exc else "connection closed by peer"
+        if self.decoder.pending and self.link_id in node.core.links:  # not yet counted
+            node.core.counters["malformed"] += 1
+            node.core.counters["malformed.truncated"] += 1
+            reason = f"truncated frame ({self.decoder.pending} bytes of an incomplete frame)"
+            link = node.core.links.get(self.link_id)
+            log.warning("%s: malformed input: %s; dropping the link",
+                        link.describe() if link else f"link {self.link_id}", reason)
+        if self.out is not None:
+            self.out.close()
+        node.execute(node.core.close_link(self.link_id, node.now(), reason))
+        node._unregister(self.link_id)
+        if self.peer is not None:
+            node._redial(self.peer)
+
+    def pause_writing(self) -> None:
+        if self.out is not None:
+            self.out.pause()
+
+    def resume_writing(self) -> None:
+        if self.out is not None:
+            self.out.resume()
+
+    # link interface ---------------------------------------------------------------------------
+    def _write(self, header: bytes, payload: Any) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if self.secure is not None:  # sealing needs the bytes together anyway
+                transport.write(self.secure.encode(header + bytes(payload)))
+            else:
+                transport.writelines((header, payload))
+
+    def _write_many(self, buffers: list[Any]) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if self.secure is not None:
+                transport.write(self.secure.encode(b"".join(buffers)))
+            else:
+                transport.writelines(buffers)
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        self.out.send(header, payload)  # type: ignore[union-attr]
+
+    def set_reading(self, on: bool) -> None:
+        if self.transport is None or on == self.reading:
+            return
+        self.reading = on
+        if on:
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+
+    def close(self, reason: str) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class UdpLink:
+    """One remote UDP address on the node's shared socket."""
+
+    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address", "out")
+
+    def __init__(self, node: RouterNode, addr: tuple[str, int], peer: PeerConfig | None) -> None:
+        self.node = node
+        self.addr = addr
+        self.peer = peer
+        self.link_id = 0
+        self.last_rx = node.now()
+        self.address = f"{addr[0]}:{addr[1]}"
+        self.out: LinkOutput | None = None
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        self.out.send(header, payload)  # type: ignore[union-attr]
+
+    def set_reading(self, on: bool) -> None:
+        pass  # one socket serves every UDP peer: nothing to pause per link
+
+    def _write(self, header: bytes, payload: Any) -> None:
+        sock = self.node._udp_sock
+        if sock is None:
+            return
+        try:
+            sock.sendmsg((header, payload), (), 0, self.addr)
+        except BlockingIOError:
+            self.node.core.counters["drop.link-congested"] += 1
+        except OSError as exc:
+            self.node.core.counters["drop.udp-error"] += 1
+            log.debug("UDP send to %s failed: %s", self.address, exc)
+
+    def close(self, reason: str) -> None:
+        if self.out is not None:
+            self.out.close()
+        self.node._udp_links.pop(self.addr, None)

@@ -1,0 +1,428 @@
+"""RouterNode: one router daemon: the sans-I/O core plus its sockets, timers and re-dials.
+
+It owns the link table of transports, dials its configured peers (re-dialling with
+exponential back-off), runs the clock (``Router.tick``), carries out the core's actions,
+applies link emulation and administrative link state, keeps the input credits, and serves
+the control interface (:mod:`flowrouter.net.control`).
+
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and the rest of
+:mod:`flowrouter.net`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+import time
+from typing import Any
+
+import asyncio_dgram
+
+from flowrouter.core.router import Action, Close, Router, Secure, Send
+from flowrouter.core.tables import LinkState
+from flowrouter.core.traces import NULL_TRACER, TraceWriter
+from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
+from flowrouter.net.control import serve_client as serve_control_client
+from flowrouter.net.links import TcpLink, UdpLink
+from flowrouter.net.output import LinkOutput
+from flowrouter.wire.control import Role
+from flowrouter.wire.header import UDP_MAX_PAYLOAD, MalformedFrame, split_datagram
+from flowrouter.wire.linkauth import SecureStream
+
+log = logging.getLogger("flowrouter.net.runtime")
+
+
+class RouterNode:
+    """One router process: the core plus its sockets. ``await start()``, ``await stop()``."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.core = Router(config.params())
+        self._links: dict[int, TcpLink | UdpLink] = {}
+        self._next_link = 1
+        self._server: asyncio.base_events.Server | None = None
+        self._control: asyncio.base_events.Server | None = None
+        self._udp: Any = None  #: an asyncio-dgram stream bound to our own socket
+        self._udp_sock: socket.socket | None = None
+        self._udp_links: dict[tuple[str, int], UdpLink] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._changed = asyncio.Event()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._backoff: dict[str, float] = {}
+        self._seen_generation = 0
+        self._tracer: TraceWriter | None = None
+        #: the input link whose frames are being processed (0: none / locally generated)
+        self._rx_link = 0
+        #: while a read is processed, fast-path sends gather per link and ``_flush`` writes
+        #: each link's batch once: one system call per link per read, not per frame
+        self._batching = False
+        self._dirty: list[LinkOutput] = []
+        #: bytes from each input link waiting in output queues, and who is paused for it
+        self._pending_in: dict[int, int] = {}
+        #: emulation per peer name (from config and the control interface)
+        self._emulation: dict[str, Emulation] = {
+            name: emu for name, emu in config.emulation.items()}
+        for peer in config.peers:
+            if peer.name and peer.emulation.active:
+                self._emulation.setdefault(peer.name, peer.emulation)
+        #: peers administratively down: their links are closed and not re-dialled
+        self._blocked: set[str] = set()
+
+    # lifecycle --------------------------------------------------------------------------------
+    def now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
+
+    async def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        tracer: Any = NULL_TRACER
+        if cfg.trace_dir:
+            # Wall-clock times in the records, so traces of several routers line up.
+            tracer = self._tracer = TraceWriter(
+                cfg.trace_dir + "/", cfg.name, sample_rate=cfg.trace_sample,
+                rotate_bytes=cfg.trace_rotate_bytes, t_offset=time.time() - loop.time())
+            log.info("router %s writes traces to %s (sampling %.3g of forwarding)", cfg.name,
+                     tracer.path, cfg.trace_sample)
+        self.core = Router(cfg.params(), loop.time(), tracer=tracer)
+        self.core.wall_offset = time.time() - loop.time()  # capability expiry is Unix time
+        if cfg.listen:
+            host, port = parse_address(cfg.listen, "listen")
+            self._server = await loop.create_server(lambda: TcpLink(self, None), host, port,
+                                                    reuse_address=True)
+            log.info("router %s listening for TCP links on %s", cfg.name, self.tcp_address)
+        if cfg.udp:
+            host, port = parse_address(cfg.udp, "udp")
+            # Our own socket object: asyncio's wrapper would forbid the zero-copy sendmsg.
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+            sock = socket.socket(info[0], socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.bind(info[4])
+            self._udp = await asyncio_dgram.from_socket(sock)
+            self._udp_sock = sock
+            self._spawn(self._udp_loop())
+            log.info("router %s listening for UDP links on %s:%d", cfg.name,
+                     *self._udp.sockname[:2])
+        if cfg.control:
+            host, port = parse_address(cfg.control, "control")
+            self._control = await asyncio.start_server(
+                functools.partial(serve_control_client, self), host, port)
+            log.info("router %s control interface on %s:%d", cfg.name, *self.control_address)
+        for peer in cfg.peers:
+            self._dial_soon(peer, 0.0)
+        self._spawn(self._ticker())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        for server in (self._server, self._control):
+            if server is not None:
+                server.close()
+        for link in list(self._links.values()):
+            link.close("router stopping")
+        if self._udp is not None:
+            self._udp.close()
+        if self._tracer is not None:
+            self._tracer.close()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for server in (self._server, self._control):
+            if server is not None:
+                await server.wait_closed()
+        log.info("router %s stopped", self.config.name)
+
+    async def __aenter__(self) -> RouterNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def tcp_address(self) -> tuple[str, int]:
+        assert self._server is not None, "this router has no TCP listener"
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    @property
+    def udp_address(self) -> tuple[str, int]:
+        assert self._udp is not None, "this router has no UDP socket"
+        host, port = self._udp.sockname[:2]
+        return host, port
+
+    @property
+    def control_address(self) -> tuple[str, int]:
+        assert self._control is not None, "this router has no control interface"
+        host, port = self._control.sockets[0].getsockname()[:2]
+        return host, port
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # links ------------------------------------------------------------------------------------
+    def _register(self, link: TcpLink | UdpLink) -> int:
+        link_id = self._next_link
+        self._next_link += 1
+        self._links[link_id] = link
+        return link_id
+
+    def _unregister(self, link_id: int) -> None:
+        self._links.pop(link_id, None)
+        self._pending_in.pop(link_id, None)
+        self._link_state_changed()
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for out in dirty:
+            out.flush()
+
+    def _credit_take(self, origin: int, size: int) -> None:
+        if not origin:
+            return
+        pending = self._pending_in.get(origin, 0) + size
+        self._pending_in[origin] = pending
+        if pending > self.config.link_credit:
+            link = self._links.get(origin)
+            if link is not None and getattr(link, "reading", False):
+                self.core.counters["credit.paused"] += 1
+                link.set_reading(False)
+
+    def _credit_release(self, origin: int, size: int) -> None:
+        if not origin:
+            return
+        pending = self._pending_in.get(origin, 0) - size
+        if pending <= 0:
+            self._pending_in.pop(origin, None)
+        else:
+            self._pending_in[origin] = pending
+        if pending <= self.config.link_credit // 2:
+            link = self._links.get(origin)
+            if link is not None and not getattr(link, "reading", True):
+                link.set_reading(True)
+
+    def _apply_emulation(self) -> None:
+        """Give every up link the emulation configured for its peer (by name)."""
+        for lid, lk in self.core.links.items():
+            if lk.state is not LinkState.UP:
+                continue
+            link = self._links.get(lid)
+            if link is None or link.out is None:
+                continue
+            emu = self._emulation.get(lk.peer_name)
+            if link.out.emu is not (emu if emu is not None and emu.active else None):
+                link.out.emulate(emu)
+                if emu is not None:
+                    log.info("router %s: %s emulates %s", self.config.name, lk.describe(),
+                             emu.describe())
+
+    def _link_state_changed(self) -> None:
+        if self._emulation:
+            self._apply_emulation()
+        if self._blocked:
+            self._close_blocked()
+        self._seen_generation = self.core.generation
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def execute(self, actions: list[Action]) -> None:
+        """Carry out the core's actions (the forwarding hot path ends here)."""
+        links = self._links
+        for action in actions:
+            link = links.get(action.link)
+            if link is None:
+                continue
+            if type(action) is Send:
+                link.send(action.header, action.payload)
+            elif type(action) is Secure:
+                if isinstance(link, TcpLink):
+                    link.secure = SecureStream(action.cipher)
+            elif type(action) is Close:
+                link.close(action.reason)
+                if isinstance(link, UdpLink):
+                    self._unregister(action.link)
+
+    def _dial_soon(self, peer: PeerConfig, delay: float) -> None:
+        self._spawn(self._dial(peer, delay))
+
+    def _redial(self, peer: PeerConfig) -> None:
+        if self._stopping:
+            return
+        cfg = self.config
+        delay = self._backoff.get(peer.address, cfg.reconnect_min)
+        self._backoff[peer.address] = min(delay * 2, cfg.reconnect_max)
+        log.info("router %s: re-dialling %s (%s) in %.1fs", cfg.name, peer.name or "peer",
+                 peer.address, delay)
+        self._dial_soon(peer, delay)
+
+    async def _dial(self, peer: PeerConfig, delay: float) -> None:
+        if delay:
+            await asyncio.sleep(delay)
+        if self._stopping:
+            return
+        if peer.name in self._blocked:
+            self._redial(peer)  # keep trying; it goes through once the link is set up again
+            return
+        loop = asyncio.get_running_loop()
+        host, port = parse_address(peer.address, "peer address")
+        if peer.transport == "udp":
+            if self._udp_sock is None:
+                log.error("peer %s uses UDP but this router has no [router] udp address",
+                          peer.address)
+                return
+            self._udp_link((host, port), peer)
+            return
+        try:
+            await loop.create_connection(lambda: TcpLink(self, peer), host, port)
+            self._backoff.pop(peer.address, None)
+        except OSError as exc:
+            log.info("router %s: cannot reach %s (%s): %s", self.config.name,
+                     peer.name or "peer", peer.address, exc.strerror or exc)
+            self._redial(peer)
+
+    # UDP ---------------------------------------------------------------------------------------
+    def _udp_link(self, addr: tuple[str, int], peer: PeerConfig | None) -> UdpLink:
+        link = UdpLink(self, addr, peer)
+        link.link_id = self._register(link)
+        link.out = LinkOutput(self, link.link_id, link._write)
+        self._udp_links[addr] = link
+        mods = peer.modifiers if peer else None  # accepted: learnt at HELLO
+        actions = self.core.open_link(link.link_id, self.now(), transport="udp",
+                                      address=link.address, modifiers=mods,
+                                      expected_peer=peer.name if peer else None)
+        self.core.links[link.link_id].max_payload = min(self.config.max_payload,
+                                                        UDP_MAX_PAYLOAD)
+        self.execute(actions)
+        return link
+
+    async def _udp_loop(self) -> None:
+        assert self._udp is not None
+        max_payload = min(self.config.max_payload, UDP_MAX_PAYLOAD)
+        while True:
+            try:
+                data, addr = await self._udp.recv()
+            except asyncio_dgram.TransportClosed:
+                return
+            peer_addr: tuple[str, int] = (addr[0], addr[1])
+            link = self._udp_links.get(peer_addr)
+            if link is None:
+                link = self._udp_link(peer_addr, None)
+            link.last_rx = self.now()
+            try:
+                header, payload = split_datagram(data, max_payload)
+            except MalformedFrame as exc:
+                self.execute(self.core.drop_link(link.link_id, exc, self.now()))
+                continue
+            actions = self.core.receive(link.link_id, header, payload, self.now())
+            if actions:
+                self.execute(actions)
+            if self.core.generation != self._seen_generation:
+                self._link_state_changed()
+
+    # administration (fault schedules) ---------------------------------------------------------
+    def set_emulation(self, peer: str, emu: Emulation | None) -> None:
+        """Change the emulation of links toward *peer* now (None: a plain link again)."""
+        if emu is None or not emu.active:
+            self._emulation.pop(peer, None)
+        else:
+            self._emulation[peer] = emu
+        for lid, lk in self.core.links.items():
+            link = self._links.get(lid)
+            if lk.peer_name == peer and link is not None and link.out is not None:
+                link.out.emulate(self._emulation.get(peer))
+        log.info("router %s: links to %s now: %s", self.config.name, peer,
+                 emu.describe() if emu else "no emulation")
+
+    def set_link(self, peer: str, up: bool) -> int:
+        """Administratively cut (or restore) every link to router *peer*; returns links cut.
+
+        A cut link is closed as a real failure would be (faults, re-grafting, LS re-routing);
+        while the peer is blocked it is neither re-dialled nor accepted.
+        """
+        if up:
+            self._blocked.discard(peer)
+            log.info("router %s: link to %s administratively up", self.config.name, peer)
+            for p in self.config.peers:
+                if p.name == peer:
+                    self._backoff.pop(p.address, None)
+            return 0
+        self._blocked.add(peer)
+        log.info("router %s: link to %s administratively down", self.config.name, peer)
+        return self._close_blocked()
+
+    def _close_blocked(self) -> int:
+        n = 0
+        now = self.now()
+        for lid, lk in list(self.core.links.items()):
+            if lk.peer_name in self._blocked and lk.state is LinkState.UP:
+                link = self._links.get(lid)
+                self.execute(self.core.close_link(lid, now, "administratively down"))
+                if link is not None:
+                    link.close("administratively down")
+                n += 1
+        if n:
+            self._link_state_changed()
+        return n
+
+    # time ---------------------------------------------------------------------------------------
+    async def _ticker(self) -> None:
+        interval = self.config.tick_interval
+        while True:
+            await asyncio.sleep(interval)
+            now = self.now()
+            self.execute(self.core.tick(now))
+            idle = self.config.udp_idle_timeout
+            for addr, link in list(self._udp_links.items()):
+                if now - link.last_rx > idle:
+                    log.info("UDP link %d (%s) idle for %.0fs; closing", link.link_id,
+                             link.address, idle)
+                    self.execute(self.core.close_link(link.link_id, now, "UDP peer silent"))
+                    self._udp_links.pop(addr, None)
+                    self._unregister(link.link_id)
+                    if link.peer is not None:
+                        self._redial(link.peer)
+
+    # waiting helpers (tests, launcher) -----------------------------------------------------------
+    def links_up(self, role: Role | None = Role.ROUTER) -> int:
+        return sum(1 for lk in self.core.links.values()
+                   if lk.state is LinkState.UP and (role is None or lk.role is role))
+
+    async def wait_peers_up(self, count: int, timeout: float = 10.0,
+                            role: Role | None = Role.ROUTER) -> None:
+        """Wait until *count* links of *role* are up (routers by default)."""
+        async def _wait() -> None:
+            while self.links_up(role) < count:
+                await self._changed.wait()
+        try:
+            await asyncio.wait_for(_wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"router {self.config.name}: {self.links_up(role)} of {count} "
+                               f"links up after {timeout}s") from None
+
+    async def wait_routes(self, lsid: int, timeout: float = 10.0) -> None:
+        """Wait until this router knows a way to the core of *lsid*."""
+        async def _wait() -> None:
+            while lsid not in self.core.p.core_lsids and self.core.routing.link_for(lsid) is None:
+                await self._changed.wait()
+        try:
+            await asyncio.wait_for(_wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"router {self.config.name}: no route to LSID {lsid:#x} "
+                               f"after {timeout}s") from None
+
+    # control interface ----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        st = self.core.status()
+        for row in st["links"]:
+            link = self._links.get(row["id"])
+            if link is not None and link.out is not None:
+                row["output"] = link.out.stats()
+        st["listen"] = "%s:%d" % self.tcp_address if self._server else None
+        st["udp"] = "%s:%d" % self.udp_address if self._udp else None
+        return st

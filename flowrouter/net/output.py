@@ -1,0 +1,170 @@
+"""LinkOutput: the sending side of one link, whatever its transport.
+
+A copy-free fast path straight to the transport (batched per read), and the slow path once
+the transport pushes back or the link is shaped: a fair, bounded
+:class:`~flowrouter.core.linkqueue.OutputQueue` (control first, deficit round robin between
+flows, drops from the longest flow queue, counted and announced), input credits, and link
+emulation (bandwidth, delay, loss, administrative down).
+
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and :mod:`flowrouter.net.config`;
+the node it serves is only a type here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from flowrouter.core.linkqueue import OutputQueue
+from flowrouter.net.config import Emulation
+
+if TYPE_CHECKING:
+    from flowrouter.net.node import RouterNode
+
+
+#: frames with payloads this large are written at once rather than batched: joining them
+#: would copy them again and overrun the transport buffer
+BATCH_MAX = 8192
+
+
+class LinkOutput:
+    """The sending side of one link: a copy-free fast path, and the slow path described in
+    the module docstring (queue, fairness, shaping, credits, emulated loss)."""
+
+    __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
+                 "rng", "batch")
+
+    def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
+                 write_many: Callable[[list[Any]], None] | None = None) -> None:
+        self.node = node
+        self.link_id = link_id
+        self.write = write
+        #: writes a batch of buffers at once (None: the link writes frame by frame, UDP)
+        self.write_many = write_many
+        #: buffers gathered while the node processes one read (one write per link per read)
+        self.batch: list[Any] | None = None
+        self.queue: OutputQueue | None = None
+        self.paused = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.emu: Emulation | None = None
+        self.rng: random.Random | None = None
+
+    def emulate(self, emu: Emulation | None) -> None:
+        """(Re)configure emulation; frames already waiting keep their order."""
+        self.emu = emu if emu is not None and emu.active else None
+        old = self.queue
+        if self.emu is not None:
+            self.rng = random.Random(f"{self.node.config.name}:{self.link_id}")
+            self.queue = OutputQueue(self.node.config.max_link_buffer,
+                                     rate=self.emu.bandwidth / 8 if self.emu.bandwidth else None,
+                                     delay=self.emu.delay, now=self.node.now())
+            if old is not None:
+                now = self.node.now()
+                while (fr := old.pop(now)) is not None:
+                    self.queue.push(bytes(fr[0][:16]), fr[0], fr[1], fr[0][20] < 16, now, fr[2])
+        elif old is not None and old.shaped:
+            self.queue = None
+            self._requeue(old)
+        self._drain()
+
+    def _requeue(self, old: OutputQueue) -> None:
+        now = self.node.now()
+        while (fr := old.pop(now)) is not None:
+            self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+            self.send(fr[0], fr[1])
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        emu = self.emu
+        if emu is not None:
+            if emu.down or (emu.loss and self.rng.random() < emu.loss):  # type: ignore[union-attr]
+                self.node.core.counters["drop.emulated-loss" if not emu.down
+                                        else "drop.emulated-down"] += 1
+                return
+        elif self.queue is None and not self.paused:
+            node = self.node
+            if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
+                batch = self.batch
+                if batch is None:
+                    batch = self.batch = []
+                    node._dirty.append(self)
+                batch.append(header)
+                batch.append(payload)
+            else:
+                if self.batch:
+                    self.flush()  # keep the link's order
+                self.write(header, payload)
+            return
+        node = self.node
+        q = self.queue
+        if q is None:
+            q = self.queue = OutputQueue(node.config.max_link_buffer)
+        origin = node._rx_link
+        now = node.now()
+        size = len(header) + len(payload)
+        dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
+        node._credit_take(origin, size)
+        for key, n, org in dropped:
+            node._credit_release(org, n)
+            node.core.counters["drop.link-congested"] += 1
+            link = node.core.links.get(self.link_id)
+            node.execute(node.core.alert(
+                "link-congested", f"output to {link.describe() if link else self.link_id} "
+                f"is full ({node.config.max_link_buffer} bytes); dropping the longest flow's "
+                "frames", now, key))
+        self._drain()
+
+    def flush(self) -> None:
+        batch, self.batch = self.batch, None
+        if batch and self.write_many is not None:
+            self.write_many(batch)
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._drain()
+
+    def _drain(self) -> None:
+        q = self.queue
+        if q is None or self.timer is not None:
+            return
+        node = self.node
+        now = node.now()
+        while not self.paused:
+            fr = q.pop(now)
+            if fr is None:
+                break
+            node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+            self.write(fr[0], fr[1])
+        if q.empty() and not q.shaped:
+            self.queue = None  # back to the fast path
+            return
+        if not self.paused:
+            wait = q.next_ready(now)
+            if wait is not None:
+                self.timer = node._loop.call_later(max(wait, 0.0005), self._wake)  # type: ignore[union-attr]
+
+    def _wake(self) -> None:
+        self.timer = None
+        self._drain()
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        q, self.queue = self.queue, None
+        if q is not None:
+            now = self.node.now()
+            while (fr := q.pop(now)) is not None:
+                self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"paused": self.paused}
+        if self.queue is not None:
+            out.update(self.queue.stats())
+        if self.emu is not None:
+            out["emulation"] = self.emu.describe()
+        return out
