@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 import flowlib
 from flowlib import ConnectError, FlowError, FlowID, Locality
+from flowlib.cliopts import add_connection_options, connect_kwargs, publish_policies, routers
 
 from . import protocol as P
 from .client import (
@@ -159,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "search over the overlay.", epilog=_EPILOG)
     for target, default in ((p, None), (common, argparse.SUPPRESS)):
         kw: dict[str, Any] = {} if default is None else {"default": default}
-        target.add_argument("--router", "-r", action="append", metavar="HOST:PORT",
-                            help="router to connect to; repeatable, the first that answers "
-                                 f"is used (default {DEFAULT_ROUTER})", **kw)
+        # --router (repeatable: failover), --link-key, --encrypt, --capability, --policy
+        add_connection_options(target, default_router=DEFAULT_ROUTER,
+                               suppress_defaults=default is not None)
         target.add_argument("--lsid", type=_lsid_arg, metavar="LSID",
                             help="which directory: the LSID of its flow (default: the "
                                  "router's suggested LSID)", **kw)
@@ -343,9 +344,10 @@ def _change_line(change: Change) -> str:
 
 
 # ----------------------------------------------------------------------------- commands
-async def _serve(args: argparse.Namespace, routers: list[str]) -> int:
-    """Run a member; if its router goes away, reconnect (trying every --router) with
-    back-off, keeping the entries: a member restart should not empty the directory."""
+async def _serve(args: argparse.Namespace, addresses: list[str]) -> int:
+    """Run a member; if its router goes away (or restarts), reconnect (trying every
+    --router) with back-off and rejoin, keeping the entries: a router restart should not
+    empty the directory. Only the first connection's failure is fatal."""
     store = EntryStore(max_entries=args.max_entries)
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + args.duration if args.duration else None
@@ -354,12 +356,15 @@ async def _serve(args: argparse.Namespace, routers: list[str]) -> int:
     while True:
         try:
             member = await DirectoryMember.connect(
-                routers, name=args.member_name, lsid=args.lsid, state_dir=args.state_dir,
+                addresses, name=args.member_name, lsid=args.lsid, state_dir=args.state_dir,
                 timeout=args.connect_timeout or 5.0, store=store, sweep_interval=args.sweep,
-                sync=not args.no_sync)
-        except ConnectError:
+                sync=not args.no_sync, connect_options=connect_kwargs(args))
+            publish_policies(member.client, args)
+        except FlowError as exc:  # ConnectError, or a router that is up but not ready yet
             if first:
                 raise
+            log.info("reconnecting to the directory failed (%s); retrying in %.1fs", exc,
+                     backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
             continue
@@ -517,13 +522,15 @@ async def _remove(args: argparse.Namespace, client: DirectoryClient) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    routers = args.router or [DEFAULT_ROUTER]
+    addresses = routers(args, DEFAULT_ROUTER)
     if args.command == "serve":
-        return await _serve(args, routers)
-    client = await DirectoryClient.connect(routers, name=args.name or "flowdir",
+        return await _serve(args, addresses)
+    client = await DirectoryClient.connect(addresses, name=args.name or "flowdir",
                                            lsid=args.lsid, state_dir=args.state_dir,
-                                           timeout=args.connect_timeout or 5.0)
+                                           timeout=args.connect_timeout or 5.0,
+                                           connect_options=connect_kwargs(args))
     try:
+        publish_policies(client.flow_client, args)
         handler = {"register": _register, "lookup": _lookup, "list": _list,
                    "watch": _watch, "remove": _remove}[args.command]
         return await handler(args, client)
@@ -558,7 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (64)
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     for key, default in (("router", None), ("lsid", None), ("json", False), ("name", None),
-                         ("state_dir", None), ("connect_timeout", None), ("verbose", 0)):
+                         ("state_dir", None), ("connect_timeout", None), ("verbose", 0),
+                         ("link_key", None), ("encrypt", False), ("capability", None),
+                         ("policy", None)):
         if not hasattr(args, key):
             setattr(args, key, default)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose or 0, logging.DEBUG)

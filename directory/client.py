@@ -22,8 +22,9 @@ import contextlib
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import flowlib
 from flowlib import FlowClient, FlowError, FlowID, Listener, Locality
@@ -222,10 +223,13 @@ class DirectoryClient:
     @classmethod
     async def connect(cls, routers: str | Sequence[str], *, name: str = "flowdir",
                       lsid: int | None = None, owner: str | None = None,
-                      state_dir: str | None = None, timeout: float = 5.0) -> DirectoryClient:
+                      state_dir: str | None = None, timeout: float = 5.0,
+                      connect_options: Mapping[str, Any] | None = None) -> DirectoryClient:
         """Connect to the first router in *routers* that answers (raises
-        :class:`flowlib.ConnectError` naming each one and why, when none does)."""
-        fc = await flowlib.connect(routers, name=name, timeout=timeout, state_dir=state_dir)
+        :class:`flowlib.ConnectError` naming each one and why, when none does).
+        *connect_options* go to :func:`flowlib.connect` (``link_key``, ``capabilities``...)."""
+        fc = await flowlib.connect(routers, name=name, timeout=timeout, state_dir=state_dir,
+                                   **(connect_options or {}))
         try:
             return cls(fc, lsid=lsid, owner=owner, owns_client=True)
         except BaseException:

@@ -20,8 +20,9 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import flowlib
 from flowlib import FlowClient, FlowError, FlowID, Listener, Message
@@ -169,10 +170,12 @@ class DirectoryMember:
     @classmethod
     async def connect(cls, routers: str | Sequence[str], *, name: str | None = None,
                       lsid: int | None = None, state_dir: str | None = None,
-                      timeout: float = 5.0, **kwargs: object) -> DirectoryMember:
-        """Connect to the first router that answers, join the directory and start serving."""
+                      timeout: float = 5.0, connect_options: Mapping[str, Any] | None = None,
+                      **kwargs: object) -> DirectoryMember:
+        """Connect to the first router that answers, join the directory and start serving.
+        *connect_options* go to :func:`flowlib.connect` (``link_key``, ``capabilities``...)."""
         fc = await flowlib.connect(routers, name=name or "flowdir-member", timeout=timeout,
-                                   state_dir=state_dir)
+                                   state_dir=state_dir, **(connect_options or {}))
         try:
             member = cls(fc, name=name, lsid=lsid, owns_client=True,
                          **kwargs)  # type: ignore[arg-type]

@@ -1,4 +1,7 @@
-"""``flowcat``: create flows, send lines into them, print what arrives — from a shell."""
+"""``flowcat``: create flows, send lines into them, print what arrives — from a shell; and
+make the capability and policy files that protect a flow (signed with its creator's key).
+
+Connection flags are flowlib's, shared by every tool (:mod:`flowlib.cliopts`)."""
 
 from __future__ import annotations
 
@@ -6,11 +9,15 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import Any
 
 from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW, DEFAULT_DATA_BAND
+from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import DEFAULT_TTL, Locality
 
 from .client import connect
+from .cliopts import add_connection_options, connect_kwargs, publish_policies, routers
+from .credentials import load_capability, load_policy, write_record_file
 from .errors import FlowError
 from .message import decode_fault
 
@@ -32,11 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Talk to a flow overlay from the shell: create a flow, send lines of "
                     "text into it, or print what arrives on chosen bands.")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--router", "-r", action="append", metavar="HOST:PORT",
-                        help="router to connect to (repeatable: the first that answers is "
-                             "used, the others are failed over to if it dies; default "
-                             "127.0.0.1:7000)")
-    common.add_argument("--name", default="flowcat", help="client name shown to the router")
+    add_connection_options(common)
+    common.add_argument("--name", default="flowcat",
+                        help="client name shown to the router (a capability's subject)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     c = sub.add_parser("create", parents=[common], help="allocate a new FlowID and print it")
@@ -60,12 +65,77 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--timeout", type=float,
                     help="exit (code 1) if no message arrives for this many seconds")
     ls.add_argument("--json", action="store_true", help="one JSON object per message")
+    _record_commands(sub)
     return p
 
 
+def _record_commands(sub: Any) -> None:
+    keyed = argparse.ArgumentParser(add_help=False)
+    keyed.add_argument("--creator-key", required=True, metavar="FILE",
+                       help="the flow creator's private key (PEM or raw, mode 0600)")
+    keyed.add_argument("--out", "-o", required=True, metavar="FILE", help="file to write")
+    c = sub.add_parser("issue-capability", parents=[keyed],
+                       help="sign a capability file granting SUBJECT bands of a flow")
+    c.add_argument("flow", help="FlowID in the key's name space, or 'all' for every flow of "
+                                "the key")
+    c.add_argument("subject", help="the holder's client name (--name), or '*' for anyone "
+                                   "holding the file")
+    c.add_argument("--join", default="", metavar="BANDS",
+                   help="bands it may listen to, e.g. data or 32-40 (default none)")
+    c.add_argument("--send", default="", metavar="BANDS",
+                   help="bands it may send on (default none)")
+    c.add_argument("--ttl", type=float, default=24 * 3600.0, metavar="SECONDS",
+                   help="validity from now (default one day)")
+    pol = sub.add_parser("issue-policy", parents=[keyed],
+                         help="sign a policy file: joins and sends on a flow need a capability")
+    pol.add_argument("flow", help="FlowID in the key's name space, or 'all'")
+    pol.add_argument("--version", type=int, default=1,
+                     help="policy version; a newer one replaces an older (default 1)")
+    pol.add_argument("--revoke", action="append", default=[], metavar="SERIAL",
+                     help="capability serial (hex) no longer accepted (repeatable)")
+    pol.add_argument("--open-join", action="store_true", help="joins need no capability")
+    pol.add_argument("--open-send", action="store_true", help="sends need no capability")
+    show = sub.add_parser("show", help="print what a capability or policy file holds")
+    show.add_argument("file")
+
+
+def _records(args: argparse.Namespace) -> int:
+    """The commands that only read or write credential files (no router involved)."""
+    if args.command == "show":
+        try:
+            print(load_capability(args.file))
+        except ValueError:
+            pol = load_policy(args.file)
+            print(f"policy v{pol.version} on "
+                  + ("all flows of creator " + pol.flow_key[:8].hex() if pol.creator_wide
+                     else str(FlowID.from_key(pol.flow_key)))
+                  + f": joins {'need' if pol.require_join else 'need no'} capability, "
+                  f"sends {'need' if pol.require_send else 'need no'} capability; revoked "
+                  + (", ".join(f"{s:016x}" for s in sorted(pol.revoked)) or "none"))
+        return 0
+    from flowrouter.wire.capabilities import Capability, CreatorKey, Policy
+
+    key = CreatorKey.load(args.creator_key)
+    target: FlowID | int = key.creator_id if args.flow == "all" else FlowID.parse(args.flow)
+    if args.command == "issue-capability":
+        cap = Capability.issue(key, target, args.subject, join=args.join or 0,
+                               send=args.send or 0, ttl=args.ttl)
+        write_record_file(args.out, cap, [str(cap)])
+        print(f"wrote {args.out}: {cap}")
+        return 0
+    pol = Policy.issue(key, target, version=args.version, require_join=not args.open_join,
+                       require_send=not args.open_send,
+                       revoked=[int(s, 16) for s in args.revoke])
+    write_record_file(args.out, pol, [f"flow policy v{pol.version} for {args.flow}"])
+    print(f"wrote {args.out}: policy v{pol.version} for {args.flow}")
+    return 0
+
+
 async def _main(args: argparse.Namespace) -> int:
-    routers = args.router or ["127.0.0.1:7000"]
-    async with await connect(routers, name=args.name) as client:
+    if args.command in ("issue-capability", "issue-policy", "show"):
+        return _records(args)
+    async with await connect(routers(args), name=args.name, **connect_kwargs(args)) as client:
+        publish_policies(client, args)
         if args.command == "create":
             print(await client.create(args.lsid), flush=True)
             return 0
@@ -115,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(_main(args))
-    except (FlowError, ValueError) as exc:
+    except (FlowError, ValueError, OSError) as exc:
         print(f"flowcat: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

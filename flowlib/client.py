@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
@@ -91,7 +92,7 @@ class FlowClient(Sending):
                  overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
                  overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
                  link_key: tuple[str, str | bytes] | None = None,
-                 encrypt: bool = False) -> None:
+                 encrypt: bool = False, capabilities: Iterable[Any] = ()) -> None:
         for what, value in (("failover_timeout", failover_timeout),
                             ("reconnect_min", reconnect_min), ("reconnect_max", reconnect_max),
                             ("reassembly_timeout", reassembly_timeout),
@@ -112,7 +113,7 @@ class FlowClient(Sending):
                               on_disconnect=on_disconnect, addresses=addresses,
                               connect_timeout=connect_timeout, failover=failover,
                               link_key=link_key, encrypt=encrypt)
-        self._init_membership(state_dir=state_dir)
+        self._init_membership(state_dir=state_dir, capabilities=capabilities)
         self._init_receiving(max_message_size=max_message_size,
                              max_reassembly_bytes=max_reassembly_bytes,
                              reassembly_timeout=reassembly_timeout,
@@ -187,7 +188,7 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
                   overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
                   overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
                   link_key: tuple[str, str | bytes] | None = None,
-                  encrypt: bool = False) -> FlowClient:
+                  encrypt: bool = False, capabilities: Iterable[Any] = ()) -> FlowClient:
     """Connect to the first router in *addresses* that completes the handshake.
 
     Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)``, tried in order; each
@@ -221,6 +222,11 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
     the secret is written as in a router config (``"hex:..."``, ``"base64:..."``,
     ``"file:PATH"``) or given as 32 raw bytes. With *encrypt* (or when the router asks
     for it) everything after the handshake travels in ChaCha20-Poly1305 records.
+
+    *capabilities* (:class:`~flowrouter.wire.capabilities.Capability` objects, their bytes, or
+    capability file paths, see :mod:`flowlib.credentials`) are presented with the joins of
+    every flow one of them covers for this client's *name* (unless ``listen``/``advertise``
+    is given its own); a file that cannot be read raises ``ValueError`` before connecting.
     """
     check_identity(name, credentials)
     if isinstance(addresses, str) or (isinstance(addresses, tuple) and len(addresses) == 2
@@ -247,7 +253,7 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
         reassembly_timeout=reassembly_timeout, fragment_size=fragment_size,
         overflow_notice_every=overflow_notice_every,
         overflow_notice_interval=overflow_notice_interval, link_key=link_key,
-        encrypt=encrypt)
+        encrypt=encrypt, capabilities=capabilities)
     attempts: list[tuple[str, str]] = []
     vi = 0
     for i, addr in enumerate(addrs):

@@ -12,7 +12,9 @@ of them in line (JOIN, LEAVE, acks, GC pings, advertisements and capability poli
   longer wants is collected even if a LEAVE was lost.
 * **Capabilities.** A flow whose creator published a policy (:meth:`publish_policy`) takes
   joins only with a capability token; the token given to ``listen``/``advertise`` stays with
-  the flow and is presented again by every later JOIN.
+  the flow and is presented again by every later JOIN. Tokens given to ``connect`` (objects,
+  bytes or capability files) are presented for every flow they cover, unless a call gives
+  its own.
 
 Builds on :mod:`flowlib.connection`; imports asyncio and the wire layer of flowrouter.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from flowrouter.wire.flowid import FlowID, LocalIdAllocator
 
 from .checks import BandsSpec, LocalitySpec, check_flow, check_locality, listen_mask
 from .connection import LINK_KEY, Connection, log
+from .credentials import capability_for, load_capability
 from .errors import ConnectionLost, FlowError, FlowTimeout, JoinRefused, ListenerClosed
 from .notices import NoticeLimiter
 from .queue import DEFAULT_QUEUE_SIZE, Listener, Overflow
@@ -78,7 +82,10 @@ def set_capability(fs: FlowState, capability: Any) -> None:
 class Membership(Connection):
     """Flows, listeners and the requests that keep the router's view of them current."""
 
-    def _init_membership(self, *, state_dir: str | os.PathLike[str] | None) -> None:
+    def _init_membership(self, *, state_dir: str | os.PathLike[str] | None,
+                         capabilities: Iterable[Any] = ()) -> None:
+        #: capabilities presented by default with the joins of the flows they cover
+        self.capabilities = [load_capability(c) for c in capabilities]
         self._state_path = Path(state_dir) / "creator" if state_dir is not None else None
         self._allocator: LocalIdAllocator | None = None
         self._alloc_lock = asyncio.Lock()
@@ -165,6 +172,8 @@ class Membership(Connection):
         fs = self._flows.get(flow.key)
         if fs is None:
             fs = self._flows[flow.key] = FlowState(flow)
+            if self.capabilities:
+                set_capability(fs, capability_for(self.capabilities, flow.key, self.name))
         return fs
 
     def _send_join(self, fs: FlowState) -> tuple[int, asyncio.Future[C.JoinAck]]:

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowlib.credentials import parse_link_key
 from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
 from flowrouter.net.runtime import query_control
 from flowrouter.tools.cli import parse_int, parse_peer
@@ -27,6 +28,9 @@ class LocationServiceConfig:
     members: list[PeerConfig] = field(default_factory=list)  #: other members it dials
     peers: list[PeerConfig] = field(default_factory=list)  #: non-member routers it dials
     epoch: float = 5.0
+    #: (key ID, secret spec) authenticating the member's links, as the overlay's routers do
+    link_key: tuple[str, str] | None = None
+    encrypt: bool = False
 
     def __post_init__(self) -> None:
         if not self.lsids:
@@ -37,7 +41,10 @@ def member_config(ls: LocationServiceConfig) -> NodeConfig:
     """The router configuration that makes a node a member of its location service(s)."""
     return NodeConfig(name=ls.name, listen=ls.listen, control=ls.control,
                       core_lsids=frozenset(ls.lsids), default_lsid=min(ls.lsids),
-                      peers=[*ls.members, *ls.peers], epoch=ls.epoch)
+                      peers=[*ls.members, *ls.peers], epoch=ls.epoch,
+                      link_keys=dict([ls.link_key]) if ls.link_key else {},
+                      link_key_id=ls.link_key[0] if ls.link_key else None,
+                      link_encrypt=ls.encrypt)
 
 
 async def lookup(control: str, lsid: int) -> dict[str, Any]:
@@ -59,6 +66,13 @@ async def flows_of(control: str, lsid: int | None = None,
         if (lsid is None or fid.lsid == lsid) and (creator is None or fid.creator == creator):
             out.append(row)
     return out
+
+
+def _link_key(text: str) -> tuple[str, str]:
+    try:
+        return parse_link_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--peer", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT", help="an ordinary router to link to")
     run.add_argument("--epoch", type=float, default=5.0, help="GC epoch seconds")
+    run.add_argument("--link-key", type=_link_key, metavar="ID:SECRET",
+                     help="shared link key of an overlay with authenticated links (as "
+                          "flowlib's --link-key; SECRET: hex:..., base64:... or file:PATH)")
+    run.add_argument("--encrypt", action="store_true",
+                     help="seal the member's TCP links (needs --link-key)")
     lk = sub.add_parser("lookup", help="how a router reaches an LSID's location service",
                         description="Ask a router (by its control address) for its route to "
                                     "LSID: the link, distance and, at a member, its siblings. "
@@ -114,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = member_config(LocationServiceConfig(
                 name=args.name, lsids=frozenset(args.lsid), listen=args.listen,
                 control=args.control, members=args.member, peers=args.peer,
-                epoch=args.epoch))
+                epoch=args.epoch, link_key=args.link_key, encrypt=args.encrypt))
+            if args.encrypt and not args.link_key:
+                raise ConfigError("--encrypt needs --link-key")
             asyncio.run(run_node(cfg))
             return 0
         if args.command == "lookup":

@@ -19,6 +19,8 @@ import signal
 import sys
 from typing import Any
 
+from flowlib.cliopts import add_connection_options, connect_kwargs, routers
+
 EPILOG_SERVER = """\
 One site server per site. All servers of a room must be given the same --sites (and, in
 leader mode, the same --leader): the ordering protocol numbers sites by their sorted names.
@@ -27,6 +29,12 @@ else the directory is asked for 'chat:ROOM' (--no-directory skips that); else it
 from the room name (creator 0x43484154<crc32(ROOM)>, the router's LSID or --lsid, local 1), so
 servers agree without any directory; a derived flow is registered in the directory when one
 answers.
+
+A protected room: its flow is in a creator's name space (--flow), the creator's policy is
+published (--policy FILE, by any one server), and every site server presents a capability
+for the room flow naming it (subject flowchat-SITE, or '*'; bands: all) with --capability
+FILE. A server without one is refused when it joins. Make the files with 'flowcat
+issue-policy' and 'flowcat issue-capability'.
 
 Modes (seed 003 chapter 4):
   all-to-all  Lamport order among all sites; during a short-term disconnect (until
@@ -109,8 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sites", required=True,
                    help="every site of the room, comma-separated (same list at every server; "
                         "in leader mode including the leader)")
-    s.add_argument("--router", action="append", required=True, metavar="HOST:PORT",
-                   help="flow router to connect to (repeat for fail-over routers)")
+    add_connection_options(s, required=True)  # --router, --link-key, --capability, ...
     s.add_argument("--room", default="chat", help="room name (default 'chat')")
     s.add_argument("--mode", default="all-to-all", choices=["all-to-all", "hasten", "leader"],
                    help="ordering mode (default all-to-all = delay-delivery)")
@@ -180,9 +187,10 @@ def make_server(a: argparse.Namespace) -> Any:
     from .server import ChatServer
 
     sites = [x.strip() for x in a.sites.split(",") if x.strip()]
-    return ChatServer(a.site, a.router, sites=sites, room=a.room, mode=a.mode, leader=a.leader,
-                      listen=a.listen, flow=a.flow, lsid=a.lsid,
+    return ChatServer(a.site, routers(a, None), sites=sites, room=a.room, mode=a.mode,
+                      leader=a.leader, listen=a.listen, flow=a.flow, lsid=a.lsid,
                       use_directory=not a.no_directory, state_dir=a.state_dir,
+                      connect_options=connect_kwargs(a), policies=a.policy or [],
                       **_igo_kwargs(a))
 
 

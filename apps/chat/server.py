@@ -79,7 +79,8 @@ class ChatServer:
                  listen: str | None = DEFAULT_LISTEN, flow: FlowID | str | None = None,
                  lsid: int | None = None, use_directory: bool = True,
                  directory_timeout: float = 1.0, state_dir: str | None = None,
-                 tick: float = 0.1, **igo: Any) -> None:
+                 tick: float = 0.1, connect_options: dict[str, Any] | None = None,
+                 policies: Sequence[Any] = (), **igo: Any) -> None:
         self.site = site
         self.routers = list(routers)
         self.room = room
@@ -90,6 +91,11 @@ class ChatServer:
         self.directory_timeout = directory_timeout
         self.state_dir = state_dir
         self.tick = tick
+        #: more keyword arguments for flowlib.connect (link_key, encrypt, capabilities):
+        #: a protected room's sites present a capability covering the room flow
+        self.connect_options = dict(connect_options or {})
+        #: flow policies published once connected (e.g. the one protecting the room)
+        self.policies = list(policies)
         self.config = IGOConfig(sites=tuple(sites), room=room, mode=mode, leader=leader, **igo)
         if site not in self.config.sites:
             raise ValueError(f"site {site!r} is not one of --sites "
@@ -110,7 +116,10 @@ class ChatServer:
     async def start(self) -> None:
         self.client = await flowlib.connect(self.routers, name=f"flowchat-{self.site}",
                                             state_dir=self.state_dir,
-                                            failover=len(self.routers) > 1)
+                                            failover=len(self.routers) > 1,
+                                            **self.connect_options)
+        for policy in self.policies:
+            self.client.publish_policy(policy)
         await self._resolve_flow()
         assert self.flow is not None
         self.igo = FlowSite(self.client, self.flow, self.config, self.site, tick=self.tick,
