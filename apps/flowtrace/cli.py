@@ -1,33 +1,40 @@
 """``flowtrace``: analyse router traces with Spark, validate them, or synthesise some.
 
     flowtrace analyze TRACES... --out REPORT_DIR [--master local[*]] [--bucket SECONDS]
-                      [--progress] [...]
-    flowtrace validate TRACES...
+                      [--max-bad-fraction F] [--progress] [...]
+    flowtrace validate TRACES... [--max-bad-fraction F]
+    flowtrace study --out DIR [--routers 20,40,80] [--flows ...] [--predict ...]
     flowtrace synth --routers N --flows F --out DIR [...]
 
-Exit status: 0 on success (bad trace lines are counted and reported, not fatal), 1 when the
-job fails, 2 for usage errors (bad options, no trace files).
+Exit status: 0 on success (a few bad trace lines are counted and reported), 1 when the job
+fails or more than --max-bad-fraction of the lines are bad, 2 for usage errors (bad options,
+no trace files), 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 EPILOG = """\
-TRACES are JSON Lines files written by flowrouter.core.traces.TraceWriter (schema v1; see that
-module or the README): files, directories (searched recursively for *.jsonl and *.jsonl.gz),
-shell-style globs, or any Hadoop-compatible URI (hdfs://, s3a://, ...), which Spark reads as
-is. Time buckets are [k*SECONDS, (k+1)*SECONDS) of the routers' clocks.
+TRACES are JSON Lines files written by flowrouter.core.traces.TraceWriter (schema versions
+in apps.flowtrace.schema; see the README): files, directories (searched recursively for *.jsonl
+and *.jsonl.gz), shell-style globs, or any Hadoop-compatible URI (hdfs://, s3a://, ...), which
+Spark reads as is (s3a:// needs the hadoop-aws package: see the README). Time buckets are
+[k*SECONDS, (k+1)*SECONDS) of the routers' clocks; rates divide by the seconds of each bucket
+the run covers.
 
 Outputs under REPORT_DIR: report.md and report.html (with plots/*.png), summary.json, and
-Parquet tables under tables/ (errors, routers, router_buckets, network_buckets, churn, gc_lag,
-gc_lag_summary, gc_lag_hist, savings, load_by_role, load_summary, fanout, flows, tree_size,
-fit, extrapolation). On a cluster, give --tables-uri on a shared file system; the report
-itself is always written on the driver.
+Parquet tables under tables/ (errors, clock_outliers, routers, router_buckets,
+network_buckets, role_entries, churn, gc_lag, gc_lag_summary, gc_lag_hist, savings,
+load_by_role, load_summary, fanout, flows, tree_size, run_points, fit), partitioned by run
+(router_buckets and gc_lag also by router). On a cluster, give --tables-uri on a shared file
+system; the report itself is always written on the driver.
 """
 
 
@@ -46,6 +53,12 @@ def _positive(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
+
+
+def _bad_fraction_option(p: argparse.ArgumentParser, default: float = 0.01) -> None:
+    p.add_argument("--max-bad-fraction", type=float, default=default, metavar="F",
+                   help=f"fail (exit 1) when more than this fraction of the lines are corrupt "
+                        f"or invalid (default {default:g})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,10 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--master", default="local[*]", metavar="URL",
                    help="Spark master: local[*] (default: embedded, all cores), local[N], "
                         "spark://host:7077, yarn, k8s://...")
-    a.add_argument("--bucket", type=_positive, default=60.0, metavar="SECONDS",
-                   help="width of the time buckets in seconds (default 60); widened "
-                        "automatically (with a note) if the traces would need more than "
-                        "20000 buckets")
+    a.add_argument("--bucket", type=_positive, default=None, metavar="SECONDS",
+                   help="width of the time buckets in seconds (default: a round width giving "
+                        "about 50 buckets over the traces' span); widened (with a note) if "
+                        "the traces would need more than 20000 buckets")
+    _bad_fraction_option(a)
+    a.add_argument("--clock-fence", type=float, default=10.0, metavar="K",
+                   help="leave out records more than K times the run's 5th..95th percentile "
+                        "time range outside it (a router with a wrong clock); counted per "
+                        "router in the clock_outliers table (default 10; 0: keep all)")
+    a.add_argument("--driver-host", default="127.0.0.1", metavar="ADDRESS",
+                   help="address the Spark driver binds to and advertises (default "
+                        "127.0.0.1; a cluster whose executors run on other machines needs "
+                        "one they can reach)")
+    a.add_argument("--ui", action="store_true",
+                   help="start Spark's web UI (off by default; it binds to --driver-host)")
     a.add_argument("--progress", action="store_true",
                    help="print each stage as it starts and, every few seconds, the running "
                         "Spark stages with their task counts (to stderr)")
@@ -94,22 +118,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the summary as JSON instead of the short text summary")
 
     v = sub.add_parser(
-        "validate", help="check trace files against schema v1 (no Spark)",
-        description="Read TRACES with flowrouter.core.traces.read_traces and count valid records, "
-                    "corrupt lines and schema violations by reason. Exit status 0 when all "
-                    "lines are valid, 1 otherwise.")
+        "validate", help="check trace files against the schema",
+        description="Count valid records, corrupt lines and schema violations by reason, with "
+                    "the line rule and reasons of analyze (apps.flowtrace.schema). Local files "
+                    "are checked in Python; URIs (hdfs://, s3a://) with Spark. Exit status 0 "
+                    "when the bad lines are at most --max-bad-fraction of all, 1 otherwise.")
     v.add_argument("traces", nargs="+", metavar="TRACES",
-                   help="trace files, directories or globs (local)")
+                   help="trace files, directories, globs or Hadoop-compatible URIs")
+    _bad_fraction_option(v, default=0.0)
+    v.add_argument("--master", default="local[*]", metavar="URL",
+                   help="Spark master for URIs (default local[*])")
     v.add_argument("--show", type=int, default=5, metavar="N",
                    help="print the first N bad lines with file and line number (default 5)")
+
+    st = sub.add_parser(
+        "study", help="scaling study on the simulator, fitted across runs",
+        description="Run the simulator over a grid of network sizes, flow counts and members "
+                    "per flow (several seeds each), fit table size per router role across "
+                    "runs with confidence intervals and held-out error, and predict only "
+                    "inside the range the runs support (see apps.flowtrace.study).")
+    from . import study
+
+    study.add_arguments(st)
 
     s = sub.add_parser(
         "synth", help="generate synthetic traces for scale tests",
         description="Generate plausible traces of N routers and F flows (see "
                     "apps.flowtrace.synth).")
-    from . import synth
+    from . import synth_cli
 
-    synth.add_arguments(s)
+    synth_cli.add_arguments(s)
     return parser
 
 
@@ -159,12 +197,15 @@ def _eprint(line: str) -> None:
 def cmd_analyze(args: argparse.Namespace) -> int:
     import json
 
-    from . import job, report
+    from . import job, report, session
 
     try:
-        job.resolve_inputs(args.traces)
+        session.resolve_inputs(args.traces)
     except FileNotFoundError as exc:
         _eprint(f"flowtrace: {exc}")
+        return 2
+    if not 0 <= args.max_bad_fraction <= 1:
+        _eprint("flowtrace: --max-bad-fraction must be between 0 and 1")
         return 2
     try:
         from pyspark.sql import SparkSession
@@ -175,21 +216,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     emit = _eprint if args.progress else None
     if emit:
         emit(f"[flowtrace] starting Spark ({args.master})")
-    spark = job.build_session(args.master, driver_memory=args.driver_memory,
-                              shuffle_partitions=args.shuffle_partitions, conf=args.conf)
+    try:
+        spark = session.build_session(
+            args.master, driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle_partitions, conf=args.conf,
+            driver_host=args.driver_host, ui=args.ui)
+    except Exception as exc:  # noqa: BLE001 - one line, not a JVM trace
+        _eprint(f"flowtrace: {session.one_line_error(exc)}")
+        return 1
     progress = job.Progress(emit)
+    config = {"master": args.master, "shuffle_partitions": args.shuffle_partitions,
+              "driver_memory": args.driver_memory}
+    kwargs = dict(bucket=args.bucket, progress=progress, tables_uri=args.tables_uri,
+                  top_routers=args.top, make_report=not args.no_report,
+                  max_bad_fraction=args.max_bad_fraction, clock_fence=args.clock_fence,
+                  config=config)
     try:
         if args.progress:
             with _StatusPoller(spark, _eprint):
-                result = job.analyze(spark, args.traces, args.out, bucket=args.bucket,
-                                     progress=progress, tables_uri=args.tables_uri,
-                                     top_routers=args.top, make_report=not args.no_report)
+                result = job.analyze(spark, args.traces, args.out, **kwargs)  # type: ignore[arg-type]
         else:
-            result = job.analyze(spark, args.traces, args.out, bucket=args.bucket,
-                                 progress=progress, tables_uri=args.tables_uri,
-                                 top_routers=args.top, make_report=not args.no_report)
+            result = job.analyze(spark, args.traces, args.out, **kwargs)  # type: ignore[arg-type]
+    except job.BadInput as exc:
+        _eprint(f"flowtrace: bad input: {exc}")
+        return 1
     except Exception as exc:  # noqa: BLE001 - report, don't dump a JVM trace on users
-        _eprint(f"flowtrace: the analysis failed: {type(exc).__name__}: {exc}")
+        _eprint(f"flowtrace: the analysis failed: {session.one_line_error(exc)}")
         return 1
     finally:
         if not had_session:
@@ -203,46 +255,91 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from collections import Counter
+def _validate_spark(args: argparse.Namespace) -> tuple[Counter[str], Counter[tuple[str, str]]]:
+    """Count kinds and (class, reason) with Spark (for URIs), by the same rules."""
+    from . import schema, session
 
-    from flowrouter.core.traces import TraceError, read_traces
+    spark = session.build_session(args.master, shuffle_partitions=2)
+    rows = (schema.read_records(spark, session.resolve_inputs(args.traces))
+            .groupBy("err", "kind").count().collect())
+    kinds: Counter[str] = Counter()
+    errors: Counter[tuple[str, str]] = Counter()
+    for r in rows:
+        if r["err"] is None:
+            kinds[r["kind"]] += r["count"]
+        else:
+            errors[(schema.error_class(r["err"]) or "invalid", r["err"])] += r["count"]
+    return kinds, errors
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from . import schema, session
 
     kinds: Counter[str] = Counter()
     errors: Counter[tuple[str, str]] = Counter()
-    shown = 0
-    try:
-        for item in read_traces(args.traces):
-            if isinstance(item, TraceError):
-                errors[(item.kind, item.reason)] += 1
+    if any(session.is_uri(t) and not t.startswith("file://") for t in args.traces):
+        try:
+            kinds, errors = _validate_spark(args)
+        except FileNotFoundError as exc:
+            _eprint(f"flowtrace: {exc}")
+            return 2
+        except Exception as exc:  # noqa: BLE001 - one line, not a JVM trace
+            _eprint(f"flowtrace: {session.one_line_error(exc)}")
+            return 1
+    else:
+        shown = 0
+        try:
+            for path, n, text, rec, bad in schema.check_files(
+                    [t[len("file://"):] if t.startswith("file://") else t for t in args.traces]):
+                if bad is None:
+                    kinds[rec["kind"] if rec else "?"] += 1
+                    continue
+                errors[bad] += 1
                 if shown < args.show:
                     shown += 1
-                    print(f"{item.path}:{item.line}: {item.kind}: {item.reason}: "
-                          f"{item.text[:120]}")
-            else:
-                kinds[item["kind"]] += 1
-    except FileNotFoundError as exc:
-        _eprint(f"flowtrace: {exc}")
-        return 2
+                    print(f"{path}:{n}: {bad[0]}: {bad[1]}: {text[:120]}")
+        except FileNotFoundError as exc:
+            _eprint(f"flowtrace: {exc}")
+            return 2
+    lines = sum(kinds.values()) + sum(errors.values())
+    bad_n = sum(errors.values())
     print(f"{sum(kinds.values())} valid records "
           f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); "
           f"{sum(n for (k, _), n in errors.items() if k == 'corrupt')} corrupt lines; "
           f"{sum(n for (k, _), n in errors.items() if k == 'invalid')} schema violations")
     for (kind, reason), n in errors.most_common():
         print(f"  {kind}: {reason}: {n}")
-    return 1 if errors else 0
+    if lines == 0:
+        _eprint("flowtrace: no records at all")
+        return 1
+    return 1 if bad_n / lines > args.max_bad_fraction else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.command == "analyze":
-        return cmd_analyze(args)
-    if args.command == "validate":
-        return cmd_validate(args)
-    from . import synth
+    try:
+        if args.command == "analyze":
+            return cmd_analyze(args)
+        if args.command == "validate":
+            return cmd_validate(args)
+        if args.command == "study":
+            from . import study
 
-    return synth.run(args)
+            return study.run(args, _eprint)
+        from . import synth_cli
+
+        return synth_cli.run(args)
+    except KeyboardInterrupt:
+        _eprint("flowtrace: interrupted")
+        return 130
+    except BrokenPipeError:
+        # the reader went away (flowtrace ... | head): stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -168,29 +168,42 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
     made: dict[str, str] = {}
     plt = p.plt
     net = _by_run(data.get("network", []))
+    width = float(summary["bucket_seconds"])
     if net:
-        fig, (ax,) = p.figure()
+        # snapshot values describe the end of their bucket; per-bucket counts are rates over
+        # the seconds the bucket covers, drawn as steps (no interpolation, no partial-bucket
+        # drop); live flows get their own axis (20x fewer than entries)
+        fig, (ax, ax2) = p.figure(2, 3.0)
         for run, rows in list(net.items())[:4]:
-            x = [r["bucket"] for r in rows]
-            ax.plot(x, [r["entries_total"] for r in rows], label=_label(run, "entries"))
-            ax.plot(x, [r["active_flows"] for r in rows], label=_label(run, "active entries"))
-            ax.plot(x, [r["flows_live"] for r in rows], "--", label=_label(run, "live flows"))
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("count (all routers)")
-        ax.set_title("Flow-table entries vs active entries vs live flows")
+            x = [r["bucket"] + min(width, r["seconds"] or width) for r in rows]
+            ax.plot(x, [r["entries_total"] for r in rows], "o-", ms=2,
+                    label=_label(run, f"entries (n={len(rows)} buckets)"))
+            ax.plot(x, [r["active_flows"] for r in rows], "s--", ms=2,
+                    label=_label(run, "active entries"))
+            ax2.plot(x, [r["flows_live"] for r in rows], "o-", ms=2,
+                     label=_label(run, "live flows"))
+        ax.set_ylabel("entries (all routers)")
+        ax.set_title("Flow-table entries and active entries (at the end of each bucket)")
         ax.legend(fontsize=8)
+        ax2.set_ylabel("live flows")
+        ax2.set_xlabel("time (s)")
+        ax2.legend(fontsize=8)
         made["entries"] = p.save(fig, "entries.png")
 
         fig, (ax,) = p.figure()
+        styles = ("-", "--", "-.", ":")
         for run, rows in list(net.items())[:2]:
             x = [r["bucket"] for r in rows]
-            for col, label in (("entry_adds", "entry adds"), ("entry_dels", "entry dels"),
-                               ("link_dels_gc", "links collected by GC"),
-                               ("gc_pings", "GC pings")):
-                ax.plot(x, [r[col] for r in rows], label=_label(run, label))
+            for (col, label), ls in zip((("entry_adds", "entry adds"),
+                                         ("entry_dels", "entry dels"),
+                                         ("link_dels_gc", "links collected by GC"),
+                                         ("gc_pings", "GC pings")), styles):
+                ys = [(r[col] / r["seconds"]) if r["seconds"] else 0.0 for r in rows]
+                ax.step(x, ys, ls, where="post", label=_label(run, label))
         ax.set_xlabel("time (s)")
-        ax.set_ylabel(f"events per {fmt(summary['bucket_seconds'])} s bucket")
-        ax.set_title("Churn")
+        ax.set_ylabel("events per second")
+        ax.set_title(f"Churn (rates per {fmt(width)} s bucket; a partial last bucket is "
+                     "divided by the seconds it covers)")
         ax.legend(fontsize=8)
         made["churn"] = p.save(fig, "churn.png")
 
@@ -201,7 +214,7 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
         for r in top:
             series[(r["run"], r["router"])].append(r)
         for (run, router), rows in series.items():
-            x = [r["bucket"] for r in rows]
+            x = [r["bucket"] + min(width, r["seconds"] or width) for r in rows]
             line, = ax.plot(x, [r["entries"] for r in rows],
                             label=_label(run, f"{router} ({rows[0]['role']})"))
             ax.plot(x, [r["entries_replay"] for r in rows], ":", color=line.get_color())
@@ -245,9 +258,13 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
             series2[(r["run"], r["role"])].append(r)
         for (run, role), rows in list(series2.items())[:9]:
             x = [r["bucket"] for r in rows]
-            a1.plot(x, [r["fwd_msgs_mean"] for r in rows], label=_label(run, role))
-            a2.plot(x, [r["entries_mean"] for r in rows], label=_label(run, role))
-        a1.set_ylabel("messages / router / bucket")
+            n = rows[0]["routers"]
+            a1.step(x, [(r["fwd_msgs_mean"] / r["seconds"]) if r["seconds"] else 0.0
+                        for r in rows], where="post", label=_label(run, f"{role} (n={n})"))
+            a2.plot([r["bucket"] + min(width, r["seconds"] or width) for r in rows],
+                    [r["entries_mean"] for r in rows], "o-", ms=2,
+                    label=_label(run, f"{role} (n={n})"))
+        a1.set_ylabel("messages/s per router")
         a1.set_title("Forwarding load per router, by role (scaled)")
         a2.set_ylabel("entries / router")
         a2.set_xlabel("time (s)")
@@ -284,36 +301,21 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
         ax.legend(fontsize=8)
         made["tree"] = p.save(fig, "tree_size.png")
 
-    fits = data.get("fit", [])
-    if fits and net:
-        coefs: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)
-        for r in fits:
-            coefs[(r["model"], r["target"])][r["term"]] = r["coef"]
+    points = data.get("run_points", [])
+    chosen = [f for f in data.get("fit_results", []) if hasattr(f, "coef")]
+    if points and chosen:
+        from .fit import _value
+
         fig, (ax,) = p.figure()
-        for run, rows in list(net.items())[:2]:
-            rows = [r for r in rows if r["flows_live"]]
-            x = [r["bucket"] for r in rows]
-            ax.plot(x, [r["entries_total"] for r in rows], "k-", lw=1,
-                    label=_label(run, "observed"))
-            for model, style in (("power", "--"), ("linear", ":")):
-                c = coefs.get((model, "entries_total"))
-                if not c:
-                    continue
-                ys = []
-                for r in rows:
-                    v = {"F": r["flows_live"], "M": r["members"] or 0,
-                         "R": r["routers_reporting"] or 0}
-                    if model == "linear":
-                        ys.append(c["const"] + sum(c.get(k, 0) * v[k] for k in v))
-                    elif all(v[k] > 0 or c.get(k, 0) == 0 for k in v):
-                        ys.append(math.exp(c["const"] + sum(
-                            c.get(k, 0) * math.log(v[k]) for k in v if c.get(k, 0))))
-                    else:
-                        ys.append(float("nan"))
-                ax.plot(x, ys, style, label=_label(run, f"{model} fit"))
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("entries (all routers)")
-        ax.set_title("Table size: observed vs fitted")
+        for f in chosen:
+            if f.target != "total_entries":
+                continue
+            pts = [(_value(f, r), r[f.target]) for r in points]
+            ax.scatter([a for a, _ in pts], [b for _, b in pts], s=14,
+                       label=f"{f.model} (n={f.n} runs)")
+        ax.set_xlabel("fitted entries (all routers)")
+        ax.set_ylabel("observed")
+        ax.set_title("Table size across runs: observed vs fitted")
         ax.legend(fontsize=8)
         made["fit"] = p.save(fig, "fit.png")
     del plt
@@ -324,6 +326,10 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
 def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str, str],
                  plot_error: str | None) -> list[Block]:
     b: list[Block] = [("h1", "flowtrace: flow-table scaling report")]
+    if summary.get("header"):
+        from .provenance import header_lines
+
+        b.append(("ul", header_lines(summary["header"])))
     roles = ", ".join(f"{v} {k}" for k, v in summary.get("routers_by_role", {}).items())
     b.append(("p", f"{fmt(summary['lines'])} trace lines from {fmt(summary['files'])} file(s); "
                    f"{fmt(summary['records'])} valid records, {fmt(summary['corrupt'])} corrupt "
@@ -343,16 +349,24 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
 
     b.append(("h2", "Input errors"))
     errs = data.get("errors", [])
+    outl = data.get("clock_outliers", [])
+    if outl:
+        b.append(("p", "Clock outliers (records far outside their run's time range, left "
+                       "out), per router:"))
+        b.append(("table", (["run", "router", "records", "from (s)", "to (s)"],
+                            [[r["run"], r["router"], fmt(r["records"]), fmt(r["min_t"]),
+                              fmt(r["max_t"])] for r in outl[:20]])))
     if errs:
         b.append(("p", "Lines that are not JSON objects are *corrupt*; JSON objects that break "
-                       "schema v1 are *invalid*. Neither stops the analysis; they are left out."))
+                       "the schema are *invalid*. Both are left out; more than --max-bad-fraction "
+                       "of them fails the run."))
         b.append(("table", (["class", "reason", "lines", "example file", "example line"],
                             [[r["class"], r["reason"], fmt(r["count"]),
                               os.path.basename(str(r["example_file"] or "")),
                               "`" + str(r["example_line"] or "")[:80].replace("`", "'") + "`"]
                              for r in errs])))
     else:
-        b.append(("p", "None: every line is a valid v1 record."))
+        b.append(("p", "None: every line is a valid record."))
 
     b.append(("h2", "Table entries over time"))
     peak = summary.get("peak")
@@ -472,45 +486,28 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
         b.append(("img", (images["tree"], "tree size")))
 
     b.append(("h2", "Scaling model"))
+    b.append(("p", "One observation per run (the run's complete bucket with the most live "
+                   "flows); buckets of one run are not independent, so a single run gives no "
+                   "fit. Terms: flows (live), members, routers; `linear` and `power` "
+                   "(log-log) models with standard errors, "
+                   "95% intervals and the error on held-out runs. For extrapolation with "
+                   "designed, independent variation use `flowtrace study`."))
     fits = data.get("fit", [])
-    if fits:
-        b.append(("p", "Least squares over the time buckets in which every router had reported "
-                       "a snapshot. F = live flows, M = members (endpoint links in the tables), "
-                       "R = routers. `linear`: y = const + a·F + b·M + d·R; `power`: "
-                       "ln y = const + a·ln F + b·ln M + d·ln R (the exponents say how y grows)."))
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-        for r in fits:
-            groups[(r["model"], r["target"])].append(r)
-        rows = []
-        for (model, target), rs in groups.items():
-            terms = {r["term"]: r["coef"] for r in rs}
-            rows.append([model, target, *[fmt(terms.get(t)) for t in ("const", "F", "M", "R")],
-                         f"{rs[0]['r2']:.4f}", fmt(rs[0]["n"]), rs[0]["note"] or ""])
-        b.append(("table", (["model", "target", "const", "F", "M", "R", "R²", "buckets",
-                             "note"], rows)))
+    rows = [[r["target"], r["model"], r["term"] or "–", fmt(r["coef"], 4), fmt(r["se"], 3),
+             "–" if r["ci_lo"] is None else f"[{fmt(r['ci_lo'], 4)}, {fmt(r['ci_hi'], 4)}]",
+             fmt(r["n"]), _pct(r["loo_error"]), r["note"] or ""] for r in fits]
+    if rows:
+        b.append(("table", (["target", "model", "term", "coefficient", "std. error",
+                             "95% interval", "runs", "held-out error", "note / refusal"],
+                            rows)))
     if "fit" in images:
         b.append(("img", (images["fit"], "fit")))
-    ex = data.get("extrapolation", [])
-    if ex:
-        b.append(("p", "Extrapolation from the bucket with the most live flows. `grow`: flows, "
-                       "members and routers all scaled; `more_flows`: flows and members scaled "
-                       "on the same routers. Memory uses the entry model of "
-                       "`flowrouter.core.traces` (ENTRY_BYTES per entry + LINK_BYTES per link)."))
-        b.append(("table", (["scenario", "scale", "model", "flows", "members", "routers",
-                             "entries (all)", "entries/router", "largest table",
-                             "memory (all)", "memory (largest)"],
-                            [[r["scenario"], f"{r['scale']}x", r["model"], fmt(r["flows"]),
-                              fmt(r["members"]), fmt(r["routers"]), fmt(r["entries_total"]),
-                              fmt(r["entries_per_router"]), fmt(r["entries_max"]),
-                              fmt_bytes(r["mem_total_bytes"]),
-                              fmt_bytes(r["mem_max_router_bytes"])] for r in ex])))
-    if not fits:
-        b.append(("p", "Not enough data for a fit (see the notes above)."))
 
     b.append(("h2", "Tables"))
     b.append(("p", "Parquet tables under `tables/`: errors, routers, router_buckets, "
-                   "network_buckets, churn, gc_lag, gc_lag_summary, gc_lag_hist, savings, "
-                   "load_by_role, load_summary, fanout, flows, tree_size, fit, extrapolation. "
+                   "network_buckets, role_entries, churn, gc_lag, gc_lag_summary, gc_lag_hist, "
+                   "savings, load_by_role, load_summary, fanout, flows, tree_size, "
+                   "clock_outliers, run_points, fit. "
                    "`summary.json` holds the numbers above."))
     return b
 
@@ -557,14 +554,12 @@ def console_summary(summary: dict[str, Any]) -> str:
         lines.append("  saved: " + "; ".join(
             f"{k} {fmt(v['est_link_tx'])} copies / {fmt_bytes(v['est_link_bytes'])}"
             for k, v in sorted(saved.items(), key=lambda kv: -kv[1]["est_link_bytes"])[:4]))
-    fit = summary.get("fit") or {}
-    if fit:
-        lines.append("  fit R²: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(fit.items())))
-    ex = summary.get("extrapolation_100x")
-    if ex:
-        lines.append(f"  100x network ({fmt(ex['routers'])} routers, {fmt(ex['flows'])} flows): "
-                     f"{fmt(ex['entries_per_router'])} entries/router, largest table "
-                     f"{fmt(ex['entries_max'])} (~{fmt_bytes(ex['mem_max_router_bytes'])})")
+    for target, f in (summary.get("fit") or {}).items():
+        if "refused" in f:
+            lines.append(f"  fit {target}: refused: {f['refused']}")
+        else:
+            lines.append(f"  fit {target}: {f['formula']} ({f['runs']} runs, held-out error "
+                         f"{_pct(f['loo_error'])})")
     for n in summary.get("notes", []):
         lines.append(f"  note: {n}")
     return "\n".join(lines)

@@ -27,20 +27,21 @@ far too slow for thousands of routers and 10^5 flows in one Python process):
   not in the downstream aggregate, ``locality`` for 2 % of messages, ``no-receivers``).
 
 Records are sharded over ``shards`` files (``synth-<k>.jsonl``) by router; order within a
-file is not by time (the job does not need it). Deterministic for a given seed.
+file is not by time (the job does not need it). Deterministic for a given seed. The command
+line (sizes, progress, the size guard) is in :mod:`apps.flowtrace.synth_cli`.
+Imports only the standard library and :mod:`flowrouter.core.traces`.
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import json
 import math
 import os
 import random
-import sys
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -114,11 +115,13 @@ class _Out:
         self.fhs = [open(p, "w", encoding="utf-8") for p in self.paths]  # noqa: SIM115
         self.bufs: list[list[str]] = [[] for _ in range(shards)]
         self.n = 0
+        self.bytes = 0
 
     def put(self, shard: int, line: str) -> None:
         buf = self.bufs[shard]
         buf.append(line)
         self.n += 1
+        self.bytes += len(line)
         if len(buf) >= 4096:
             self.fhs[shard].writelines(buf)
             buf.clear()
@@ -487,7 +490,10 @@ class Synth:
                 self.push(t_join, 1, (f, m))
                 self.push(max(t_dep, t_join + 0.001), 2, (f, m, rng.random() < cfg.silent))
 
-    def run(self) -> dict[str, Any]:
+    def run(self, progress: Callable[[float, int, int], None] | None = None
+            ) -> dict[str, Any]:
+        """Simulate and write; *progress* gets (fraction of simulated time done, records,
+        bytes) now and then."""
         cfg = self.cfg
         t0 = time.monotonic()
         self.out = _Out(cfg.out, cfg.shards)
@@ -505,10 +511,14 @@ class Synth:
         self._make_flows()
         heap = self.heap
         horizon = cfg.duration + cfg.epoch * (cfg.gc_delete_after + 2)
+        pops = 0
         while heap:
             t, kind, _, data = heapq.heappop(heap)
             if t > horizon:
                 break
+            pops += 1
+            if progress is not None and not pops & 0xFFFF:
+                progress(min(1.0, t / horizon), self.out.n, self.out.bytes)
             if kind == 0:
                 self.snapshot(data, t)
                 if t + cfg.snapshot_interval <= horizon:
@@ -536,79 +546,7 @@ class Synth:
                 "duration": end}
 
 
-def generate(cfg: SynthConfig) -> dict[str, Any]:
+def generate(cfg: SynthConfig, progress: Callable[[float, int, int], None] | None = None
+             ) -> dict[str, Any]:
     """Write the traces of one run under ``cfg.out``; returns statistics."""
-    return Synth(cfg).run()
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SynthConfig()
-    p.add_argument("--routers", type=int, default=d.routers,
-                   help=f"number of routers (default {d.routers})")
-    p.add_argument("--flows", type=int, default=d.flows,
-                   help=f"number of flows over the run (default {d.flows})")
-    p.add_argument("--out", "-o", default=d.out, metavar="DIR",
-                   help=f"output directory for synth-NNN.jsonl (default {d.out})")
-    p.add_argument("--duration", type=float, default=d.duration, metavar="SECONDS",
-                   help=f"simulated time (default {d.duration:g} s)")
-    p.add_argument("--seed", type=int, default=d.seed, help="random seed (default 1)")
-    p.add_argument("--sample-rate", type=float, default=d.sample_rate, metavar="RATE",
-                   help=f"fwd/drop sampling rate (default {d.sample_rate}; 0: none)")
-    p.add_argument("--epoch", type=float, default=d.epoch, metavar="SECONDS",
-                   help=f"GC epoch length (default {d.epoch:g} s)")
-    p.add_argument("--gc-ping-after", type=int, default=d.gc_ping_after, metavar="T1",
-                   help=f"idle epochs before a keep-alive ping (default {d.gc_ping_after})")
-    p.add_argument("--gc-delete-after", type=int, default=d.gc_delete_after, metavar="T2",
-                   help=f"idle epochs before GC removes the link "
-                        f"(default {d.gc_delete_after})")
-    p.add_argument("--snapshot-interval", type=float, default=d.snapshot_interval,
-                   metavar="SECONDS", help=f"period of snapshot records per router "
-                                           f"(default {d.snapshot_interval:g} s)")
-    p.add_argument("--cores", type=int, default=d.cores,
-                   help="core routers (one LSID each; default routers/100, at least 1)")
-    p.add_argument("--hosts", type=int, default=d.hosts,
-                   help=f"endpoint links per edge router (default {d.hosts})")
-    p.add_argument("--members", type=float, default=d.members,
-                   help=f"mean members per flow (default {d.members:g})")
-    p.add_argument("--silent", type=float, default=d.silent, metavar="FRACTION",
-                   help=f"share of members that vanish without leaving, collected by the GC "
-                        f"(default {d.silent})")
-    p.add_argument("--receivers", type=float, default=d.receivers, metavar="FRACTION",
-                   help=f"share of members that only listen (default {d.receivers})")
-    p.add_argument("--rate", type=float, default=d.rate, metavar="MSGS",
-                   help=f"mean messages/s per sending member (default {d.rate})")
-    p.add_argument("--shards", type=int, default=d.shards,
-                   help=f"output files (default {d.shards})")
-    p.add_argument("--run", default=None, metavar="NAME",
-                   help="tag every record with this run name (to analyse several networks "
-                        "together)")
-
-
-def config_from_args(args: argparse.Namespace) -> SynthConfig:
-    fields = SynthConfig.__dataclass_fields__
-    return SynthConfig(**{k: v for k, v in vars(args).items() if k in fields})
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = config_from_args(args)
-        stats = generate(cfg)
-    except ValueError as exc:
-        print(f"flowtrace synth: {exc}", file=sys.stderr)
-        return 2
-    print(f"synth: {cfg.routers} routers ({stats['cores']} core, {stats['edges']} edge), "
-          f"{cfg.flows} flows, {cfg.duration:g} s: {stats['records']:,} records "
-          f"({stats['bytes'] / 2**20:.1f} MiB) in {stats['files']} files under {cfg.out}; "
-          f"{stats['wall_seconds']} s, {stats['records_per_second']:,} records/s")
-    print("  " + ", ".join(f"{k} {v:,}" for k, v in stats["records_by_kind"].items()))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="flowtrace-synth", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    return Synth(cfg).run(progress)

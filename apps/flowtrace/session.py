@@ -1,0 +1,146 @@
+"""Starting Spark for flowtrace, finding its inputs, and turning remote failures into one line.
+
+Holds :func:`build_session` (a SparkSession bound to the loopback address with its web UI off
+unless asked, the JVM's start-up chatter kept out of the terminal), :func:`resolve_inputs`
+(local paths and Hadoop URIs), and :func:`one_line_error` (a JVM failure, such as an
+unreachable ``hdfs://`` name node or a missing ``s3a`` file system, as one readable line).
+Imports only the standard library, :mod:`flowrouter.core.traces` and, lazily, pyspark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from flowrouter.core import traces as TR
+
+#: the address the driver binds to and advertises unless told otherwise
+LOOPBACK = "127.0.0.1"
+
+
+def build_session(master: str = "local[*]", *, app_name: str = "flowtrace",
+                  driver_memory: str | None = None, shuffle_partitions: int | None = None,
+                  conf: Iterable[tuple[str, str]] = (), driver_host: str = LOOPBACK,
+                  ui: bool = False) -> Any:
+    """A SparkSession for the job (reuses an active one, e.g. the tests').
+
+    The driver binds to and advertises *driver_host* (loopback by default: nothing listens on
+    the machine's external addresses; a cluster whose executors run elsewhere needs the
+    address they can reach). The web UI is off unless *ui*. When this call starts the JVM,
+    its standard error (log4j's start-up lines, JVM warnings) goes to a file named in
+    ``spark.flowtrace.log`` of the session's conf; it is printed only if the start fails.
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", driver_host)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    builder = builder.config("spark.ui.enabled", "true" if ui else "false")
+    builder = builder.config("spark.driver.host", driver_host)
+    builder = builder.config("spark.driver.bindAddress",
+                             driver_host if driver_host == LOOPBACK else "0.0.0.0")
+    local = master.startswith("local")
+    if driver_memory is None and local:
+        driver_memory = default_driver_memory()
+    if local:
+        # smaller input splits: more, lighter tasks for the embedded single JVM
+        builder = builder.config("spark.sql.files.maxPartitionBytes", str(32 * 2**20))
+    if driver_memory:
+        builder = builder.config("spark.driver.memory", driver_memory)
+    if shuffle_partitions is None and local:
+        shuffle_partitions = 8
+    if shuffle_partitions:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    for k, v in conf:
+        builder = builder.config(k, v)
+    if SparkSession.getActiveSession() is not None:
+        spark = builder.getOrCreate()
+    else:
+        spark = _start_quietly(builder)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _start_quietly(builder: Any) -> Any:
+    """Start the JVM with its stderr in a log file (the JVM keeps that descriptor)."""
+    log = tempfile.NamedTemporaryFile(prefix="flowtrace-spark-", suffix=".log",  # noqa: SIM115
+                                      delete=False)
+    saved = os.dup(2)
+    try:
+        os.dup2(log.fileno(), 2)
+        try:
+            spark = builder.config("spark.flowtrace.log", log.name).getOrCreate()
+        finally:
+            os.dup2(saved, 2)
+    except Exception as exc:
+        log.flush()
+        with open(log.name, encoding="utf-8", errors="replace") as fh:
+            tail = fh.read()[-2000:]
+        raise RuntimeError(f"Spark did not start ({one_line_error(exc)}); its output, from "
+                           f"{log.name}:\n{tail}") from None
+    finally:
+        os.close(saved)
+        log.close()
+    return spark
+
+
+def default_driver_memory() -> str:
+    """For local mode (the driver is the only executor): 40% of RAM, 1-16 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return "2g"
+    return f"{max(1, min(16, int(total * 0.4 / 2**30)))}g"
+
+
+def is_uri(item: str) -> bool:
+    """A Hadoop-style URI (``hdfs://``, ``s3a://``...) rather than a local path."""
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", item) is not None
+
+
+def resolve_inputs(inputs: Sequence[str]) -> list[str]:
+    """Local files/dirs/globs -> files (via :func:`flowrouter.core.traces.expand_paths`);
+    URIs with a scheme other than ``file:`` are passed to Spark unchanged (globs and dirs work
+    there too)."""
+    out: list[str] = []
+    for item in inputs:
+        if is_uri(item) and not item.startswith("file://"):
+            out.append(item)
+            continue
+        local = item[len("file://"):] if item.startswith("file://") else item
+        out += [os.path.abspath(p) for p in TR.expand_paths(local)]
+    if not out:
+        raise FileNotFoundError("no trace files found in " + ", ".join(inputs))
+    return out
+
+
+#: JVM exception classes -> what to tell the user
+_HINTS = (
+    ("S3AFileSystem not found",
+     "s3a:// needs the hadoop-aws jar matching Spark's Hadoop (see README: flowtrace on S3), "
+     "e.g. --conf spark.jars.packages=org.apache.hadoop:hadoop-aws:3.4.1"),
+    ("No FileSystem for scheme", "no Hadoop file system is installed for this URI scheme"),
+    ("UnknownHostException", "unknown host"),
+    ("ConnectException", "connection refused"),
+    ("AccessDenied", "access denied"),
+    ("PATH_NOT_FOUND", "path does not exist"),
+    ("FileNotFoundException", "path does not exist"),
+)
+
+
+def one_line_error(exc: BaseException) -> str:
+    """A Spark/JVM failure as one line: the innermost Java exception and a hint, without the
+    stack trace (a Py4J error carries ~175 lines of it)."""
+    text = str(exc)
+    hint = next((h for key, h in _HINTS if key in text), None)
+    # the most specific "java.x.y.SomeException: message" line, else the first line
+    causes = re.findall(r"((?:[a-z0-9_]+\.)+[A-Za-z0-9_$]*(?:Exception|Error)[^\n]*)", text)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    detail = causes[-1].strip() if causes else first
+    if first.startswith("[") and not causes:  # Spark's own error classes: [PATH_NOT_FOUND] ...
+        detail = first
+    detail = re.sub(r"\s+", " ", detail)[:300]
+    return f"{detail} ({hint})" if hint else detail

@@ -1,0 +1,264 @@
+"""``flowtrace study``: a scaling study on the simulator, fitted across runs.
+
+Runs the deterministic simulator (:mod:`flowrouter.testbed.sim`, the real sans-I/O router)
+over a grid of network sizes x flow counts x members per flow, several seeds each (a grid, so
+the three vary independently and the fit can tell their effects apart). Each run builds a
+random mesh (:func:`flowrouter.testbed.sim.generate.random_mesh`, one core router for the
+LSID), joins every flow's members during ``join_window`` seconds, lets the network settle and
+then measures every router's table (:func:`flowrouter.core.traces.snapshot_fields`, the same
+numbers a snapshot record carries), per role: core, edge (has endpoint links), transit.
+
+One run is one observation. :mod:`apps.flowtrace.fit` fits each target (core entries per
+core router, mean edge and transit entries, the largest table) against flows, members and
+routers, linear and power-law, with standard errors, confidence intervals and held-out error,
+and predicts the points asked for with ``--predict`` only inside the model's validity range.
+The sanity check compares the core's table with the live flows (every live flow of the LSID
+has an entry at its core: the ratio should be 1).
+
+Imports :mod:`flowrouter.testbed.sim` (the simulator), :mod:`flowrouter.core.traces` and
+:mod:`apps.flowtrace.fit`; no Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import fit as FIT
+
+LSID = 0x10
+TARGETS = ("core_entries", "edge_entries", "transit_entries", "max_entries")
+TERMS = ("flows", "members", "routers")
+
+
+@dataclass
+class StudyConfig:
+    routers: tuple[int, ...] = (20, 40, 80)
+    flows: tuple[int, ...] = (50, 100, 200)
+    members: tuple[int, ...] = (1, 2, 4)
+    seeds: int = 2
+    join_window: float = 10.0
+    settle: float = 5.0
+    degree: float = 3.0
+    endpoints_per_router: float = 0.5
+    level: float = 0.95
+    max_factor: float = FIT.MAX_FACTOR
+    predict: list[dict[str, float]] = field(default_factory=list)
+    traces: str | None = None
+
+
+def run_one(routers: int, flows: int, members: int, seed: int, cfg: StudyConfig
+            ) -> dict[str, Any]:
+    """One simulated network: its tables per role once every flow's members have joined."""
+    from flowrouter.core.router import Router, RouterParams
+    from flowrouter.core.traces import TraceWriter, snapshot_fields
+    from flowrouter.testbed.sim import SimNetwork
+    from flowrouter.testbed.sim.generate import random_mesh
+    from flowrouter.wire.flowid import FlowID
+
+    n_eps = max(2 * members, int(routers * cfg.endpoints_per_router))
+    topo = random_mesh(routers, degree=cfg.degree, endpoints=n_eps, seed=seed, lsid=LSID)
+    run = f"study-r{routers}-f{flows}-m{members}-s{seed}"
+    writers: list[Any] = []
+    factory: Callable[[RouterParams, float], Router] | None = None
+    if cfg.traces:
+        trace_dir = os.path.join(cfg.traces, run) + "/"
+
+        def factory(params: RouterParams, now: float) -> Router:
+            w = TraceWriter(trace_dir, params.name, sample_rate=0.01, run=run)
+            writers.append(w)
+            return Router(params, now=now, tracer=w)
+
+    net = SimNetwork.from_topology(topo, seed=seed, tick_interval=1.0, strict=False,
+                                   router_factory=factory)
+    eps = list(net.endpoints.values())
+    rng = random.Random(f"study/{seed}/{routers}/{flows}/{members}")
+    for i in range(flows):
+        flow = FlowID(0xF10E, LSID, i + 1)
+        for ep in rng.sample(eps, min(members, len(eps))):
+            net.schedule(rng.uniform(1.0, cfg.join_window), ep.join, flow, "32")
+    t_end = cfg.join_window + cfg.settle
+    net.run_until(t_end)
+    by_role: dict[str, list[int]] = {"core": [], "edge": [], "transit": []}
+    live: set[bytes] = set()
+    for r in net.routers.values():
+        s = snapshot_fields(r)
+        role = "core" if s["core"] else ("edge" if s["edge"] else "transit")
+        by_role[role].append(s["entries"])
+        live.update(r.flows)
+        if writers:
+            r.tracer.snapshot(t_end, **s)
+    for w in writers:
+        w.close()
+
+    def mean(xs: list[int]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {"run": run, "routers": routers, "flows": flows, "members": members, "seed": seed,
+            "flows_live": len(live), "core_routers": len(by_role["core"]),
+            "edge_routers": len(by_role["edge"]), "transit_routers": len(by_role["transit"]),
+            "core_entries": mean(by_role["core"]), "edge_entries": mean(by_role["edge"]),
+            "transit_entries": mean(by_role["transit"]),
+            "max_entries": max(max(v) for v in by_role.values() if v),
+            "total_entries": sum(sum(v) for v in by_role.values())}
+
+
+def sweep(cfg: StudyConfig, progress: Callable[[str], None] | None = None
+          ) -> list[dict[str, Any]]:
+    grid = list(itertools.product(cfg.routers, cfg.flows, cfg.members, range(1, cfg.seeds + 1)))
+    rows = []
+    t0 = time.monotonic()
+    for k, (r, f, m, s) in enumerate(grid, 1):
+        rows.append(run_one(r, f, m, s, cfg))
+        if progress:
+            progress(f"[study +{time.monotonic() - t0:6.1f}s] run {k}/{len(grid)}: "
+                     f"{r} routers, {f} flows, {m} members, seed {s}: core table "
+                     f"{rows[-1]['core_entries']:g}")
+    return rows
+
+
+def analyse(rows: Sequence[dict[str, Any]], cfg: StudyConfig) -> dict[str, Any]:
+    """Fits, the chosen model per target, predictions (or refusals), the sanity check."""
+    fits: dict[str, list[FIT.Fit | FIT.Refusal]] = {}
+    chosen: dict[str, FIT.Fit | None] = {}
+    for target in TARGETS:
+        fits[target] = [FIT.fit(rows, target, TERMS, model, level=cfg.level)
+                        for model in ("linear", "power")]
+        chosen[target] = FIT.best(fits[target])
+    predictions: list[dict[str, Any]] = []
+    for point in cfg.predict:
+        for target in TARGETS:
+            f = chosen[target]
+            if f is None:
+                reasons = "; ".join(x.reason for x in fits[target]
+                                    if isinstance(x, FIT.Refusal))
+                predictions.append({"point": point, "target": target, "refused": reasons})
+                continue
+            missing = [t for t in TERMS if t not in point]
+            if missing:
+                raise ValueError(f"--predict needs {', '.join(missing)}")
+            p = FIT.predict(f, point, max_factor=cfg.max_factor)
+            if isinstance(p, FIT.Refusal):
+                predictions.append({"point": point, "target": target, "refused": p.reason})
+            else:
+                predictions.append({"point": point, "target": target, "model": f.model,
+                                    "value": p[0], "low": p[1], "high": p[2]})
+    ratios = [r["core_entries"] / r["flows_live"] for r in rows
+              if r["core_entries"] is not None and r["flows_live"]]
+    sanity = {"core_over_live_flows_mean": sum(ratios) / len(ratios) if ratios else None,
+              "core_over_live_flows_min": min(ratios, default=None),
+              "core_over_live_flows_max": max(ratios, default=None),
+              "runs": len(rows)}
+    core_fit = next((f for f in fits["core_entries"]
+                     if isinstance(f, FIT.Fit) and f.model == "linear"), None)
+    if core_fit is not None and "flows" in core_fit.terms:
+        lo, hi = core_fit.ci["flows"]
+        sanity["core_slope_on_flows"] = core_fit.coef["flows"]
+        sanity["core_slope_ci"] = [lo, hi]
+        sanity["core_slope_covers_1"] = lo <= 1.0 <= hi or abs(core_fit.coef["flows"] - 1) < 1e-3
+    return {"fits": fits, "chosen": chosen, "predictions": predictions, "sanity": sanity}
+
+
+def parse_point(text: str) -> dict[str, float]:
+    """``routers=1000,flows=1e5,members=4`` -> a dict."""
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in TERMS:
+            raise argparse.ArgumentTypeError(
+                f"expected {'=N,'.join(TERMS)}=N, got {text!r}")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number in {text!r}") from None
+        if not out[key.strip()] > 0:
+            raise argparse.ArgumentTypeError(f"must be positive: {part!r}")
+    return out
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N,N,...: {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = StudyConfig()
+
+    def csv(v: tuple[int, ...]) -> str:
+        return ",".join(map(str, v))
+
+    p.add_argument("--out", "-o", required=True, metavar="DIR",
+                   help="directory for study.json, runs.csv, report.md/html and plots/")
+    p.add_argument("--routers", type=_ints, default=d.routers, metavar="N,N,...",
+                   help=f"network sizes (default {csv(d.routers)})")
+    p.add_argument("--flows", type=_ints, default=d.flows, metavar="N,N,...",
+                   help=f"flow counts (default {csv(d.flows)})")
+    p.add_argument("--members", type=_ints, default=d.members, metavar="N,N,...",
+                   help=f"members per flow (default {csv(d.members)})")
+    p.add_argument("--seeds", type=int, default=d.seeds,
+                   help=f"seeds (topology and joins) per grid point (default {d.seeds})")
+    p.add_argument("--join-window", type=float, default=d.join_window, metavar="SECONDS",
+                   help=f"members join during this virtual time (default {d.join_window:g})")
+    p.add_argument("--settle", type=float, default=d.settle, metavar="SECONDS",
+                   help=f"virtual time after the last join before measuring "
+                        f"(default {d.settle:g})")
+    p.add_argument("--predict", type=parse_point, action="append", default=[],
+                   metavar="routers=N,flows=N,members=N",
+                   help="predict the tables at this point (repeatable); refused beyond "
+                        "--max-factor times the range the sweep covers")
+    p.add_argument("--max-factor", type=float, default=d.max_factor, metavar="X",
+                   help=f"how far beyond the sweep a prediction may go (default "
+                        f"{d.max_factor:g}x)")
+    p.add_argument("--level", type=float, default=d.level,
+                   help=f"confidence level of the intervals (default {d.level})")
+    p.add_argument("--traces", metavar="DIR", default=None,
+                   help="also write every run's router traces under DIR/<run>/ (for "
+                        "flowtrace analyze)")
+
+
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    return StudyConfig(routers=args.routers, flows=args.flows, members=args.members,
+                       seeds=args.seeds, join_window=args.join_window, settle=args.settle,
+                       level=args.level, max_factor=args.max_factor, predict=args.predict,
+                       traces=args.traces)
+
+
+def run(args: argparse.Namespace, emit: Callable[[str], None]) -> int:
+    from . import study_report
+
+    if args.seeds < 1 or not 0 < args.level < 1 or args.max_factor < 1:
+        emit("flowtrace study: --seeds must be >= 1, --level in (0, 1), --max-factor >= 1")
+        return 2
+    cfg = config_from_args(args)
+    t0 = time.monotonic()
+    rows = sweep(cfg, emit)
+    result = analyse(rows, cfg)
+    os.makedirs(args.out, exist_ok=True)
+    meta = study_report.header(cfg, time.monotonic() - t0)
+    doc = {"meta": meta, "config": asdict(cfg), "runs": rows,
+           "fits": [r for fs in result["fits"].values() for r in FIT.as_rows(fs)],
+           "chosen": {k: (f.model if f else None) for k, f in result["chosen"].items()},
+           "predictions": result["predictions"], "sanity": result["sanity"]}
+    with open(os.path.join(args.out, "study.json"), "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, default=str)
+    with open(os.path.join(args.out, "runs.csv"), "w", encoding="utf-8") as fh:
+        cols = list(rows[0])
+        fh.write(",".join(cols) + "\n")
+        fh.writelines(",".join("" if r[c] is None else str(r[c]) for c in cols) + "\n"
+                      for r in rows)
+    md = study_report.write(args.out, meta, rows, result)
+    print(study_report.console(rows, result))
+    print(f"  report: {md}")
+    return 0

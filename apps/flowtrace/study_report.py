@@ -1,0 +1,167 @@
+"""The report of ``flowtrace study``: model, validity range, held-out error, sanity checks.
+
+Renders with :mod:`apps.flowtrace.report`'s Markdown/HTML renderer and plot helper; each
+target gets a plot of observed against fitted values per run (points, the diagonal, the
+number of runs), and the core's table is plotted against live flows. A refused fit or
+prediction is printed as its reason, never as a number.
+Imports :mod:`apps.flowtrace.report`, :mod:`apps.flowtrace.fit` and
+:mod:`apps.flowtrace.provenance`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from . import fit as FIT
+from . import provenance
+from .report import Block, _Plots, fmt, render_html, render_markdown
+
+
+def header(cfg: Any, wall: float) -> dict[str, Any]:
+    conf = {k: v for k, v in asdict(cfg).items() if k not in ("predict", "traces")}
+    conf["wall_seconds"] = round(wall, 1)
+    return provenance.header(["flowrouter.testbed.sim (random meshes, one core)"], conf)
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _fit_table(fits: Sequence[FIT.Fit | FIT.Refusal]) -> list[Block]:
+    out: list[Block] = []
+    for f in fits:
+        if isinstance(f, FIT.Refusal):
+            out.append(("p", f"**{f.model}**: refused: {f.reason}"))
+            continue
+        rows = [[t, fmt(f.coef[t], 4), fmt(f.se[t], 3),
+                 f"[{fmt(f.ci[t][0], 4)}, {fmt(f.ci[t][1], 4)}]"] for t in ("const", *f.terms)]
+        first = f.terms[0] if f.terms else "–"
+        out.append(("p", f"**{f.model}**: `{f.formula()}`; n = {f.n} runs, {f.df} degrees of "
+                         f"freedom, R² {f.r2:.4f}; held-out error {_pct(f.loo_error)} "
+                         f"(leave one run out), {_pct(f.extrapolation_error)} on the "
+                         f"{f.extrapolation_runs} runs at the largest {first} "
+                         "predicted from the others"))
+        out.append(("table", (["term", "coefficient", "std. error",
+                              f"{int(f.level * 100)}% interval"], rows)))
+        if f.notes:
+            out.append(("ul", f.notes))
+    return out
+
+
+def _plots(p: _Plots, rows: Sequence[dict[str, Any]], result: dict[str, Any]
+           ) -> dict[str, str]:
+    made: dict[str, str] = {}
+    for target, f in result["chosen"].items():
+        if f is None:
+            continue
+        pts = [(FIT._value(f, r), float(r[target])) for r in rows if r.get(target)]
+        fig, (ax,) = p.figure(height=4.0)
+        ax.scatter([a for a, _ in pts], [b for _, b in pts], s=12)
+        hi = max(max(a, b) for a, b in pts)
+        ax.plot([0, hi], [0, hi], "k:", lw=1, label="observed = fitted")
+        ax.set_xlabel(f"fitted ({f.model} model)")
+        ax.set_ylabel(f"observed {target}")
+        ax.set_title(f"{target}: {len(pts)} runs")
+        ax.legend(fontsize=8)
+        made[target] = p.save(fig, f"study_{target}.png")
+    pts2 = [(r["flows_live"], r["core_entries"]) for r in rows if r["core_entries"] is not None]
+    if pts2:
+        fig, (ax,) = p.figure(height=4.0)
+        ax.scatter([a for a, _ in pts2], [b for _, b in pts2], s=12, label="runs")
+        hi = max(a for a, _ in pts2)
+        ax.plot([0, hi], [0, hi], "k:", lw=1, label="core table = live flows")
+        ax.set_xlabel("live flows")
+        ax.set_ylabel("entries at the core router")
+        ax.set_title(f"Sanity check: core table vs live flows ({len(pts2)} runs)")
+        ax.legend(fontsize=8)
+        made["core_vs_flows"] = p.save(fig, "study_core_vs_flows.png")
+    return made
+
+
+def blocks(meta: dict[str, Any], rows: Sequence[dict[str, Any]], result: dict[str, Any],
+           images: dict[str, str], plot_error: str | None) -> list[Block]:
+    b: list[Block] = [("h1", "flowtrace study: flow-table scaling on the simulator"),
+                      ("ul", provenance.header_lines(meta))]
+    ranges = {t: (min(r[t] for r in rows), max(r[t] for r in rows)) for t in FIT_TERMS}
+    b.append(("p", f"{len(rows)} runs. Validity range of every model: " + ", ".join(
+        f"{t} {fmt(lo)}..{fmt(hi)}" for t, (lo, hi) in ranges.items())
+        + ". One run is one observation (tables measured once all members have joined)."))
+    s = result["sanity"]
+    b.append(("h2", "Sanity check: the core holds every live flow"))
+    items = [f"core entries / live flows: mean {fmt(s['core_over_live_flows_mean'], 4)}, "
+             f"min {fmt(s['core_over_live_flows_min'], 4)}, "
+             f"max {fmt(s['core_over_live_flows_max'], 4)} (expected 1)"]
+    if "core_slope_on_flows" in s:
+        items.append(f"linear slope of the core table on flows: "
+                     f"{fmt(s['core_slope_on_flows'], 4)}, interval "
+                     f"[{fmt(s['core_slope_ci'][0], 4)}, {fmt(s['core_slope_ci'][1], 4)}]"
+                     + ("" if s["core_slope_covers_1"] else " — does NOT cover 1: check"))
+    b.append(("ul", items))
+    if "core_vs_flows" in images:
+        b.append(("img", (images["core_vs_flows"], "core vs live flows")))
+    b.append(("h2", "Predictions"))
+    if not result["predictions"]:
+        b.append(("p", "None asked for (`--predict routers=N,flows=N,members=N`)."))
+    else:
+        prow = []
+        for p in result["predictions"]:
+            pt = ", ".join(f"{k}={fmt(v)}" for k, v in p["point"].items())
+            if "refused" in p:
+                prow.append([pt, p["target"], "refused", p["refused"]])
+            else:
+                prow.append([pt, p["target"], fmt(p["value"], 4),
+                             f"[{fmt(p['low'], 4)}, {fmt(p['high'], 4)}] ({p['model']})"])
+        b.append(("table", (["point", "target", "prediction", "interval / reason"], prow)))
+    b.append(("h2", "Models"))
+    for target, fits in result["fits"].items():
+        chosen = result["chosen"][target]
+        b.append(("h3", f"{target}" + (f" (chosen: {chosen.model}, lower held-out error)"
+                                        if chosen else " (no model)")))
+        b += _fit_table(fits)
+        if target in images:
+            b.append(("img", (images[target], target)))
+    if plot_error:
+        b.append(("p", plot_error))
+    return b
+
+
+FIT_TERMS = ("routers", "flows", "members")
+
+
+def write(out_dir: str, meta: dict[str, Any], rows: Sequence[dict[str, Any]],
+          result: dict[str, Any]) -> str:
+    p = _Plots(out_dir)
+    images = _plots(p, rows, result) if p.plt is not None else {}
+    bl = blocks(meta, rows, result, images, p.error)
+    md = os.path.join(out_dir, "report.md")
+    with open(md, "w", encoding="utf-8") as fh:
+        fh.write(render_markdown(bl))
+    with open(os.path.join(out_dir, "report.html"), "w", encoding="utf-8") as fh:
+        fh.write(render_html(bl, "flowtrace study"))
+    return md
+
+
+def console(rows: Sequence[dict[str, Any]], result: dict[str, Any]) -> str:
+    lines = [f"flowtrace study: {len(rows)} runs"]
+    s = result["sanity"]
+    lines.append(f"  sanity: core entries / live flows mean "
+                 f"{fmt(s['core_over_live_flows_mean'], 4)} (expected 1)")
+    for target, f in result["chosen"].items():
+        if f is None:
+            reasons = "; ".join(x.reason for x in result["fits"][target]
+                                if isinstance(x, FIT.Refusal))
+            lines.append(f"  {target}: no model: {reasons}")
+        else:
+            lines.append(f"  {target}: {f.formula()} (held-out error {_pct(f.loo_error)}, "
+                         f"extrapolation {_pct(f.extrapolation_error)})")
+    for p in result["predictions"]:
+        pt = ",".join(f"{k}={fmt(v)}" for k, v in p["point"].items())
+        if "refused" in p:
+            lines.append(f"  {pt}: {p['target']}: refused: {p['refused']}")
+        else:
+            lines.append(f"  {pt}: {p['target']} {fmt(p['value'], 4)} "
+                         f"[{fmt(p['low'], 4)}, {fmt(p['high'], 4)}]")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""apps.flowtrace.fit and flowtrace study: fits across runs with intervals, held-out error
+and refusals; the study on the simulator (no Spark)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("numpy")
+
+from apps.flowtrace import cli  # noqa: E402
+from apps.flowtrace import fit as FIT  # noqa: E402
+
+
+def law_rows(a=3.0, b=7.0, noise=2.0, seed=1):
+    rng = random.Random(seed)
+    return [{"flows": f, "members": m, "routers": r, "core": a * f + b + rng.gauss(0, noise)}
+            for f in (50, 100, 200) for m in (1, 2, 4) for r in (20, 40)]
+
+
+def test_a_linear_law_is_recovered_within_its_confidence_interval():
+    f = FIT.fit(law_rows(), "core", ["flows", "members", "routers"])
+    assert isinstance(f, FIT.Fit)
+    assert f.n == 18 and f.df == 14
+    assert f.ci["flows"][0] <= 3.0 <= f.ci["flows"][1]
+    assert f.ci["const"][0] <= 7.0 <= f.ci["const"][1]
+    assert f.ci["members"][0] <= 0.0 <= f.ci["members"][1]
+    assert f.se["flows"] > 0 and f.loo_error is not None and f.loo_error < 0.05
+    assert f.extrapolation_runs == 6 and f.extrapolation_error < 0.05
+    value, lo, hi = FIT.predict(f, {"flows": 300, "members": 2, "routers": 30})
+    assert lo < 3.0 * 300 + 7 < hi and lo < value < hi
+
+
+def test_the_fit_refuses_with_too_few_runs():
+    r = FIT.fit(law_rows()[:4], "core", ["flows", "members", "routers"])
+    assert isinstance(r, FIT.Refusal)
+    assert "too few runs" in r.reason and "degree(s) of freedom" in r.reason
+
+
+def test_the_fit_refuses_variables_that_move_together():
+    rows = [{"flows": f, "members": 3 * f, "core": f} for f in range(1, 12)]
+    r = FIT.fit(rows, "core", ["flows", "members"])
+    assert isinstance(r, FIT.Refusal) and "move together" in r.reason
+
+
+def test_predictions_outside_the_validity_range_are_refused():
+    f = FIT.fit(law_rows(), "core", ["flows", "members", "routers"])
+    far = FIT.predict(f, {"flows": 100_000, "members": 2, "routers": 30})
+    assert isinstance(far, FIT.Refusal) and "outside the range" in far.reason
+    rows = [dict(r, routers=20) for r in law_rows()]
+    g = FIT.fit(rows, "core", ["flows", "members", "routers"])
+    assert g.dropped == {"routers": 20.0}
+    r = FIT.predict(g, {"flows": 100, "members": 2, "routers": 2000})
+    assert isinstance(r, FIT.Refusal) and "routers was 20 in every run" in r.reason
+
+
+def test_power_law_exponents_are_recovered():
+    rows = [{"flows": f, "members": m, "y": 2.0 * f ** 0.8 * m ** 0.3}
+            for f in (10, 30, 100, 300) for m in (1, 3, 9)]
+    f = FIT.fit(rows, "y", ["flows", "members"], "power")
+    assert f.coef["flows"] == pytest.approx(0.8) and f.coef["members"] == pytest.approx(0.3)
+
+
+def test_study_on_the_simulator(tmp_path, capsys):
+    out = tmp_path / "study"
+    code = cli.main(["study", "--out", str(out), "--routers", "12,24", "--flows", "10,20",
+                     "--members", "1,2", "--seeds", "2", "--join-window", "4", "--settle",
+                     "3", "--predict", "routers=20,flows=15,members=2",
+                     "--predict", "routers=1000,flows=100000,members=4"])
+    assert code == 0
+    doc = json.loads((out / "study.json").read_text())
+    assert len(doc["runs"]) == 16
+    # sanity: the core holds exactly the live flows, so its slope on flows is 1
+    assert doc["sanity"]["core_over_live_flows_min"] == 1.0
+    assert doc["sanity"]["core_over_live_flows_max"] == 1.0
+    assert doc["sanity"]["core_slope_covers_1"]
+    preds = {(tuple(sorted(p["point"].items())), p["target"]): p for p in doc["predictions"]}
+    near = preds[((("flows", 15.0), ("members", 2.0), ("routers", 20.0)), "core_entries")]
+    assert near["value"] == pytest.approx(15.0, abs=0.5)
+    far = preds[((("flows", 100000.0), ("members", 4.0), ("routers", 1000.0)),
+                 "core_entries")]
+    assert "outside the range" in far["refused"]
+    md = (out / "report.md").read_text()
+    for text in ("Validity range", "held-out error", "Sanity check", "refused", "date: ",
+                 "versions: "):
+        assert text in md
+    far_lines = [ln for ln in capsys.readouterr().out.splitlines() if "flows=100,000" in ln]
+    assert far_lines and all("refused" in ln for ln in far_lines)
