@@ -98,6 +98,8 @@ NET = [
     rec(35.0, "core1", "link_del", flow=B, link=1, mask="100000001", cause="leave"),
     rec(35.0, "core1", "entry_del", flow=B, cause="leave"),
     snap(39.0, "core1", 0, 0, 0, {}, core=True),
+    # schema v2 (soft state): a refresh round from downstream, read alongside v1
+    rec(20.0, "core1", "refresh", link=1, dir="received", entries=1, chunks=1) | {"v": 2},
 ]
 BAD_LINES = [
     "not json\rat all",  # a bare CR does not split a line (one corrupt line, not two)
@@ -245,6 +247,7 @@ def test_entries_and_churn_per_router_and_bucket(analysis):
     assert [r["entries"] for r in mid] == [2, 2, 2, 0]
     assert [r["snapshot_t"] for r in mid] == [9.0, 9.0, 9.0, 39.0]
     assert [r["entries_replay"] for r in mid] == [2, 2, 1, 0]
+    assert [rb[("core1", b * BUCKET)]["refreshes"] for b in range(4)] == [0, 0, 1, 0]
 
 
 def test_network_buckets_and_live_flows(analysis):
@@ -286,12 +289,12 @@ def test_gc_lag(analysis):
 def test_churn(analysis):
     assert analysis["summary"]["churn"] == {
         "entry_add": 6, "entry_del:gc": 2, "entry_del:leave": 4, "gc_ping": 2,
-        "link_add:join": 7, "link_del:gc": 2, "link_del:leave": 5}
+        "link_add:join": 7, "link_del:gc": 2, "link_del:leave": 5, "refresh": 1}
     churn = analysis["table"]("churn")
     b2 = Counter({(r["kind"], r["cause"]): r["count"] for r in churn if r["bucket"] == 20.0})
     assert b2 == Counter({("gc_ping", ""): 1, ("link_del", "gc"): 1,
                           ("link_del", "leave"): 2, ("entry_del", "gc"): 1,
-                          ("entry_del", "leave"): 2})
+                          ("entry_del", "leave"): 2, ("refresh", ""): 1})
 
 
 def test_traffic_saved_scaled_by_sampling(analysis):

@@ -92,16 +92,23 @@ class _Tables:
         self.spark = spark
         self.base = base.rstrip("/")
 
-    def write(self, df: Any, name: str, by: Sequence[str] = ("run",)) -> None:
+    def write(self, df: Any, name: str, by: Sequence[str] = ("run",), *,
+              small: bool = False) -> None:
+        """Parquet under base/name, partitioned by the *by* columns it has; a large table is
+        first clustered by run (one set of files per run, not per task)."""
         by = [c for c in by if c in df.columns]
-        w = (df.repartition(*by) if by else df.coalesce(1)).write.mode("overwrite")
+        if small or not by:
+            df = df.coalesce(1)
+        elif "run" in by:
+            df = df.repartition("run")
+        w = df.write.mode("overwrite")
         (w.partitionBy(*by) if by else w).parquet(f"{self.base}/{name}")
 
     def collect(self, df: Any, name: str, by: Sequence[str] = ("run",)) -> list[dict[str, Any]]:
         """Collect a small table and write the collected rows (one computation, not two)."""
         rows = _rows(df)
         self.write(self.spark.createDataFrame([tuple(r.values()) for r in rows], df.schema),
-                   name, by)
+                   name, by, small=True)
         return rows
 
 
@@ -146,7 +153,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
               .orderBy(F.desc("count"), "reason"))
     error_rows = out.collect(errors, "errors", ()) if (n_corrupt or n_invalid) else []
     if not error_rows:
-        out.write(spark.createDataFrame([], errors.schema), "errors", ())
+        out.write(spark.createDataFrame([], errors.schema), "errors", (), small=True)
     bad = n_corrupt + n_invalid
     if n_valid == 0 or (total_lines and bad / total_lines > max_bad_fraction):
         checked.unpersist()
@@ -311,7 +318,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     if points:
         cols = list(points[0])
         out.write(spark.createDataFrame([tuple(p[c] for c in cols) for p in points],
-                                        _point_schema(cols)), "run_points")
+                                        _point_schema(cols)), "run_points", small=True)
     out.write(spark.createDataFrame([tuple(r.values()) for r in fit_rows] or [], FIT_SCHEMA),
               "fit", ())
     checked.unpersist()

@@ -10,9 +10,10 @@ and ``flowtrace analyze`` (Spark, :func:`read_records`):
   ``unknown kind``, ``missing or invalid field 'x'`` (a required field) or ``invalid field 'x'``
   (an optional one), checked in that order.
 
-Versions: every version in :data:`VERSIONS` is read (v1, and the version
-:mod:`flowrouter.core.traces` writes now), each against its own field table; the job works on
-the union of their fields. Residual difference of Spark's JSON reader: a line holding a
+Versions: every version in :data:`VERSIONS` is read (those
+:data:`flowrouter.core.traces.SUPPORTED_VERSIONS` names: v1 with per-flow ``gc_ping`` records,
+v2 with per-neighbour ``refresh`` and ``prune`` records), each against its own kinds; the job
+works on the union of their fields. Residual difference of Spark's JSON reader: a line holding a
 complete object followed by more bytes is read as that object, and a JSON array of objects
 on one line as several records; the Python check calls both ``corrupt``.
 
@@ -30,34 +31,14 @@ from flowrouter.core import traces as TR
 
 Fields = dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]]
 
-#: schema version 1, frozen here so that traces written before a schema change stay readable
-V1_FIELDS: Fields = {
-    "fwd": ((("flow", "flow"), ("band", "band"), ("in_link", "int"), ("out_links", "int"),
-             ("bytes", "int"), ("sample", "pos")), ()),
-    "drop": ((("flow", "flow"), ("band", "band"), ("in_link", "int"), ("reason", "token"),
-              ("bytes", "int"), ("sample", "pos")), (("links", "int"),)),
-    "entry_add": ((("flow", "flow"),), (("upstream", "int"),)),
-    "entry_del": ((("flow", "flow"), ("cause", "token")), ()),
-    "link_add": ((("flow", "flow"), ("link", "int"), ("mask", "hex"), ("cause", "token")),
-                 (("role", "role"),)),
-    "link_del": ((("flow", "flow"), ("link", "int"), ("mask", "hex"), ("cause", "token")),
-                 (("last", "num"), ("role", "role"))),
-    "gc_ping": ((("flow", "flow"), ("link", "int"), ("epoch", "int")), ()),
-    "link_up": ((("link", "int"), ("peer", "str"), ("role", "role")), ()),
-    "link_down": ((("link", "int"), ("peer", "str"), ("role", "role")), (("reason", "str"),)),
-    "snapshot": ((("entries", "int"), ("links_total", "int"), ("active_flows", "int"),
-                  ("mem_bytes", "int"), ("core", "bool"), ("fanout", "fanout")),
-                 (("edge", "bool"), ("members", "int"), ("lsids", "ints"), ("epoch", "int"))),
-}
-
 
 def _versions() -> dict[int, Fields]:
-    out: dict[int, Fields] = {1: V1_FIELDS}
-    older = getattr(TR, "FIELDS_BY_VERSION", None)  # if the writer keeps its own history
-    if isinstance(older, dict):
-        out.update(older)
-    out[TR.SCHEMA_VERSION] = TR.FIELDS
-    return dict(sorted(out.items()))
+    """Each version's field table, from the writer's one table and the kinds that exist in
+    some versions only (:data:`flowrouter.core.traces.VERSION_KINDS`)."""
+    supported = tuple(getattr(TR, "SUPPORTED_VERSIONS", (TR.SCHEMA_VERSION,)))
+    only = getattr(TR, "VERSION_KINDS", {})
+    return {v: {k: spec for k, spec in TR.FIELDS.items() if v in only.get(k, supported)}
+            for v in sorted(supported)}
 
 
 #: version -> kind -> (required, optional) fields
@@ -70,29 +51,8 @@ CORRUPT = "not a JSON object"
 # ----------------------------------------------------------------------------- Python side
 def check(rec: Any) -> str | None:
     """None if *rec* (a parsed JSON value) is a valid record of a supported version, else the
-    reason (the same words the Spark job uses)."""
-    if not isinstance(rec, dict):
-        return CORRUPT
-    v = rec.get("v")
-    if type(v) is not int or v not in VERSIONS:
-        return "unsupported version"
-    for name, typ in TR.COMMON_FIELDS:
-        value = rec.get(name)
-        if value is None or TR._bad(value, typ):  # the writer's own type checks
-            return f"missing or invalid field '{name}'"
-    spec = VERSIONS[v].get(rec["kind"])
-    if spec is None:
-        return "unknown kind"
-    required, optional = spec
-    for name, typ in required:
-        value = rec.get(name)
-        if value is None or TR._bad(value, typ):
-            return f"missing or invalid field '{name}'"
-    for name, typ in (*TR.COMMON_OPTIONAL, *optional):
-        value = rec.get(name)
-        if value is not None and TR._bad(value, typ):
-            return f"invalid field '{name}'"
-    return None
+    reason: :func:`flowrouter.core.traces.validate`, whose words the Spark job uses too."""
+    return TR.validate(rec)
 
 
 def iter_lines(path: str) -> Iterator[tuple[int, str]]:

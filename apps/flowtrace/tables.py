@@ -27,8 +27,13 @@ from __future__ import annotations
 from typing import Any
 
 EVENT_COLS = ("entry_adds", "entry_dels", "entry_dels_gc", "link_adds", "mask_changes",
-              "link_dels", "link_dels_gc", "gc_pings", "fwd_msgs", "fwd_bytes", "fwd_copies",
-              "drop_msgs", "drop_bytes")
+              "link_dels", "link_dels_gc", "gc_pings", "refreshes", "prunes", "fwd_msgs",
+              "fwd_bytes", "fwd_copies", "drop_msgs", "drop_bytes")
+#: causes of a deletion by the soft-state timers: v1 ``gc`` (after keep-alive pings), v2
+#: ``expired`` (not refreshed within the hold time)
+TIMER_CAUSES = ("gc", "expired")
+#: the table-maintenance kinds counted as churn (v1 pings, v2 refresh rounds and prunes)
+CHURN_KINDS = ("entry_add", "entry_del", "link_add", "link_del", "gc_ping", "refresh", "prune")
 SNAP_COLS = ("entries", "links_total", "active_flows", "mem_bytes", "members")
 
 
@@ -154,12 +159,14 @@ def router_buckets(counts: Any, routers_df: Any, runs: Any, bucket: float) -> An
     ev = counts.groupBy("run", "router", "bidx").agg(
         _sum_if(K == "entry_add", F.col("n")).alias("entry_adds"),
         _sum_if(K == "entry_del", F.col("n")).alias("entry_dels"),
-        _sum_if((K == "entry_del") & (C == "gc"), F.col("n")).alias("entry_dels_gc"),
+        _sum_if((K == "entry_del") & C.isin(*TIMER_CAUSES), F.col("n")).alias("entry_dels_gc"),
         _sum_if((K == "link_add") & (C != "mask"), F.col("n")).alias("link_adds"),
         _sum_if((K == "link_add") & (C == "mask"), F.col("n")).alias("mask_changes"),
         _sum_if(K == "link_del", F.col("n")).alias("link_dels"),
-        _sum_if((K == "link_del") & (C == "gc"), F.col("n")).alias("link_dels_gc"),
+        _sum_if((K == "link_del") & C.isin(*TIMER_CAUSES), F.col("n")).alias("link_dels_gc"),
         _sum_if(K == "gc_ping", F.col("n")).alias("gc_pings"),
+        _sum_if(K == "refresh", F.col("n")).alias("refreshes"),
+        _sum_if(K == "prune", F.col("n")).alias("prunes"),
         _sum_if(K == "fwd", F.col("w")).alias("fwd_msgs"),
         _sum_if(K == "fwd", F.col("wb")).alias("fwd_bytes"),
         _sum_if(K == "fwd", F.col("wo")).alias("fwd_copies"),
@@ -202,7 +209,7 @@ def flow_deltas(valid: Any) -> Any:
 
 
 NET_SUMS = ("entry_adds", "entry_dels", "link_adds", "link_dels", "link_dels_gc", "gc_pings",
-            "fwd_msgs", "fwd_bytes", "drop_msgs", "drop_bytes")
+            "refreshes", "prunes", "fwd_msgs", "fwd_bytes", "drop_msgs", "drop_bytes")
 
 
 def network_buckets(rb: Any, deltas: Any) -> Any:
@@ -235,17 +242,19 @@ def role_entries(rb: Any) -> Any:
 
 
 def gc_lag(valid: Any, roles: Any) -> Any:
-    """Per GC deletion of a (flow, link): the last sign of traffic before it and the pings in
-    between, with window functions over the key's events in time order (linear time).
+    """Per deletion of a (flow, link) by the soft-state timers (v1 cause ``gc``, v2
+    ``expired``): the last sign of life before it and the pings in between, with window
+    functions over the key's events in time order (linear time).
 
-    Last traffic = the latest of the record's ``last``, the last sampled ``fwd`` that arrived
-    on the link and the last ``link_add`` of it (``last_from`` says which); ``pings`` are the
-    ``gc_ping`` records after that time, up to the deletion.
+    Last sign of life = the latest of the record's ``last`` (v1: last traffic the GC saw; v2:
+    last refresh or join), the last sampled ``fwd`` that arrived on the link and the last
+    ``link_add`` of it (``last_from`` says which); ``pings`` are the v1 ``gc_ping`` records
+    after that time, up to the deletion (v2 has none: refreshes are per neighbour).
     """
     F = _F()
     K = F.col("kind")
     keys = ["run", "router", "flow", "link"]
-    is_del = (K == "link_del") & (F.col("cause") == "gc")
+    is_del = (K == "link_del") & F.col("cause").isin(*TIMER_CAUSES)
     # order at equal times: pings, then traffic, then the 'last' marker, then the deletion
     ev = valid.where(K.isin("gc_ping", "link_add") | is_del
                      | ((K == "fwd") & F.col("in_link").isNotNull())).select(
@@ -322,8 +331,7 @@ def lag_hist(gc: Any, width: float, nbins: int) -> Any:
 def churn(counts: Any, bucket: float) -> Any:
     """Table events per (run, bucket, kind, cause), from :func:`record_counts`."""
     F = _F()
-    return (counts.where(F.col("kind").isin("entry_add", "entry_del", "link_add", "link_del",
-                                            "gc_ping"))
+    return (counts.where(F.col("kind").isin(*CHURN_KINDS))
             .groupBy("run", "bidx", "kind", "cause").agg(F.sum("n").alias("count"))
             .select("run", (F.col("bidx") * F.lit(bucket)).alias("bucket"), "kind", "cause",
                     "count")
@@ -365,7 +373,8 @@ def savings(traffic_df: Any) -> Any:
 def _control() -> Any:
     F = _F()
     return (F.col("entry_adds") + F.col("entry_dels") + F.col("link_adds")
-            + F.col("link_dels") + F.col("mask_changes") + F.col("gc_pings"))
+            + F.col("link_dels") + F.col("mask_changes") + F.col("gc_pings")
+            + F.col("refreshes") + F.col("prunes"))
 
 
 def load_by_role(rb: Any) -> Any:
