@@ -582,3 +582,28 @@ def test_a_known_law_is_recovered_within_its_interval(spark, tmp_path, capsys):
     assert lin["flows"]["coef"] == pytest.approx(LAW_A, abs=0.05)
     assert lin["flows"]["ci_hi"] - lin["flows"]["ci_lo"] < 0.2  # and the interval is tight
     assert lin["flows"]["n"] == 16 and lin["flows"]["df"] == 12
+
+
+def test_validate_takes_uris_and_fails_remote_reads_in_one_line(spark, tmp_path, capsys):
+    d = write_traces(tmp_path / "t")
+    (d / "bad.jsonl").unlink()
+    assert cli.main(["validate", f"file://{d}"]) == 0
+    # a name node that refuses connections (on loopback): one line, exit 1
+    spark.sparkContext._jsc.hadoopConfiguration().set("ipc.client.connect.max.retries", "0")
+    assert cli.main(["validate", "hdfs://127.0.0.1:1/traces/"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "onnect" in err  # ConnectException / Connection refused
+
+
+def test_the_tables_api_returns_dataframes(spark, tmp_path):
+    from apps.flowtrace import schema as S
+    from apps.flowtrace import tables
+
+    d = write_traces(tmp_path / "t")
+    valid = tables.prepare(S.read_records(spark, [str(d / "net.jsonl")]), BUCKET)
+    roles = tables.routers(tables.record_counts(valid))
+    assert sorted(r["router"] for r in roles.collect()) == ["core1", "mid1"]
+    # without clock fences the stray record stretches mid1's range: that is what the job
+    # removes before bucketing
+    assert max(r["hi"] for r in roles.collect()) == 100_000
