@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import flowlib
-from flowlib import ConnectError, FlowError, FlowID, Locality
+from flowlib import ConnectError, FlowError, Locality
 from flowlib.cliopts import add_connection_options, connect_kwargs, publish_policies, routers
 
+from . import cliargs as A
 from . import protocol as P
 from .client import (
     DEFAULT_MAX_RING,
@@ -55,88 +56,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _flow_arg(text: str) -> FlowID:
-    try:
-        return FlowID.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _flow_or_any(text: str) -> str:
-    return "*" if text == "*" else str(_flow_arg(text))
-
-
-def _lsid_arg(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"LSID {text!r} is not a number (e.g. 16 or 0x10)") \
-            from None
-    if not 0 < value < 1 << 32:
-        raise argparse.ArgumentTypeError(f"LSID {text!r} must be 1..0xffffffff")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _ring(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"ring {text!r} is not an integer") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError(f"ring {text!r} must be 0..255")
-    return value
-
-
-def _ring_type(text: str) -> Locality:
-    if text.strip().lower() in ("ttl", "hops", "none"):
-        return Locality.NONE
-    try:
-        return Locality.parse(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"ring type {text!r}: use ttl, geography, delay or bandwidth") from None
-
-
-def _scope(text: str) -> P.Scope:
-    kind, sep, value = text.partition(":")
-    try:
-        if not sep:
-            return P.Reach.of(int(text, 0)).ttl
-        scope = (Locality.parse(kind), int(value, 0))
-        P.Reach.of(scope)
-        return scope
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"scope {text!r} must be a TTL (e.g. 2) or TYPE:VALUE (e.g. geography:2): "
-            f"{exc}") from None
-
-
-def _kind(text: str) -> str:
-    if text == "*":
-        return text
-    try:
-        return P.check_kind(text)
-    except P.ProtocolError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _name(text: str) -> str:
-    try:
-        return P.check_name(text)
-    except P.ProtocolError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 _EPILOG = """\
 Patterns: the name is a glob (* any run, ? one character, \\ escapes); --flow, --kind,
 --owner and --attr are exact or '*'. Entries are tuples (name, flow, kind, attrs...): kind
@@ -163,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         # --router (repeatable: failover), --link-key, --encrypt, --capability, --policy
         add_connection_options(target, default_router=DEFAULT_ROUTER,
                                suppress_defaults=default is not None)
-        target.add_argument("--lsid", type=_lsid_arg, metavar="LSID",
+        target.add_argument("--lsid", type=A.lsid_arg, metavar="LSID",
                             help="which directory: the LSID of its flow (default: the "
                                  "router's suggested LSID)", **kw)
         target.add_argument("--json", action="store_true",
@@ -176,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="where the creator-ID file lives, for the reply flow "
                                  "(default $FLOWNET_STATE_DIR or ~/.local/state/flownet)",
                             **kw)
-        target.add_argument("--connect-timeout", type=_positive, metavar="SECONDS",
+        target.add_argument("--connect-timeout", type=A.positive, metavar="SECONDS",
                             help="per-router connect and handshake timeout (default 5)",
                             **kw)
         target.add_argument("--verbose", "-v", action="count",
@@ -191,23 +110,23 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog=_EPILOG)
 
     def search_opts(s: argparse.ArgumentParser, expanding: bool) -> None:
-        s.add_argument("--kind", type=_kind, default="*",
+        s.add_argument("--kind", type=A.kind, default="*",
                        help="only entries of this kind (flow, ls, ...; default any)")
-        s.add_argument("--ring-type", type=_ring_type, default=Locality.NONE,
+        s.add_argument("--ring-type", type=A.ring_type, default=Locality.NONE,
                        metavar="TYPE",
                        help="what the rings measure: ttl (router hops, the default), "
                             "geography, delay or bandwidth (the links' locality modifiers)")
-        s.add_argument("--max-ring", type=_ring, default=DEFAULT_MAX_RING, metavar="N",
+        s.add_argument("--max-ring", type=A.ring, default=DEFAULT_MAX_RING, metavar="N",
                        help="widest ring: the largest TTL or locality budget a query is "
                             "sent with (default %(default)s)")
-        s.add_argument("--window", type=_positive, default=DEFAULT_WINDOW if expanding
+        s.add_argument("--window", type=A.positive, default=DEFAULT_WINDOW if expanding
                        else 1.0, metavar="SECONDS",
                        help="how long each ring collects answers (default %(default)s)")
         if expanding:
-            s.add_argument("--first-ring", type=_ring, default=1, metavar="N",
+            s.add_argument("--first-ring", type=A.ring, default=1, metavar="N",
                            help="first ring; the next ones double up to --max-ring "
                                 "(default %(default)s)")
-            s.add_argument("--settle", type=_positive, default=DEFAULT_SETTLE,
+            s.add_argument("--settle", type=A.positive, default=DEFAULT_SETTLE,
                            metavar="SECONDS",
                            help="once a ring answered, how long to wait for its other "
                                 "members (default %(default)s)")
@@ -217,47 +136,47 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("serve", "run a directory member: store entries, answer queries, expire them")
     s.add_argument("--member-name", metavar="NAME",
                    help="name reported in answers (default member-XXXXXX@ROUTER)")
-    s.add_argument("--sweep", type=_positive, default=1.0, metavar="SECONDS",
+    s.add_argument("--sweep", type=A.positive, default=1.0, metavar="SECONDS",
                    help="how often expired entries are dropped (default %(default)s; "
                         "queries never return expired entries either way)")
     s.add_argument("--max-entries", type=int, default=100_000, metavar="N",
                    help="refuse registrations beyond this many entries (default %(default)s)")
     s.add_argument("--no-sync", action="store_true",
                    help="do not ask the other members for their entries at start-up")
-    s.add_argument("--duration", type=_positive, metavar="SECONDS",
+    s.add_argument("--duration", type=A.positive, metavar="SECONDS",
                    help="stop after this long (default: until interrupted)")
 
     r = add("register", "register NAME -> FLOWID for --ttl seconds (with --keep: refresh "
                         "until interrupted, then remove it)")
-    r.add_argument("entry_name", metavar="NAME", type=_name,
+    r.add_argument("entry_name", metavar="NAME", type=A.name,
                    help="the name (no wildcards); for --kind ls an LSID such as 0x10")
-    r.add_argument("flow", metavar="FLOWID", type=_flow_arg,
+    r.add_argument("flow", metavar="FLOWID", type=A.flow_arg,
                    help="the flow, creator:lsid:local in hex")
-    r.add_argument("--ttl", type=_positive, default=DEFAULT_TTL, metavar="SECONDS",
+    r.add_argument("--ttl", type=A.positive, default=DEFAULT_TTL, metavar="SECONDS",
                    help="lifetime of the entry (default %(default)s)")
-    r.add_argument("--kind", type=_kind, default=P.KIND_FLOW,
+    r.add_argument("--kind", type=A.kind, default=P.KIND_FLOW,
                    help="what the name means: flow (default), ls, or your own word")
     r.add_argument("--attr", action="append", default=[], metavar="VALUE",
                    help="an attribute appended to the tuple (repeatable, in order)")
     r.add_argument("--keep", action="store_true",
                    help="keep running and re-register every --refresh seconds; remove the "
                         "entry on exit")
-    r.add_argument("--refresh", type=_positive, metavar="SECONDS",
+    r.add_argument("--refresh", type=A.positive, metavar="SECONDS",
                    help="refresh period with --keep (default ttl/3)")
-    r.add_argument("--scope", type=_scope, metavar="TTL|TYPE:VALUE",
+    r.add_argument("--scope", type=A.scope, metavar="TTL|TYPE:VALUE",
                    help="only members this close store it, e.g. 1 (same router) or "
                         "geography:2 (default: every member)")
     r.add_argument("--no-confirm", action="store_true",
                    help="do not look the entry up afterwards to check a member stored it")
-    r.add_argument("--window", type=_positive, default=1.0, metavar="SECONDS",
+    r.add_argument("--window", type=A.positive, default=1.0, metavar="SECONDS",
                    help="how long to wait for the confirmation (default %(default)s)")
-    r.add_argument("--duration", type=_positive, metavar="SECONDS",
+    r.add_argument("--duration", type=A.positive, metavar="SECONDS",
                    help="with --keep, stop after this long")
 
     lk = add("lookup", "find entries whose name matches PATTERN, nearest first; prints each "
                        "FlowID with the members that hold it")
     lk.add_argument("pattern", metavar="PATTERN", help="name glob, e.g. 'vnc-*'")
-    lk.add_argument("--flow", type=_flow_or_any, default="*", metavar="FLOWID",
+    lk.add_argument("--flow", type=A.flow_or_any, default="*", metavar="FLOWID",
                     help="exact flow, or * (default)")
     lk.add_argument("--owner", default="*", help="exact owner, or * (default)")
     lk.add_argument("--attr", action="append", default=[], metavar="VALUE",
@@ -272,21 +191,21 @@ def build_parser() -> argparse.ArgumentParser:
     w = add("watch", "print registrations, removals and expiries as they happen")
     w.add_argument("pattern", metavar="PATTERN", nargs="?", default="*",
                    help="name glob (default *)")
-    w.add_argument("--kind", type=_kind, default="*", help="only this kind (default any)")
+    w.add_argument("--kind", type=A.kind, default="*", help="only this kind (default any)")
     w.add_argument("--initial", action="store_true",
                    help="first print the entries already registered (as 'present')")
     w.add_argument("--count", type=int, metavar="N", help="exit after N changes")
-    w.add_argument("--duration", type=_positive, metavar="SECONDS",
+    w.add_argument("--duration", type=A.positive, metavar="SECONDS",
                    help="exit after this long")
 
     rm = add("remove", "withdraw the entries named exactly NAME")
-    rm.add_argument("entry_name", metavar="NAME", type=_name, help="the exact name")
-    rm.add_argument("--kind", type=_kind, default="*", help="only this kind (default any)")
-    rm.add_argument("--flow", type=_flow_or_any, default="*", metavar="FLOWID",
+    rm.add_argument("entry_name", metavar="NAME", type=A.name, help="the exact name")
+    rm.add_argument("--kind", type=A.kind, default="*", help="only this kind (default any)")
+    rm.add_argument("--flow", type=A.flow_or_any, default="*", metavar="FLOWID",
                     help="only this flow (default any)")
     rm.add_argument("--no-confirm", action="store_true",
                     help="send the removal without first looking up what it removes")
-    rm.add_argument("--window", type=_positive, default=1.0, metavar="SECONDS",
+    rm.add_argument("--window", type=A.positive, default=1.0, metavar="SECONDS",
                     help="how long to collect the members' answers (default %(default)s)")
     return p
 

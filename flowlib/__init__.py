@@ -19,6 +19,8 @@ With several router addresses the client fails over to the next router when its 
 (:mod:`flowlib.failover`); messages larger than a frame are fragmented and reassembled
 (:mod:`flowlib.fragment`); receive-queue overflows are reported on the overflow band
 (:mod:`flowlib.notices`); :class:`flowlib.heartbeat.Heartbeat` tracks a flow's members.
+Capability, policy and link-key files are read by :mod:`flowlib.credentials`; every tool
+takes the same connection flags from :mod:`flowlib.cliopts`.
 """
 
 from flowrouter.wire.bands import BandMask
