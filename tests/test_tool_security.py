@@ -307,3 +307,43 @@ def test_flowls_member_takes_the_overlay_link_key(capsys) -> None:  # type: igno
     with pytest.raises(SystemExit):
         flowls_main(["run", "--name", "m", "--lsid", "0x10", "--link-key", "app:hex:12"])
     assert "64 hex digits" in capsys.readouterr().err
+
+
+def test_flowlib_presents_capabilities_given_to_connect(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """connect(capabilities=[...]) picks, per flow, the token that covers it for this
+    client's name; tokens for other flows or other subjects are not presented."""
+    from flowlib.credentials import write_record_file
+    from flowrouter.wire.capabilities import Capability, Policy
+
+    key = CreatorKey.generate()
+    flow, other = key.flow(LSID, 21), key.flow(LSID, 22)
+    now = time.time()
+    mine = write_record_file(tmp_path / "mine.cap", Capability.issue(
+        key, flow, "rx", join=[40], now=now))
+    not_mine = Capability.issue(key, flow, "someone-else", join=[40], now=now)
+    wrong_flow = Capability.issue(key, other, "rx", join=[40], now=now)
+    with pytest.raises(ValueError, match="nothing.cap"):
+        run(flowlib.connect(["127.0.0.1:1"], capabilities=[tmp_path / "nothing.cap"]))
+
+    async def main() -> None:
+        node = RouterNode(NodeConfig("gate", listen="127.0.0.1:0", default_lsid=LSID,
+                                     core_lsids=frozenset({LSID})))
+        await node.start()
+        try:
+            owner = await flowlib.connect([addr(node)], name="owner",
+                                          state_dir=str(tmp_path))
+            owner.publish_policy(Policy.issue(key, flow, version=1, now=now))
+            await until(lambda: node.core.counters["policies.installed"] >= 1)
+            async with await flowlib.connect([addr(node)], name="rx", state_dir=str(tmp_path),
+                                             capabilities=[not_mine, wrong_flow]) as bare:
+                with pytest.raises(flowlib.JoinRefused, match="missing|subject"):
+                    await bare.listen(flow, [40])
+            async with await flowlib.connect([addr(node)], name="rx", state_dir=str(tmp_path),
+                                             capabilities=[wrong_flow, str(mine)]) as rx:
+                lst = await rx.listen(flow, [40])
+                await rx.unlisten(lst)
+            await owner.close()
+        finally:
+            await node.stop()
+
+    run(main())
