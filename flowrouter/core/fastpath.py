@@ -1,0 +1,198 @@
+"""The forwarding fast path: a mirror of the core's tables and a forwarder over whole buffers.
+
+As in hardware routers (RIB and FIB), the Python core (:class:`flowrouter.core.router.Router`)
+stays the source of truth and the reference for every decision; :class:`FastPath` keeps an
+engine's mirror of what forwarding needs and forwards the ordinary data frames of a received
+buffer in one call, with no Python object per message. The engine is the compiled
+``flowrouter.core._fastpath`` when it was built, else nothing: without it the shell hands
+every frame to the core as before (the pure-Python twin, :mod:`flowrouter.core.fastpath_py`,
+is the compiled engine's specification and test oracle, and can be forced for tests).
+
+The mirror is filled lazily and emptied eagerly: a flow or link is copied from the core the
+first time a frame needs it, and the core calls :meth:`FastPath.flow_changed` /
+:meth:`FastPath.link_changed` on every change to an entry or link, which just forgets the copy.
+Flows the engine must not decide alone are never copied: entries of a core with LS siblings,
+and every flow while any flow policy is in force (senders' capabilities are checked per frame).
+
+Choice of engine (reported by :func:`engine_choice` and in the router's status):
+``FLOWNET_NATIVE=0`` turns the fast path off, ``FLOWNET_NATIVE=twin`` uses the Python twin
+(tests), anything else uses the compiled engine when it imports.
+
+Imports: the standard library and :mod:`flowrouter.core.fastpath_py` (sans-I/O, like the core).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from flowrouter.core import fastpath_py
+from flowrouter.core.fastpath_py import (
+    COUNT_NAMES,
+    STOP_END,
+    STOP_MISS_FLOW,
+    STOP_MISS_LINK,
+    STOP_PARTIAL,
+    STOP_SLOW,
+)
+
+if TYPE_CHECKING:
+    from flowrouter.core.router import Router
+
+__all__ = ["FastPath", "engine_choice", "new_engine", "STOP_END", "STOP_PARTIAL", "STOP_SLOW"]
+
+ENV = "FLOWNET_NATIVE"
+_NO_BUDGET = 1 << 62
+
+
+def _native_engine() -> tuple[Any, str]:
+    try:
+        from flowrouter.core import _fastpath  # type: ignore[attr-defined]
+    except ImportError as exc:
+        return None, f"compiled engine not built ({exc})"
+    return _fastpath.Engine, "compiled engine (flowrouter.core._fastpath)"
+
+
+def engine_choice(env: str | None = None) -> tuple[Any, str]:
+    """(engine class or None, one line saying which and why) for this process."""
+    value = os.environ.get(ENV, "") if env is None else env
+    value = value.strip().lower()
+    if value in ("0", "no", "off", "false"):
+        return None, f"fast path off ({ENV}={value}); every frame goes through the Python core"
+    if value in ("twin", "py", "python"):
+        return fastpath_py.Engine, f"pure-Python twin engine ({ENV}={value})"
+    cls, why = _native_engine()
+    if cls is None:
+        return None, f"fast path unavailable: {why}; every frame goes through the Python core"
+    return cls, why
+
+
+def new_engine(kind: str = "auto") -> Any:
+    """An engine instance: ``native``, ``twin``, or ``auto`` (native, else twin)."""
+    if kind == "twin":
+        return fastpath_py.Engine()
+    cls, why = _native_engine()
+    if cls is None:
+        if kind == "native":
+            raise ImportError(why)
+        return fastpath_py.Engine()
+    return cls()
+
+
+class FastPath:
+    """Forwards whole buffers for one :class:`Router` through an engine kept in step with it."""
+
+    __slots__ = ("router", "engine", "description", "stats")
+
+    def __init__(self, router: Router, engine: Any, description: str = "") -> None:
+        self.router = router
+        self.engine = engine
+        self.description = description or type(engine).__module__
+        #: frames the engine took, calls, frames it left to the core, copies installed
+        self.stats = {"calls": 0, "installs": 0, "slow": 0}
+        router.fib = self
+
+    # ------------------------------------------------------------------ mirror upkeep
+    def flow_changed(self, key: bytes) -> None:
+        """The core changed (or removed) the entry of *key*: forget the copy."""
+        self.engine.forget_flow(key)
+
+    def link_changed(self, link_id: int) -> None:
+        """The core changed (or closed) link *link_id*: forget the copy."""
+        self.engine.forget_link(link_id)
+
+    def reset(self) -> None:
+        """Forget everything (policies appeared, or anything the hooks cannot name)."""
+        self.engine.clear()
+
+    def _install_link(self, link_id: int) -> bool:
+        from flowrouter.core.tables import LinkState
+        from flowrouter.wire.control import Role
+
+        link = self.router.links.get(link_id)
+        if link is None or link.state is not LinkState.UP:
+            return False
+        self.engine.set_link(link_id, link.role is Role.ROUTER, link.max_payload,
+                             tuple(link.modifiers))
+        return True
+
+    def _install_flow(self, key: bytes) -> bool:
+        r = self.router
+        entry = r.flows.get(key)
+        if entry is None or entry.sib:
+            return False
+        up = entry.upstream
+        for lk in (*entry.down, *(() if up is None else (up,))):
+            if not self.engine.has_link(lk) and not self._install_link(lk):
+                return False
+        self.engine.set_flow(key, -1 if up is None else up, list(entry.down.items()),
+                             entry.agg)
+        self.stats["installs"] += 1
+        return True
+
+    # ------------------------------------------------------------------ forwarding
+    def forward(self, link_id: int, data: Any, pos: int, max_payload: int
+                ) -> tuple[int, int, list[tuple[int, bytes, int]]]:
+        """Forward the frames of *data* from *pos* on that the engine may decide alone.
+
+        Returns ``(pos, stop, outputs)``: where it stopped and why (``STOP_END``: all done;
+        ``STOP_PARTIAL``: an incomplete frame starts at *pos*; ``STOP_SLOW``: the frame at
+        *pos* is the core's), and ``[(link, frames, count)]`` to write, in order. Counters,
+        per-link transmit counts, traffic epochs and trace sampling are brought up to date,
+        exactly as the core would have for the same frames.
+        """
+        r = self.router
+        if r._policies_active:
+            return pos, STOP_SLOW, []
+        eng = self.engine
+        tracing = r._tracing
+        tr = r.tracer
+        counters = r.counters
+        links = r.links
+        flows = r.flows
+        stats = self.stats
+        outputs: list[tuple[int, bytes, int]] = []
+        at, attempts = -1, 0
+        while True:
+            stats["calls"] += 1
+            fb, db = (tr.fwd_left, tr.drop_left) if tracing else (_NO_BUDGET, _NO_BUDGET)
+            pos, stop, outs, touched, counts = eng.forward(link_id, data, pos, fb, db,
+                                                           max_payload)
+            if outs:
+                outputs += outs
+                for lk, _buf, n in outs:
+                    links[lk].tx += n
+            if counts[8]:
+                links[link_id].rx += counts[8]
+            for i, name in enumerate(COUNT_NAMES):
+                if counts[i]:
+                    counters[name] += counts[i]
+            if tracing:
+                tr.fwd_left -= counts[6]
+                tr.drop_left -= counts[7]
+            if touched:
+                epoch = r.epoch
+                for key in touched:
+                    entry = flows.get(key)
+                    if entry is not None:
+                        entry.traffic[link_id] = epoch
+            if stop in (STOP_MISS_FLOW, STOP_MISS_LINK):
+                if pos != at:
+                    at, attempts = pos, 0
+                attempts += 1
+                if attempts <= 2:  # the input link, then the flow and its links
+                    if stop == STOP_MISS_LINK and not eng.has_link(link_id):
+                        ok = self._install_link(link_id)
+                    else:
+                        ok = self._install_flow(bytes(data[pos:pos + 16]))
+                    if ok:
+                        continue
+                stop = STOP_SLOW
+            if stop == STOP_SLOW:
+                stats["slow"] += 1
+            return pos, stop, outputs
+
+    def status(self) -> dict[str, Any]:
+        flows, links = self.engine.sizes()
+        return {"engine": self.description, "native": bool(self.engine.native),
+                "mirrored_flows": flows, "mirrored_links": links, **self.stats}

@@ -1,0 +1,214 @@
+"""The forwarding engine of the fast path in pure Python: the twin of ``_fastpath.c``.
+
+Both hold a mirror of what forwarding needs (flow key -> upstream link, downstream links with
+band masks; per link: router or not, largest payload, locality costs) and forward the
+ordinary data frames of a whole received buffer at once into per-link output buffers. They
+decide nothing the core would not: :mod:`flowrouter.core.fastpath` keeps the mirror in step
+with the core's tables and hands every frame they stop at to the core. The equivalence tests
+feed both engines and the core the same tables and frames and demand the same output.
+
+``forward(link, data, pos, fwd_budget, drop_budget, max_payload)`` returns
+``(pos, stop, outputs, touched, counts)``:
+
+* ``pos`` — where forwarding stopped; ``stop`` says why (the ``STOP_*`` codes below): the
+  buffer ended (``STOP_END``), a frame is incomplete (``STOP_PARTIAL``), the frame at ``pos``
+  is for the core (``STOP_SLOW``: control bands, link-local frames, invalid headers, a trace
+  sample due), or the mirror lacks its flow or one of its links (``STOP_MISS_FLOW``,
+  ``STOP_MISS_LINK``). No side effect of the frame at ``pos`` has happened;
+* ``outputs`` — ``[(link, bytes, frames)]``: each output link's frames, headers rewritten
+  (one header per distinct TTL and locality), in arrival order;
+* ``touched`` — keys of flows whose downstream link ``link`` sent traffic (the core notes
+  the epoch of traffic on them);
+* ``counts`` — ``COUNT_NAMES`` in order, then the forward and drop decisions taken (the
+  tracer's sampling countdowns; at most ``fwd_budget - 1`` and ``drop_budget - 1`` of them,
+  so the decision that is sampled is always the core's), then the frames taken.
+
+Imports: nothing from this project (it must stay a drop-in twin of the C module).
+"""
+
+from __future__ import annotations
+
+STOP_END = 0
+STOP_PARTIAL = 1
+STOP_SLOW = 2
+STOP_MISS_FLOW = 3
+STOP_MISS_LINK = 4
+
+#: counter names of ``counts[0:6]``, as the core names them
+COUNT_NAMES = ("forwarded", "drop.ttl", "drop.band-filtered", "drop.no-receivers",
+               "drop.locality", "drop.too-big-for-link")
+
+_HEADER = 24
+_ROUTER_BANDS_END = 16
+_NUM_BANDS = 128
+_NUM_LOCALITY_TYPES = 4
+
+
+class Engine:
+    """Pure-Python forwarding engine (see the module docstring)."""
+
+    native = False
+
+    def __init__(self) -> None:
+        #: link -> (is_router, max_payload, modifiers indexed by locality type)
+        self._links: dict[int, tuple[bool, int, tuple[int, ...]]] = {}
+        #: key -> (upstream or -1, [(link, mask)], aggregate mask)
+        self._flows: dict[bytes, tuple[int, list[tuple[int, int]], int]] = {}
+
+    # ------------------------------------------------------------------ the mirror
+    def set_link(self, link: int, router: bool, max_payload: int,
+                 modifiers: tuple[int, ...]) -> None:
+        if len(modifiers) != _NUM_LOCALITY_TYPES:
+            raise ValueError("modifiers: one per locality type")
+        self._links[link] = (bool(router), int(max_payload), tuple(int(m) for m in modifiers))
+
+    def forget_link(self, link: int) -> None:
+        self._links.pop(link, None)
+
+    def set_flow(self, key: bytes, upstream: int, down: list[tuple[int, int]],
+                 agg: int) -> None:
+        """Mirror a flow entry: *upstream* (-1: none, at a core), downstream links with
+        their band masks in the core's order, and the core's aggregate mask."""
+        if len(key) != 16:
+            raise ValueError("a flow key is 16 bytes")
+        if not 0 <= agg < 1 << _NUM_BANDS or any(not 0 <= m < 1 << _NUM_BANDS
+                                                 for _lk, m in down):
+            raise ValueError("band masks are 128-bit")
+        self._flows[bytes(key)] = (int(upstream), [(int(lk), int(m)) for lk, m in down],
+                                   int(agg))
+
+    def forget_flow(self, key: bytes) -> None:
+        self._flows.pop(bytes(key), None)
+
+    def clear(self) -> None:
+        self._flows.clear()
+        self._links.clear()
+
+    def has_flow(self, key: bytes) -> bool:
+        return bytes(key) in self._flows
+
+    def has_link(self, link: int) -> bool:
+        return link in self._links
+
+    def sizes(self) -> tuple[int, int]:
+        """(flows, links) mirrored."""
+        return len(self._flows), len(self._links)
+
+    # ------------------------------------------------------------------ forwarding
+    def forward(self, link: int, data: bytes | bytearray | memoryview, pos: int,
+                fwd_budget: int, drop_budget: int, max_payload: int
+                ) -> tuple[int, int, list[tuple[int, bytes, int]], list[bytes], tuple[int, ...]]:
+        data = memoryview(data)
+        n = len(data)
+        links, flows = self._links, self._flows
+        bufs: dict[int, list[bytes]] = {}
+        touched: dict[bytes, None] = {}
+        counts = [0] * 9
+        stop = STOP_END
+        if link not in links:
+            return pos, STOP_MISS_LINK, [], [], tuple(counts)
+        while True:
+            if n - pos < _HEADER:
+                stop = STOP_END if pos == n else STOP_PARTIAL
+                break
+            size = int.from_bytes(data[pos + 16:pos + 20], "big")
+            band, lt, lv, ttl = data[pos + 20], data[pos + 21], data[pos + 22], data[pos + 23]
+            if size > max_payload or band >= _NUM_BANDS or lt >= _NUM_LOCALITY_TYPES:
+                stop = STOP_SLOW
+                break
+            end = pos + _HEADER + size
+            if end > n:
+                stop = STOP_PARTIAL
+                break
+            key = bytes(data[pos:pos + 16])
+            if band < _ROUTER_BANDS_END or key[8:12] == b"\0\0\0\0":
+                stop = STOP_SLOW
+                break
+            if ttl == 0:
+                if counts[7] + 1 >= drop_budget:
+                    stop = STOP_SLOW
+                    break
+                counts[1] += 1
+                counts[7] += 1
+                counts[8] += 1
+                pos = end
+                continue
+            flow = flows.get(key)
+            if flow is None:
+                stop = STOP_MISS_FLOW
+                break
+            up, down, agg = flow
+            bit = 1 << band
+            is_down = any(lk == link for lk, _m in down)
+            drop_kind = 0
+            targets: list[int] = []
+            if link == up:
+                if not agg & bit:
+                    drop_kind = 2
+                else:
+                    targets = [lk for lk, m in down if m & bit]
+            else:
+                targets = [lk for lk, m in down if m & bit and lk != link]
+                if up >= 0:
+                    targets.append(up)
+            if not drop_kind and not targets:
+                drop_kind = 3
+            if drop_kind:
+                if counts[7] + 1 >= drop_budget:
+                    stop = STOP_SLOW
+                    break
+                counts[drop_kind] += 1
+                counts[7] += 1
+                counts[8] += 1
+                if is_down:
+                    touched[key] = None
+                pos = end
+                continue
+            if any(t not in links for t in targets):
+                stop = STOP_MISS_LINK
+                break
+            # decide every copy first, so a frame is taken whole or not at all
+            out_ttl = ttl - 1
+            plan: list[tuple[int, int]] = []  # (target, locality value) sent
+            drops = [0, 0, 0]  # ttl, locality, too big
+            for t in targets:
+                is_router, lk_max, mods = links[t]
+                left = 0
+                if lt:
+                    left = lv - mods[lt]
+                    if left < 0:
+                        drops[1] += 1
+                        continue
+                if out_ttl == 0 and is_router:
+                    drops[0] += 1
+                    continue
+                if size > lk_max:
+                    drops[2] += 1
+                    continue
+                plan.append((t, left))
+            ndrops = sum(drops)
+            if (counts[7] + ndrops >= drop_budget
+                    or (plan and counts[6] + 1 >= fwd_budget)):
+                stop = STOP_SLOW
+                break
+            counts[1] += drops[0]
+            counts[4] += drops[1]
+            counts[5] += drops[2]
+            counts[7] += ndrops
+            counts[8] += 1
+            if plan:
+                counts[6] += 1
+                counts[0] += len(plan)
+            if is_down:
+                touched[key] = None
+            payload = bytes(data[pos + _HEADER:end])
+            headers: dict[int, bytes] = {}
+            for t, left in plan:
+                hdr = headers.get(left)
+                if hdr is None:
+                    hdr = headers[left] = (key + size.to_bytes(4, "big")
+                                           + bytes((band, lt, left, out_ttl)))
+                bufs.setdefault(t, []).append(hdr + payload)
+            pos = end
+        outputs = [(t, b"".join(frames), len(frames)) for t, frames in bufs.items()]
+        return pos, stop, outputs, list(touched), tuple(counts)

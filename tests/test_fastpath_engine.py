@@ -1,0 +1,204 @@
+"""The compiled forwarding engine and its pure-Python twin make the same decisions.
+
+Random link tables, flow tables and frame streams (hypothesis) go to both engines; every
+call must return the same stop position and reason, output bytes per link, touched flows and
+counters. The router-level tests (test_fastpath_router.py) hold the engines to the core.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowrouter.core import fastpath_py
+from flowrouter.core.fastpath import engine_choice, new_engine
+from flowrouter.core.fastpath_py import STOP_END, STOP_MISS_FLOW, STOP_PARTIAL, STOP_SLOW
+from tests.fastpath_support import compiler_present, native_module, why_not
+
+NO_BUDGET = 1 << 62
+
+
+def native_engine():
+    mod = native_module()
+    if mod is None:
+        pytest.skip(why_not())
+    return mod.Engine()
+
+
+def test_native_engine_loads_when_a_compiler_is_present() -> None:
+    if not compiler_present():
+        pytest.skip("no C compiler: the pure-Python path is the only one here")
+    mod = native_module()
+    assert mod is not None, why_not()
+    assert mod.Engine().native is True
+    cls, why = engine_choice("")
+    assert cls is mod.Engine and "compiled" in why
+
+
+def test_env_var_forces_the_python_path() -> None:
+    assert engine_choice("0")[0] is None
+    assert "FLOWNET_NATIVE=0" in engine_choice("0")[1]
+    assert engine_choice("twin")[0] is fastpath_py.Engine
+    assert new_engine("twin").native is False
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(8, "big") + b"\0\0\0\x10" + i.to_bytes(4, "big")
+
+
+masks = st.integers(min_value=0, max_value=(1 << 128) - 1) | st.sampled_from(
+    [0, 1 << 40, (1 << 128) - 1, 1 << 127, 1 << 63 | 1 << 64])
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[list, list, list[bytes], list[int]]:
+    link_ids = draw(st.lists(st.integers(1, 40), min_size=1, max_size=6, unique=True))
+    links = [(lk, draw(st.booleans()), draw(st.sampled_from([64, 1000, 65536])),
+              (0, *draw(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)))))
+             for lk in link_ids]
+    flows = []
+    for i in range(draw(st.integers(0, 4))):
+        down = draw(st.lists(st.tuples(st.sampled_from(link_ids + [99]), masks), max_size=4,
+                             unique_by=lambda t: t[0]))
+        up = draw(st.sampled_from([-1, *link_ids, 77]))
+        agg = 0
+        for _lk, m in down:
+            agg |= m
+        if draw(st.booleans()):
+            agg = draw(masks)  # the core's aggregate is what counts, even when odd
+        flows.append((_key(i), up, down, agg))
+    frames = []
+    for _ in range(draw(st.integers(0, 12))):
+        kind = draw(st.integers(0, 9))
+        key = _key(draw(st.integers(0, 5)))
+        if kind == 0:
+            key = key[:8] + b"\0\0\0\0" + key[12:]
+        band = draw(st.sampled_from([0, 3, 16, 32, 40, 63, 64, 100, 127, 128]))
+        size = draw(st.sampled_from([0, 1, 16, 100, 1000, 70000]))
+        ttl = draw(st.sampled_from([0, 1, 2, 32]))
+        lt = draw(st.sampled_from([0, 0, 1, 2, 3, 4]))
+        lv = draw(st.integers(0, 4))
+        frames.append(key + struct.pack("!IBBBB", size, band, lt, lv, ttl) + b"p" * size)
+    cut = draw(st.integers(0, 30))
+    return links, flows, frames, [cut, draw(st.integers(1, 5)), draw(st.integers(1, 5))]
+
+
+def _load(engine, links, flows) -> None:
+    for lk, router, mx, mods in links:
+        engine.set_link(lk, router, mx, mods)
+    for key, up, down, agg in flows:
+        engine.set_flow(key, up, down, agg)
+
+
+def _run(engine, in_link: int, data: bytes, fb: int, db: int) -> list:
+    """Forward everything, skipping each frame the engine leaves to the core."""
+    pos, calls = 0, []
+    while True:
+        res = engine.forward(in_link, data, pos, fb, db, 65536)
+        calls.append(res)
+        pos, stop = res[0], res[1]
+        if stop in (STOP_END, STOP_PARTIAL):
+            return calls
+        if len(data) - pos < 24:
+            return calls
+        pos += 24 + int.from_bytes(data[pos + 16:pos + 20], "big")
+        if pos > len(data):
+            return calls
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.booleans())
+def test_compiled_engine_matches_the_python_twin(sc, budgets: bool) -> None:
+    links, flows, frames, (cut, fb, db) = sc
+    native = native_engine()
+    twin = fastpath_py.Engine()
+    _load(native, links, flows)
+    _load(twin, links, flows)
+    data = b"".join(frames)
+    if cut and data:
+        data = data[:-min(cut, len(data))]  # an incomplete last frame
+    for in_link in {lk for lk, *_ in links} | {5}:
+        args = (fb, db) if budgets else (NO_BUDGET, NO_BUDGET)
+        assert _run(native, in_link, data, *args) == _run(twin, in_link, data, *args)
+    assert native.sizes() == twin.sizes()
+
+
+def test_forwarding_rewrites_ttl_and_locality_per_link() -> None:
+    for eng in (fastpath_py.Engine(), native_engine()):
+        key = _key(1)
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        eng.set_link(2, True, 65536, (0, 0, 2, 0))  # a router, delay costs 2
+        eng.set_link(3, False, 65536, (0, 0, 0, 0))
+        eng.set_flow(key, 2, [(1, 1 << 40), (3, 1 << 41)], 1 << 40 | 1 << 41)
+        data = (key + struct.pack("!IBBBB", 3, 40, 2, 3, 9) + b"abc"
+                + key + struct.pack("!IBBBB", 2, 41, 0, 7, 1) + b"de")
+        pos, stop, outs, touched, counts = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET,
+                                                       65536)
+        assert (pos, stop) == (len(data), STOP_END)
+        # frame 1 goes upstream with TTL 8 and delay budget 3 - 2 = 1; frame 2 (TTL 1)
+        # may not go to a router with TTL 0, but link 3 (an application) wants band 41
+        assert outs == [(2, key + struct.pack("!IBBBB", 3, 40, 2, 1, 8) + b"abc", 1),
+                        (3, key + struct.pack("!IBBBB", 2, 41, 0, 0, 0) + b"de", 1)]
+        assert touched == [key]
+        assert counts[0] == 2 and counts[1] == 1  # forwarded, drop.ttl
+        # from upstream: band 41 goes to link 3 only, the locality value is cleared
+        pos, stop, outs, touched, counts = eng.forward(2, data[27:], 0, NO_BUDGET,
+                                                       NO_BUDGET, 65536)
+        assert outs == [(3, key + struct.pack("!IBBBB", 2, 41, 0, 0, 0) + b"de", 1)]
+        assert touched == []
+
+
+def test_stops_before_what_only_the_core_may_decide() -> None:
+    for eng in (fastpath_py.Engine(), native_engine()):
+        key = _key(1)
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        ok = key + struct.pack("!IBBBB", 1, 40, 0, 0, 9) + b"a"
+        control = key + struct.pack("!IBBBB", 1, 0, 0, 0, 9) + b"a"
+        assert eng.forward(1, ok, 0, NO_BUDGET, NO_BUDGET, 65536)[:2] == (0, STOP_MISS_FLOW)
+        eng.set_flow(key, -1, [(1, 1 << 40)], 1 << 40)
+        res = eng.forward(1, ok + control + ok, 0, NO_BUDGET, NO_BUDGET, 65536)
+        assert res[:2] == (len(ok), STOP_SLOW)
+        assert res[4][3] == 1  # no receivers: link 1 is the only member and the sender
+        # an oversized header is the core's to refuse; so is a sampled decision
+        assert eng.forward(1, ok, 0, NO_BUDGET, NO_BUDGET, 0)[:2] == (0, STOP_SLOW)
+        assert eng.forward(1, ok, 0, NO_BUDGET, 1, 65536)[:2] == (0, STOP_SLOW)
+        assert eng.forward(1, ok[:10], 0, NO_BUDGET, NO_BUDGET, 65536)[:2] == (0,
+                                                                              STOP_PARTIAL)
+
+
+def test_mirror_refuses_bad_entries_alike() -> None:
+    for eng in (fastpath_py.Engine(), native_engine()):
+        with pytest.raises(ValueError):
+            eng.set_flow(b"short", -1, [], 0)
+        with pytest.raises(ValueError):
+            eng.set_flow(_key(1), -1, [(1, 1 << 128)], 0)
+        with pytest.raises(ValueError):
+            eng.set_link(1, False, 100, (0, 0, 0))
+        eng.set_flow(_key(1), -1, [(1, 1)], 1)
+        eng.set_link(1, False, 100, (0, 0, 0, 0))
+        assert eng.sizes() == (1, 1)
+        eng.forget_flow(_key(1))
+        eng.forget_link(1)
+        assert eng.sizes() == (0, 0) and not eng.has_flow(_key(1)) and not eng.has_link(1)
+
+
+def test_many_flows_survive_growth_and_removal() -> None:
+    native = native_engine()
+    twin = fastpath_py.Engine()
+    for eng in (native, twin):
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        eng.set_link(2, False, 65536, (0, 0, 0, 0))
+        for i in range(5000):
+            eng.set_flow(_key(i), 2, [(1, 1 << 40)], 1 << 40)
+        for i in range(0, 5000, 2):
+            eng.forget_flow(_key(i))
+        for i in range(0, 5000, 4):
+            eng.set_flow(_key(i), 2, [(1, 1 << 40)], 1 << 40)
+    data = b"".join(_key(i) + struct.pack("!IBBBB", 1, 40, 0, 0, 5) + b"z"
+                    for i in range(0, 5000, 3))
+    assert _run(native, 2, data, NO_BUDGET, NO_BUDGET) == _run(twin, 2, data, NO_BUDGET,
+                                                                  NO_BUDGET)
+    assert native.sizes() == twin.sizes() == (3750, 2)
