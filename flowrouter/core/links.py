@@ -33,6 +33,7 @@ class Links(RouterState):
         mods = (modifiers or Modifiers()).as_tuple()
         self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
                                    modifiers_configured=modifiers is not None, opened_at=now)
+        self._link_changed(link_id)
         self._handshaking.add(link_id)
         creds = b""
         if self.p.keyring is not None:
@@ -59,6 +60,7 @@ class Links(RouterState):
         self._handshaking.discard(link_id)
         if link is None:
             return []
+        self._link_changed(link_id)
         was_up = link.state is LinkState.UP
         link.state = LinkState.DOWN
         self.generation += 1
@@ -79,6 +81,7 @@ class Links(RouterState):
             if entry.upstream == link_id:
                 entry.upstream = None
                 entry.joined = False
+                self._entry_changed(key)
                 out += self._rejoin(key, entry, now)
                 if entry.upstream is None and not entry.joined:
                     self.counters["flows.orphaned"] += 1
@@ -176,6 +179,7 @@ class Links(RouterState):
         link.peer_node_id = msg.node_id
         link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
         link.state = LinkState.UP
+        self._link_changed(link.link_id)
         self._handshaking.discard(link.link_id)
         self.generation += 1
         self.counters["links.up"] += 1

@@ -82,6 +82,7 @@ class LsExchange(RouterState):
             self.counters["flows.created"] += 1
             if self._tracing:
                 self.tracer.entry_add(now, key, None)
+        self._entry_changed(key)
         if msg.mask:
             if entry.sib is None:
                 entry.sib = {}

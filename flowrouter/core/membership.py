@@ -75,6 +75,7 @@ class Membership(RouterState):
         entry.traffic[lid] = self.epoch
         link.dependent.add(key)
         entry.recompute()
+        self._entry_changed(key)
         if entry.joined:
             out: list[Action] = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
             return out + self._push_mask(key, entry)
@@ -112,6 +113,7 @@ class Membership(RouterState):
             self.links[entry.upstream].dependent.discard(key)
         entry.upstream = None
         entry.joined = False
+        self._entry_changed(key)
         self.counters["flows.orphaned"] += 1
         self._orphans.add(key)
         return out
@@ -160,6 +162,7 @@ class Membership(RouterState):
         entry.down[link.link_id] = msg.mask
         entry.traffic[link.link_id] = self.epoch
         entry.recompute()
+        self._entry_changed(key)
         return self._push_mask(key, entry)
 
     def _rejoin(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
@@ -172,6 +175,7 @@ class Membership(RouterState):
         if up is None or up in entry.down:
             return []
         entry.upstream = up
+        self._entry_changed(key)
         self.links[up].dependent.add(key)
         return self._send_join_up(key, entry, now)
 
@@ -207,6 +211,7 @@ class Membership(RouterState):
         if link is not None:
             link.dependent.discard(key)
         entry.recompute()
+        self._entry_changed(key)
 
     def _after_change(self, key: bytes, entry: FlowEntry, now: float, cause: str
                       ) -> list[Action]:
@@ -222,6 +227,7 @@ class Membership(RouterState):
 
     def _remove_entry(self, key: bytes, entry: FlowEntry, cause: str, now: float) -> None:
         self.flows.pop(key, None)
+        self._entry_changed(key)
         self.counters["flows.removed"] += 1
         if self._tracing:
             self.tracer.entry_del(now, key, cause)

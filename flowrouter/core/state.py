@@ -79,6 +79,19 @@ class RouterState:
         self._pending: dict[bytes, FlowEntry] = {}
         #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
         self.generation = 0
+        #: the forwarding fast path's mirror of our tables (flowrouter.core.fastpath), told
+        #: of every change to an entry or link; None while no fast path is attached
+        self.fib: Any = None
+
+    def _entry_changed(self, key: bytes) -> None:
+        """Any change to the route entry of *key* (links, masks, upstream, removal): the
+        fast path forgets its copy (the parts call this wherever they change an entry)."""
+        if self.fib is not None:
+            self.fib.flow_changed(key)
+
+    def _link_changed(self, link_id: int) -> None:
+        if self.fib is not None:
+            self.fib.link_changed(link_id)
 
     def _control(self, link_id: int, key: bytes, msg: C.ControlMessage,
                  band: int = BAND_MEMBERSHIP) -> Send:
