@@ -1,0 +1,200 @@
+"""The fast path forwards exactly as the core does, with the core's tables changing under it.
+
+Two identical routers get the same random history (links coming up with random costs and
+sizes, joins, mask changes, leaves, links closing, ticks, data in reads of several frames);
+one hands every frame to ``Router.receive`` (the reference), the other forwards each read
+through :class:`flowrouter.core.fastpath.FastPath` and gives the core only the frames the
+engine stops at, as the runtime does. The bytes sent on every link, the counters (drop
+reasons included), per-link frame counts, traffic epochs and sampled trace records must be
+identical, for the compiled engine and for the Python twin.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowrouter.core import fastpath_py
+from flowrouter.core.fastpath import STOP_END, STOP_SLOW, FastPath
+from flowrouter.core.router import Router, RouterParams, Send
+from flowrouter.core.tables import Modifiers
+from flowrouter.core.traces import MemoryTrace
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+from flowrouter.wire.header import HEADER_SIZE, pack_header
+from tests.fastpath_support import native_module, why_not
+
+CORE, FAR = 0x10, 0x20
+LINK_KEY = LINK_LOCAL_FLOW.key
+MAX_IN = 65536
+
+
+def _key(i: int, lsid: int) -> bytes:
+    return (0xC0FFEE).to_bytes(8, "big") + lsid.to_bytes(4, "big") + i.to_bytes(4, "big")
+
+
+FLOWS = [_key(i, lsid) for lsid in (CORE, FAR) for i in (1, 2, 3)]
+
+
+class Harness:
+    """A router, the bytes it sent per link, and (optionally) a fast path in front of it."""
+
+    def __init__(self, engine: Any, tracing: bool) -> None:
+        tracer = MemoryTrace("r", sample_rate=0.25, seed=7) if tracing else None
+        params = RouterParams("r", 1, core_lsids=frozenset({CORE}))
+        self.r = Router(params, 0.0, tracer) if tracer else Router(params, 0.0)
+        self.fast = FastPath(self.r, engine) if engine is not None else None
+        self.sent: dict[int, bytearray] = defaultdict(bytearray)
+        self.now = 0.0
+
+    def _do(self, actions: list) -> None:
+        for a in actions:
+            if type(a) is Send:
+                self.sent[a.link] += bytes(a.header) + bytes(a.payload)
+
+    def frame(self, link: int, frame: bytes) -> None:
+        if link in self.r.links:
+            self._do(self.r.receive(link, frame[:HEADER_SIZE], frame[HEADER_SIZE:], self.now))
+
+    def read(self, link: int, data: bytes) -> None:
+        """One received buffer of whole frames, as the runtime hands it over."""
+        if self.fast is None:
+            pos = 0
+            while pos < len(data):
+                end = pos + HEADER_SIZE + int.from_bytes(data[pos + 16:pos + 20], "big")
+                self.frame(link, data[pos:end])
+                pos = end
+            return
+        pos = 0
+        while pos < len(data) and link in self.r.links:
+            pos, stop, outs = self.fast.forward(link, data, pos, MAX_IN)
+            for lk, buf, _n in outs:
+                self.sent[lk] += buf
+            if stop == STOP_END:
+                return
+            assert stop == STOP_SLOW  # whole frames only here
+            end = pos + HEADER_SIZE + int.from_bytes(data[pos + 16:pos + 20], "big")
+            self.frame(link, data[pos:end])
+            pos = end
+
+    def open(self, link: int, role: C.Role, mods: tuple[int, int, int], max_payload: int
+             ) -> None:
+        self._do(self.r.open_link(link, self.now, modifiers=Modifiers(*mods)))
+        hello = C.Hello(100 + link, role, f"p{link}", max_payload, modifiers=mods).encode()
+        self.frame(link, pack_header(LINK_KEY, len(hello), 0) + hello)
+        if role is C.Role.ROUTER:  # announce the far location service behind this link
+            body = C.LsRoutes(((FAR, 1),)).encode()
+            self.frame(link, pack_header(LINK_KEY, len(body), 0) + body)
+
+    def state(self) -> tuple:
+        r = self.r
+        return (dict(self.sent), +r.counters, {k: (v.rx, v.tx) for k, v in r.links.items()},
+                {k: (e.upstream, dict(e.down), dict(e.traffic)) for k, e in r.flows.items()},
+                list(getattr(r.tracer, "records", [])))
+
+
+masks = st.sampled_from([0, 1, 1 << 40, 1 | 1 << 40, 1 << 100 | 1 << 40, (1 << 128) - 1,
+                         1 << 127 | 1 << 64 | 1 << 63])
+ops = st.one_of(
+    st.tuples(st.just("open"), st.integers(1, 4), st.sampled_from(list(C.Role)),
+              st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
+              st.sampled_from([50, 1000, 65536])),
+    st.tuples(st.just("join"), st.integers(1, 4), st.sampled_from(FLOWS), masks),
+    st.tuples(st.just("mask"), st.integers(1, 4), st.sampled_from(FLOWS), masks),
+    st.tuples(st.just("leave"), st.integers(1, 4), st.sampled_from(FLOWS)),
+    st.tuples(st.just("close"), st.integers(1, 4)),
+    st.tuples(st.just("tick"), st.floats(0.1, 20.0)),
+    st.tuples(st.just("data"), st.integers(1, 4), st.lists(st.tuples(
+        st.sampled_from(FLOWS + [_key(9, CORE), _key(9, FAR)]),
+        st.sampled_from([0, 16, 32, 40, 63, 64, 100, 127]),
+        st.sampled_from([0, 3, 100, 1500]), st.sampled_from([0, 1, 2, 32]),
+        st.sampled_from([0, 0, 1, 2, 3]), st.integers(0, 3)), min_size=1, max_size=8)),
+)
+
+
+#: every history starts from a router with members, so most random steps change something
+#: the mirror holds
+SETUP = [("open", 1, C.Role.ENDPOINT, (0, 0, 0), 65536), ("open", 2, C.Role.ROUTER,
+                                                            (1, 1, 1), 65536),
+         ("open", 3, C.Role.ENDPOINT, (0, 2, 0), 1000),
+         *[("join", lk, key, 1 | 1 << 40 | 1 << 100) for lk in (1, 3) for key in FLOWS],
+         ("data", 1, [(key, 40, 3, 9, 0, 0) for key in FLOWS]),
+         ("data", 2, [(key, 40, 3, 9, 0, 0) for key in FLOWS])]
+
+
+def _apply(h: Harness, op: tuple) -> None:
+    kind = op[0]
+    if kind == "open":
+        _, link, role, mods, mx = op
+        if link not in h.r.links:
+            h.open(link, role, mods, mx)
+    elif kind in ("join", "mask", "leave"):
+        link, key = op[1], op[2]
+        msg = (C.Join(7, op[3]) if kind == "join" else C.Mask(op[3]) if kind == "mask"
+               else C.Leave())
+        body = msg.encode()
+        h.frame(link, pack_header(key, len(body), 0) + body)
+    elif kind == "close":
+        h._do(h.r.close_link(op[1], h.now))
+    elif kind == "tick":
+        h.now += op[1]
+        h._do(h.r.tick(h.now))
+    else:
+        _, link, frames = op
+        data = b"".join(key + struct.pack("!IBBBB", size, band, lt, lv, ttl) + b"d" * size
+                        for key, band, size, ttl, lt, lv in frames)
+        h.read(link, data)
+
+
+def _engines() -> list[str]:
+    return ["twin", "native"]
+
+
+@pytest.mark.parametrize("kind", _engines())
+@settings(max_examples=120, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(history=st.lists(ops, min_size=1, max_size=30), tracing=st.booleans())
+def test_fast_path_forwards_exactly_like_the_core(kind: str, history: list, tracing: bool
+                                                  ) -> None:
+    if kind == "native":
+        mod = native_module()
+        if mod is None:
+            pytest.skip(why_not())
+        engine = mod.Engine()
+    else:
+        engine = fastpath_py.Engine()
+    ref = Harness(None, tracing)
+    fast = Harness(engine, tracing)
+    for op in [*SETUP, *history]:
+        _apply(ref, op)
+        _apply(fast, op)
+        assert fast.state() == ref.state(), op
+
+
+def test_a_steady_flow_is_forwarded_without_the_core() -> None:
+    """Once the mirror holds the flow, a read of data frames never reaches the core."""
+    h = Harness(fastpath_py.Engine(), tracing=False)
+    h.open(1, C.Role.ENDPOINT, (0, 0, 0), 65536)
+    h.open(2, C.Role.ENDPOINT, (0, 0, 0), 65536)
+    key = FLOWS[0]
+    for link in (1, 2):
+        body = C.Join(1, 1 | 1 << 40).encode()
+        h.frame(link, pack_header(key, len(body), 0) + body)
+    h.sent.clear()
+    one = key + struct.pack("!IBBBB", 5, 40, 0, 0, 9) + b"hello"
+    h.read(1, one * 3)  # installs the flow on the first miss
+    slow = h.fast.stats["slow"]  # type: ignore[union-attr]
+    h.read(1, one * 100)
+    assert h.fast.stats["slow"] == slow  # type: ignore[union-attr]
+    assert bytes(h.sent[2]) == (key + struct.pack("!IBBBB", 5, 40, 0, 0, 8) + b"hello") * 103
+    assert h.r.counters["forwarded"] == 103 and h.r.links[2].tx == 103
+    # a leave changes the core's entry: the copy is forgotten, nothing more goes to link 2
+    body = C.Leave().encode()
+    h.frame(2, pack_header(key, len(body), 0) + body)
+    h.read(1, one)
+    assert len(h.sent[2]) == len(one) * 103 and h.r.counters["drop.no-receivers"] == 1
