@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
 from flowrouter.net.output import LinkOutput
-from flowrouter.wire.header import HEADER_SIZE, FrameDecoder, MalformedFrame, take_frame
+from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
+from flowrouter.wire.header import (
+    HEADER_SIZE,
+    FrameDecoder,
+    MalformedFrame,
+    take_frame,
+    validate_header,
+)
 from flowrouter.wire.linkauth import LinkSecurityError, SecureStream
 
 if TYPE_CHECKING:
@@ -119,6 +126,9 @@ class TcpLink(asyncio.Protocol):
 
     def _frames(self, data: bytes) -> None:
         node = self.node
+        if node.fast is not None:
+            self._fast_frames(data)
+            return
         try:
             frames = self.decoder.feed(data)
         except MalformedFrame as exc:
@@ -140,6 +150,61 @@ class TcpLink(asyncio.Protocol):
             node._flush()
         if core.generation != node._seen_generation:
             node._link_state_changed()
+
+    def _fast_frames(self, data: bytes) -> None:
+        """One read through the fast path: the engine forwards what it can decide alone in
+        one pass into per-link buffers, the core gets each frame it stops at, and every
+        output link is written once at the end."""
+        node = self.node
+        core, link_id = node.core, self.link_id
+        max_payload = node.config.max_payload
+        view = memoryview(data)
+        n = len(view)
+        node._rx_link = link_id
+        node._batching = True
+        try:
+            pos = 0
+            if self.decoder.pending:  # first the frame split across reads
+                whole, pos = self.decoder.complete(view)
+                if whole is not None:
+                    self._fast_pass(whole, 0, max_payload, len(whole))
+            while pos < n and link_id in core.links:
+                pos = self._fast_pass(view, pos, max_payload, n)
+                if pos < 0:
+                    break
+        except MalformedFrame as exc:
+            node.execute(core.drop_link(link_id, exc, node.now()))
+        finally:
+            node._batching = False
+            node._rx_link = 0
+            node._flush()
+        if core.generation != node._seen_generation:
+            node._link_state_changed()
+
+    def _fast_pass(self, view: Any, pos: int, max_payload: int, n: int) -> int:
+        """Forward from *pos*; hand the frame the engine stopped at to the core. Returns
+        where to go on, or -1 when the read is done."""
+        node = self.node
+        links = node._links
+        pos, stop, outs = node.fast.forward(self.link_id, view, pos, max_payload)  # type: ignore[union-attr]
+        for lk, frames, count in outs:
+            link = links.get(lk)
+            if link is not None and link.out is not None:
+                link.out.send_frames(frames, count)
+        if stop == STOP_END:
+            return -1
+        if stop == STOP_PARTIAL:
+            self.decoder.feed(view[pos:])  # keeps the incomplete frame (checks its header)
+            return -1
+        end = pos + HEADER_SIZE + validate_header(view, pos, max_payload)
+        if end > n:
+            self.decoder.feed(view[pos:])
+            return -1
+        actions = node.core.receive(self.link_id, view[pos:pos + HEADER_SIZE],
+                                    view[pos + HEADER_SIZE:end], node.now())
+        if actions:
+            node.execute(actions)
+        return end
 
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
@@ -180,6 +245,8 @@ class TcpLink(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             if self.secure is not None:
                 transport.write(self.secure.encode(b"".join(buffers)))
+            elif len(buffers) == 1:
+                transport.write(buffers[0])
             else:
                 transport.writelines(buffers)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import asyncio_dgram
 
+from flowrouter.core.fastpath import FastPath, engine_choice
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
@@ -40,6 +41,11 @@ class RouterNode:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.core = Router(config.params())
+        #: the forwarding fast path (flowrouter.core.fastpath), or None: every frame goes
+        #: through the core; ``fast_path_info`` says which and why (log and status)
+        self.fast: FastPath | None = None
+        self.fast_path_info = ""
+        self._attach_fast_path()
         self._links: dict[int, TcpLink | UdpLink] = {}
         self._next_link = 1
         self._server: asyncio.base_events.Server | None = None
@@ -71,6 +77,11 @@ class RouterNode:
         #: peers administratively down: their links are closed and not re-dialled
         self._blocked: set[str] = set()
 
+    def _attach_fast_path(self) -> None:
+        engine, self.fast_path_info = engine_choice()
+        self.fast = (FastPath(self.core, engine(), self.fast_path_info)
+                     if engine is not None else None)
+
     # lifecycle --------------------------------------------------------------------------------
     def now(self) -> float:
         assert self._loop is not None
@@ -89,6 +100,8 @@ class RouterNode:
                      tracer.path, cfg.trace_sample)
         self.core = Router(cfg.params(), loop.time(), tracer=tracer)
         self.core.wall_offset = time.time() - loop.time()  # capability expiry is Unix time
+        self._attach_fast_path()
+        log.info("router %s forwards with: %s", cfg.name, self.fast_path_info)
         if cfg.listen:
             host, port = parse_address(cfg.listen, "listen")
             self._server = await loop.create_server(lambda: TcpLink(self, None), host, port,
@@ -423,6 +436,8 @@ class RouterNode:
             link = self._links.get(row["id"])
             if link is not None and link.out is not None:
                 row["output"] = link.out.stats()
+        st["fast_path"] = (self.fast.status() if self.fast is not None
+                           else {"engine": None, "why": self.fast_path_info})
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self._udp else None
         return st

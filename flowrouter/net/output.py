@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.linkqueue import OutputQueue
 from flowrouter.net.config import Emulation
+from flowrouter.wire.header import HEADER_SIZE
 
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
@@ -114,6 +115,31 @@ class LinkOutput:
                 f"is full ({node.config.max_link_buffer} bytes); dropping the longest flow's "
                 "frames", now, key))
         self._drain()
+
+    def send_frames(self, frames: bytes, count: int) -> None:
+        """Whole frames the forwarding fast path gathered for this link from one read."""
+        if (self.emu is None and self.queue is None and not self.paused
+                and self.write_many is not None):
+            node = self.node
+            if node._batching and len(frames) < BATCH_MAX:
+                batch = self.batch
+                if batch is None:
+                    batch = self.batch = []
+                    node._dirty.append(self)
+                batch.append(frames)
+            else:  # large: written at once, so no join copies it again
+                if self.batch:
+                    self.flush()
+                self.write_many([frames])
+            return
+        # a queue, shaping, emulated loss, a paused transport or a datagram link: the
+        # frames take the ordinary way one by one (credits, fairness, drops all apply)
+        view = memoryview(frames)
+        pos, n = 0, len(view)
+        while pos < n:
+            end = pos + HEADER_SIZE + int.from_bytes(view[pos + 16:pos + 20], "big")
+            self.send(bytes(view[pos:pos + HEADER_SIZE]), view[pos + HEADER_SIZE:end])
+            pos = end
 
     def flush(self) -> None:
         batch, self.batch = self.batch, None

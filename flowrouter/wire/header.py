@@ -188,25 +188,12 @@ class FrameDecoder:
         view = memoryview(data)
         n = len(data)
         pos = 0
-        buf = self._buf
-        if buf:  # finish the split frame first
-            if len(buf) < HEADER_SIZE:
-                take = min(HEADER_SIZE - len(buf), n)
-                buf += view[:take]
-                pos = take
-                if len(buf) < HEADER_SIZE:
-                    return frames
-                self._need = HEADER_SIZE + validate_header(buf, 0, self.max_payload)
-            need = self._need - len(buf)
-            if n - pos < need:
-                buf += view[pos:]
+        if self._buf:  # finish the split frame first
+            whole, pos = self.complete(data)
+            if whole is None:
                 return frames
-            buf += view[pos:pos + need]
-            pos += need
-            fv = memoryview(buf)
-            frames.append((fv[:HEADER_SIZE], fv[HEADER_SIZE:]))
-            self._buf = buf = bytearray()  # the old buffer now belongs to the frame
-            self._need = HEADER_SIZE
+            frames.append((whole[:HEADER_SIZE], whole[HEADER_SIZE:]))
+        buf = self._buf
         max_payload = self.max_payload
         while n - pos >= HEADER_SIZE:
             end = pos + HEADER_SIZE + validate_header(data, pos, max_payload)
@@ -219,6 +206,36 @@ class FrameDecoder:
             if len(buf) >= HEADER_SIZE:  # refuse an oversized frame before buffering it
                 self._need = HEADER_SIZE + validate_header(buf, 0, max_payload)
         return frames
+
+    def complete(self, data: bytes | memoryview) -> tuple[memoryview | None, int]:
+        """Finish the frame split across reads with the start of *data*.
+
+        Returns the whole frame as one buffer (or None while it is still incomplete) and how
+        many bytes of *data* it took. With nothing pending it takes nothing. Lets the runtime
+        hand the rest of a read to the forwarding fast path in place.
+        """
+        buf = self._buf
+        if not buf:
+            return None, 0
+        view = memoryview(data)
+        n = len(view)
+        pos = 0
+        if len(buf) < HEADER_SIZE:
+            take = min(HEADER_SIZE - len(buf), n)
+            buf += view[:take]
+            pos = take
+            if len(buf) < HEADER_SIZE:
+                return None, pos
+            self._need = HEADER_SIZE + validate_header(buf, 0, self.max_payload)
+        need = self._need - len(buf)
+        if n - pos < need:
+            buf += view[pos:]
+            return None, n
+        buf += view[pos:pos + need]
+        pos += need
+        self._buf = bytearray()  # the old buffer now belongs to the frame
+        self._need = HEADER_SIZE
+        return memoryview(buf), pos
 
     @property
     def pending(self) -> int:
