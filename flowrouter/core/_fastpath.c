@@ -33,12 +33,20 @@ typedef struct {
     int router;
     uint32_t max_payload;
     uint8_t mods[NUM_LOC];
-    /* output gathered during one forward() call */
-    char *buf;
-    Py_ssize_t len, cap;
+    /* output planned during one forward() call: bytes, frames, its bytes object */
+    Py_ssize_t len;
     long frames;
     int dirty;
+    char *wp;
 } Link;
+
+/* One frame copy to one output link, planned in the decision pass and carried out when
+ * every link's output size is known, straight into its bytes object (one copy per byte). */
+typedef struct {
+    Py_ssize_t slot, src;
+    uint32_t size;
+    uint8_t lt, left, ttl;
+} Copy;
 
 typedef struct {
     uint8_t key[16];
@@ -62,6 +70,8 @@ typedef struct {
     uint64_t serial;
     Py_ssize_t *dirty;
     Py_ssize_t ndirty, dirty_cap;
+    Copy *copies;
+    Py_ssize_t ncopies, copies_cap;
 } Engine;
 
 /* ------------------------------------------------------------------ hashing */
@@ -174,7 +184,6 @@ static PyObject *Engine_forget_link(Engine *e, PyObject *arg) {
     Py_ssize_t s = link_find(e, id);
     if (s >= 0) {
         Link *l = &e->links[s];
-        PyMem_Free(l->buf);
         memset(l, 0, sizeof(Link));
         if (lmap_rebuild(e, e->lmap_cap) < 0) return NULL;
     }
@@ -345,7 +354,6 @@ static void engine_clear(Engine *e) {
     PyMem_Free(e->flows);
     e->flows = NULL;
     e->flows_cap = e->flows_used = e->flows_filled = 0;
-    for (Py_ssize_t s = 0; s < e->nlinks; s++) PyMem_Free(e->links[s].buf);
     PyMem_Free(e->links);
     e->links = NULL;
     e->nlinks = e->links_cap = 0;
@@ -366,21 +374,24 @@ static PyObject *Engine_sizes(Engine *e, PyObject *Py_UNUSED(ignored)) {
 }
 
 /* ------------------------------------------------------------------ forwarding */
-static int out_append(Engine *e, Py_ssize_t slot, const uint8_t *hdr, const uint8_t *payload,
-                      Py_ssize_t size) {
-    Link *l = &e->links[slot];
-    Py_ssize_t need = l->len + HEADER + size;
-    if (need > l->cap) {
-        Py_ssize_t cap = l->cap ? l->cap : 65536;
-        while (cap < need) cap *= 2;
-        char *nb = PyMem_Realloc(l->buf, (size_t)cap);
-        if (!nb) { PyErr_NoMemory(); return -1; }
-        l->buf = nb;
-        l->cap = cap;
+static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, int lt,
+                     int left, int ttl) {
+    if (e->ncopies == e->copies_cap) {
+        Py_ssize_t cap = e->copies_cap ? e->copies_cap * 2 : 1024;
+        Copy *nc = PyMem_Realloc(e->copies, (size_t)cap * sizeof(Copy));
+        if (!nc) { PyErr_NoMemory(); return -1; }
+        e->copies = nc;
+        e->copies_cap = cap;
     }
-    memcpy(l->buf + l->len, hdr, HEADER);
-    memcpy(l->buf + l->len + HEADER, payload, (size_t)size);
-    l->len = need;
+    Copy *c = &e->copies[e->ncopies++];
+    c->slot = slot;
+    c->src = src;
+    c->size = size;
+    c->lt = (uint8_t)lt;
+    c->left = (uint8_t)left;
+    c->ttl = (uint8_t)ttl;
+    Link *l = &e->links[slot];
+    l->len += HEADER + (Py_ssize_t)size;
     l->frames++;
     if (!l->dirty) {
         if (e->ndirty == e->dirty_cap) {
@@ -543,13 +554,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             Py_DECREF(k);
             f->mark = serial;
         }
-        uint8_t hdr[HEADER];
-        memcpy(hdr, h, 21);
         for (Py_ssize_t i = 0; i < nsend; i++) {
-            hdr[21] = (uint8_t)lt;
-            hdr[22] = lefts[i];
-            hdr[23] = (uint8_t)out_ttl;
-            if (out_append(e, slots[i], hdr, h + HEADER, (Py_ssize_t)size) < 0) {
+            if (plan_copy(e, slots[i], pos, size, lt, lefts[i], out_ttl) < 0) {
                 failed = 1;
                 break;
             }
@@ -559,23 +565,42 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     }
 done:
     if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(lefts); }
-    /* gather the outputs (and reset the buffers even on failure) */
+    /* make each link's bytes object at its final size, then copy every planned frame
+     * into it in arrival order (and forget the plan even on failure) */
     if (!failed) outputs = PyList_New(e->ndirty);
+    for (Py_ssize_t i = 0; i < e->ndirty && outputs; i++) {
+        Link *l = &e->links[e->dirty[i]];
+        PyObject *b = PyBytes_FromStringAndSize(NULL, l->len);
+        PyObject *t = b ? Py_BuildValue("(lNl)", l->id, b, l->frames) : NULL;
+        if (!t) { Py_CLEAR(outputs); failed = 1; break; }
+        l->wp = PyBytes_AS_STRING(b);
+        PyList_SET_ITEM(outputs, i, t);
+    }
+    if (outputs) {
+        for (Py_ssize_t i = 0; i < e->ncopies; i++) {
+            Copy *c = &e->copies[i];
+            Link *l = &e->links[c->slot];
+            char *w = l->wp;
+            memcpy(w, d + c->src, 21);
+            w[21] = (char)c->lt;
+            w[22] = (char)c->left;
+            w[23] = (char)c->ttl;
+            memcpy(w + HEADER, d + c->src + HEADER, c->size);
+            l->wp = w + HEADER + c->size;
+        }
+    }
     for (Py_ssize_t i = 0; i < e->ndirty; i++) {
         Link *l = &e->links[e->dirty[i]];
-        if (outputs) {
-            PyObject *t = Py_BuildValue("(ly#l)", l->id, l->buf, l->len, l->frames);
-            if (!t) { Py_CLEAR(outputs); failed = 1; }
-            else PyList_SET_ITEM(outputs, i, t);
-        }
         l->len = 0;
         l->frames = 0;
         l->dirty = 0;
-        if (l->cap > (1 << 22)) { /* do not keep a huge buffer after a burst */
-            PyMem_Free(l->buf);
-            l->buf = NULL;
-            l->cap = 0;
-        }
+        l->wp = NULL;
+    }
+    e->ncopies = 0;
+    if (e->copies_cap > 65536) { /* do not keep a huge plan after a burst */
+        PyMem_Free(e->copies);
+        e->copies = NULL;
+        e->copies_cap = 0;
     }
     e->ndirty = 0;
     PyBuffer_Release(&view);
@@ -600,6 +625,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
 static void Engine_dealloc(Engine *e) {
     engine_clear(e);
     PyMem_Free(e->dirty);
+    PyMem_Free(e->copies);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 

@@ -1,0 +1,96 @@
+"""The fast path inside real routers over loopback: which engine runs, and what it delivers.
+
+The normal run (``.ci/run`` builds the extension) must use the compiled engine whenever a
+compiler exists; ``FLOWNET_NATIVE=0`` must leave every frame to the core; either way the
+routers deliver the same messages, whole, in order, including frames split across reads
+and control frames interleaved with data in one read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import FlowID
+from flowrouter.wire.header import pack_header
+from tests.fastpath_support import compiler_present, native_module
+
+from .rawep import RawEndpoint, chain
+
+FLOW = FlowID(0xB2, 0x10, 7)
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_routers_use_the_compiled_engine_when_a_compiler_is_present(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLOWNET_NATIVE", raising=False)
+    if not compiler_present():
+        pytest.skip("no C compiler: routers forward in Python here")
+    assert native_module() is not None
+
+    async def main() -> None:
+        async with chain(1) as nodes:
+            st = nodes[0].status()["fast_path"]
+            assert st["native"] is True and "compiled" in st["engine"]
+    run(main())
+
+
+def test_python_path_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLOWNET_NATIVE", "0")
+
+    async def main() -> None:
+        async with chain(1) as nodes:
+            assert nodes[0].fast is None
+            assert "FLOWNET_NATIVE=0" in nodes[0].status()["fast_path"]["why"]
+    run(main())
+
+
+@pytest.mark.parametrize("engine", ["native", "twin", "0"])
+def test_mixed_stream_split_across_reads_arrives_whole_and_in_order(
+        engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if engine == "native":
+        if native_module() is None:
+            pytest.skip("the compiled engine is not available")
+        monkeypatch.delenv("FLOWNET_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("FLOWNET_NATIVE", engine)
+
+    async def main() -> None:
+        async with chain(3) as nodes:
+            a = await RawEndpoint.connect(nodes[0], "A")
+            b = await RawEndpoint.connect(nodes[-1], "B")
+            assert (await a.join(FLOW, 1)).status is C.JoinStatus.OK
+            assert (await b.join(FLOW, 1 | 1 << 40 | 1 << 90)).status is C.JoinStatus.OK
+            frames, want = [], []
+            for i in range(400):
+                band = (40, 90, 41)[i % 3]  # band 41: nobody wants it
+                body = (b"%05d" % i) * (1 + i % 7) + bytes(i * 7 % 3000)
+                frames.append(pack_header(FLOW.key, len(body), band) + body)
+                if band != 41:
+                    want.append(body)
+                if i % 50 == 0:  # control frames among the data: A's mask, unchanged
+                    mask = C.Mask(1).encode()
+                    frames.append(pack_header(FLOW.key, len(mask), 0) + mask)
+            blob = b"".join(frames)
+            cuts = [0, *range(7, len(blob), 9973), len(blob)]
+            for lo, hi in zip(cuts, cuts[1:]):
+                a.send_raw(blob[lo:hi])  # frames split across writes (and reads) everywhere
+                await a.writer.drain()
+            got = [p for _, p in await b.data(len(want), timeout=20)]
+            assert got == want
+            for node in nodes:
+                assert node.core.counters["malformed"] == 0
+            first = nodes[0].core.counters
+            assert first["forwarded"] >= len(want)
+            if engine != "0":
+                st = nodes[0].status()["fast_path"]
+                assert st["native"] is (engine == "native")
+                assert st["mirrored_flows"] >= 1 and st["calls"] > 0
+            for ep in (a, b):
+                await ep.close()
+    run(main())
