@@ -210,7 +210,7 @@ def worker_subscriber(p: dict[str, Any]) -> None:
     first = None
     w_start = w_end = None
     win_bytes = 0
-    sock.settimeout(p["idle"])
+    sock.settimeout(30.0)  # the publisher may take a while to start on a busy machine
     try:
         while True:
             n = sock.recv_into(buf)
@@ -221,6 +221,7 @@ def worker_subscriber(p: dict[str, Any]) -> None:
             if first is None:
                 first = now
                 w_start, w_end = first + warmup, first + warmup + duration
+                sock.settimeout(p["idle"])  # then: the publisher stopped when idle this long
             if w_start <= now < w_end:  # type: ignore[operator]
                 win_bytes += n
     except (TimeoutError, OSError):

@@ -19,10 +19,10 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
+from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
 from flowrouter.net.output import LinkOutput
-from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
 from flowrouter.wire.header import (
     HEADER_SIZE,
     FrameDecoder,
