@@ -15,7 +15,7 @@ from __future__ import annotations
 from flowrouter.core.actions import Action, Close
 from flowrouter.core.state import RouterState
 from flowrouter.core.tables import FlowEntry, Link
-from flowrouter.core.traces import snapshot_fields
+from flowrouter.core.tracers import snapshot_fields
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_GC
 

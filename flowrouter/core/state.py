@@ -21,7 +21,7 @@ from flowrouter.core.actions import Action, Send
 from flowrouter.core.lsroutes import LsRouting
 from flowrouter.core.params import RouterParams
 from flowrouter.core.tables import FlowEntry, Link
-from flowrouter.core.traces import NULL_TRACER, Tracer
+from flowrouter.core.tracers import NULL_TRACER, Tracer
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.capabilities import PolicyStore
