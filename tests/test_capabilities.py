@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flowrouter.core.policystore import PolicyStore
 from flowrouter.wire.bands import BandMask
 from flowrouter.wire.capabilities import (
     MAX_REVOKED,
@@ -21,7 +22,6 @@ from flowrouter.wire.capabilities import (
     CapabilityError,
     CreatorKey,
     Policy,
-    PolicyStore,
     VerifyCache,
     creator_id_of,
     verify,

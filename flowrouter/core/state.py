@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from flowrouter.core.actions import Action, Send
 from flowrouter.core.lsroutes import LsRouting
 from flowrouter.core.params import RouterParams
+from flowrouter.core.policystore import PolicyStore
 from flowrouter.core.tables import FlowEntry, Link
 from flowrouter.core.tracers import NULL_TRACER, Tracer
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
-from flowrouter.wire.capabilities import PolicyStore
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import pack_header
 from flowrouter.wire.linkauth import ReplayCache

@@ -66,7 +66,9 @@ Policy (kind 2, version 1), 135 bytes + 8 per revoked serial::
 Deployment (the router integrates this): the creator hands its Policy to the flow's core (the
 location service) when it creates/advertises the flow; the core / first on-tree router checks
 the capability carried by a join, the first-hop router checks the capability of a sender;
-flows with no policy stay open. :class:`PolicyStore` is the router-side state.
+flows with no policy stay open. The router-side state is
+:class:`flowrouter.core.policystore.PolicyStore`; creators' keys are
+:mod:`flowrouter.wire.creators`.
 
 Costs: a cold ``verify()`` is one Ed25519 verification (tens of microseconds); repeated checks
 of the same token hit :class:`VerifyCache` (a dictionary lookup). See the tests for numbers.
@@ -74,20 +76,18 @@ of the same token hit :class:`VerifyCache` (a dictionary lookup). See the tests 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from flowrouter.wire.bands import ALL_BANDS, NUM_BANDS, BandMask, mask_of
+from flowrouter.wire.creators import PUBKEY_SIZE, CreatorKey, creator_id_of
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import Locality
 
@@ -98,7 +98,6 @@ __all__ = [
     "CapabilityError",
     "CreatorKey",
     "Policy",
-    "PolicyStore",
     "VerifyCache",
     "creator_id_of",
     "verify",
@@ -116,10 +115,8 @@ POLICY_SEND = 0x04
 
 UNLIMITED = 255  #: max locality value meaning "no limit for this type"
 MAX_REVOKED = 1024  #: revoked serials one policy may carry (8 KB)
-PUBKEY_SIZE = 32
 SIG_SIZE = 64
 WILDCARD_SUBJECT = "*"
-_CREATOR_DOMAIN = b"flownet-creator"
 
 _PREFIX = struct.Struct("!2sBBB16s")  # magic, version, kind, flags, flow key (21 bytes)
 _CAP_TAIL = struct.Struct("!16s16s3BQQQ")  # join, send, 3 locality maxima, nbf, exp, serial
@@ -139,112 +136,6 @@ class CapabilityError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
-
-
-# ---------------------------------------------------------------------------------- creators
-def creator_id_of(pubkey: bytes | Ed25519PublicKey) -> int:
-    """The 64-bit creator ID that belongs to an Ed25519 public key (raw 32 bytes or object)."""
-    if isinstance(pubkey, Ed25519PublicKey):
-        pubkey = pubkey.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    pubkey = bytes(pubkey)
-    if len(pubkey) != PUBKEY_SIZE:
-        raise ValueError(f"an Ed25519 public key is {PUBKEY_SIZE} bytes, got {len(pubkey)}")
-    return int.from_bytes(hashlib.sha256(_CREATOR_DOMAIN + pubkey).digest()[:8], "big")
-
-
-class CreatorKey:
-    """A creator's Ed25519 key pair; its public half names the creator's flow space.
-
-    Files: ``save(path)`` writes PEM (PKCS#8, unencrypted) or, with ``fmt="raw"``, the 32 raw
-    private bytes; the file is created with mode 0600 and replaced atomically. ``load(path)``
-    accepts either form and refuses a file that group or others can read (pass
-    ``check_permissions=False`` to skip that check, e.g. for keys in a secrets store).
-    """
-
-    __slots__ = ("_key", "creator_id", "public_bytes")
-
-    def __init__(self, private_key: Ed25519PrivateKey) -> None:
-        self._key = private_key
-        self.public_bytes: bytes = private_key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        self.creator_id: int = creator_id_of(self.public_bytes)
-
-    @classmethod
-    def generate(cls) -> CreatorKey:
-        return cls(Ed25519PrivateKey.generate())
-
-    @classmethod
-    def from_private_bytes(cls, raw: bytes) -> CreatorKey:
-        if len(raw) != 32:
-            raise ValueError(f"a raw Ed25519 private key is 32 bytes, got {len(raw)}")
-        return cls(Ed25519PrivateKey.from_private_bytes(raw))
-
-    def private_bytes(self) -> bytes:
-        return self._key.private_bytes(serialization.Encoding.Raw,
-                                       serialization.PrivateFormat.Raw,
-                                       serialization.NoEncryption())
-
-    def pem(self) -> bytes:
-        return self._key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption())
-
-    def sign(self, data: bytes) -> bytes:
-        return self._key.sign(data)
-
-    def flow(self, lsid: int, local: int) -> FlowID:
-        """A FlowID in this creator's name space."""
-        return FlowID(self.creator_id, lsid, local)
-
-    # files -----------------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike[str], fmt: str = "pem") -> Path:
-        if fmt not in ("pem", "raw"):
-            raise ValueError("key file format must be 'pem' or 'raw'")
-        data = self.pem() if fmt == "pem" else self.private_bytes()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # whatever the umask or a stale temp file said
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        return path
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str], check_permissions: bool = True) -> CreatorKey:
-        path = Path(path)
-        if check_permissions:
-            mode = path.stat().st_mode
-            if mode & 0o077:
-                raise PermissionError(
-                    f"creator key {path} is readable by group or others (mode "
-                    f"{mode & 0o777:o}); run: chmod 600 {path}")
-        data = path.read_bytes()
-        if data.lstrip().startswith(b"-----BEGIN"):
-            key = serialization.load_pem_private_key(data, password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise ValueError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
-            return cls(key)
-        if len(data) == 32:
-            return cls.from_private_bytes(data)
-        raise ValueError(f"{path}: expected a PEM Ed25519 private key or 32 raw bytes, "
-                         f"got {len(data)} bytes")
-
-    @classmethod
-    def load_or_create(cls, path: str | os.PathLike[str]) -> CreatorKey:
-        try:
-            return cls.load(path)
-        except FileNotFoundError:
-            key = cls.generate()
-            key.save(path)
-            return key
-
-    def __repr__(self) -> str:
-        return f"CreatorKey(creator_id={self.creator_id:016x})"
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -667,104 +558,3 @@ class VerifyCache:
 
     def __len__(self) -> int:
         return len(self._ok)
-
-
-# ---------------------------------------------------------------------------------- router side
-class PolicyStore:
-    """Router-side access control: installed policies plus a verification cache.
-
-    * :meth:`install` a signed policy (from the creator, on create/advertise): verified,
-      and kept only if newer than what is installed for the same target;
-    * :meth:`authorize_join` / :meth:`authorize_send`: ``None`` when the flow is open (no
-      policy, or the policy does not cover that operation), else the verified Capability;
-      raises :class:`CapabilityError` (``missing`` when a token is needed and none came,
-      ``band-denied``, ``locality-denied``, or any :func:`verify` reason).
-
-    A per-flow policy takes precedence over the creator-wide one; revocations of both apply.
-    """
-
-    def __init__(self, cache_size: int = 4096, max_policies: int = 100_000) -> None:
-        self.cache = VerifyCache(cache_size)
-        self.max_policies = max_policies
-        self._flow: dict[bytes, Policy] = {}  #: flow key -> policy
-        self._creator: dict[bytes, Policy] = {}  #: creator (8 bytes) -> creator-wide policy
-
-    def install(self, raw_or_policy: bytes | Policy) -> Policy:
-        """Verify and install; returns the policy now in force for that target.
-
-        Raises ``CapabilityError("stale-policy")`` for an older version, or for the same
-        version with different contents (a creator must bump the version to change it).
-        """
-        pol = verify_policy(raw_or_policy)
-        table, k = ((self._creator, pol.flow_key[:8]) if pol.creator_wide
-                    else (self._flow, pol.flow_key))
-        old = table.get(k)
-        if old is not None:
-            if pol.version < old.version or (pol.version == old.version
-                                             and pol.raw != old.raw):
-                raise CapabilityError("stale-policy", f"installed version {old.version}, "
-                                                      f"offered {pol.version}")
-            if pol.version == old.version:
-                return old
-        elif len(self._flow) + len(self._creator) >= self.max_policies:
-            raise CapabilityError("malformed", "policy table is full")
-        table[k] = pol
-        return pol
-
-    def remove_flow(self, flow_key: bytes) -> None:
-        self._flow.pop(flow_key, None)
-
-    def policy_for(self, flow_key: bytes) -> Policy | None:
-        return self._flow.get(flow_key) or self._creator.get(flow_key[:8])
-
-    def revoked_for(self, flow_key: bytes) -> frozenset[int]:
-        a = self._flow.get(flow_key)
-        b = self._creator.get(flow_key[:8])
-        if a is None:
-            return b.revoked if b else frozenset()
-        return a.revoked | b.revoked if b else a.revoked
-
-    def requires(self, flow_key: bytes, op: str) -> bool:
-        pol = self.policy_for(flow_key)
-        if pol is None:
-            return False
-        return pol.require_join if op == "join" else pol.require_send
-
-    def _check(self, flow_key: bytes, op: str, token: bytes | None, subject: str | None,
-               now: float) -> Capability | None:
-        if not self.requires(flow_key, op):
-            return None
-        if not token:
-            raise CapabilityError("missing", f"flow {FlowID.from_key(flow_key)} requires a "
-                                             f"capability to {op}")
-        return verify(token, flow_key=flow_key, subject=subject, now=now,
-                      revoked=self.revoked_for(flow_key), cache=self.cache)
-
-    def authorize(self, flow_key: bytes, op: str, token: bytes | None, subject: str | None,
-                  now: float) -> Capability | None:
-        """Check a token for *op* ("join" or "send") without a band: at advertise time."""
-        return self._check(flow_key, op, token, subject, now)
-
-    def authorize_join(self, flow_key: bytes, token: bytes | None, subject: str | None,
-                       mask: int, now: float) -> Capability | None:
-        cap = self._check(flow_key, "join", token, subject, now)
-        if cap is not None and not cap.may_join(mask):
-            raise CapabilityError("band-denied", f"join mask {BandMask(mask)} exceeds the "
-                                                 f"granted {BandMask(cap.join)}")
-        return cap
-
-    def authorize_send(self, flow_key: bytes, token: bytes | None, subject: str | None,
-                       band: int, loc_type: int, loc_value: int, now: float
-                       ) -> Capability | None:
-        cap = self._check(flow_key, "send", token, subject, now)
-        if cap is not None:
-            if not cap.may_send(band):
-                raise CapabilityError("band-denied", f"band {band} not in the granted "
-                                                     f"{BandMask(cap.send)}")
-            if not cap.locality_ok(loc_type, loc_value):
-                raise CapabilityError("locality-denied", f"locality {loc_type}:{loc_value} "
-                                                         f"exceeds {cap.max_locality}")
-        return cap
-
-    def __len__(self) -> int:
-        return len(self._flow) + len(self._creator)
