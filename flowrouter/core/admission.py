@@ -6,7 +6,7 @@ alerts (counted, logged, kept for the status query, told to the flow) when a lim
 The token formats themselves are :mod:`flowrouter.wire.capabilities`.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, traces); never another part (calls into other parts go through ``self``,
+lsroutes, tracers); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 

@@ -5,7 +5,7 @@ at a core the sibling LS members' masks choose the output links; then each outpu
 gets its own header, with the TTL and the locality budget charged for that link.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, traces); never another part (calls into other parts go through ``self``,
+lsroutes, tracers); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 

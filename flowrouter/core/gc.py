@@ -6,7 +6,7 @@ epochs leaves the entry. The GC visits a share of the table on every tick, so pi
 spread over the epoch; expired capabilities are withdrawn on the same visit.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, traces); never another part (calls into other parts go through ``self``,
+lsroutes, tracers); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 

@@ -5,7 +5,7 @@ key ring, AUTH: :mod:`flowrouter.wire.linkauth`). A link that closes, times out 
 sends a malformed frame is forgotten here, and every flow that used it is repaired.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, traces); never another part (calls into other parts go through ``self``,
+lsroutes, tracers); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 

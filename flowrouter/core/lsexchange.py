@@ -5,7 +5,7 @@ the subtree masks that members of one location service (sibling cores) send each
 and the re-grafting of orphaned subtrees as soon as a route changes.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, traces); never another part (calls into other parts go through ``self``,
+lsroutes, tracers); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 

@@ -6,7 +6,7 @@ only the aggregate, so unwanted bands are filtered as early as possible. Entries
 from their core become orphans that keep local delivery and re-graft.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, traces); never another part (calls into other parts go through ``self``,
+lsroutes, tracers); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 

@@ -7,8 +7,8 @@ per-message indirection. This module holds the state, the one helper every part 
 a control frame, and, for the type checker only, the calls parts make into each other (each
 one is implemented by the part named beside it).
 
-May import :mod:`flowrouter.wire` and the core's data modules (tables, lsroutes, traces,
-params, actions); never another part.
+May import :mod:`flowrouter.wire` and the core's data modules (tables, lsroutes, tracers,
+policystore, params, actions); never another part.
 """
 
 from __future__ import annotations
