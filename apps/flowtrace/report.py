@@ -502,6 +502,17 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
                             rows)))
     if "fit" in images:
         b.append(("img", (images["fit"], "fit")))
+    pts = data.get("run_points", [])
+    if pts:
+        b.append(("p", "Runs (one observation each) and the sanity check: the core routers "
+                       "should hold about one entry per live flow of their LSIDs."))
+        b.append(("table", (["run", "t (s)", "live flows", "members", "routers",
+                             "core entries", "core / live flows", "largest table"],
+                            [[r["run"], fmt(r["bucket"]), fmt(r["flows"]), fmt(r["members"]),
+                              fmt(r["routers"]), fmt(r["core_entries"]),
+                              fmt(r["core_entries"] / r["flows"]
+                                  if r["core_entries"] is not None and r["flows"] else None),
+                              fmt(r["max_entries"])] for r in pts[:30]])))
 
     b.append(("h2", "Tables"))
     b.append(("p", "Parquet tables under `tables/`: errors, routers, router_buckets, "
@@ -554,12 +565,15 @@ def console_summary(summary: dict[str, Any]) -> str:
         lines.append("  saved: " + "; ".join(
             f"{k} {fmt(v['est_link_tx'])} copies / {fmt_bytes(v['est_link_bytes'])}"
             for k, v in sorted(saved.items(), key=lambda kv: -kv[1]["est_link_bytes"])[:4]))
+    refused: dict[str, list[str]] = defaultdict(list)
     for target, f in (summary.get("fit") or {}).items():
         if "refused" in f:
-            lines.append(f"  fit {target}: refused: {f['refused']}")
+            refused[f["refused"]].append(target)
         else:
             lines.append(f"  fit {target}: {f['formula']} ({f['runs']} runs, held-out error "
                          f"{_pct(f['loo_error'])})")
+    for reason, targets in refused.items():
+        lines.append(f"  no scaling fit ({', '.join(targets)}): {reason}")
     for n in summary.get("notes", []):
         lines.append(f"  note: {n}")
     return "\n".join(lines)

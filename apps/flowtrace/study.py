@@ -8,7 +8,8 @@ LSID), joins every flow's members during ``join_window`` seconds, lets the netwo
 then measures every router's table (:func:`flowrouter.core.traces.snapshot_fields`, the same
 numbers a snapshot record carries), per role: core, edge (has endpoint links), transit.
 
-One run is one observation. :mod:`apps.flowtrace.fit` fits each target (core entries per
+One run is one observation; ``members`` is members per flow. :mod:`apps.flowtrace.fit` fits
+each target (core entries per
 core router, mean edge and transit entries, the largest table) against flows, members and
 routers, linear and power-law, with standard errors, confidence intervals and held-out error,
 and predicts the points asked for with ``--predict`` only inside the model's validity range.
@@ -40,8 +41,8 @@ TERMS = ("flows", "members", "routers")
 
 @dataclass
 class StudyConfig:
-    routers: tuple[int, ...] = (20, 40, 80)
-    flows: tuple[int, ...] = (50, 100, 200)
+    routers: tuple[int, ...] = (25, 50, 100, 200)
+    flows: tuple[int, ...] = (100, 200, 400, 800)
     members: tuple[int, ...] = (1, 2, 4)
     seeds: int = 2
     join_window: float = 10.0
