@@ -131,3 +131,25 @@ def test_properties_hold_even_on_the_hub_only_topology() -> None:
         assert not r["violations"]["fifo"] and not r["violations"]["order"]
         assert not r["violations"]["agreement"] and not r["violations"]["causal"], \
             r["violation_examples"]
+
+
+@pytest.mark.parametrize("number", [2, 5])
+def test_sites_of_a_partition_show_late_messages_in_one_order(number: int) -> None:
+    """Issue 20: reconciled (late) messages reach the sites of one side of the partition at
+    different times; each site still shows the late messages they share in the same order,
+    (lamport, origin)."""
+    res, r = run(number)
+    assert r["late_order"], "no pair of sites on one side"
+    common = sum(v["common"] for v in r["late_order"].values())
+    assert common > 100  # the runs do reconcile many messages
+    assert r["late_disagree"] == 0, r["late_order"]
+    for log in res.deliveries.values():
+        index = {s: i for i, s in enumerate(sorted(X.SITES))}
+        keys = [(d.lamport, index[d.origin]) for d in log if d.late]
+        # late messages come in key order, starting afresh at most once per outage
+        bursts: list[list[tuple[int, int]]] = [[]]
+        for k in keys:
+            if bursts[-1] and k < bursts[-1][-1]:
+                bursts.append([])
+            bursts[-1].append(k)
+        assert len(bursts) <= 2 * len(res.outages), len(bursts)

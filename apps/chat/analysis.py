@@ -106,6 +106,14 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
                 v_global += checks.agreement_violations(logs[sa], logs[sb], in_order_only=False,
                                                         names=(sa, sb))
     v_causal = causal_check(res)
+    # late (reconciled) messages: the same order at every site of a partition
+    late_pairs = {}
+    for i, sa in enumerate(names):
+        for sb in names[i + 1:]:
+            if sb in res.groups.get(sa, ()):
+                late_pairs[f"{sa}/{sb}"] = checks.late_disagreement(logs[sa], logs[sb])
+    out["late_order"] = {k: {"common": c, "disagree": d} for k, (c, d) in late_pairs.items()}
+    out["late_disagree"] = sum(d for _, d in late_pairs.values())
     out["violations"] = {"fifo": len(v_fifo), "order": len(v_order),
                          "agreement": len(v_agree), "global": len(v_global),
                          "causal": len(v_causal)}

@@ -15,6 +15,8 @@ tests can ``assert not violations`` and the experiment summary can count them.
   delivered (optionally only those both delivered in order) are identical;
 * :func:`causal_violations` — if a site delivered *m1* before it sent *m2*, no site delivers
   *m2* before *m1* (causal order, always);
+* :func:`late_disagreement` — of the messages two sites both delivered *late*, how many stand
+  at a different place in the two sites' late sequences (zero: the same late order);
 * :func:`gaps` — sequence numbers of an origin a site never delivered.
 """
 
@@ -79,6 +81,18 @@ def agreement_violations(a: Sequence[Any], b: Sequence[Any], *, in_order_only: b
         return []
     i = next(i for i, (x, y) in enumerate(zip(ca, cb)) if x != y)
     return [f"{names[0]} and {names[1]} disagree at common message {i}: {ca[i]} vs {cb[i]}"]
+
+
+def late_disagreement(a: Sequence[Any], b: Sequence[Any]) -> tuple[int, int]:
+    """``(common, disagreeing)``: the messages both *a* and *b* delivered flagged late, and
+    how many of them sit at a different position in the two late sequences restricted to
+    those common messages."""
+    la = [_key(d) for d in a if d.late]
+    lb = [_key(d) for d in b if d.late]
+    common = set(la) & set(lb)
+    ca = [k for k in la if k in common]
+    cb = [k for k in lb if k in common]
+    return len(common), sum(1 for x, y in zip(ca, cb) if x != y)
 
 
 def causal_violations(logs: Mapping[str, Sequence[Any]],

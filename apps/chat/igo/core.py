@@ -67,6 +67,9 @@ class SiteCore:
         self.state = PeerState.S1  #: overall: S1 / S2 / S3
         self._members: tuple[str, ...] = ()
         self._heap: list[tuple[int, int, int]] = []  #: (lamport, origin, seq) ready to order
+        #: (lamport, origin, seq) of late messages, released in key order (see lamport.py)
+        self._late_heap: list[tuple[int, int, int]] = []
+        self._late_waiting: Counter[int] = Counter()  #: origin -> messages in _late_heap
         self._ready: dict[tuple[int, int], Msg] = {}
         self._last_key: tuple[int, int] = (-1, -1)  #: last delivered (lamport, origin)
         self._dep_wait: dict[tuple[int, int], float] = {}
@@ -206,6 +209,12 @@ class SiteCore:
         def _long_term(self, now: float) -> None: ...
 
         def _accept(self, msg: Msg, now: float, refill: bool = False) -> None: ...
+
+        def _late_ok(self, t: int, o: int) -> bool: ...
+
+        def _after_late(self, msg: Msg) -> bool: ...
+
+        def _deliver_late(self, now: float) -> None: ...
 
         def _lamport_ok(self, t: int, o: int) -> bool: ...
 

@@ -1,6 +1,18 @@
 """All-to-all ordering (delay and hasten modes): Lamport order over the ordering set,
-causal dependencies, and delivery. Sans-I/O: imports only the standard library,
-flowrouter.wire and the other IGO modules."""
+causal dependencies, late delivery, and delivery. Sans-I/O: imports only the standard
+library, flowrouter.wire and the other IGO modules.
+
+**Late messages in one order per partition.** In hasten mode a message whose key
+``(lamport, origin)`` is below the last one delivered in order is *late* (it was reconciled
+after a disconnect). Late messages are not delivered as they trickle in (repairs reach the
+sites of a partition at different times, so each would show its own interleaving): they wait
+in a second heap, in key order, and the head is released once no message with a smaller
+key can still come from any site that is connected or disconnected for the short term
+(S1/S2): each such site's stream bound is past the key, exactly the all-to-all rule applied
+to the sites whose messages may still arrive late. So every site of a partition delivers the
+late messages it shares in the same order, ``(lamport, origin)``, and causal order still
+holds (dependencies are checked as for any message). A site that goes to S3 leaves the rule
+(its stream resumes without reconciliation)."""
 
 from __future__ import annotations
 
@@ -95,18 +107,60 @@ class LamportOrdering(SiteCore):
             if msg is None:  # dropped (peer restarted)
                 heapq.heappop(heap)
                 continue
-            late = (t, o) < self._last_key
-            if not late and not self._lamport_ok(t, o):
+            if (t, o) < self._last_key or self._late_waiting[o] or self._after_late(msg):
+                # late, or after a late message it must follow (FIFO, causal order):
+                # released in key order by _deliver_late
+                heapq.heappop(heap)
+                heapq.heappush(self._late_heap, (t, o, s))
+                self._late_waiting[o] += 1
+                continue
+            if not self._lamport_ok(t, o):
                 break
-            if stability and not late and not self._stable(msg, now):
+            if stability and not self._stable(msg, now):
                 break
             if not self._deps_ok(msg, now):
                 break
             heapq.heappop(heap)
             del self._ready[(o, s)]
-            if not late:
-                self._last_key = (t, o)
-            self._deliver(msg, now, late=late, gseq=None, local=False)
+            self._last_key = (t, o)
+            self._deliver(msg, now, late=False, gseq=None, local=False)
+        self._deliver_late(now)
+
+    def _after_late(self, msg: Msg) -> bool:
+        """*msg* depends on a message we hold that waits among the late ones."""
+        for o, s in enumerate(msg.deps):
+            if o == msg.origin or o == self.me or not self._late_waiting[o]:
+                continue
+            st = self.streams[o]
+            if st.settled < s <= st.contiguous:
+                return True
+        return False
+
+    def _late_ok(self, t: int, o: int) -> bool:
+        """No late message below key (t, o) can still arrive from a site in S1 or S2."""
+        for p in self.peers.values():
+            i = p.idx
+            if i == o or p.state not in (PeerState.S1, PeerState.S2):
+                continue
+            b = self.streams[i].bound
+            if not (b > t or (b == t and i > o)):
+                return False
+        return True
+
+    def _deliver_late(self, now: float) -> None:
+        heap = self._late_heap
+        while heap:
+            t, o, s = heap[0]
+            msg = self._ready.get((o, s))
+            if msg is None:  # dropped (peer restarted)
+                heapq.heappop(heap)
+                continue
+            if not self._late_ok(t, o) or not self._deps_ok(msg, now):
+                break
+            heapq.heappop(heap)
+            self._late_waiting[o] -= 1
+            del self._ready[(o, s)]
+            self._deliver(msg, now, late=True, gseq=None, local=False)
 
     def _deliver(self, msg: Msg, now: float, *, late: bool, gseq: int | None,
                  local: bool) -> None:

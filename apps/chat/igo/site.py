@@ -135,7 +135,7 @@ class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
                                "known_high": self.streams[p.idx].known_high,
                                "delivered": self.streams[p.idx].settled}
                       for p in self.peers.values()},
-            "waiting": len(self._heap) + len(self._orders),
+            "waiting": len(self._heap) + len(self._late_heap) + len(self._orders),
             "deliveries": self.deliveries,
             "counters": dict(sorted(self.counters.items())),
         }

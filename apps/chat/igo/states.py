@@ -276,6 +276,9 @@ class PeerStates(SiteCore):
         st.pending.clear()
         self._heap = [e for e in self._heap if e[1] != p.idx]
         heapq.heapify(self._heap)
+        self._late_heap = [e for e in self._late_heap if e[1] != p.idx]
+        heapq.heapify(self._late_heap)
+        self._late_waiting.pop(p.idx, None)
         for k in [k for k in self._ready if k[0] == p.idx]:
             del self._ready[k]
         p.inc = inc
