@@ -142,27 +142,45 @@ def test_plain_client_and_bot(tmp_path) -> None:
             r_fd, w_fd = os.pipe()
             stdin = os.fdopen(r_fd, "r")
             out = io.StringIO()
-            plain = asyncio.ensure_future(run_plain(server_addr(srv["metropol"]), "alice",
-                                                    stdin=stdin, stdout=out))
-            await eventually(lambda: "welcome to room 'test'" in out.getvalue(),
-                             what="plain client welcome")
-            os.write(w_fd, b"hello from the plain client\n")
-            await eventually(lambda: any(e["text"] == "hello from the plain client"
-                                         for e in seen), what="kingdom to see alice")
-            await eventually(lambda: "[metropol:alice] hello from the plain client"
-                             in out.getvalue(), what="alice's own line")
-            # the bot at commonwe: 5 messages, all come back, and reach the plain client
-            bot_out = io.StringIO()
-            summary = await run_bot(server_addr(srv["commonwe"]), "bot1", rate=20, count=5,
-                                    seed=1, stdout=bot_out, quiet=True)
-            assert summary["sent"] == 5 and summary["own_received"] == 5
-            assert summary["mean_latency"] is not None and summary["mean_latency"] < 5
-            await eventually(lambda: out.getvalue().count("[commonwe:bot1] bot1 #") == 5,
-                             what="plain client to show the bot's messages")
-            assert "* members (S1):" in out.getvalue()
-            os.write(w_fd, b"/quit\n")
-            assert await asyncio.wait_for(plain, 10) == 0
-            os.close(w_fd)
+            try:
+                plain = asyncio.ensure_future(run_plain(server_addr(srv["metropol"]), "alice",
+                                                        stdin=stdin, stdout=out))
+                await eventually(lambda: "welcome to room 'test'" in out.getvalue(),
+                                 what="plain client welcome")
+                # commands are handled by the client, never said to the room
+                os.write(w_fd, b"/help\n")
+                await eventually(lambda: "/help         this text" in out.getvalue(),
+                                 what="the help text")
+                os.write(w_fd, b"/nonsense\n")
+                await eventually(lambda: "unknown command '/nonsense'" in out.getvalue(),
+                                 what="an unknown command reported")
+                await eventually(lambda: "metropol[alice]" in out.getvalue(),
+                                 what="alice's login ordered")
+                os.write(w_fd, b"/who\n")
+                await eventually(lambda: "*   metropol [self]: alice" in out.getvalue(),
+                                 what="/who listing metropol's user")
+                assert "* who: site state S1" in out.getvalue()
+                for s in ("commonwe", "kingdom", "republic"):
+                    assert f"*   {s} [S1]: " in out.getvalue(), s
+                os.write(w_fd, b"hello from the plain client\n")
+                await eventually(lambda: any(e["text"] == "hello from the plain client"
+                                             for e in seen), what="kingdom to see alice")
+                await eventually(lambda: "[metropol:alice] hello from the plain client"
+                                 in out.getvalue(), what="alice's own line")
+                # the bot at commonwe: 5 messages, all come back, and reach the plain client
+                bot_out = io.StringIO()
+                summary = await run_bot(server_addr(srv["commonwe"]), "bot1", rate=20, count=5,
+                                        seed=1, stdout=bot_out, quiet=True)
+                assert summary["sent"] == 5 and summary["own_received"] == 5
+                assert summary["mean_latency"] is not None and summary["mean_latency"] < 5
+                await eventually(lambda: out.getvalue().count("[commonwe:bot1] bot1 #") == 5,
+                                 what="plain client to show the bot's messages")
+                assert "* members (S1):" in out.getvalue()
+                assert not any(e["text"].startswith("/") for e in seen)  # no command was sent
+                os.write(w_fd, b"/quit\n")
+                assert await asyncio.wait_for(plain, 10) == 0
+            finally:  # a failure must not leave the client's reader thread blocked
+                os.close(w_fd)
             stdin.close()
             wtask.cancel()
             await watcher.close()
@@ -269,3 +287,27 @@ def test_cli_experiment_real_runs_router_processes(tmp_path, capsys) -> None:
     assert set(row["delivered"]) == set(SITES)
     for site, n in row["delivered"].items():
         assert n >= 4 * 2, site  # every site heard from every site
+
+
+def test_client_header_follows_the_site_state_to_s3(tmp_path) -> None:
+    """Hasten mode: a silent site leaves the ordering set at S2, so S2 -> S3 changes no
+    membership; clients must still be told the new state (the curses header shows it)."""
+    async def main() -> None:
+        async with router_testbed(tmp_path) as nodes, \
+                servers(nodes, tmp_path, mode="hasten") as srv:
+            c = await ChatClient.connect(server_addr(srv["metropol"]), "alice")
+            states: list[tuple[str, str]] = []
+
+            async def read() -> None:
+                async for ev in c:
+                    if ev["ev"] == "members":
+                        states.append((ev["state"], ev["all"]["republic"]))
+
+            task = asyncio.ensure_future(read())
+            await srv["republic"].stop()
+            await eventually(lambda: ("S3", "S3") in states, what="the S3 state announced")
+            assert ("S2", "S2") in states  # first the short-term disconnect
+            task.cancel()
+            await c.close()
+
+    run(main)

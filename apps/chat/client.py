@@ -7,8 +7,9 @@ and ``await c.next_event()`` (or ``async for ev in c``).
 Two front ends:
 
 * **plain** (``--plain``, or whenever stdin/stdout is not a terminal): line based, testable.
-  Every line typed is sent (``/who`` asks for the membership, ``/quit`` leaves). Output
-  lines::
+  Every line typed is sent, except commands, handled locally (``/who`` lists the sites,
+  their states and users, ``/help`` the commands, ``/quit`` leaves; ``//x`` says ``/x``).
+  Output lines::
 
       [12:00:03.120] [commonwe:bob] hello                       an in-order message
       [12:00:09.870] [kingdom:carol] hi  (LATE +7.9s)           reconciled, out of order
@@ -109,6 +110,14 @@ def format_event(ev: dict[str, Any]) -> str | None:
     if kind == "members":
         parts = [f"{s['site']}[{','.join(s['users'])}]" for s in ev.get("sites", [])]
         return f"* members ({ev.get('state')}): " + " ".join(parts)
+    if kind == "who":
+        head = f"* who: site state {ev.get('state')}"
+        rows = []
+        for x in ev.get("sites", []):
+            where = "" if x["site"] in ev.get("ordering", ()) else " (not in the ordering set)"
+            users = ", ".join(x["users"]) or "no users"
+            rows.append(f"*   {x['site']} [{x['state']}]{where}: {users}")
+        return "\n".join([head] + rows)
     if kind == "notice":
         return f"! {ev.get('text')}"
     if kind == "error":
@@ -117,6 +126,33 @@ def format_event(ev: dict[str, Any]) -> str | None:
         return (f"* welcome to room {ev.get('room')!r} at site {ev.get('site')} "
                 f"({ev.get('mode')}, flow {ev.get('flow')})")
     return None
+
+
+HELP = """\
+* commands (handled here, never sent to the room):
+*   /who          the sites of the room, their states and users
+*   /help         this text
+*   /quit, /exit  leave
+* anything else is said to the room"""
+
+
+async def command(c: ChatClient, text: str) -> tuple[bool, str | None]:
+    """One input line: ``(quit?, text to show locally)``. Lines starting with ``/`` are
+    commands, handled here; a command we do not know is reported, not sent."""
+    if text in ("/quit", "/exit"):
+        return True, None
+    if text == "/who":
+        await c.who()
+        return False, None
+    if text == "/help":
+        return False, HELP
+    if text.startswith("/") and not text.startswith("//"):
+        return False, f"! unknown command {text.split()[0]!r} (/help lists them)"
+    if text.startswith("//"):
+        text = text[1:]  # '//x' says '/x'
+    if text:
+        await c.say(text)
+    return False, None
 
 
 # ============================================================================ plain UI
@@ -149,13 +185,10 @@ async def run_plain(server: str, user: str, *, stdin: TextIO | None = None,
             text = await loop.run_in_executor(None, stdin.readline)
             if not text:
                 break
-            text = text.rstrip("\n")
-            if text in ("/quit", "/exit"):
+            quit_, local = await command(c, text.rstrip("\n"))
+            out(local)
+            if quit_:
                 break
-            if text == "/who":
-                await c.who()
-            elif text:
-                await c.say(text)
         done.set()
 
     tasks = [asyncio.ensure_future(reader()), asyncio.ensure_future(typist())]
@@ -197,7 +230,8 @@ async def run_curses(server: str, user: str) -> int:  # pragma: no cover - inter
             attr = curses.color_pair(1)
         elif has_colors and ev.get("ev") in ("notice", "error"):
             attr = curses.color_pair(2)
-        lines.append((text, attr))
+        for row in text.splitlines():
+            lines.append((row, attr))
         del lines[:-1000]
 
     for ev in c.welcome.get("history", []):
@@ -232,8 +266,8 @@ async def run_curses(server: str, user: str) -> int:  # pragma: no cover - inter
     async def reader() -> None:
         nonlocal members, closed
         async for ev in c:
-            if ev.get("ev") == "members":
-                members = ev
+            if ev.get("ev") in ("members", "who"):
+                members = ev  # the pane's header shows the site's state: keep it current
             add(ev)
         closed = True
 
@@ -246,12 +280,11 @@ async def run_curses(server: str, user: str) -> int:  # pragma: no cover - inter
                 await asyncio.sleep(0.05)
                 continue
             if ch in (10, 13, curses.KEY_ENTER):
-                if buf in ("/quit", "/exit"):
+                quit_, local = await command(c, buf)
+                if quit_:
                     break
-                if buf == "/who":
-                    await c.who()
-                elif buf:
-                    await c.say(buf)
+                for text in (local or "").splitlines():
+                    lines.append((text, 0))
                 buf = ""
             elif ch in (curses.KEY_BACKSPACE, 127, 8):
                 buf = buf[:-1]

@@ -228,6 +228,10 @@ class ChatServer:
             for user in sorted(u for c in self.clients if (u := c.user)):
                 self.submit(JOIN, user)
         elif isinstance(e, StateChange):
+            # the membership pane shows every site's state and the site's own (S1/S2/S3):
+            # refresh it on every state change, not only when the ordering set changes
+            # (in hasten mode S2 -> S3 leaves the set unchanged)
+            self._broadcast(self.members_event())
             if e.peer is None:
                 text = f"site state {e.old} -> {e.new}"
             elif e.new == "S2":
@@ -249,6 +253,18 @@ class ChatServer:
                 "sites": [{"site": s, "state": states.get(s, "?"),
                            "users": sorted(self.users.get(s, ()))} for s in o.members],
                 "all": states}
+
+    def who_event(self) -> dict[str, Any]:
+        """The answer to ``/who``: every site of the room with its state and the users this
+        site knows there (the ordering set's first), and the site's overall state."""
+        ev = self.members_event()
+        ordering = [s["site"] for s in ev["sites"]]
+        rest = [s for s in self.config.sites if s not in ordering]
+        ev["ev"] = "who"
+        ev["sites"] = ev["sites"] + [{"site": s, "state": ev["all"].get(s, "?"),
+                                      "users": sorted(self.users.get(s, ()))} for s in rest]
+        ev["ordering"] = ordering
+        return ev
 
     def submit(self, kind: int, user: str, text: str = "") -> int:
         assert self.igo is not None
@@ -306,7 +322,7 @@ class ChatServer:
                             raise ChatError('"say" needs a "text" string')
                         self.submit(SAY, c.user, text)
                     elif op == "who":
-                        c.queue.put_nowait(line(self.members_event()))
+                        c.queue.put_nowait(line(self.who_event()))
                     elif op == "bye":
                         break
                     else:
