@@ -16,6 +16,7 @@ import pytest
 
 from apps.chat import cli
 from apps.chat.client import ChatClient, run_bot, run_plain
+from apps.chat.igo import PeerState
 from apps.chat.server import ChatServer
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
@@ -311,3 +312,82 @@ def test_client_header_follows_the_site_state_to_s3(tmp_path) -> None:
             await c.close()
 
     run(main)
+
+
+@pytest.mark.parametrize("down_for", [0.0, 2.5])
+def test_server_survives_a_restart_of_its_router(tmp_path, down_for: float) -> None:
+    """Issue 14: a site server whose router restarts reconnects and rejoins the room flow by
+    default: at once through flowlib's failover when the router comes back quickly, and by
+    dialling again (same ordering state) when it stays down longer than the failover
+    time-out (1 s here). Messages then flow both ways again."""
+    async def main() -> None:
+        hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", default_lsid=LSID,
+                                    core_lsids=frozenset({LSID})))
+        await hub.start()
+        nodes = [hub]
+
+        def site_router(name: str, listen: str = "127.0.0.1:0") -> RouterNode:
+            return RouterNode(NodeConfig(name, listen=listen, default_lsid=LSID,
+                                         peers=[PeerConfig(addr(hub), "hub")]))
+
+        ra, rb = site_router("ra"), site_router("rb")
+        for n in (ra, rb):
+            await n.start()
+            nodes.append(n)
+        two = ("metropol", "kingdom")
+        srv: dict[str, ChatServer] = {}
+        clients: list[ChatClient] = []
+        try:
+            for n in (ra, rb):
+                await asyncio.wait_for(n.wait_routes(LSID), 10)
+            for s, n in zip(two, (ra, rb)):
+                srv[s] = ChatServer(s, [addr(n)], sites=two, room="restart", mode="hasten",
+                                    listen="127.0.0.1:0", use_directory=False,
+                                    state_dir=str(tmp_path / "state"), failover_timeout=1.0,
+                                    **FAST)
+                await srv[s].start()
+            await eventually(lambda: all(len(x.igo.ordering.members) == 2
+                                         for x in srv.values()), what="both sites")
+            got: dict[str, list[str]] = {s: [] for s in two}
+            for s in two:
+                c = await ChatClient.connect(server_addr(srv[s]), f"user-{s}")
+                clients.append(c)
+
+                async def read(c: ChatClient = c, s: str = s) -> None:
+                    async for ev in c:
+                        if ev["ev"] == "msg":
+                            got[s].append(ev["text"])
+                asyncio.ensure_future(read())
+            # restart metropol's router on the same address
+            listen = addr(ra)
+            await ra.stop()
+            nodes.remove(ra)
+            await asyncio.sleep(down_for)  # the outage itself (what is being survived)
+            ra2 = site_router("ra", listen)
+            await ra2.start()
+            nodes.append(ra2)
+            await asyncio.wait_for(ra2.wait_routes(LSID), 10)
+            await eventually(lambda: srv["metropol"].client is not None
+                             and srv["metropol"].client.connected
+                             and srv["metropol"].igo.ordering.peer_state("kingdom")
+                             is PeerState.S1, timeout=30, what="metropol back in the room")
+            await clients[0].say("after the restart, from metropol")
+            await clients[1].say("after the restart, from kingdom")
+            for s in two:
+                await eventually(lambda s=s: {"after the restart, from metropol",
+                                              "after the restart, from kingdom"}
+                                 <= set(got[s]), timeout=30, what=f"{s} to hear both")
+            m = srv["metropol"]
+            if down_for > 1.0:  # longer than the failover time-out: dialled again
+                assert m.reconnects >= 1 and m.igo.counters["flow.rejoined"] >= 1
+            else:
+                assert m.client.failovers >= 1 and m.reconnects == 0
+        finally:
+            for c in clients:
+                await c.close()
+            for x in srv.values():
+                await x.stop()
+            for n in nodes:
+                await n.stop()
+
+    run(main, timeout=90)

@@ -6,7 +6,9 @@ machine with ``time.time() - clock_origin`` as the clock, ticks it every ``tick`
 carries out its actions: ``Send`` becomes ``FlowClient.send_nowait`` (a send that fails while
 the client fails over or after it lost its router is counted in ``counters`` and repaired by
 the protocol later, as any lost frame), deliveries and events go to the callbacks and, if
-``keep`` is set, to :attr:`deliveries` / :attr:`events`.
+``keep`` is set, to :attr:`deliveries` / :attr:`events`. When the room flow is lost for good
+(the client gave up on its routers) ``on_lost`` is called; :meth:`FlowSite.rebind` carries on
+over a new client with the same ordering state.
 
 Times are wall-clock seconds (``time.time()``), so send-to-delivery latencies between hosts
 assume synchronised clocks (they are only displayed and logged; ordering never uses them).
@@ -36,7 +38,8 @@ class FlowSite:
                  *, tick: float = 0.1, incarnation: int | None = None,
                  keep: int | None = None, clock_origin: float = 0.0,
                  on_deliver: Callable[[Delivery], Any] | None = None,
-                 on_event: Callable[[Any], Any] | None = None) -> None:
+                 on_event: Callable[[Any], Any] | None = None,
+                 on_lost: Callable[[Exception], Any] | None = None) -> None:
         self.client = client
         self.flow = flow if isinstance(flow, FlowID) else FlowID.parse(flow)
         self.site = site
@@ -49,6 +52,7 @@ class FlowSite:
         self.events: deque[Any] | list[Any] = [] if keep is None else deque(maxlen=keep)
         self.on_deliver = on_deliver
         self.on_event = on_event
+        self.on_lost = on_lost  #: called when the room flow is lost for good (router gone)
         self.counters: Counter[str] = Counter()
         self._listener: flowlib.Listener | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -64,6 +68,18 @@ class FlowSite:
                        asyncio.ensure_future(self._ticker())]
         self._apply(self.ordering.tick(self.now()))
         self._started.set()
+
+    async def rebind(self, client: FlowClient) -> None:
+        """Carry on over a new flowlib client (after the old one lost its router for good):
+        listen on the room flow again; the ordering state (sequence numbers, what was
+        delivered) is kept, and the protocol repairs what was missed meanwhile."""
+        self.client = client
+        self._listener = await client.listen(self.flow, self.ordering.bands(), size=100_000,
+                                             name=f"igo-{self.site}")
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.ensure_future(self._read()))
+        self.counters["flow.rejoined"] += 1
+        self._apply(self.ordering.tick(self.now()))
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -91,6 +107,7 @@ class FlowSite:
         except FlowError as exc:
             log.warning("site %s: lost the room flow: %s", self.site, exc)
             self.counters["flow.lost"] += 1
+            self._call(self.on_lost, exc)
 
     async def _ticker(self) -> None:
         while True:

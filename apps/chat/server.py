@@ -80,7 +80,9 @@ class ChatServer:
                  lsid: int | None = None, use_directory: bool = True,
                  directory_timeout: float = 1.0, state_dir: str | None = None,
                  tick: float = 0.1, connect_options: dict[str, Any] | None = None,
-                 policies: Sequence[Any] = (), **igo: Any) -> None:
+                 policies: Sequence[Any] = (), reconnect: bool = True,
+                 failover_timeout: float = 30.0, reconnect_max: float = 10.0,
+                 **igo: Any) -> None:
         self.site = site
         self.routers = list(routers)
         self.room = room
@@ -96,6 +98,12 @@ class ChatServer:
         self.connect_options = dict(connect_options or {})
         #: flow policies published once connected (e.g. the one protecting the room)
         self.policies = list(policies)
+        self.reconnect = reconnect
+        self.failover_timeout = failover_timeout
+        self.reconnect_max = reconnect_max
+        self.reconnects = 0  #: times the room flow was rejoined over a new client
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.config = IGOConfig(sites=tuple(sites), room=room, mode=mode, leader=leader, **igo)
         if site not in self.config.sites:
             raise ValueError(f"site {site!r} is not one of --sites "
@@ -113,17 +121,24 @@ class ChatServer:
         self._closed = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self) -> None:
-        self.client = await flowlib.connect(self.routers, name=f"flowchat-{self.site}",
-                                            state_dir=self.state_dir,
-                                            failover=len(self.routers) > 1,
-                                            **self.connect_options)
+    async def _connect(self) -> FlowClient:
+        # failover on by default, also with one router: a restarted router is dialled again
+        # and the room flow re-joined by flowlib itself (issue 14)
+        options = {"failover": self.reconnect or len(self.routers) > 1,
+                   "failover_timeout": self.failover_timeout, **self.connect_options}
+        client = await flowlib.connect(self.routers, name=f"flowchat-{self.site}",
+                                       state_dir=self.state_dir, **options)
         for policy in self.policies:
-            self.client.publish_policy(policy)
+            client.publish_policy(policy)
+        return client
+
+    async def start(self) -> None:
+        self.client = await self._connect()
         await self._resolve_flow()
         assert self.flow is not None
         self.igo = FlowSite(self.client, self.flow, self.config, self.site, tick=self.tick,
-                            keep=1000, on_deliver=self._on_deliver, on_event=self._on_event)
+                            keep=1000, on_deliver=self._on_deliver, on_event=self._on_event,
+                            on_lost=self._on_lost)
         await self.igo.start()
         if self.listen:
             host, _, port = self.listen.rpartition(":")
@@ -134,7 +149,47 @@ class ChatServer:
         log.info("site %s serving room %r (flow %s, %s) on %s", self.site, self.room,
                  self.flow, self.flow_source, self.address)
 
+    def _on_lost(self, exc: Exception) -> None:
+        """Every router failed for longer than the failover time-out: keep dialling (with
+        back-off) and rejoin the room flow with the same ordering state."""
+        if not self.reconnect or self._stopping or self._reconnect_task is not None:
+            return
+        log.warning("site %s: lost the room flow (%s); reconnecting to %s", self.site, exc,
+                    ", ".join(self.routers))
+        self._reconnect_task = asyncio.ensure_future(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = 0.1
+        try:
+            while not self._stopping:
+                try:
+                    client = await self._connect()
+                except (OSError, flowlib.FlowError) as exc:
+                    log.info("site %s: no router yet (%s); retry in %.1fs", self.site, exc,
+                             delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.reconnect_max)
+                    continue
+                old, self.client = self.client, client
+                if old is not None:
+                    with contextlib.suppress(Exception):
+                        await old.close(timeout=0.5)
+                assert self.igo is not None
+                await self.igo.rebind(client)
+                self.reconnects += 1
+                log.warning("site %s: rejoined the room flow %s via %s", self.site, self.flow,
+                            client.address)
+                self._broadcast({"ev": "notice", "text": "reconnected to the room"})
+                return
+        finally:
+            self._reconnect_task = None
+
     async def stop(self) -> None:
+        self._stopping = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reconnect_task
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
