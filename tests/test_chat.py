@@ -266,11 +266,28 @@ def test_cli_experiment_stability_reaches_the_sites(tmp_path, capsys) -> None:
     capsys.readouterr()
 
 
-def _free_base() -> int:
+def _free_base(n: int = 5) -> int:
+    """A port p with p .. p+n-1 free just now (the seed 003 topology's routers)."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1]) % 20000 + 30000
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                x = socket.socket()
+                socks.append(x)
+                x.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for x in socks:
+                x.close()
+    raise RuntimeError("no run of free ports")
 
 
 def test_cli_experiment_real_runs_router_processes(tmp_path, capsys) -> None:
