@@ -379,6 +379,8 @@ class RouterChain:
                 argv += ["--core-lsid", hex(LSID)]
             else:
                 argv += ["--peer", f"r{i + 2}={self.listen[i + 1]}"]
+            if i > 0:  # r(i) dials this one: accept it as a router (no link keys here)
+                argv += ["--accept-router", f"r{i}@{HOST}"]
             self.procs.insert(0, await Child.start(f"router-r{i + 1}", argv, self.log_dir))
         deadline = time.monotonic() + 20.0
         for i in range(n):

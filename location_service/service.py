@@ -31,6 +31,8 @@ class LocationServiceConfig:
     #: (key ID, secret spec) authenticating the member's links, as the overlay's routers do
     link_key: tuple[str, str] | None = None
     encrypt: bool = False
+    #: routers (members or not) that dial this one, as "name@host" (no link keys)
+    accept_routers: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.lsids:
@@ -44,7 +46,7 @@ def member_config(ls: LocationServiceConfig) -> NodeConfig:
                       peers=[*ls.members, *ls.peers], epoch=ls.epoch,
                       link_keys=dict([ls.link_key]) if ls.link_key else {},
                       link_key_id=ls.link_key[0] if ls.link_key else None,
-                      link_encrypt=ls.encrypt)
+                      link_encrypt=ls.encrypt, accept_routers=list(ls.accept_routers))
 
 
 async def lookup(control: str, lsid: int) -> dict[str, Any]:
@@ -99,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
                      metavar="[NAME=]HOST:PORT", help="another member of this LS to link to")
     run.add_argument("--peer", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT", help="an ordinary router to link to")
+    run.add_argument("--accept-router", action="append", default=[], metavar="NAME@HOST",
+                     help="a router (member or not) that dials this one; needed without link "
+                          "keys (repeatable)")
     run.add_argument("--epoch", type=float, default=5.0, help="GC epoch seconds")
     run.add_argument("--link-key", type=_link_key, metavar="ID:SECRET",
                      help="shared link key of an overlay with authenticated links (as "
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = member_config(LocationServiceConfig(
                 name=args.name, lsids=frozenset(args.lsid), listen=args.listen,
                 control=args.control, members=args.member, peers=args.peer,
-                epoch=args.epoch, link_key=args.link_key, encrypt=args.encrypt))
+                epoch=args.epoch, link_key=args.link_key, encrypt=args.encrypt,
+                accept_routers=args.accept_router))
             if args.encrypt and not args.link_key:
                 raise ConfigError("--encrypt needs --link-key")
             asyncio.run(run_node(cfg))

@@ -115,9 +115,13 @@ async def chain(n: int = 3, core_lsid: int = 0x10, **extra: object
         prev: RouterNode | None = None
         for i in range(n, 0, -1):
             peers = [PeerConfig("%s:%d" % prev.tcp_address, prev.config.name)] if prev else []
+            # r(i-1) dials this one: without link keys it must be listed to be a router
+            accept = [f"r{i - 1}@127.0.0.1"] if i > 1 else []
             cfg = NodeConfig(f"r{i}", listen="127.0.0.1:0", peers=peers,
                              core_lsids=frozenset({core_lsid}) if i == n else frozenset(),
-                             **extra)  # type: ignore[arg-type]
+                             accept_routers=[*accept, *extra.get("accept_routers", [])],
+                             **{k: v for k, v in extra.items() if k != "accept_routers"}
+                             )  # type: ignore[arg-type]
             node = RouterNode(cfg)
             await node.start()
             nodes.insert(0, node)

@@ -46,6 +46,7 @@ async def router_testbed(tmp_path) -> AsyncIterator[dict[str, RouterNode]]:
     nodes: dict[str, RouterNode] = {}
     try:
         hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", default_lsid=LSID,
+                                    accept_routers=[f"{s}@127.0.0.1" for s in SITES],
                                     core_lsids=frozenset({LSID})))
         await hub.start()
         nodes["hub"] = hub

@@ -61,6 +61,8 @@ async def overlay(n: int, geography: int = 0) -> AsyncIterator[list[RouterNode]]
             peers = ([PeerConfig(addr(prev), prev.config.name, modifiers=Modifiers(
                 geography=geography))] if prev else [])
             node = RouterNode(NodeConfig(f"r{i}", listen="127.0.0.1:0", peers=peers,
+                                         accept_routers=[f"r{i - 1}@127.0.0.1"] if i > 1
+                                         else [],
                                          default_lsid=LSID,
                                          core_lsids=frozenset({LSID}) if i == n
                                          else frozenset()))

@@ -60,7 +60,8 @@ async def chain(n: int = 3, **kw: Any) -> AsyncIterator[list[RouterNode]]:
             node = RouterNode(NodeConfig(
                 name=f"r{i}", listen="127.0.0.1:0",
                 core_lsids=frozenset({LSID}) if i == 0 else frozenset(),
-                default_lsid=LSID, peers=peers, **kw))
+                default_lsid=LSID, peers=peers, **kw,
+                accept_routers=[f"r{i + 1}@127.0.0.1"] if i < n - 1 else []))
             await node.start()
             nodes.append(node)
         for i, node in enumerate(nodes):

@@ -34,11 +34,13 @@ def addr(node: RouterNode) -> str:
 async def _overlay() -> tuple[list[RouterNode], list[RouterNode]]:
     """Members m1, m2 (linked); edge routers r1, r2 each linked to both members."""
     m1 = RouterNode(member_config(LocationServiceConfig(
-        "m1", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0", epoch=1.0)))
+        "m1", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0", epoch=1.0,
+        accept_routers=["m2@127.0.0.1", "r1@127.0.0.1", "r2@127.0.0.1"])))
     await m1.start()
     m2 = RouterNode(member_config(LocationServiceConfig(
         "m2", frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0", epoch=1.0,
-        members=[PeerConfig(addr(m1), "m1")])))
+        members=[PeerConfig(addr(m1), "m1")],
+        accept_routers=["r1@127.0.0.1", "r2@127.0.0.1"])))
     await m2.start()
     edges = []
     for name in ("r1", "r2"):

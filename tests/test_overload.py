@@ -108,6 +108,7 @@ def test_emulation_config_is_validated() -> None:
 async def _pair(edge_extra: dict[str, object], emu: Emulation | None = None
                 ) -> tuple[RouterNode, RouterNode]:
     core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", control="127.0.0.1:0",
+                                 accept_routers=["edge@127.0.0.1"],
                                  core_lsids=frozenset({0x10}), default_lsid=0x10))
     await core.start()
     edge = RouterNode(NodeConfig(

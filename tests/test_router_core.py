@@ -259,7 +259,7 @@ def test_flow_table_limit_refuses_with_limit():
 
 def test_join_timeout():
     net = CoreNet(epoch_length=1.0, join_timeout=5.0)
-    net.router("r1")
+    net.router("r1", accept_routers=frozenset({("fake", "fake")}))
     fake = net.endpoint("fake", "r1", role=C.Role.ROUTER, silent=True)  # a router that hangs
     fake.control(LINK_KEY, C.LsRoutes(((0x20, 0),)))
     r1 = net.routers["r1"]
@@ -751,7 +751,7 @@ def test_join_on_an_orphaned_entry_does_not_crash_the_router():
 
 def test_failed_regraft_does_not_silently_drop_joined_members():
     net = CoreNet(epoch_length=1.0, join_timeout=3.0)
-    net.router("r1")
+    net.router("r1", accept_routers=frozenset({("hang", "hang")}))
     net.router("r2", core_lsids=frozenset({LSID}))
     net.connect("r1", "r2")
     hang = net.endpoint("hang", "r1", role=C.Role.ROUTER, silent=True)  # a worse, dead path
@@ -872,3 +872,21 @@ def test_gc_visits_everything_when_ticks_are_rare():
         e.join(flow(LSID, i), [32])
     net.tick(10.0)  # one late tick covers the whole table
     assert net.routers["r1"].flows == {}
+
+
+def test_unproven_router_claim_is_refused_and_counted():
+    """Issue 15: without link keys, a HELLO claiming ROUTER from a link nobody dialled and
+    nobody listed is refused; a listed (name, host) pair is accepted."""
+    net = CoreNet()
+    r1 = net.router("r1", core_lsids=frozenset({LSID}),
+                    accept_routers=frozenset({("friend", "friend")}))
+    spoof = net.endpoint("mallory", "r1", role=C.Role.ROUTER)
+    errors = spoof.msgs(C.Error)
+    assert errors and "claims to be a router" in errors[0].text
+    assert spoof.link_id not in r1.links
+    assert r1.counters["refused.router-claim"] == 1
+    friend = net.endpoint("friend", "r1", role=C.Role.ROUTER)
+    assert r1.links[friend.link_id].role is C.Role.ROUTER
+    app = net.endpoint("app", "r1")
+    assert r1.links[app.link_id].role is C.Role.ENDPOINT
+

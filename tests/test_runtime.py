@@ -108,10 +108,12 @@ def test_ttl_and_locality_expiry() -> None:
 def test_locality_budget_per_link() -> None:
     async def main() -> None:
         # r2 -> r1 costs 3 (geography: another site); r3 -> r2 costs 1 (same site).
-        core = RouterNode(NodeConfig("r3", listen="127.0.0.1:0", core_lsids=frozenset({0x10})))
+        core = RouterNode(NodeConfig("r3", listen="127.0.0.1:0", core_lsids=frozenset({0x10}),
+                                     accept_routers=["r2@127.0.0.1"]))
         await core.start()
         from flowrouter.core.tables import Modifiers
-        mid = RouterNode(NodeConfig("r2", listen="127.0.0.1:0", peers=[
+        mid = RouterNode(NodeConfig("r2", listen="127.0.0.1:0", accept_routers=["r1@127.0.0.1"],
+                                    peers=[
             PeerConfig("%s:%d" % core.tcp_address, "r3", modifiers=Modifiers(geography=1))]))
         await mid.start()
         edge = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", peers=[
@@ -247,6 +249,7 @@ def test_router_link_redialled_after_drop() -> None:
 def test_udp_links_between_routers() -> None:
     async def main() -> None:
         core = RouterNode(NodeConfig("u2", listen="127.0.0.1:0", udp="127.0.0.1:0",
+                                     accept_routers=["u1@127.0.0.1"],
                                      core_lsids=frozenset({0x10})))
         await core.start()
         edge = RouterNode(NodeConfig("u1", listen="127.0.0.1:0", udp="127.0.0.1:0", peers=[

@@ -43,7 +43,8 @@ async def _node(name: str, keys: dict[str, str] | None = None, peers: list[PeerC
     node = RouterNode(NodeConfig(
         name, listen="127.0.0.1:0", peers=list(peers), reconnect_min=0.05,
         core_lsids=frozenset({LSID}) if core else frozenset(), default_lsid=LSID,
-        link_keys=keys or {}, link_encrypt=encrypt))
+        link_keys=keys or {}, link_encrypt=encrypt,
+        accept_routers=["edge@127.0.0.1"]))  # used only where there are no link keys
     await node.start()
     return node
 

@@ -1,4 +1,5 @@
-"""Per-link output scheduling: bounded, fair between flows, optionally shaped. Sans-I/O.
+"""Per-link output scheduling: bounded, fair between flows, optionally shaped; the
+slow-consumer policy. Sans-I/O; imports only the standard library.
 
 A link's output normally goes straight to the transport. Only when the transport pushes back
 (or a shaper says "not yet") do frames wait here, and then:
@@ -235,7 +236,82 @@ class OutputQueue:
             candidates.append(max(0.0, self._delayed[0][0] - now))
         return min(candidates) if candidates else None
 
+    def forget_origins(self) -> dict[int, int]:
+        """Detach every waiting frame from the input link it came from; returns origin ->
+        bytes, the credit the caller must give back (a stuck output holds none)."""
+        held: dict[int, int] = {}
+
+        def strip(fr: Frame) -> Frame:
+            if fr[2]:
+                held[fr[2]] = held.get(fr[2], 0) + len(fr[0]) + len(fr[1])
+                return (fr[0], fr[1], 0)
+            return fr
+
+        self.ctl = deque(strip(fr) for fr in self.ctl)
+        self.adm = deque((k, strip(fr)) for k, fr in self.adm)
+        for key, q in self.flows.items():
+            self.flows[key] = deque(strip(fr) for fr in q)
+        self._delayed = deque((t, c, k, strip(fr)) for t, c, k, fr in self._delayed)
+        return held
+
     def stats(self) -> dict[str, int]:
         return {"queued_frames": len(self), "queued_bytes": self.bytes,
                 "flows_waiting": len(self.active), "dropped": self.dropped,
                 "dropped_bytes": self.dropped_bytes}
+
+
+class SlowConsumerPolicy:
+    """When an output link that cannot keep up is a *slow consumer*, and when to give up on it.
+
+    As in NATS, a slow consumer hurts only itself. The caller bounds the link's queue at
+    ``limit`` bytes (dropping from the longest flow queue, counted as ``drop.slow-consumer``)
+    and tells the policy about each drop and each drain. Two clocks start when the link falls
+    behind:
+
+    * **stall** — an output that has had frames waiting without sending any for ``stall``
+      seconds (or has dropped frames) :meth:`stuck` holds no credit: the inputs feeding it
+      must not wait for it (the caller releases the credit its frames held);
+    * **grace** — an output that stays over the limit for ``grace`` seconds (it has not
+      drained to half the limit since its first drop) has :meth:`expired`: the caller closes
+      it with a fault notice and a log line.
+    """
+
+    __slots__ = ("dropped", "grace", "last_progress", "limit", "over_since", "stall")
+
+    def __init__(self, limit: int, grace: float, stall: float = 1.0, now: float = 0.0) -> None:
+        if limit <= 0 or grace <= 0 or stall <= 0:
+            raise ValueError("slow-consumer limit, grace and stall must be positive")
+        self.limit = limit
+        self.grace = grace
+        self.stall = stall
+        self.over_since: float | None = None  #: when the link last went over the limit
+        self.last_progress = now  #: last time the link sent something (or had nothing to)
+        self.dropped = 0
+
+    def note_drops(self, n: int, now: float) -> bool:
+        """*n* frames were dropped to keep the queue under the limit; True if the link has
+        just gone over (log it once)."""
+        self.dropped += n
+        if self.over_since is None:
+            self.over_since = now
+            return True
+        return False
+
+    def progress(self, queued: int, now: float) -> None:
+        """The link sent frames and *queued* bytes still wait; at half the limit it has
+        recovered."""
+        self.last_progress = now
+        if self.over_since is not None and queued <= self.limit // 2:
+            self.over_since = None
+
+    def stuck(self, now: float) -> bool:
+        """Frames wait and nothing has moved for the stall time, or the link is over."""
+        return self.over_since is not None or now - self.last_progress >= self.stall
+
+    def expired(self, now: float) -> bool:
+        """Over the limit for the whole grace time: close the link as a slow consumer."""
+        return self.over_since is not None and now - self.over_since >= self.grace
+
+    def stats(self) -> dict[str, float | int | None]:
+        return {"slow_consumer_dropped": self.dropped,
+                "over_limit_since": self.over_since}

@@ -11,6 +11,20 @@ Example (every key optional except ``router.name``)::
     default_lsid = 0x10           # suggested to endpoints for new flows
     max_payload = 65536
     max_link_buffer = 4194304     # bytes queued per link before frames are dropped (counted)
+    slow_consumer_bytes = 2097152 # data one output may queue; past it its frames are dropped
+    slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
+    slow_consumer_stall = 1.0     # seconds without progress before an output holds no credit
+    frame_timeout = 30.0          # seconds a started frame may take to arrive in full
+    control_token = "file:/etc/flownet/control.token"  # commands need proof (see below)
+    # routers this one accepts links from without link keys, besides its peers: "name@host"
+    # ("*@host": any router name from that host, for hosts you control)
+    accept_routers = ["r3@10.0.0.3"]
+
+    [quota]                       # per principal: proven name, or source host if anonymous
+    flows = 4096                  # flows held over all of its connections
+    joins_per_second = 500.0      # sustained joins (token bucket) ...
+    join_burst = 1000             # ... and the burst allowed
+    connections_per_host = 256    # application connections from one host at once
 
     [gc]
     epoch = 5.0                   # seconds per epoch
@@ -46,6 +60,13 @@ Example (every key optional except ``router.name``)::
     loss = 0.01                   # probability a frame is lost
 
 Every error names the file and the key that is wrong.
+
+Trust: on an overlay without ``[link_auth]`` keys a link may be a router only if this router
+dialled it, or its HELLO name and source host match a ``[[peer]]`` (name and address host) or
+an ``accept_routers`` entry; any other HELLO claiming ROUTER is refused. The control interface
+serves status to anyone it is bound for; commands that change the router need a proof signed
+with ``control_token`` or a link key (:mod:`flowrouter.net.commandauth`) when a token is set
+or the interface is not on loopback, and binding it off loopback without either is refused.
 """
 
 from __future__ import annotations
@@ -56,6 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrouter.core.quotas import QuotaLimits
 from flowrouter.core.router import RouterParams
 from flowrouter.core.tables import Modifiers
 
@@ -150,6 +172,21 @@ class NodeConfig:
     link_credit: int = 1024 * 1024
     #: flows one application link may hold state for (the seed's advertisement flood)
     max_flows_per_endpoint: int = 4096
+    #: data bytes one output link may queue before its frames are dropped as a slow consumer,
+    #: and the seconds it may stay over that before it is closed
+    slow_consumer_bytes: int = 2 * 1024 * 1024
+    slow_consumer_grace: float = 10.0
+    #: seconds an output may hold frames without sending any before it holds no credit
+    slow_consumer_stall: float = 1.0
+    #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
+    frame_timeout: float = 30.0
+    #: secret for control commands (text, or "file:PATH"); None: commands need proof only
+    #: off loopback (by link key), see flowrouter.net.commandauth
+    control_token: str | None = None
+    #: routers accepted without link keys besides the peers: "name@host" entries
+    accept_routers: list[str] = field(default_factory=list)
+    #: limits per principal (flowrouter.core.quotas); a mapping of its fields is accepted
+    quota: QuotaLimits = field(default_factory=QuotaLimits)
     epoch: float = 5.0
     gc_ping_after: int = 3
     gc_delete_after: int = 6
@@ -184,7 +221,56 @@ class NodeConfig:
         for lsid in self.core_lsids:
             if not 0 < lsid < 1 << 32:
                 raise ConfigError(f"core LSID {lsid:#x} must be 1..0xffffffff (0 is reserved)")
+        if isinstance(self.quota, dict):
+            try:
+                self.quota = QuotaLimits(**self.quota)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"[quota]: {exc}") from None
+        for entry in self.accept_routers:
+            name, sep, host = str(entry).partition("@")
+            if not sep or not name or not host:
+                raise ConfigError(f"accept_routers entry {entry!r} must look like name@host, "
+                                  "e.g. r2@10.0.0.2")
+        if min(self.slow_consumer_bytes, self.slow_consumer_grace,
+               self.slow_consumer_stall) <= 0:
+            raise ConfigError("slow_consumer_bytes, slow_consumer_grace and slow_consumer_stall "
+                              "must be positive")
+        if self.frame_timeout <= 0:
+            raise ConfigError("frame_timeout must be positive")
         self.params()  # validates the GC thresholds
+
+    def accepted_routers(self) -> frozenset[tuple[str, str]]:
+        """(name, host) pairs that may be routers without link keys: accept_routers plus the
+        TCP peers (by name and the host of their address)."""
+        out = {tuple(str(e).split("@", 1)) for e in self.accept_routers}
+        for peer in self.peers:
+            if peer.name:
+                out.add((peer.name, parse_address(peer.address, "peer address")[0]))
+        return frozenset(out)  # type: ignore[arg-type]
+
+    def control_secrets(self) -> dict[str, bytes]:
+        """Secrets that sign control commands: the token (id "token") and the link keys."""
+        out: dict[str, bytes] = {}
+        if self.control_token:
+            tok = self.control_token
+            if tok.startswith("file:"):
+                path = Path(tok[5:]).expanduser()
+                if self.config_dir and not path.is_absolute():
+                    path = Path(self.config_dir) / path
+                try:
+                    tok = path.read_text(encoding="utf-8").strip()
+                except OSError as exc:
+                    raise ConfigError(f"control_token file {path}: {exc.strerror}") from None
+            if len(tok) < 12:
+                raise ConfigError("control_token must be at least 12 characters")
+            out["token"] = tok.encode()
+        ring = self.keyring()
+        if ring is not None:
+            for kid in self.link_keys:
+                secret = ring.get(kid)
+                if secret is not None:
+                    out[kid] = secret
+        return out
 
     def keyring(self) -> Any:
         if not self.link_keys:
@@ -209,6 +295,7 @@ class NodeConfig:
                 gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
+                quota=self.quota, accept_routers=self.accepted_routers(),
                 endpoint_modifiers=self.endpoint_modifiers)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -217,7 +304,10 @@ class NodeConfig:
 _ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "default_lsid",
                 "max_payload", "max_link_buffer", "link_credit", "max_flows_per_endpoint",
                 "join_timeout", "max_flows", "tick_interval", "reconnect_min", "reconnect_max",
-                "udp_idle_timeout", "endpoint_locality"}
+                "udp_idle_timeout", "endpoint_locality", "slow_consumer_bytes",
+                "slow_consumer_grace", "slow_consumer_stall", "frame_timeout", "control_token",
+                "accept_routers"}
+_QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
 _GC_KEYS = {"epoch", "ping_after", "delete_after"}
 _PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
@@ -240,8 +330,10 @@ def _lsid(value: Any, where: str) -> int:
 
 
 def config_from_dict(data: dict[str, Any]) -> NodeConfig:
-    _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth"},
-                "the top level")
+    _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
+                       "quota"}, "the top level")
+    quota = dict(data.get("quota") or {})
+    _check_keys(quota, _QUOTA_KEYS, "[quota]")
     auth = dict(data.get("link_auth") or {})
     _check_keys(auth, {"key_id", "encrypt", "require_endpoints", "keys"}, "[link_auth]")
     trace = dict(data.get("trace") or {})
@@ -253,9 +345,17 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
     kw: dict[str, Any] = {}
     for key in ("name", "listen", "udp", "control", "node_id", "max_payload", "max_link_buffer",
                 "link_credit", "max_flows_per_endpoint", "join_timeout", "max_flows",
-                "tick_interval", "reconnect_min", "reconnect_max", "udp_idle_timeout"):
+                "tick_interval", "reconnect_min", "reconnect_max", "udp_idle_timeout",
+                "slow_consumer_bytes", "slow_consumer_grace", "slow_consumer_stall",
+                "frame_timeout", "control_token"):
         if key in router:
             kw[key] = router[key] if router[key] != "" else None
+    if "accept_routers" in router:
+        if not isinstance(router["accept_routers"], list):
+            raise ConfigError('[router] accept_routers must be a list of "name@host"')
+        kw["accept_routers"] = [str(e) for e in router["accept_routers"]]
+    if quota:
+        kw["quota"] = quota
     kw["core_lsids"] = frozenset(_lsid(v, "[router] core_lsids")
                                  for v in router.get("core_lsids", []))
     if "default_lsid" in router:

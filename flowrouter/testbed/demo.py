@@ -25,9 +25,11 @@ async def run_demo(count: int = 5, quiet: bool = False) -> int:
             print(text, flush=True)
 
     r3 = RouterNode(NodeConfig("r3", listen="127.0.0.1:0", core_lsids=frozenset({LSID}),
+                               accept_routers=["r2@127.0.0.1"],
                                default_lsid=LSID, epoch=2.0))
     await r3.start()
     r2 = RouterNode(NodeConfig("r2", listen="127.0.0.1:0", epoch=2.0,
+                               accept_routers=["r1@127.0.0.1"],
                                peers=[PeerConfig("%s:%d" % r3.tcp_address, "r3")]))
     await r2.start()
     r1 = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", epoch=2.0,

@@ -136,6 +136,10 @@ class Launcher:
                 value = params[key] if key == "join_timeout" else int(params[key])
                 lines.append(f"{key} = {value}")
         lines.append("reconnect_max = 1.0")
+        dialled_by = [lk.other(name) for lk in topo.links_of(name) if lk.b == name]
+        if dialled_by:  # the routers that dial this one (no link keys in the test-bed)
+            lines.append("accept_routers = [" + ", ".join(
+                _toml_str(f"{o}@{self.listen[o][0]}") for o in dialled_by) + "]")
         ep_mods = topo.defaults.endpoint.modifiers
         lines.append(f"endpoint_locality = {{ bandwidth = {ep_mods.bandwidth}, delay = "
                      f"{ep_mods.delay}, geography = {ep_mods.geography} }}")

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peer", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT[/udp]",
                      help="a router to dial and keep connected (repeatable)")
+    run.add_argument("--accept-router", action="append", default=[], metavar="NAME@HOST",
+                     help="accept a router link from this name and host without link keys "
+                          "(repeatable; peers given with --peer are accepted anyway)")
     run.add_argument("--core-lsid", action="append", type=parse_int, default=[], metavar="LSID",
                      help="make this router the core (location service) for LSID (repeatable)")
     run.add_argument("--default-lsid", type=parse_int, metavar="LSID",
@@ -170,6 +173,8 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
         base["core_lsids"] = frozenset(cfg.core_lsids) | frozenset(args.core_lsid)
     if args.peer:
         base["peers"] = [*cfg.peers, *args.peer]
+    if args.accept_router:
+        base["accept_routers"] = [*cfg.accept_routers, *args.accept_router]
     if args.route:
         base["routes"] = {**cfg.routes, **dict(args.route)}
     if not base:

@@ -1,0 +1,122 @@
+"""The trust boundary of a router: who may be a router, and what everyone else may do.
+Sans-I/O; imports :mod:`flowrouter.core.quotas`, :mod:`flowrouter.core.tables` and
+:mod:`flowrouter.wire` only.
+
+A link is a *router* only when it proves it:
+
+* with link keys (``[link_auth]``), by the handshake proof (:mod:`flowrouter.wire.linkauth`);
+* without keys, when this router dialled it (``expected_peer``), or when its HELLO name and
+  its source host match a configured pair: the ``[[peer]]`` entries and ``accept_routers``
+  (where ``*@host`` accepts any router name from a host the operator controls).
+
+Any other HELLO that claims ROUTER is refused (the router says why, logs and counts
+``refused.router-claim``). Every link that is not a proven router is an application and
+passes admission: connections per source host when it connects, and the quotas of its
+principal (:mod:`flowrouter.core.quotas`) on every join. The router core calls the four
+hooks (:meth:`TrustBoundary.on_open`, :meth:`~TrustBoundary.router_refusal`,
+:meth:`~TrustBoundary.on_up`, :meth:`~TrustBoundary.on_close`) and :meth:`~TrustBoundary.join_refusal`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrouter.core.quotas import PrincipalQuotas, QuotaLimits, host_of, principal_for
+from flowrouter.core.tables import Link
+from flowrouter.wire.control import Hello, Role
+
+__all__ = ["Refusal", "TrustBoundary"]
+
+
+class Refusal:
+    """Why something was refused: ``kind`` is the counter and alert key, ``text`` the line
+    the peer and the log get."""
+
+    __slots__ = ("kind", "text")
+
+    def __init__(self, kind: str, text: str) -> None:
+        self.kind = kind
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.kind!r}, {self.text!r})"
+
+
+class TrustBoundary:
+    """Router proof and per-principal admission for one router."""
+
+    def __init__(self, limits: QuotaLimits | None = None,
+                 accepted_routers: frozenset[tuple[str, str]] = frozenset()) -> None:
+        self.quotas = PrincipalQuotas(limits)
+        #: (router name, source host) pairs accepted as routers without link keys
+        self.accepted_routers = accepted_routers
+
+    @property
+    def limits(self) -> QuotaLimits:
+        return self.quotas.limits
+
+    def on_open(self, link: Link) -> Refusal | None:
+        """A connection arrived. Those we did not dial count against their source host."""
+        if link.expected_peer is not None:
+            return None
+        if self.quotas.admit_connection(link.link_id, link.address):
+            return None
+        host = host_of(link.address)
+        return Refusal("connections-per-host", f"too many connections from {host} (the limit "
+                       f"is {self.limits.connections_per_host} per host)")
+
+    def router_refusal(self, link: Link, hello: Hello) -> Refusal | None:
+        """A HELLO that claims ROUTER on a link that has not proven it."""
+        if hello.role is not Role.ROUTER:
+            return None
+        if link.auth is not None and link.auth.authenticated:
+            return None
+        if link.expected_peer is not None:
+            return None
+        host = host_of(link.address)
+        if (hello.name, host) in self.accepted_routers or ("*", host) in self.accepted_routers:
+            return None
+        return Refusal("router-claim", f"{hello.name!r} from {host} claims to be a router but "
+                       "is not a configured peer (use link keys, or list it in "
+                       f"accept_routers as \"{hello.name}@{host}\")")
+
+    def on_up(self, link: Link) -> None:
+        """The link is up: a proven router is not counted, an application speaks for its
+        principal (its proven name, or its source host)."""
+        if link.role is Role.ROUTER:
+            self.quotas.release_connection(link.link_id)
+            return
+        auth = link.auth
+        name = link.peer_name if auth is not None and auth.authenticated else None
+        self.quotas.bind(link.link_id, principal_for(name, link.address))
+
+    def on_close(self, link_id: int) -> None:
+        self.quotas.unbind(link_id)
+
+    def join_refusal(self, link: Link, key: bytes, links: dict[int, Link], now: float
+                     ) -> Refusal | None:
+        """Check an application's join against its principal's join rate and flow quota."""
+        principal = self.quotas.principal(link.link_id)
+        if principal is None:
+            return None
+        lim = self.limits
+        if not self.quotas.admit_join(principal, now):
+            return Refusal("join-rate", f"{principal} sends joins faster than "
+                           f"{lim.joins_per_second:g}/s (burst {lim.join_burst})")
+        if key in link.dependent:
+            return None
+        held = self.flows_held(principal, links)
+        if held >= lim.flows:
+            return Refusal("principal-flows", f"{principal} already holds {held} flows at "
+                           f"this router (the limit is {lim.flows})")
+        return None
+
+    def flows_held(self, principal: str, links: dict[int, Link]) -> int:
+        return sum(len(links[lid].dependent) for lid in self.quotas.links.get(principal, ())
+                   if lid in links)
+
+    def status(self, links: dict[int, Link]) -> dict[str, Any]:
+        held = {p: self.flows_held(p, links) for p in self.quotas.links}
+        st = self.quotas.status(held)
+        st["accept_routers"] = sorted(f"{n}@{h}" for n, h in self.accepted_routers)
+        return st

@@ -1,0 +1,134 @@
+"""Who may command a router: the one rule every administrative interface applies.
+Imports the standard library and :mod:`flowrouter.wire` only; no sockets (the caller passes
+the interface's address and the wall clock).
+
+Read-only queries (``status``, ``ping``, and any HTTP GET of status) are served to anyone the
+interface is bound for. Commands that change the router (emulation, cutting links, reloads,
+anything else) need *proof* unless the interface is bound to loopback only:
+
+* the request carries ``"auth": {"key_id": ID, "time": UNIX_SECONDS, "nonce": HEX,
+  "mac": HEX}`` with ``mac = HMAC-SHA256(secret, b"flownet-command-v1\\n" || canonical JSON of
+  the request without "auth" || "\\n" || time || "\\n" || nonce)``;
+* the secret is the control token (key id ``token``, from ``[router] control_token``) or any
+  link key of ``[link_auth.keys]`` under its own id;
+* the time must be within ``window`` seconds of the router's clock, and a nonce is accepted
+  once, so a recorded command cannot be replayed.
+
+The secret itself never crosses the network. :func:`sign_command` builds the proof (the CLI
+and :func:`flowrouter.net.runtime.query_control` use it). :meth:`CommandGuard.check_bind`
+refuses a command interface on a non-loopback address without a token or link keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from flowrouter.wire.address import AddressError
+
+__all__ = ["READ_ONLY_COMMANDS", "CommandGuard", "is_loopback", "sign_command"]
+
+#: commands that only read; everything else changes the router
+READ_ONLY_COMMANDS = frozenset({"status", "ping"})
+TOKEN_ID = "token"
+_LABEL = b"flownet-command-v1\n"
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127/8, ::1)."""
+    h = host.strip("[]")
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def _canonical(request: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in request.items() if k != "auth"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _mac(secret: bytes, request: Mapping[str, Any], when: int, nonce: str) -> str:
+    msg = _LABEL + _canonical(request) + b"\n%d\n" % when + nonce.encode()
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def sign_command(request: Mapping[str, Any], key_id: str, secret: bytes, now: float
+                 ) -> dict[str, Any]:
+    """*request* plus its ``auth`` proof (see the module docs); *now* is Unix time."""
+    when = int(now)
+    nonce = os.urandom(12).hex()
+    return {**request, "auth": {"key_id": key_id, "time": when, "nonce": nonce,
+                                "mac": _mac(secret, request, when, nonce)}}
+
+
+class CommandGuard:
+    """Decides, for one command interface, whether a request may run."""
+
+    def __init__(self, bind_host: str, secrets: Mapping[str, bytes] | None = None, *,
+                 always: bool = False, window: float = 60.0, replay_size: int = 4096) -> None:
+        self.bind_host = bind_host
+        #: commands run without proof only on a loopback interface, and only when the
+        #: operator has not asked for proof everywhere (``always``: a control token is set)
+        self.loopback = is_loopback(bind_host) and not always
+        self.secrets = dict(secrets or {})
+        self.window = window
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._replay_size = replay_size
+        self.refused = 0
+
+    @staticmethod
+    def check_bind(bind_host: str, secrets: Mapping[str, bytes] | None) -> None:
+        """Refuse (AddressError, a config error) a non-loopback command interface that could
+        not check proof."""
+        if not is_loopback(bind_host) and not secrets:
+            raise AddressError(
+                f"control interface on {bind_host} (not loopback) needs a [router] "
+                "control_token or [link_auth] keys, or anyone who reaches it could change the "
+                "router; bind it to 127.0.0.1 or set a token")
+
+    def authorise(self, request: Mapping[str, Any], now: float) -> str | None:
+        """None if *request* may run now (Unix time *now*); else why not (one line)."""
+        cmd = request.get("cmd")
+        if cmd in READ_ONLY_COMMANDS:
+            return None
+        auth = request.get("auth")
+        if auth is None:
+            if self.loopback:
+                return None
+            return self._refuse(f"command {cmd!r} changes the router and needs proof (a "
+                                "control token or a link key) on a non-loopback interface")
+        if not isinstance(auth, dict):
+            return self._refuse("malformed auth (expected an object)")
+        kid, when, nonce, mac = (auth.get("key_id"), auth.get("time"), auth.get("nonce"),
+                                 auth.get("mac"))
+        if not (isinstance(kid, str) and isinstance(when, int) and isinstance(nonce, str)
+                and isinstance(mac, str) and 0 < len(nonce) <= 64):
+            return self._refuse("malformed auth (key_id, time, nonce and mac are needed)")
+        secret = self.secrets.get(kid)
+        if secret is None:
+            return self._refuse(f"unknown key id {kid!r}")
+        if abs(now - when) > self.window:
+            return self._refuse(f"auth time is {now - when:+.0f}s off (window "
+                                f"{self.window:.0f}s); check the clocks")
+        if not hmac.compare_digest(_mac(secret, request, when, nonce), mac):
+            return self._refuse("bad proof")
+        tag = f"{kid}/{nonce}"
+        if tag in self._seen:
+            return self._refuse("replayed command")
+        self._seen[tag] = None
+        if len(self._seen) > self._replay_size:
+            self._seen.popitem(last=False)
+        return None
+
+    def _refuse(self, why: str) -> str:
+        self.refused += 1
+        return f"not authorised: {why}"

@@ -1,0 +1,105 @@
+"""The sans-I/O policies of the trust boundary: quotas per principal, the slow-consumer
+policy, and the rule that commands changing a router need proof."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowrouter.core.linkqueue import SlowConsumerPolicy
+from flowrouter.core.quotas import PrincipalQuotas, QuotaLimits, host_of, principal_for
+from flowrouter.net.commandauth import CommandGuard, is_loopback, sign_command
+from flowrouter.wire.address import AddressError
+
+
+# ---------------------------------------------------------------- quotas per principal
+def test_principal_is_the_proven_name_or_the_source_host() -> None:
+    assert principal_for("alice", "10.0.0.5:4000") == "name:alice"
+    assert principal_for(None, "10.0.0.5:4000") == "host:10.0.0.5"
+    assert principal_for(None, "[::1]:4000") == "host:::1"
+    assert host_of("?") == "?"
+
+
+def test_connections_are_counted_per_host_not_per_connection() -> None:
+    q = PrincipalQuotas(QuotaLimits(connections_per_host=2))
+    assert q.admit_connection(1, "10.0.0.5:1") and q.admit_connection(2, "10.0.0.5:2")
+    assert not q.admit_connection(3, "10.0.0.5:3")  # a third from the same host
+    assert q.admit_connection(4, "10.0.0.6:1")  # another host is unaffected
+    q.unbind(1)
+    assert q.admit_connection(5, "10.0.0.5:5")
+    assert q.status()["connections_per_host"] == {"10.0.0.5": 2, "10.0.0.6": 1}
+
+
+def test_join_rate_is_a_bucket_per_principal() -> None:
+    q = PrincipalQuotas(QuotaLimits(joins_per_second=10, join_burst=5))
+    q.bind(1, "host:a")
+    q.bind(2, "host:a")  # a second connection shares the bucket
+    assert [q.admit_join("host:a", 0.0) for _ in range(6)] == [True] * 5 + [False]
+    assert q.admit_join("host:b", 0.0)  # others keep theirs
+    assert not q.admit_join("host:a", 0.05)
+    assert q.admit_join("host:a", 0.2)  # refilled at 10/s
+    q.unbind(1)
+    q.unbind(2)
+    assert q.principal(1) is None and "host:a" not in q.links
+    with pytest.raises(ValueError):
+        QuotaLimits(flows=0)
+
+
+# ---------------------------------------------------------------- slow consumers
+def test_slow_consumer_stalls_then_expires_after_the_grace_time() -> None:
+    p = SlowConsumerPolicy(limit=1000, grace=2.0, stall=0.5, now=0.0)
+    assert not p.stuck(0.4) and p.stuck(0.6)  # frames waited, nothing moved
+    p.progress(800, 0.6)
+    assert not p.stuck(0.7)
+    assert p.note_drops(2, 1.0) and not p.note_drops(1, 1.5)  # went over once
+    assert p.over_since == 1.0 and p.dropped == 3 and p.stuck(1.1)
+    assert not p.expired(2.5)
+    p.progress(600, 2.9)  # not yet down to half: still over
+    assert p.expired(3.0)
+    p.progress(500, 3.1)  # recovered
+    assert p.over_since is None and not p.expired(10.0)
+    with pytest.raises(ValueError):
+        SlowConsumerPolicy(0, 1.0)
+
+
+# ---------------------------------------------------------------- commands need proof
+def test_loopback_interface_serves_commands_and_status_to_anyone() -> None:
+    g = CommandGuard("127.0.0.1")
+    assert g.authorise({"cmd": "emulate", "peer": "r2"}, 0.0) is None
+    assert is_loopback("::1") and is_loopback("localhost") and not is_loopback("10.1.1.1")
+
+
+def test_open_interface_needs_proof_for_commands_but_not_for_status() -> None:
+    with pytest.raises(AddressError, match="control_token"):
+        CommandGuard.check_bind("0.0.0.0", None)
+    CommandGuard.check_bind("0.0.0.0", {"token": b"t" * 16})
+    g = CommandGuard("0.0.0.0", {"token": b"secret-token", "site": bytes(32)})
+    assert g.authorise({"cmd": "status"}, 0.0) is None
+    req = {"cmd": "link", "peer": "r2", "up": False}
+    assert "needs proof" in (g.authorise(req, 1000.0) or "")
+    signed = sign_command(req, "token", b"secret-token", 1000.0)
+    assert g.authorise(signed, 1001.0) is None
+    assert "replayed" in (g.authorise(signed, 1001.0) or "")
+    assert g.authorise(sign_command(req, "site", bytes(32), 1000.0), 1000.0) is None
+    assert "bad proof" in (g.authorise(sign_command(req, "token", b"guess", 1000.0),
+                                       1000.0) or "")
+    tampered = sign_command(req, "token", b"secret-token", 1000.0)
+    tampered["up"] = True  # the proof covers the whole command
+    assert "bad proof" in (g.authorise(tampered, 1000.0) or "")
+    assert "off" in (g.authorise(sign_command(req, "token", b"secret-token", 0.0), 1000.0)
+                     or "")
+    assert "unknown key" in (g.authorise(sign_command(req, "x", b"k", 0.0), 0.0) or "")
+    assert "malformed" in (g.authorise({**req, "auth": "token"}, 0.0) or "")
+    assert g.refused == 7
+
+
+def test_output_queue_forgets_the_credit_of_waiting_frames() -> None:
+    from flowrouter.core.linkqueue import OutputQueue
+
+    q = OutputQueue(10**6)
+    hdr = bytes(20) + bytes([40]) + bytes(3)
+    q.push(b"A" * 16, hdr, b"x" * 100, False, 0.0, origin=7)
+    q.push(b"B" * 16, hdr, b"y" * 50, False, 0.0, origin=8)
+    q.push(b"B" * 16, hdr, b"z" * 10, True, 0.0, origin=7)
+    assert q.forget_origins() == {7: 124 + 34, 8: 74}
+    assert q.forget_origins() == {}
+    assert sorted(fr[2] for fr in iter(lambda: q.pop(0.0), None)) == [0, 0, 0]
