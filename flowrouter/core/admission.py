@@ -109,6 +109,17 @@ class Admission(RouterState):
             link.caps[key] = cap
         return None
 
+    def _over_quota(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
+        """An application's join against its principal's quotas (flowrouter.core.trust):
+        the refusal (counted, alerted, a LIMIT answer), or nothing."""
+        refusal = self.trust.join_refusal(link, key, self.links, now)
+        if refusal is None:
+            return []
+        self.counters[f"refused.{refusal.kind}"] += 1
+        out = self.alert(refusal.kind, refusal.text, now)
+        return out + [self._control(link.link_id, key, C.JoinAck(
+            msg.req_id, C.JoinStatus.LIMIT, refusal.text))]
+
     def _may_send(self, link: Link, key: bytes, header: memoryview | bytes, band: int,
                   now: float) -> bool:
         cap = link.caps.get(key) if link.caps else None

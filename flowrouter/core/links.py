@@ -1,8 +1,10 @@
 """Links: the life of one link, from HELLO (and AUTH) to link up and to link down.
 
 A transport that connects is opened here; its first frames must be HELLO (and, with a
-key ring, AUTH: :mod:`flowrouter.wire.linkauth`). A link that closes, times out or
-sends a malformed frame is forgotten here, and every flow that used it is repaired.
+key ring, AUTH: :mod:`flowrouter.wire.linkauth`); the trust boundary
+(:mod:`flowrouter.core.trust`) admits the connection and refuses unproven router claims.
+A link that closes, times out or sends a malformed frame is forgotten here, and every flow
+that used it is repaired.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
 lsroutes, tracers); never another part (calls into other parts go through ``self``,
@@ -14,6 +16,7 @@ from __future__ import annotations
 from flowrouter.core.actions import Action, Close, Secure, Send
 from flowrouter.core.state import LINK_KEY, RouterState, log
 from flowrouter.core.tables import Link, LinkState, Modifiers
+from flowrouter.core.trust import Refusal
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.flowid import flow_text
@@ -35,6 +38,9 @@ class Links(RouterState):
                                    modifiers_configured=modifiers is not None, opened_at=now)
         self._link_changed(link_id)
         self._handshaking.add(link_id)
+        refusal = self.trust.on_open(self.links[link_id])
+        if refusal is not None:
+            return self._refuse_untrusted(self.links[link_id], refusal, now)
         creds = b""
         if self.p.keyring is not None:
             auth = self.links[link_id].auth = LinkAuthenticator(
@@ -58,6 +64,7 @@ class Links(RouterState):
         """The transport is gone (or we dropped it): repair every flow that used it."""
         link = self.links.pop(link_id, None)
         self._handshaking.discard(link_id)
+        self.trust.on_close(link_id)
         if link is None:
             return []
         self._link_changed(link_id)
@@ -167,7 +174,20 @@ class Links(RouterState):
         out += self.close_link(link.link_id, now, f"authentication failed ({reason})")
         return out + [Close(link.link_id, f"authentication failed: {reason}")]
 
+    def _refuse_untrusted(self, link: Link, refusal: Refusal, now: float) -> list[Action]:
+        """The trust boundary refused this link: say why, count, log, alert, drop it."""
+        self.counters[f"refused.{refusal.kind}"] += 1
+        log.warning("%s: refused: %s", link.describe(), refusal.text)
+        out = self.alert(refusal.kind, refusal.text, now)
+        err = C.Error(3, refusal.text).encode()
+        out.append(Send(link.link_id, pack_header(LINK_KEY, len(err), BAND_MEMBERSHIP), err))
+        out += self.close_link(link.link_id, now, f"refused ({refusal.kind})")
+        return out + [Close(link.link_id, f"refused: {refusal.kind}")]
+
     def _link_up(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
+        refusal = self.trust.router_refusal(link, msg)
+        if refusal is not None:  # a HELLO claiming ROUTER that nothing proves
+            return self._refuse_untrusted(link, refusal, now)
         if link.expected_peer and msg.name != link.expected_peer:
             log.warning("%s: expected router %r, it says it is %r", link.describe(),
                         link.expected_peer, msg.name)
@@ -181,6 +201,7 @@ class Links(RouterState):
         link.state = LinkState.UP
         self._link_changed(link.link_id)
         self._handshaking.discard(link.link_id)
+        self.trust.on_up(link)
         self.generation += 1
         self.counters["links.up"] += 1
         if self._tracing:

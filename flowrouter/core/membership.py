@@ -26,6 +26,10 @@ class Membership(RouterState):
 
     def _on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
         lid = link.link_id
+        if link.role is C.Role.ENDPOINT:
+            refused = self._over_quota(link, key, msg, now)
+            if refused:
+                return refused
         if self._policies_active and link.role is C.Role.ENDPOINT:
             refusal = self._authorize_join(link, key, msg, now)
             if refusal is not None:

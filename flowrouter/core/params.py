@@ -44,6 +44,10 @@ class RouterParams:
     auth_encrypt: bool = False  #: ask for encrypted links (TCP; on if either side asks)
     auth_endpoints: bool = False
     handshake_timeout: float = 10.0
+    #: limits per principal (flowrouter.core.quotas.QuotaLimits; None: the defaults)
+    quota: Any = None
+    #: (name, source host) pairs accepted as routers without link keys (core.trust)
+    accept_routers: frozenset[tuple[str, str]] = frozenset()
     #: locality costs of links to applications (accepted links from routers adopt the
     #: costs the dialling router announces)
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)

@@ -132,6 +132,7 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, Admis
             "flow_count": len(self.flows), "ls_routes": self.routing.table(),
             "counters": dict(sorted(self.counters.items())),
             "alerts": list(self.alerts),
+            "quota": self.trust.status(self.links),
         }
 
 

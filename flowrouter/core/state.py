@@ -8,7 +8,7 @@ a control frame, and, for the type checker only, the calls parts make into each 
 one is implemented by the part named beside it).
 
 May import :mod:`flowrouter.wire` and the core's data modules (tables, lsroutes, tracers,
-policystore, params, actions); never another part.
+policystore, params, actions, trust, quotas); never another part.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from flowrouter.core.params import RouterParams
 from flowrouter.core.policystore import PolicyStore
 from flowrouter.core.tables import FlowEntry, Link
 from flowrouter.core.tracers import NULL_TRACER, Tracer
+from flowrouter.core.trust import TrustBoundary
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
@@ -71,6 +72,8 @@ class RouterState:
         #: runtime sets it, the simulator leaves 0
         self.wall_offset = 0.0
         self._replay = ReplayCache()
+        #: who may be a router, and the quotas of everyone else (flowrouter.core.trust)
+        self.trust = TrustBoundary(params.quota, params.accept_routers)
         #: links still in their handshake (the only ones a tick must check for time-outs)
         self._handshaking: set[int] = set()
         #: entries cut off from their core: retried as soon as any route changes
@@ -118,6 +121,8 @@ class RouterState:
                         fault: C.Fault) -> list[Action]: ...
         def _authorize_join(self, link: Link, key: bytes, msg: C.Join,  # admission
                             now: float) -> str | None: ...
+        def _over_quota(self, link: Link, key: bytes, msg: C.Join,  # admission
+                        now: float) -> list[Action]: ...
         def _may_send(self, link: Link, key: bytes, header: memoryview | bytes,  # admission
                       band: int, now: float) -> bool: ...
         def _withdraw(self, link: Link, key: bytes, why: str,  # admission

@@ -1,6 +1,5 @@
 """The trust boundary of a router: who may be a router, and what everyone else may do.
-Sans-I/O; imports :mod:`flowrouter.core.quotas`, :mod:`flowrouter.core.tables` and
-:mod:`flowrouter.wire` only.
+Sans-I/O.
 
 A link is a *router* only when it proves it:
 
@@ -12,9 +11,11 @@ A link is a *router* only when it proves it:
 Any other HELLO that claims ROUTER is refused (the router says why, logs and counts
 ``refused.router-claim``). Every link that is not a proven router is an application and
 passes admission: connections per source host when it connects, and the quotas of its
-principal (:mod:`flowrouter.core.quotas`) on every join. The router core calls the four
-hooks (:meth:`TrustBoundary.on_open`, :meth:`~TrustBoundary.router_refusal`,
-:meth:`~TrustBoundary.on_up`, :meth:`~TrustBoundary.on_close`) and :meth:`~TrustBoundary.join_refusal`.
+principal (:mod:`flowrouter.core.quotas`) on every join. The router core's links part
+calls :meth:`TrustBoundary.on_open`, :meth:`~TrustBoundary.router_refusal`,
+:meth:`~TrustBoundary.on_up` and :meth:`~TrustBoundary.on_close`; its admission part calls
+:meth:`~TrustBoundary.join_refusal`. Imports :mod:`flowrouter.core.quotas`,
+:mod:`flowrouter.core.tables` and :mod:`flowrouter.wire` only.
 """
 
 from __future__ import annotations
