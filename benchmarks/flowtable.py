@@ -73,10 +73,16 @@ def make_router(n_flows: int) -> Router:
     names = {f.name for f in dataclasses.fields(RouterParams)}
     if "max_flows_per_endpoint" in names:  # one application link holds every flow here
         kw["max_flows_per_endpoint"] = limit
+    if "quota" in names:  # ... and the application's principal may hold and join them all
+        from flowrouter.core.quotas import QuotaLimits
+
+        kw["quota"] = QuotaLimits(flows=limit, joins_per_second=1e12, join_burst=limit)
     r = Router(RouterParams(name="bench", node_id=1, **kw), 0.0)
     link_key = LINK_LOCAL_FLOW.key
     for lid, role, name in ((UP, C.Role.ROUTER, "up"), (EP, C.Role.ENDPOINT, "app")):
-        r.open_link(lid, 0.0, transport="sim", address=name)
+        # the upstream router is one we "dialled" (a proven router link)
+        r.open_link(lid, 0.0, transport="sim", address=name,
+                    expected_peer=name if role is C.Role.ROUTER else None)
         hello = C.Hello(100 + lid, role, name, 65536).encode()
         r.receive(lid, pack_header(link_key, len(hello), BAND_MEMBERSHIP), hello, 0.0)
     routes = C.LsRoutes(((LSID, 0),)).encode()
