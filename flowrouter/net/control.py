@@ -4,20 +4,29 @@
 (``flowrouter status`` prints them); ``ping``, ``link`` (administrative down/up) and
 ``emulate`` (bandwidth, delay, loss) act on a running node. :func:`query_control` is the
 client every tool uses. Bad requests get a one-line error reply, never a dropped server.
+Status is served to anyone the interface is bound for; commands that change the router pass
+the node's :class:`~flowrouter.net.commandauth.CommandGuard` first (proof by token or link
+key), and :func:`query_control` signs them when given a token or key.
 
-May import :mod:`flowrouter.net.config` and :mod:`flowrouter.wire`; the node is only a type.
+May import :mod:`flowrouter.net.config`, :mod:`flowrouter.net.commandauth` and
+:mod:`flowrouter.wire`; the node is only a type.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+from flowrouter.net.commandauth import sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
 
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
+
+log = logging.getLogger("flowrouter.net.runtime")
 
 
 def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
@@ -52,8 +61,16 @@ async def serve_client(node: RouterNode, reader: asyncio.StreamReader,
                 cmd = req.get("cmd") if isinstance(req, dict) else None
             except ValueError:
                 cmd, req = None, None
+            refusal = (node.guard.authorise(req, time.time())
+                       if node.guard is not None and isinstance(req, dict) else None)
             try:
-                reply = command(node, cmd, req)
+                if refusal is not None:
+                    node.core.counters["refused.command"] += 1
+                    log.warning("router %s: control command %r refused: %s",
+                                node.config.name, cmd, refusal)
+                    reply = {"ok": False, "error": refusal}
+                else:
+                    reply = command(node, cmd, req)
             except (ConfigError, KeyError, TypeError, ValueError) as exc:
                 reply = {"ok": False, "error": f"bad {cmd} command: {exc}"}
             writer.write(json.dumps(reply).encode() + b"\n")
@@ -65,16 +82,25 @@ async def serve_client(node: RouterNode, reader: asyncio.StreamReader,
 
 
 async def query_control(address: str, cmd: str = "status", timeout: float = 5.0,
+                        token: str | None = None, link_key: tuple[str, bytes] | None = None,
                         **args: Any) -> dict[str, Any]:
-    """Ask a running router's control interface; raises ConnectionError with a clear text."""
+    """Ask a running router's control interface; raises ConnectionError with a clear text.
+
+    A command is signed with the control *token* or a *link_key* ``(key id, secret)`` when
+    one is given (flowrouter.net.commandauth); status queries need neither."""
     host, port = parse_address(address, "control address")
+    request: dict[str, Any] = {"cmd": cmd, **args}
+    if token is not None:
+        request = sign_command(request, "token", token.encode(), time.time())
+    elif link_key is not None:
+        request = sign_command(request, link_key[0], link_key[1], time.time())
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     except (TimeoutError, OSError) as exc:
         raise ConnectionError(f"no router control interface answers at {address}: "
                               f"{exc}") from None
     try:
-        writer.write(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        writer.write(json.dumps(request).encode() + b"\n")
         line = await asyncio.wait_for(reader.readline(), timeout)
     finally:
         writer.close()

@@ -42,7 +42,7 @@ class TcpLink(asyncio.Protocol):
     """One TCP connection to a router or an application (dialled or accepted)."""
 
     __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
-                 "reading", "hs", "secure")
+                 "reading", "hs", "secure", "frames_in", "partial_since")
 
     def __init__(self, node: RouterNode, peer: PeerConfig | None) -> None:
         self.node = node
@@ -57,6 +57,10 @@ class TcpLink(asyncio.Protocol):
         #: rest of the stream may be sealed records, not frames
         self.hs: bytearray | None = bytearray()
         self.secure: SecureStream | None = None
+        #: frames completed so far, and since when an incomplete one has been arriving (the
+        #: frame progress time-out: a started frame must complete within frame_timeout)
+        self.frames_in = 0
+        self.partial_since: float | None = None
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -82,6 +86,19 @@ class TcpLink(asyncio.Protocol):
             expected_peer=self.peer.name if self.peer else None))
 
     def data_received(self, data: bytes) -> None:
+        before = self.frames_in
+        self._data(data)
+        pending = self.decoder.pending or (self.secure is not None
+                                           and self.secure.decoder.pending)
+        if not pending:
+            if self.partial_since is not None:
+                self.partial_since = None
+                self.node._partial.discard(self)
+        elif self.partial_since is None or self.frames_in != before:
+            self.partial_since = self.node.now()  # a new frame started
+            self.node._partial.add(self)
+
+    def _data(self, data: bytes) -> None:
         if self.secure is not None:
             try:
                 chunks = self.secure.decode(data)
@@ -90,6 +107,8 @@ class TcpLink(asyncio.Protocol):
                 node.execute(node.core.drop_link(
                     self.link_id, MalformedFrame("bad-record", str(exc)), node.now()))
                 return
+            if chunks:
+                self.frames_in += 1  # a whole record arrived
             for chunk in chunks:
                 self._frames(chunk)
             return
@@ -121,7 +140,7 @@ class TcpLink(asyncio.Protocol):
                 self.hs = None
                 node._link_state_changed()
                 if rest:
-                    self.data_received(rest)
+                    self._data(rest)
                 return
 
     def _frames(self, data: bytes) -> None:
@@ -136,6 +155,7 @@ class TcpLink(asyncio.Protocol):
             return
         if not frames:
             return
+        self.frames_in += len(frames)
         core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
         node._rx_link = link_id
         node._batching = True
@@ -143,10 +163,12 @@ class TcpLink(asyncio.Protocol):
             for header, payload in frames:
                 actions = core.receive(link_id, header, payload, now)
                 if actions:
+                    node._fanout = len(actions)
                     execute(actions)
         finally:
             node._batching = False
             node._rx_link = 0
+            node._fanout = 1
             node._flush()
         if core.generation != node._seen_generation:
             node._link_state_changed()
@@ -167,6 +189,7 @@ class TcpLink(asyncio.Protocol):
             if self.decoder.pending:  # first the frame split across reads
                 whole, pos = self.decoder.complete(view)
                 if whole is not None:
+                    self.frames_in += 1
                     self._fast_pass(whole, 0, max_payload, len(whole))
             while pos < n and link_id in core.links:
                 pos = self._fast_pass(view, pos, max_payload, n)
@@ -186,11 +209,18 @@ class TcpLink(asyncio.Protocol):
         where to go on, or -1 when the read is done."""
         node = self.node
         links = node._links
+        start = pos
         pos, stop, outs = node.fast.forward(self.link_id, view, pos, max_payload)  # type: ignore[union-attr]
+        if pos > start:
+            self.frames_in += 1  # whole frames went by (the progress time-out's clock)
+        # frames of this pass that reach several outputs hold no input credit (as a core
+        # frame with several sends): one stuck output must not pause this input
+        node._fanout = len(outs)
         for lk, frames, count in outs:
             link = links.get(lk)
             if link is not None and link.out is not None:
                 link.out.send_frames(frames, count)
+        node._fanout = 1
         if stop == STOP_END:
             return -1
         if stop == STOP_PARTIAL:
@@ -202,8 +232,11 @@ class TcpLink(asyncio.Protocol):
             return -1
         actions = node.core.receive(self.link_id, view[pos:pos + HEADER_SIZE],
                                     view[pos + HEADER_SIZE:end], node.now())
+        self.frames_in += 1
         if actions:
+            node._fanout = len(actions)
             node.execute(actions)
+            node._fanout = 1
         return end
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -218,6 +251,7 @@ class TcpLink(asyncio.Protocol):
                         link.describe() if link else f"link {self.link_id}", reason)
         if self.out is not None:
             self.out.close()
+        node._partial.discard(self)
         node.execute(node.core.close_link(self.link_id, node.now(), reason))
         node._unregister(self.link_id)
         if self.peer is not None:
@@ -266,6 +300,11 @@ class TcpLink(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abort(self, reason: str) -> None:
+        """Close without flushing: the peer does not read, a graceful close would wait."""
+        if self.transport is not None:
+            self.transport.abort()
+
 
 class UdpLink:
     """One remote UDP address on the node's shared socket."""
@@ -303,3 +342,5 @@ class UdpLink:
         if self.out is not None:
             self.out.close()
         self.node._udp_links.pop(self.addr, None)
+
+    abort = close

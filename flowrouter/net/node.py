@@ -2,8 +2,9 @@
 
 It owns the link table of transports, dials its configured peers (re-dialling with
 exponential back-off), runs the clock (``Router.tick``), carries out the core's actions,
-applies link emulation and administrative link state, keeps the input credits, and serves
-the control interface (:mod:`flowrouter.net.control`).
+applies link emulation and administrative link state, keeps the input credits, enforces
+progress (slow consumers, stalled frames), and serves the control interface
+(:mod:`flowrouter.net.control`, commands checked by :mod:`flowrouter.net.commandauth`).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and the rest of
 :mod:`flowrouter.net`.
@@ -24,6 +25,7 @@ from flowrouter.core.fastpath import FastPath, engine_choice
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
+from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, UdpLink
@@ -76,6 +78,17 @@ class RouterNode:
                 self._emulation.setdefault(peer.name, peer.emulation)
         #: peers administratively down: their links are closed and not re-dialled
         self._blocked: set[str] = set()
+        #: how many outputs the frame being forwarded goes to (credit is only held by frames
+        #: with one), outputs with a backlog, TCP links in the middle of a frame
+        self._fanout = 1
+        self._backlogged: set[LinkOutput] = set()
+        self._partial: set[TcpLink] = set()
+        #: an output queue's bound, and what its drops are counted as
+        self._queue_bound = min(config.max_link_buffer, config.slow_consumer_bytes)
+        self._drop_kind = ("slow-consumer" if config.slow_consumer_bytes < config.max_link_buffer
+                           else "link-congested")
+        #: who may run control commands (flowrouter.net.commandauth); set when serving
+        self.guard: CommandGuard | None = None
 
     def _attach_fast_path(self) -> None:
         engine, self.fast_path_info = engine_choice()
@@ -121,6 +134,9 @@ class RouterNode:
                      *self._udp.sockname[:2])
         if cfg.control:
             host, port = parse_address(cfg.control, "control")
+            secrets = cfg.control_secrets()
+            CommandGuard.check_bind(host, secrets)  # no open command port off loopback
+            self.guard = CommandGuard(host, secrets, always=bool(cfg.control_token))
             self._control = await asyncio.start_server(
                 functools.partial(serve_control_client, self), host, port)
             log.info("router %s control interface on %s:%d", cfg.name, *self.control_address)
@@ -255,7 +271,8 @@ class RouterNode:
                 link.send(action.header, action.payload)
             elif type(action) is Secure:
                 if isinstance(link, TcpLink):
-                    link.secure = SecureStream(action.cipher)
+                    # the clock moves it to new keys now and then (forward secrecy)
+                    link.secure = SecureStream(action.cipher, clock=self.now)
             elif type(action) is Close:
                 link.close(action.reason)
                 if isinstance(link, UdpLink):
@@ -334,7 +351,9 @@ class RouterNode:
                 continue
             actions = self.core.receive(link.link_id, header, payload, self.now())
             if actions:
+                self._fanout = len(actions)
                 self.execute(actions)
+                self._fanout = 1
             if self.core.generation != self._seen_generation:
                 self._link_state_changed()
 
@@ -390,6 +409,7 @@ class RouterNode:
             await asyncio.sleep(interval)
             now = self.now()
             self.execute(self.core.tick(now))
+            self._check_progress(now)
             idle = self.config.udp_idle_timeout
             for addr, link in list(self._udp_links.items()):
                 if now - link.last_rx > idle:
@@ -400,6 +420,50 @@ class RouterNode:
                     self._unregister(link.link_id)
                     if link.peer is not None:
                         self._redial(link.peer)
+
+    def _check_progress(self, now: float) -> None:
+        """Outputs that stopped moving give back their credit (and are closed as slow
+        consumers after the grace time); frames that stopped arriving close their link."""
+        for out in list(self._backlogged):
+            if out.slow.expired(now):
+                self._close_slow_consumer(out)
+            elif not out.stuck and out.slow.stuck(now):
+                out._become_stuck()
+        limit = self.config.frame_timeout
+        for link in list(self._partial):
+            if link.partial_since is not None and now - link.partial_since > limit:
+                self._partial.discard(link)
+                self.core.counters["reaped.stalled-frame"] += 1
+                lk = self.core.links.get(link.link_id)
+                log.warning("router %s: %s: a frame started %.1fs ago is still incomplete; "
+                            "closing the link", self.config.name,
+                            lk.describe() if lk else f"link {link.link_id}", limit)
+                self.execute(self.core.close_link(link.link_id, now, "stalled frame"))
+                link.abort("stalled frame")
+                self._link_state_changed()
+
+    def _close_slow_consumer(self, out: LinkOutput) -> None:
+        """Close an output that stayed over its limit for the grace time, and tell its flows
+        (a fault notice on band 17) and the log."""
+        core, now, cfg = self.core, self.now(), self.config
+        self._backlogged.discard(out)
+        lk = core.links.get(out.link_id)
+        link = self._links.get(out.link_id)
+        if lk is None:
+            return
+        detail = (f"{lk.describe()} is a slow consumer: over {self._queue_bound} bytes queued "
+                  f"for {cfg.slow_consumer_grace:g}s; closing it")
+        log.warning("router %s: %s", cfg.name, detail)
+        core.counters["links.slow-consumer"] += 1
+        keys = sorted(lk.dependent)
+        actions = core.close_link(out.link_id, now, "slow consumer")
+        for key in keys:
+            actions += core.alert("slow-consumer-closed", detail, now, key)
+        out.close()
+        self.execute(actions)
+        if link is not None:
+            link.abort("slow consumer")
+        self._link_state_changed()
 
     # waiting helpers (tests, launcher) -----------------------------------------------------------
     def links_up(self, role: Role | None = Role.ROUTER) -> int:

@@ -3,8 +3,10 @@
 A copy-free fast path straight to the transport (batched per read), and the slow path once
 the transport pushes back or the link is shaped: a fair, bounded
 :class:`~flowrouter.core.linkqueue.OutputQueue` (control first, deficit round robin between
-flows, drops from the longest flow queue, counted and announced), input credits, and link
-emulation (bandwidth, delay, loss, administrative down).
+flows, drops from the longest flow queue, counted and announced), input credits, the
+slow-consumer policy (an output that cannot keep up holds no credit and is closed after a
+grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`), and link emulation
+(bandwidth, delay, loss, administrative down).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and :mod:`flowrouter.net.config`;
 the node it serves is only a type here.
@@ -13,13 +15,16 @@ the node it serves is only a type here.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from flowrouter.core.linkqueue import OutputQueue
+from flowrouter.core.linkqueue import OutputQueue, SlowConsumerPolicy
 from flowrouter.net.config import Emulation
 from flowrouter.wire.header import HEADER_SIZE
+
+log = logging.getLogger("flowrouter.net.runtime")
 
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
@@ -35,7 +40,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
-                 "rng", "batch")
+                 "rng", "batch", "slow", "stuck")
 
     def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -51,6 +56,18 @@ class LinkOutput:
         self.timer: asyncio.TimerHandle | None = None
         self.emu: Emulation | None = None
         self.rng: random.Random | None = None
+        cfg = node.config
+        #: when this output falls behind (flowrouter.core.linkqueue.SlowConsumerPolicy), and
+        #: whether it is stuck: then its frames hold no credit on the inputs feeding it
+        self.slow = SlowConsumerPolicy(cfg.slow_consumer_bytes, cfg.slow_consumer_grace,
+                                       cfg.slow_consumer_stall)
+        self.stuck = False
+
+    def _new_queue(self, now: float, **shaping: Any) -> OutputQueue:
+        node = self.node
+        node._backlogged.add(self)
+        self.slow.progress(0, now)  # the stall clock starts with the backlog
+        return OutputQueue(node._queue_bound, now=now, **shaping)
 
     def emulate(self, emu: Emulation | None) -> None:
         """(Re)configure emulation; frames already waiting keep their order."""
@@ -58,9 +75,9 @@ class LinkOutput:
         old = self.queue
         if self.emu is not None:
             self.rng = random.Random(f"{self.node.config.name}:{self.link_id}")
-            self.queue = OutputQueue(self.node.config.max_link_buffer,
-                                     rate=self.emu.bandwidth / 8 if self.emu.bandwidth else None,
-                                     delay=self.emu.delay, now=self.node.now())
+            self.queue = self._new_queue(
+                self.node.now(), rate=self.emu.bandwidth / 8 if self.emu.bandwidth else None,
+                delay=self.emu.delay)
             if old is not None:
                 now = self.node.now()
                 while (fr := old.pop(now)) is not None:
@@ -98,22 +115,20 @@ class LinkOutput:
                 self.write(header, payload)
             return
         node = self.node
+        now = node.now()
         q = self.queue
         if q is None:
-            q = self.queue = OutputQueue(node.config.max_link_buffer)
-        origin = node._rx_link
-        now = node.now()
-        size = len(header) + len(payload)
+            q = self.queue = self._new_queue(now)
+        # Only a frame with a single output holds its input's credit (pushing back on the
+        # sender of a flood); a frame copied to several outputs, or waiting on a stuck one,
+        # never makes its input wait (slow consumers hurt only themselves).
+        origin = node._rx_link if node._fanout <= 1 and not self.stuck else 0
         dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
-        node._credit_take(origin, size)
-        for key, n, org in dropped:
-            node._credit_release(org, n)
-            node.core.counters["drop.link-congested"] += 1
-            link = node.core.links.get(self.link_id)
-            node.execute(node.core.alert(
-                "link-congested", f"output to {link.describe() if link else self.link_id} "
-                f"is full ({node.config.max_link_buffer} bytes); dropping the longest flow's "
-                "frames", now, key))
+        node._credit_take(origin, len(header) + len(payload))
+        if dropped:
+            self._dropped(dropped, now)
+            if self.queue is None:  # closed as a slow consumer
+                return
         self._drain()
 
     def send_frames(self, frames: bytes, count: int) -> None:
@@ -141,6 +156,36 @@ class LinkOutput:
             self.send(bytes(view[pos:pos + HEADER_SIZE]), view[pos + HEADER_SIZE:end])
             pos = end
 
+    def _dropped(self, dropped: list[tuple[bytes, int, int]], now: float) -> None:
+        """Frames dropped to keep the queue bounded: count, alert their flows, and handle
+        the link as a slow consumer (it holds no credit; closed after the grace time)."""
+        node = self.node
+        kind = node._drop_kind
+        for _, n, org in dropped:
+            node._credit_release(org, n)
+        node.core.counters["drop." + kind] += len(dropped)
+        link = node.core.links.get(self.link_id)
+        desc = link.describe() if link else f"link {self.link_id}"
+        if self.slow.note_drops(len(dropped), now):
+            log.warning("router %s: %s cannot keep up (%d bytes queued); dropping its frames "
+                        "(%s)", node.config.name, desc, node._queue_bound, kind)
+        self._become_stuck()
+        for key in sorted({k for k, _, _ in dropped}):
+            node.execute(node.core.alert(
+                kind, f"output to {desc} is full ({node._queue_bound} bytes); dropping the "
+                "longest flow's frames", now, key))
+        if self.slow.expired(now):
+            node._close_slow_consumer(self)
+
+    def _become_stuck(self) -> None:
+        """Give back the credit this output's waiting frames hold."""
+        if self.stuck:
+            return
+        self.stuck = True
+        if self.queue is not None:
+            for org, n in self.queue.forget_origins().items():
+                self.node._credit_release(org, n)
+
     def flush(self) -> None:
         batch, self.batch = self.batch, None
         if batch and self.write_many is not None:
@@ -159,14 +204,21 @@ class LinkOutput:
             return
         node = self.node
         now = node.now()
+        sent = False
         while not self.paused:
             fr = q.pop(now)
             if fr is None:
                 break
+            sent = True
             node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
             self.write(fr[0], fr[1])
+        if sent or q.empty():
+            self.slow.progress(q.bytes, now)
+            if self.stuck and self.slow.over_since is None:
+                self.stuck = False  # moving again: its new frames may hold credit
         if q.empty() and not q.shaped:
             self.queue = None  # back to the fast path
+            node._backlogged.discard(self)
             return
         if not self.paused:
             wait = q.next_ready(now)
@@ -182,13 +234,15 @@ class LinkOutput:
             self.timer.cancel()
             self.timer = None
         q, self.queue = self.queue, None
+        self.node._backlogged.discard(self)
         if q is not None:
             now = self.node.now()
             while (fr := q.pop(now)) is not None:
                 self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"paused": self.paused}
+        out: dict[str, Any] = {"paused": self.paused, "stuck": self.stuck}
+        out.update(self.slow.stats())
         if self.queue is not None:
             out.update(self.queue.stats())
         if self.emu is not None:

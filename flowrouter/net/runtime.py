@@ -15,7 +15,14 @@ bytes and time in and actions out:
   ``max_link_buffer`` with drops taken from the longest flow queue, counted as
   ``drop.link-congested`` and announced on the flow's fault band. Each input link has a credit
   (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
-  neighbour, so TCP pushes back on the sender that causes the congestion and only on it.
+  neighbour, so TCP pushes back on the sender that causes the congestion and only on it. Only
+  frames with a single output hold credit, and an output that stops moving gives its credit
+  back: one stuck receiver never pauses an input. Such a *slow consumer* loses its own frames
+  past ``slow_consumer_bytes`` (``drop.slow-consumer``) and is closed after
+  ``slow_consumer_grace`` seconds over it, with a fault notice on band 17.
+* A frame that has started must arrive in full within ``frame_timeout`` seconds
+  (``reaped.stalled-frame``); control commands need proof off loopback
+  (:mod:`flowrouter.net.commandauth`).
 * Link emulation (bandwidth, delay, loss per direction, and administrative down/up) happens
   here, so outage rehearsals need no kernel traffic control.
 * Dialled peers are re-dialled with exponential back-off when their link drops.
