@@ -210,7 +210,9 @@ def test_protected_chat_room_admits_only_capability_holders(tmp_path) -> None:  
         servers = []
         try:
             hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", default_lsid=LSID,
-                                        core_lsids=frozenset({LSID})))
+                                        core_lsids=frozenset({LSID}),
+                                        accept_routers=[f"{site}@127.0.0.1"
+                                                        for site in sites.split(",")]))
             await hub.start()
             nodes["hub"] = hub
             for site in sites.split(","):
