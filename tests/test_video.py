@@ -1,0 +1,233 @@
+"""flowvideo on real loopback routers: each viewer gets frames at its own resolution; a router
+link toward a subtree that watches only the low resolution carries no high-resolution frame
+(router link counters and masks); a viewer that moves router continues the stream; overflow
+reports lower the streamer's rate for that resolution; unwatched resolutions stop.
+
+Topology (in-process routers, real sockets on 127.0.0.1)::
+
+    r1 (viewer H: high) --- r0 (core; streamer) --- r2 (viewer L: low)
+
+Small pictures and low frame rates; every wait is on an event with a generous bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+from collections.abc import AsyncIterator, Callable
+
+from PIL import Image
+
+import flowlib
+from apps.video import protocol as P
+from apps.video.protocol import Resolution
+from apps.video.sources import PatternSource
+from apps.video.streamer import Streamer
+from apps.video.streamer_core import RateChanged, StreamConfig
+from apps.video.viewer import Viewer
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+
+from .rawep import addr, run
+
+LSID = 0x10
+HIGH, MID, LOW = Resolution(240, 180), Resolution(120, 90), Resolution(48, 36)
+#: fragments of at most 1000 bytes: every high-resolution picture is several router frames
+FRAGMENT = 1000
+
+
+async def until(pred: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    """Wait (bounded) for *pred*, checking every 20 ms."""
+    async def spin() -> None:
+        while not pred():
+            await asyncio.sleep(0.02)
+    try:
+        await asyncio.wait_for(spin(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what or pred}") from None
+
+
+async def router(name: str, peers: list[RouterNode] = (), core: bool = False  # type: ignore
+                 ) -> RouterNode:
+    node = RouterNode(NodeConfig(
+        name, listen="127.0.0.1:0", core_lsids=frozenset({LSID}) if core else frozenset(),
+        default_lsid=LSID, peers=[PeerConfig(addr(p), p.config.name) for p in peers]))
+    await node.start()
+    return node
+
+
+@contextlib.asynccontextmanager
+async def star() -> AsyncIterator[list[RouterNode]]:
+    """r0 is the core; r1 and r2 hang off it."""
+    nodes: list[RouterNode] = []
+    try:
+        nodes.append(await router("r0", core=True))
+        nodes.append(await router("r1", [nodes[0]]))
+        nodes.append(await router("r2", [nodes[0]]))
+        for node, links in zip(nodes, (2, 1, 1)):
+            await node.wait_peers_up(links)
+            await node.wait_routes(LSID)
+        yield nodes
+    finally:
+        for node in reversed(nodes):
+            await node.stop()
+
+
+def config(**kw: object) -> StreamConfig:
+    base: dict[str, object] = dict(resolutions=(HIGH, MID, LOW), fps=5.0, quality=80,
+                                   request_period=0.5, expire_periods=3, advert_period=0.3,
+                                   state_period=0.2, recover_after=30.0)
+    base.update(kw)
+    return StreamConfig(**base)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def streaming(node: RouterNode, cfg: StreamConfig
+                    ) -> AsyncIterator[tuple[Streamer, flowlib.FlowID]]:
+    client = await flowlib.connect(addr(node), name="streamer", fragment_size=FRAGMENT)
+    flow = await client.create()
+    streamer = Streamer(client, flow, PatternSource(Resolution(240, 180)), cfg)
+    task = asyncio.ensure_future(streamer.run())
+    try:
+        await asyncio.wait_for(streamer.serving.wait(), 20)
+        yield streamer, flow
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
+
+
+def picture_size(frame: P.Frame) -> tuple[int, int]:
+    return Image.open(io.BytesIO(frame.jpeg)).size
+
+
+def link_tx(node: RouterNode, peer: str) -> int:
+    st = node.status()
+    return sum(lk["tx"] for lk in st["links"] if lk["peer"] == peer)
+
+
+def downstream_mask(node: RouterNode, peer: str, flow: flowlib.FlowID) -> flowlib.BandMask:
+    st = node.status()
+    link_ids = {str(lk["id"]) for lk in st["links"] if lk["peer"] == peer}
+    for entry in st["flows"]:
+        if entry["flow"] == str(flow):
+            for link, mask in entry["downstream"].items():
+                if link in link_ids:
+                    return flowlib.BandMask.parse(mask)
+    return flowlib.BandMask()
+
+
+# ------------------------------------------------------------------------------ tests
+def test_each_viewer_gets_its_resolution_and_the_low_subtree_carries_no_high_frames() -> None:
+    async def main() -> None:
+        async with star() as (r0, r1, r2), streaming(r0, config()) as (streamer, flow):
+            high_band, low_band = P.band_of(0), P.band_of(2)
+            async with Viewer([addr(r1)], flow, HIGH, name="viewer-H") as vh, \
+                    Viewer([addr(r2)], flow, "lowest", name="viewer-L") as vl:
+                await until(lambda: vh.stats.frames >= 3 and vl.stats.frames >= 3,
+                            what="frames at both viewers")
+                assert vh.latest is not None and vl.latest is not None
+                assert picture_size(vh.latest) == (240, 180) and vh.latest.band == high_band
+                assert picture_size(vl.latest) == (48, 36) and vl.latest.band == low_band
+                assert vh.stats.wrong_size == vl.stats.wrong_size == 0
+                # the middle resolution nobody asked for never started
+                mid = streamer.core.encoding(P.band_of(1))  # type: ignore[union-attr]
+                assert mid is not None and not mid.active and mid.frames == 0
+
+                # Router counters over a window: r0's link to r2 (which only watches LOW)
+                # must not carry HIGH frames; r0's link to r1 carries them, fragmented.
+                assert high_band not in downstream_mask(r0, "r2", flow)
+                assert low_band in downstream_mask(r0, "r2", flow)
+                assert high_band in downstream_mask(r0, "r1", flow)
+                tx1, tx2 = link_tx(r0, "r1"), link_tx(r0, "r2")
+                sent_high = streamer.sent_frames[high_band]
+                bytes_high = streamer.sent_bytes[high_band]
+                await until(lambda: streamer.sent_frames[high_band] >= sent_high + 5,
+                            what="five more high-resolution pictures")
+                high_frames = streamer.sent_frames[high_band] - sent_high
+                high_fragments = (streamer.sent_bytes[high_band] - bytes_high) // FRAGMENT
+                assert high_fragments >= 2 * high_frames  # each picture is several fragments
+                d1, d2 = link_tx(r0, "r1") - tx1, link_tx(r0, "r2") - tx2
+                assert d1 >= high_fragments, (d1, high_fragments)
+                # r2's link saw only low pictures, adverts and control: far fewer frames
+                assert d2 < high_fragments, (d2, high_fragments)
+                assert vl.stats.wrong_band == 0
+    run(main(), 90)
+
+
+def test_an_unwatched_resolution_stops_after_its_requests_expire() -> None:
+    async def main() -> None:
+        async with star() as (r0, r1, _r2), streaming(r0, config()) as (streamer, flow):
+            core = streamer.core
+            assert core is not None
+            v = Viewer([addr(r1)], flow, MID, name="viewer-M")
+            await v.start()
+            try:
+                await until(lambda: v.stats.frames >= 2, what="frames")
+                enc = core.encoding(P.band_of(1))
+                assert enc is not None and enc.active
+            finally:
+                await v.close()
+            # no refresh now: stopped after expire_periods x request_period (1.5 s here)
+            await until(lambda: not enc.active, what="the resolution to stop")
+            assert any(type(a).__name__ == "Stopped" for _, a in streamer.events)
+            advert = core.advert()
+            offer = advert.offer_for(MID)
+            assert offer is not None and not offer.active
+    run(main(), 90)
+
+
+def test_a_viewer_that_moves_router_continues_the_same_stream() -> None:
+    async def main() -> None:
+        async with star() as (r0, r1, r2), streaming(r0, config(fps=4.0)) as (streamer, flow):
+            async with Viewer([addr(r1)], flow, LOW, name="mover", playout=5.0) as v:
+                await until(lambda: v.stats.frames >= 3, what="frames before the move")
+                stream, frames, media = v.core.stream, v.stats.frames, v.core.last_media_ms
+                await v.move([addr(r2)])
+                assert v.client is not None and v.routers == [addr(r2)]
+                await until(lambda: v.stats.frames >= frames + 4, what="frames after the move")
+                # the same stream, continuing: same id, media time moved on, no new stream
+                assert v.core.stream == stream and v.stats.streams == 1
+                assert v.core.last_media_ms is not None and media is not None
+                assert v.core.last_media_ms > media
+                # stated bound: the move interrupts the picture for less than the playout
+                # buffer (5 s here; make-before-break makes it about one frame period)
+                assert v.stats.underruns == 0 and v.stats.max_gap < 5.0, v.stats.max_gap
+                # the new router now carries our band toward us, the old one no more
+                assert P.band_of(2) in downstream_mask(r0, "r2", flow)
+    run(main(), 90)
+
+
+def test_overflow_reports_lower_the_rate_of_that_resolution_only() -> None:
+    async def main() -> None:
+        cfg = config(fps=8.0, min_fps=1.0, feedback_hold=0.3)
+        async with star() as (r0, r1, r2), streaming(r0, cfg) as (streamer, flow):
+            core = streamer.core
+            assert core is not None
+            # a viewer that reads nothing, with a queue of one picture: every frame overflows
+            slow = Viewer([addr(r1)], flow, MID, name="slow", queue_size=1)
+            fine = Viewer([addr(r2)], flow, LOW, name="fine", queue_size=64)
+            await slow.start()
+            await fine.start()
+            try:
+                await until(lambda: core.encoding(P.band_of(1)).active  # type: ignore
+                            and core.encoding(P.band_of(2)).active,  # type: ignore
+                            what="both resolutions active")
+                slow.pause()  # a stuck display: its queue of one picture overflows
+                await until(lambda: slow.stats.reports >= 1, what="an overflow report")
+                mid = core.encoding(P.band_of(1))
+                await until(lambda: mid.fps < cfg.fps, what="the streamer to lower the rate")
+                low = core.encoding(P.band_of(2))
+                assert low is not None and low.fps == cfg.fps and low.cuts == 0
+                assert any(isinstance(a, RateChanged) and a.band == P.band_of(1)
+                           and a.why == "overflow" for _, a in streamer.events)
+                # viewers see the lowered rate in the advertisement
+                await until(lambda: fine.core.advert is not None and  # type: ignore
+                            fine.core.advert.offer_for(MID).fps < cfg.fps,  # type: ignore
+                            what="the advert to show the lower rate")
+            finally:
+                await slow.close()
+                await fine.close()
+    run(main(), 90)
