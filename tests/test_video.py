@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import sys
 from collections.abc import AsyncIterator, Callable
 
 from PIL import Image
@@ -231,3 +232,59 @@ def test_overflow_reports_lower_the_rate_of_that_resolution_only() -> None:
                 await slow.close()
                 await fine.close()
     run(main(), 90)
+
+
+def test_the_backup_takes_over_when_the_primary_process_is_killed(tmp_path) -> None:
+    """Figure 3.3: the primary is a `flowvideo serve` process; the backup follows its state
+    band (and nothing else) and continues the same stream when the process is killed
+    (SIGKILL). Stated bound: the viewer's picture stops for less than its 5 s playout
+    buffer (the backup waits dead_after = 1 s; loopback measurements are about 1 s)."""
+    async def main() -> None:
+        async with star() as (r0, r1, r2):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "apps.video.cli", "serve", "--router", addr(r0),
+                "--source", "pattern:120x90", "--resolutions", "120x90,48x36", "--fps", "5",
+                "--state-period", "0.2", "--request-period", "0.5",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            backup_c = None
+            try:
+                assert proc.stdout is not None
+                line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+                assert line.startswith("flow "), line
+                flow = flowlib.FlowID.parse(line.split()[1])
+                backup_c = await flowlib.connect(addr(r1), name="backup")
+                backup = Streamer(backup_c, flow, PatternSource(Resolution(120, 90)),
+                                  config(resolutions=(Resolution(120, 90), LOW),
+                                         dead_after=1.0), backup=True)
+                btask = asyncio.ensure_future(backup.run())
+                await until(lambda: backup.watch is not None and backup.watch.states >= 2,
+                            30, "the backup to hear the primary's state")
+                async with Viewer([addr(r2)], flow, LOW, name="viewer", playout=5.0) as v:
+                    await until(lambda: v.stats.frames >= 3, 30, "frames from the primary")
+                    # the backup follows the state band only: it receives no stream
+                    assert [str(lst.mask) for lst in backup_c.listeners(flow)] == \
+                        [str(P.BAND_STATE)]
+                    assert sum(backup.sent_frames.values()) == 0
+                    stream, seq, media = v.core.stream, v.core.last_seq, v.core.last_media_ms
+                    frames = v.stats.frames
+                    proc.kill()
+                    await proc.wait()
+                    await until(lambda: v.stats.takeovers >= 1 and v.stats.frames >= frames + 3,
+                                30, "frames from the backup")
+                    assert backup.serving.is_set() and backup.silence is not None
+                    assert v.core.stream == stream and v.stats.streams == 1
+                    assert v.core.last_seq > seq and v.core.last_media_ms > media
+                    gap = max(g for _, g in v.stats.gaps) if v.stats.gaps else v.stats.max_gap
+                    print(f"takeover: backup waited {backup.silence:.2f}s; the viewer's "
+                          f"picture stopped for {gap:.2f}s")
+                    assert v.stats.underruns == 0 and gap < 5.0, gap
+                btask.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await btask
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                if backup_c is not None:
+                    await backup_c.close()
+    run(main(), 120)

@@ -89,7 +89,8 @@ class Streamer:
     async def _follow(self) -> None:
         watch = self.watch = BackupWatch(self.cfg, self._now())
         listener = await self.client.listen(self.flow, P.BAND_STATE, size=64, name="state")
-        self._say(f"backup: following the primary's state on band {P.BAND_STATE}")
+        self._say(f"backup: following the primary's state on band {P.BAND_STATE}, taking over "
+                  f"after {watch.dead_after():.1f}s of silence")
         try:
             while True:
                 timeout = max(0.0, watch.next_deadline() - self._now())

@@ -1,0 +1,283 @@
+"""``flowvideo``: multi-resolution video over one flow (seed 002 section 5.2).
+
+    flowvideo serve --router 127.0.0.1:7001 --source pattern [--resolutions 320x240,160x120]
+    flowvideo serve --router 127.0.0.1:7002 --backup --flow FLOW
+    flowvideo watch --router 127.0.0.1:7003 --flow FLOW --resolution 160x120
+    flowvideo web   --router 127.0.0.1:7003 --flow FLOW --listen 127.0.0.1:8090
+    flowvideo demo  [--duration 12] [--web 8090]
+
+Errors are one line on stderr (exit status 1; 2 for bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import flowlib
+from flowlib.cliopts import add_connection_options, connect_kwargs, routers
+
+from . import protocol as P
+from .sources import SourceError, open_source
+from .streamer_core import StreamConfig
+from .viewer_core import parse_want
+
+DESCRIPTION = """\
+Video over flows. One flow carries a stream: an advertisement band (32) lists the resolutions
+and their bands, viewers ask for one on the request band (33), overflow reports go on the
+feedback band (34), a backup streamer follows the primary on the state band (35), and each
+active resolution has its own band (40, 41, ...). Routers forward a band only toward viewers
+that watch it.
+"""
+
+EPILOG_SERVE = """\
+Sources: 'pattern[:WxH]' (a moving test pattern), 'screen:DISPLAY' (an X display, e.g.
+screen::99 for an Xvfb on :99; Pillow grabs it over XCB), 'file:PATH' (an animated GIF, APNG
+or WebP, or a still picture, played in a loop).
+
+A resolution starts when a viewer requests it and stops when no request came for
+--expire-periods x --request-period seconds (viewers refresh every request period, which the
+advertisement tells them). An overflow report halves that resolution's frame rate (down to
+--min-fps; then lowers the JPEG quality); after --recover-after quiet seconds it comes back
+step by step.
+
+Without --flow the primary creates a flow and prints it (and writes it to --flow-file). A
+backup (--backup --flow FLOW) listens to the state band only and takes over the same stream
+(same flow, media time, frame numbers and active resolutions) when the primary is silent for
+--dead-after seconds.
+"""
+
+EPILOG_WATCH = """\
+The viewer joins the advertisement band first, then the band of the resolution it wants
+(WxH, 'lowest' or 'highest'), and prints one status line per second. --move-to ROUTERS moves
+the viewer to other routers after --move-after seconds (make-before-break) to show that the
+stream continues. --save DIR writes every --save-every-th picture as a JPEG file.
+"""
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
+def _resolutions(text: str) -> tuple[P.Resolution, ...]:
+    try:
+        return P.parse_resolutions(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _want(text: str) -> P.Resolution | str:
+    try:
+        return parse_want(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _flow(text: str) -> flowlib.FlowID:
+    try:
+        return flowlib.FlowID.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad flow {text!r}: {exc}") from None
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"bad address {text!r} (want HOST:PORT)")
+    return host or "127.0.0.1", int(port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowvideo", description=DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="stream a source (primary, or --backup)",
+                       epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_connection_options(s)
+    s.add_argument("--flow", type=_flow, help="the stream's flow (default: create one)")
+    s.add_argument("--flow-file", type=Path, help="write the flow's text form here")
+    s.add_argument("--backup", action="store_true",
+                   help="follow the primary of --flow and take over when it dies")
+    s.add_argument("--source", default="pattern", help="pattern[:WxH], screen:DISPLAY or "
+                   "file:PATH (default pattern)")
+    s.add_argument("--resolutions", type=_resolutions, default="320x240,160x120,80x60",
+                   help="resolutions on offer, largest first (default %(default)s)")
+    s.add_argument("--fps", type=_positive, default=10.0, help="frame rate (default 10)")
+    s.add_argument("--quality", type=int, default=75, help="JPEG quality 1..95 (default 75)")
+    s.add_argument("--min-fps", type=_positive, default=1.0)
+    s.add_argument("--min-quality", type=int, default=20)
+    s.add_argument("--request-period", type=_positive, default=1.0)
+    s.add_argument("--expire-periods", type=int, default=3)
+    s.add_argument("--advert-period", type=_positive, default=0.5)
+    s.add_argument("--state-period", type=_positive, default=0.2)
+    s.add_argument("--dead-after", type=_positive, default=0.8)
+    s.add_argument("--recover-after", type=_positive, default=2.0)
+    s.add_argument("--fragment-size", type=int, default=8000,
+                   help="send pictures larger than this in fragments (default 8000)")
+    s.add_argument("--status-every", type=float, default=0.0,
+                   help="print a JSON status line every this many seconds (0: never)")
+
+    w = sub.add_parser("watch", help="watch a stream in the terminal (status lines)",
+                       epilog=EPILOG_WATCH, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_connection_options(w, policies=False)
+    w.add_argument("--flow", type=_flow, required=True)
+    w.add_argument("--resolution", type=_want, default="lowest",
+                   help="WxH, lowest or highest (default lowest)")
+    w.add_argument("--duration", type=_positive, help="stop after this many seconds")
+    w.add_argument("--frames", type=int, help="stop after this many pictures")
+    w.add_argument("--queue", type=int, default=8, help="receive queue, pictures (default 8)")
+    w.add_argument("--playout", type=_positive, default=2.0,
+                   help="playout buffer, seconds (gaps longer than this are underruns)")
+    w.add_argument("--save", type=Path, help="directory to write pictures to")
+    w.add_argument("--save-every", type=int, default=10)
+    w.add_argument("--move-to", type=lambda t: [a for a in t.split(",") if a],
+                   help="routers to move to (comma-separated)")
+    w.add_argument("--move-after", type=_positive, default=5.0)
+    w.add_argument("--json", action="store_true", help="status lines as JSON")
+
+    b = sub.add_parser("web", help="serve the stream to web browsers (MJPEG)")
+    add_connection_options(b, policies=False)
+    b.add_argument("--flow", type=_flow, required=True)
+    b.add_argument("--listen", type=_listen, default=("127.0.0.1", 8090),
+                   help="HTTP address (default 127.0.0.1:8090)")
+    b.add_argument("--idle-close", type=_positive, default=10.0,
+                   help="leave a resolution nobody watched for this long (default 10 s)")
+    b.add_argument("--max-clients", type=int, default=32)
+
+    d = sub.add_parser("demo", help="three router processes, a primary and a backup "
+                       "streamer, two viewers at different resolutions")
+    d.add_argument("--duration", type=_positive, default=12.0)
+    d.add_argument("--web", type=int, metavar="PORT",
+                   help="also serve the stream to browsers on this port (0: any)")
+    return p
+
+
+# ------------------------------------------------------------------------------ commands
+async def cmd_serve(args: argparse.Namespace) -> int:
+    from .streamer import Streamer
+
+    cfg = StreamConfig(resolutions=args.resolutions, fps=args.fps, quality=args.quality,
+                       min_fps=args.min_fps, min_quality=args.min_quality,
+                       request_period=args.request_period, expire_periods=args.expire_periods,
+                       advert_period=args.advert_period, state_period=args.state_period,
+                       dead_after=args.dead_after, recover_after=args.recover_after)
+    if args.backup and args.flow is None:
+        raise ValueError("--backup needs --flow (the primary's flow)")
+    source = open_source(args.source)
+    client = await flowlib.connect(routers(args), name="flowvideo-backup" if args.backup
+                                   else "flowvideo", fragment_size=args.fragment_size,
+                                   **connect_kwargs(args))
+    async with client:
+        flow = args.flow or await client.create()
+        print(f"flow {flow}", flush=True)
+        if args.flow_file:
+            args.flow_file.write_text(f"{flow}\n", encoding="utf-8")
+        streamer = Streamer(client, flow, source, cfg, backup=args.backup,
+                            on_event=lambda t: print(t, flush=True))
+        task = asyncio.ensure_future(streamer.run())
+        try:
+            while not task.done():
+                every = args.status_every or 3600.0
+                await asyncio.wait({task}, timeout=every)
+                if args.status_every and not task.done():
+                    print(json.dumps(streamer.snapshot()), flush=True)
+            task.result()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return 0
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    from .viewer import Viewer
+
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+    saved = 0
+
+    def on_frame(frame: P.Frame) -> None:
+        nonlocal saved
+        if args.save and frame.seq % max(1, args.save_every) == 0:
+            (args.save / f"frame-{frame.band}-{frame.seq:06d}.jpg").write_bytes(frame.jpeg)
+            saved += 1
+
+    viewer = Viewer(routers(args), args.flow, args.resolution, name="flowvideo-watch",
+                    queue_size=args.queue, playout=args.playout,
+                    connect_kwargs=connect_kwargs(args), on_frame=on_frame)
+    loop = asyncio.get_running_loop()
+    async with viewer:
+        t0 = loop.time()
+        moved = False
+        while True:
+            await asyncio.sleep(1.0)
+            snap = viewer.snapshot()
+            print(json.dumps(snap) if args.json else
+                  f"[{loop.time() - t0:6.1f}s] {snap['resolution'] or 'waiting'} on band "
+                  f"{snap['band']}: {snap['frames']} frames, longest gap {snap['max_gap']}s, "
+                  f"underruns {snap['underruns']}, overflow reports {snap['reports']}",
+                  flush=True)
+            if args.move_to and not moved and loop.time() - t0 >= args.move_after:
+                await viewer.move(args.move_to)
+                moved = True
+                print(f"moved to {','.join(args.move_to)}", flush=True)
+            if args.duration and loop.time() - t0 >= args.duration:
+                break
+            if args.frames and snap["frames"] >= args.frames:
+                break
+    return 0
+
+
+async def cmd_web(args: argparse.Namespace) -> int:
+    from .web import WebViewer
+
+    host, port = args.listen
+    web = WebViewer(routers(args), str(args.flow), host=host, port=port,
+                    connect_kwargs=connect_kwargs(args), idle_close=args.idle_close,
+                    max_clients=args.max_clients)
+    async with web:
+        h, p = web.address
+        print(f"watch flow {args.flow} at http://{h}:{p}/", flush=True)
+        await asyncio.Event().wait()
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    await run_demo(args.duration, args.web)
+    return 0
+
+
+COMMANDS = {"serve": cmd_serve, "watch": cmd_watch, "web": cmd_web, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: "
+                        "%(message)s")
+    try:
+        return asyncio.run(COMMANDS[args.command](args))
+    except KeyboardInterrupt:
+        return 130
+    except (flowlib.FlowError, SourceError, ValueError, OSError, RuntimeError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"flowvideo {args.command}: error: {text}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
