@@ -206,7 +206,8 @@ def test_chromium_shows_the_screen_stream_at_the_picked_resolution(
                 for i in range(3):
                     feed = web.feeds[Resolution(160, 120)]
                     seen = feed.seq
-                    await until(lambda seen=seen: feed.seq >= seen + 3, 30, "new pictures")
+                    await until(lambda feed=feed, seen=seen: feed.seq >= seen + 3, 30,
+                                "new pictures")
                     await asyncio.sleep(0.3)  # let the browser paint the last one
                     shot = await asyncio.to_thread(picture, driver)
                     shot.save(tmp_path / f"shot-{i}.png")

@@ -18,13 +18,11 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 import flowlib
 from flowlib.cliopts import add_connection_options, connect_kwargs, routers
 
 from . import protocol as P
-from .sources import SourceError, open_source
 from .streamer_core import StreamConfig
 from .viewer_core import parse_want
 
@@ -166,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------ commands
 async def cmd_serve(args: argparse.Namespace) -> int:
+    from .sources import open_source
     from .streamer import Streamer
 
     cfg = StreamConfig(resolutions=args.resolutions, fps=args.fps, quality=args.quality,
@@ -267,13 +266,18 @@ COMMANDS = {"serve": cmd_serve, "watch": cmd_watch, "web": cmd_web, "demo": cmd_
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        import PIL  # noqa: F401  (every command encodes or decodes pictures)
+    except ImportError:
+        print("flowvideo: error: needs Pillow: pip install 'flownet[video]'", file=sys.stderr)
+        return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: "
                         "%(message)s")
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
         return 130
-    except (flowlib.FlowError, SourceError, ValueError, OSError, RuntimeError) as exc:
+    except (flowlib.FlowError, ValueError, OSError, RuntimeError) as exc:  # SourceError too
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"flowvideo {args.command}: error: {text}", file=sys.stderr)
         return 1

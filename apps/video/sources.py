@@ -38,7 +38,8 @@ _BARS = [(235, 235, 235), (235, 235, 16), (16, 235, 235), (16, 235, 16), (235, 1
 
 
 class PatternSource:
-    def __init__(self, size: Resolution = Resolution(640, 480), detail: bool = True) -> None:
+    def __init__(self, size: Resolution | None = None, detail: bool = True) -> None:
+        size = size or Resolution(640, 480)
         self.size = size
         self.detail = detail
         self.name = f"pattern {size}"

@@ -28,6 +28,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+from . import protocol as P
 from .protocol import Resolution
 from .viewer import Viewer
 
@@ -159,9 +160,13 @@ class WebViewer:
             v = self.viewers.get(res)
             if v is None:
                 feed = self.feeds.setdefault(res, FrameFeed())
+
+                def show(frame: P.Frame, feed: FrameFeed = feed) -> None:
+                    feed.put(frame.jpeg)
+
                 v = Viewer(self.routers, self.flow, res, name=f"web-{res}",
                            queue_size=self.queue_size, connect_kwargs=self.connect_kwargs,
-                           on_frame=lambda f, feed=feed: feed.put(f.jpeg))
+                           on_frame=show)
                 await v.start()
                 self.viewers[res] = v
             return v
@@ -221,11 +226,12 @@ class WebViewer:
         if url.path == "/":
             await self._reply(writer, 200, "text/html; charset=utf-8", PAGE.encode())
         elif url.path == "/resolutions.json":
-            body = {"flow": self.flow, "offers": self.offers()}
-            await self._reply(writer, 200, "application/json", json.dumps(body).encode())
+            offers = {"flow": self.flow, "offers": self.offers()}
+            await self._reply(writer, 200, "application/json", json.dumps(offers).encode())
         elif url.path == "/status.json":
-            body = {"flow": self.flow, "viewers": [v.snapshot() for v in self.viewers.values()],
-                    "counters": self.counters}
+            body: dict[str, Any] = {
+                "flow": self.flow, "viewers": [v.snapshot() for v in self.viewers.values()],
+                "counters": self.counters}
             await self._reply(writer, 200, "application/json", json.dumps(body).encode())
         elif url.path in ("/stream.mjpg", "/frame.jpg"):
             res = self._resolution(query)

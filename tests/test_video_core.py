@@ -1,0 +1,274 @@
+"""flowvideo's sans-I/O parts with a fake clock: the message formats (and what they refuse),
+the streamer core (requests start encoders, expiry stops them, overflow feedback lowers and
+recovery raises the rate), the backup watch and takeover, the viewer core; plus the CLI's
+help and one-line errors.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from apps.video import protocol as P
+from apps.video.cli import main as cli_main
+from apps.video.protocol import Resolution
+from apps.video.sources import PatternSource, encode_jpeg, open_source
+from apps.video.streamer_core import (
+    BackupWatch,
+    Encode,
+    RateChanged,
+    Send,
+    Started,
+    Stopped,
+    StreamConfig,
+    StreamerCore,
+)
+from apps.video.viewer_core import SendMsg, Show, Subscribe, ViewerCore, parse_want
+
+HIGH, LOW = Resolution(320, 240), Resolution(80, 60)
+JPEG = b"\xff\xd8" + b"x" * 50
+
+
+def cfg(**kw: object) -> StreamConfig:
+    base: dict[str, object] = dict(resolutions=(HIGH, LOW), fps=5.0, quality=80,
+                                   request_period=1.0, expire_periods=3, recover_after=2.0,
+                                   feedback_hold=0.5, min_fps=1.0, min_quality=20)
+    base.update(kw)
+    return StreamConfig(**base)  # type: ignore[arg-type]
+
+
+def run_core(core: StreamerCore, t0: float, t1: float, step: float = 0.05,
+             refresh: dict[int, float] | None = None) -> list[tuple[float, object]]:
+    """Poll *core* from t0 to t1; *refresh* maps band -> request period of a viewer."""
+    out: list[tuple[float, object]] = []
+    last: dict[int, float] = {}
+    t = t0
+    while t <= t1 + 1e-9:
+        for band, period in (refresh or {}).items():
+            if t - last.get(band, -1e9) >= period:
+                core.on_request("v", band, t)
+                last[band] = t
+        out += [(t, a) for a in core.poll(t)]
+        t = round(t + step, 6)
+    return out
+
+
+# ------------------------------------------------------------------------------ protocol
+def test_every_message_round_trips() -> None:
+    msgs = [
+        P.Advert(7, 2, 9, 1.5, (P.Offer(40, HIGH, True, 7.5, 80), P.Offer(41, LOW, False, 5, 60))),
+        P.Request("viewer-ä", 41),
+        P.Feedback("v", 40, 12),
+        P.State(7, 2, 123456, 0.2, (P.EncodingState(40, HIGH, 2.5, 40, 99),)),
+        P.Frame(7, 2, 5, 1000, 41, LOW, 60, 5.0, JPEG),
+    ]
+    for m in msgs:
+        assert P.decode(P.encode(m)) == m
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"", "truncated header"),
+    (b"XX\x01\x01", "bad magic"),
+    (b"FV\x09\x01", "unsupported flowvideo version"),
+    (b"FV\x01\x63", "unknown flowvideo message kind"),
+    (b"FV\x01\x02\x01v\x05", "not a resolution band"),
+    (b"FV\x01\x02\x01v\x28\x00", "stray bytes"),
+    (b"FV\x01\x02\x05v", "bad viewer name length"),
+    (P.encode_frame(P.Frame(1, 1, 1, 1, 40, HIGH, 50, 1, JPEG))[:-50][:20] + b"notjpeg",
+     "truncated frame"),
+    (P.encode_frame(P.Frame(1, 1, 1, 1, 40, HIGH, 50, 1, JPEG))[:33] + b"GIF89a",
+     "not a JPEG"),
+    (P.encode_advert(P.Advert(1, 1, 1, 1.0, ()))[:-1] + b"\x20", "advert lists 32"),
+])
+def test_malformed_messages_are_refused_with_a_reason(data: bytes, why: str) -> None:
+    with pytest.raises(P.ProtocolError, match=why):
+        P.decode(data)
+
+
+@given(st.binary(max_size=80))
+def test_decoding_garbage_raises_only_protocol_errors(data: bytes) -> None:
+    for blob in (data, b"FV\x01" + data[:1] + data[1:]):
+        try:
+            P.decode(blob)
+        except P.ProtocolError:
+            pass
+
+
+def test_resolution_lists_are_checked() -> None:
+    assert P.parse_resolutions("320x240, 80x60") == (HIGH, LOW)
+    for bad in ("", "320", "320x240,320x240", "0x10", "99999x1", ",".join(["8x8"] * 17)):
+        with pytest.raises(ValueError):
+            P.parse_resolutions(bad)
+    assert parse_want("Lowest") == "lowest" and parse_want("80x60") == LOW
+
+
+# ------------------------------------------------------------------------------ streamer core
+def test_nothing_is_encoded_until_someone_asks_and_a_request_starts_that_band_only() -> None:
+    core = StreamerCore(cfg(), 0.0)
+    actions = run_core(core, 0.0, 2.0)
+    assert not any(isinstance(a, Encode) for _, a in actions)
+    adverts = [P.decode(a.payload) for _, a in actions if isinstance(a, Send)
+               and a.band == P.BAND_ADVERT]
+    assert adverts and all(not o.active for o in adverts[-1].offers)  # type: ignore[union-attr]
+    assert core.on_request("v", 41, 2.0) == [Started(41, LOW, "v")]
+    actions = run_core(core, 2.0, 4.0, refresh={41: 1.0})
+    encodes = [a for _, a in actions if isinstance(a, Encode)]
+    assert {e.band for e in encodes} == {41} and all(e.resolution == LOW for e in encodes)
+    assert 9 <= len(encodes) <= 11  # 5 fps for 2 s
+    assert [e.seq for e in encodes] == list(range(len(encodes)))
+
+
+def test_a_resolution_stops_after_expire_periods_without_a_request() -> None:
+    core = StreamerCore(cfg(), 0.0)
+    core.on_request("v", 40, 0.0)
+    actions = run_core(core, 0.0, 5.0, refresh={40: 1.0})  # refreshed: keeps running
+    assert not any(isinstance(a, Stopped) for _, a in actions)
+    actions = run_core(core, 5.05, 10.0)                     # the viewer is gone
+    stops = [(t, a) for t, a in actions if isinstance(a, Stopped)]
+    assert len(stops) == 1 and stops[0][1].band == 40
+    assert 7.9 < stops[0][0] < 8.2  # last request at 5.0 + 3 periods of 1 s
+    assert not any(isinstance(a, Encode) for t, a in actions if t > stops[0][0])
+    assert core.on_request("x", 99, 10.0) == [] and core.counters["requests.unknown-band"] == 1
+
+
+def test_overflow_feedback_lowers_that_band_and_recovery_raises_it_again() -> None:
+    c = cfg(fps=8.0)
+    core = StreamerCore(c, 0.0)
+    core.on_request("slow", 40, 0.0)
+    core.on_request("fine", 41, 0.0)
+    assert core.on_feedback("slow", 40, 3, 1.0) == [RateChanged(40, 4.0, 80, "overflow")]
+    assert core.on_feedback("slow", 40, 3, 1.2) == []       # the same episode (hold 0.5 s)
+    assert core.on_feedback("slow", 40, 3, 1.8)[0].fps == 2.0
+    assert core.on_feedback("slow", 40, 3, 2.4)[0].fps == 1.0
+    lowered = core.on_feedback("slow", 40, 3, 3.0)           # at min fps: quality goes down
+    assert lowered == [RateChanged(40, 1.0, 60, "overflow")]
+    assert core.encoding(41).fps == 8.0 and core.encoding(41).cuts == 0  # type: ignore
+    # the advertisement carries the lowered values
+    advert = core.advert()
+    assert advert.offer_for(HIGH).fps == 1.0 and advert.offer_for(HIGH).quality == 60  # type: ignore
+    # frames of band 40 now come at about 1 fps
+    actions = run_core(core, 3.0, 4.9, refresh={40: 1.0, 41: 1.0})
+    assert sum(1 for _, a in actions if isinstance(a, Encode) and a.band == 40) <= 3
+    # quiet: after recover_after the quality comes back first, then the rate step by step
+    actions = run_core(core, 5.0, 30.0, refresh={40: 1.0, 41: 1.0})
+    raises = [a for _, a in actions if isinstance(a, RateChanged)]
+    assert raises[0] == RateChanged(40, 1.0, 80, "recovered")
+    assert [r.fps for r in raises[1:]] == [3.0, 5.0, 7.0, 8.0]
+    assert core.encoding(40).fps == 8.0 and core.encoding(40).quality == 80  # type: ignore
+
+
+def test_feedback_for_an_idle_band_is_ignored() -> None:
+    core = StreamerCore(cfg(), 0.0)
+    assert core.on_feedback("v", 40, 5, 1.0) == []
+    assert core.counters["feedback.ignored"] == 1
+
+
+# ------------------------------------------------------------------------------ backup
+def test_backup_takes_over_after_dead_after_and_continues_the_stream() -> None:
+    c = cfg(state_period=0.2, dead_after=0.8)
+    primary = StreamerCore(c, 0.0)
+    primary.on_request("v", 41, 0.0)
+    watch = BackupWatch(c, 0.0)
+    last_state = None
+    for t, a in run_core(primary, 0.0, 5.0, refresh={41: 1.0}):
+        if isinstance(a, Send) and a.band == P.BAND_STATE:
+            last_state = P.decode(a.payload)
+            watch.on_state(last_state, t)  # type: ignore[arg-type]
+        assert watch.poll(t) is None       # alive: never takes over
+    assert isinstance(last_state, P.State) and watch.states >= 20
+    # the primary dies at 5.0: the backup takes over once 0.8 s passed since the last state
+    take = None
+    t = 5.0
+    while take is None:
+        t = round(t + 0.01, 6)
+        take = watch.poll(t)
+    assert take.silent_for == pytest.approx(0.8, abs=0.011) and take.state == last_state
+    backup = StreamerCore.resume(c, last_state, t, take.silent_for)
+    assert backup.stream == primary.stream and backup.incarnation == primary.incarnation + 1
+    assert abs(backup.media_ms(t) - primary.media_ms(t)) <= 60
+    first = [a for a in backup.poll(t) if isinstance(a, Encode)]
+    assert [a.band for a in first] == [41]
+    assert first[0].seq == primary.encoding(41).frames  # type: ignore[union-attr]
+    # stated bound for the viewer's gap: the last frame before the death is at most one
+    # frame period old, so the gap is below dead_after + state_period + 1/fps
+    assert take.silent_for + c.state_period + 1 / c.fps < 2.0
+
+
+def test_a_backup_with_no_primary_waits_longer_before_streaming_alone() -> None:
+    watch = BackupWatch(cfg(dead_after=0.8, state_period=0.2), 0.0)
+    assert watch.poll(3.9) is None
+    take = watch.poll(4.0)
+    assert take is not None and take.state is None
+
+
+# ------------------------------------------------------------------------------ viewer core
+def advert(active: bool = True, fps: float = 5.0) -> P.Advert:
+    return P.Advert(1, 1, 1, 1.0, (P.Offer(40, HIGH, active, fps, 80),
+                                   P.Offer(41, LOW, active, fps, 80)))
+
+
+def frame(band: int = 41, res: Resolution = LOW, inc: int = 1, seq: int = 0) -> P.Frame:
+    return P.Frame(1, inc, seq, seq * 200, band, res, 80, 5.0, JPEG)
+
+
+def test_viewer_subscribes_to_its_resolution_and_refreshes_its_request() -> None:
+    v = ViewerCore("v", "lowest", 0.0)
+    assert v.poll(0.0) == []                               # nothing before an advert
+    acts = v.on_advert(advert(), 0.1)
+    assert acts[0] == Subscribe(41, LOW)
+    assert isinstance(acts[1], SendMsg) and acts[1].band == P.BAND_REQUEST
+    assert P.decode(acts[1].payload) == P.Request("v", 41)
+    assert v.on_advert(advert(), 0.2) == []                # same choice: nothing new
+    assert v.poll(0.5) == [] and len(v.poll(1.1)) == 1     # refresh every request period
+    assert ViewerCore("h", "highest", 0.0).on_advert(advert(), 0)[0] == Subscribe(40, HIGH)
+    assert ViewerCore("x", Resolution(1, 1), 0.0).on_advert(advert(), 0) == []
+
+
+def test_viewer_checks_frames_and_counts_takeovers_gaps_and_underruns() -> None:
+    v = ViewerCore("v", LOW, 0.0, playout=1.0)
+    v.on_advert(advert(), 0.0)
+    assert isinstance(v.on_frame(frame(), 0.2)[0], Show)
+    assert v.on_frame(frame(band=40, res=HIGH), 0.3) == [] and v.stats.wrong_band == 1
+    assert v.on_frame(frame(res=HIGH), 0.3) == [] and v.stats.wrong_size == 1
+    assert v.on_frame(frame(inc=2, seq=5), 1.0)            # a takeover, gap 0.8 s
+    assert v.stats.takeovers == 1 and v.stats.underruns == 0
+    assert v.on_frame(frame(inc=1, seq=6), 1.1) == [] and v.stats.stale == 1
+    v.on_frame(frame(inc=2, seq=7), 2.5)                   # 1.5 s: longer than the playout
+    assert v.stats.underruns == 1 and v.stats.max_gap == pytest.approx(1.5)
+    fb = v.on_overflow(4, 3.0)
+    assert P.decode(fb[0].payload) == P.Feedback("v", 41, 4)  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------ sources, CLI
+def test_pattern_source_moves_and_encodes_to_each_size() -> None:
+    src = open_source("pattern:160x120")
+    assert isinstance(src, PatternSource)
+    a, b = src.grab(0), src.grab(1500)
+    assert a.size == (160, 120) and a.tobytes() != b.tobytes()
+    jpeg = encode_jpeg(a, LOW, 50)
+    assert jpeg.startswith(b"\xff\xd8")
+    for bad in ("nope", "screen:", "file:"):
+        with pytest.raises(Exception, match="source"):
+            open_source(bad)
+
+
+def test_cli_help_explains_and_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "apps.video.cli", "serve", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "advertisement" in out.stdout and "--backup" in out.stdout
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["watch", "--flow", "1:2:3", "--resolution", "big"])
+    assert exc.value.code == 2 and "bad resolution 'big'" in capsys.readouterr().err
+    # nothing listens on port 1: one line naming the router
+    assert cli_main(["serve", "--router", "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("flowvideo serve: error:") and "\n" not in err
+    assert cli_main(["serve", "--router", "127.0.0.1:1", "--backup"]) == 1
+    assert "--backup needs --flow" in capsys.readouterr().err
+    assert cli_main(["serve", "--router", "127.0.0.1:1", "--source", "screen::987"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "cannot grab X display :987" in err or "XCB" in err
