@@ -7,9 +7,10 @@ resolution it wants (an exact ``WxH``, or ``lowest``/``highest`` on offer) and s
 at once; ``poll(now)`` then refreshes the request every request period (the advertisement
 carries it). Frames are checked (band, size, stream) before they are shown.
 
-Playout: a viewer plays frames ``playout`` seconds after they arrive, so its buffer runs dry
+Playout accounting: a player that shows frames ``playout`` seconds after they arrive runs dry
 only when no frame arrives for longer than ``playout``; ``underruns`` counts such gaps and
-``gaps`` keeps the longest ones (a failover, a move) for the report.
+``gaps`` keeps the recent long ones (a failover, a move) for the report. (The terminal and
+web viewers show frames at once; the buffer is the model the bounds are stated against.)
 
 Imports only the standard library and :mod:`apps.video.protocol`.
 """
