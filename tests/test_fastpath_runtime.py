@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from flowrouter.tools.cli import format_status
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import pack_header
@@ -37,6 +38,7 @@ def test_routers_use_the_compiled_engine_when_a_compiler_is_present(
         async with chain(1) as nodes:
             st = nodes[0].status()["fast_path"]
             assert st["native"] is True and "compiled" in st["engine"]
+            assert "forwarding: fast path, compiled engine" in format_status(nodes[0].status())
     run(main())
 
 
@@ -47,6 +49,7 @@ def test_python_path_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatc
         async with chain(1) as nodes:
             assert nodes[0].fast is None
             assert "FLOWNET_NATIVE=0" in nodes[0].status()["fast_path"]["why"]
+            assert "forwarding: fast path off" in format_status(nodes[0].status())
     run(main())
 
 

@@ -203,6 +203,13 @@ async def run_node(cfg: NodeConfig) -> None:
 def format_status(st: dict[str, Any]) -> str:
     lines = [f"router {st['name']}  node {st['node_id']}  epoch {st['epoch']}  "
              f"flows {st['flow_count']}  listen {st.get('listen')}"]
+    fast = st.get("fast_path")
+    if fast:
+        if fast.get("engine"):
+            lines.append(f"forwarding: fast path, {fast['engine']} ({fast['mirrored_flows']} "
+                         f"flows mirrored, {fast['slow']} frames left to the core)")
+        else:
+            lines.append(f"forwarding: {fast.get('why')}")
     lines.append("")
     lines.append("LINKS")
     lines.append(f"  {'id':>4} {'peer':<16} {'role':<9} {'state':<9} {'via':<4} "
