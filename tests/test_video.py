@@ -53,7 +53,8 @@ async def router(name: str, peers: list[RouterNode] = (), core: bool = False  # 
                  ) -> RouterNode:
     node = RouterNode(NodeConfig(
         name, listen="127.0.0.1:0", core_lsids=frozenset({LSID}) if core else frozenset(),
-        default_lsid=LSID, peers=[PeerConfig(addr(p), p.config.name) for p in peers]))
+        default_lsid=LSID, peers=[PeerConfig(addr(p), p.config.name) for p in peers],
+        accept_routers=["*@127.0.0.1"]))  # routers created later dial this one
     await node.start()
     return node
 
