@@ -149,22 +149,16 @@ def spark():
     pytest.importorskip("pyspark", reason="the Spark job needs pyspark (pip install pyspark)")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("the Spark job needs a Java runtime (17+)")
-    from pyspark.sql import SparkSession
 
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (SparkSession.builder.master("local[2]").appName("flowtrace-tests")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.sql.adaptive.enabled", "false")
-               .config("spark.sql.codegen.wholeStage", "false")
-               .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
+    from apps.flowtrace.session import build_session
+
+    # the job's own session builder (loopback, no UI, quiet start), with test settings
+    session = build_session("local[2]", app_name="flowtrace-tests", driver_memory="1g",
+                            shuffle_partitions=2, conf=[
+                                ("spark.default.parallelism", "2"),
+                                ("spark.sql.adaptive.enabled", "false"),
+                                ("spark.sql.codegen.wholeStage", "false"),
+                                ("spark.sql.codegen.factoryMode", "NO_CODEGEN")])
     yield session
     session.stop()
 
@@ -607,3 +601,32 @@ def test_the_tables_api_returns_dataframes(spark, tmp_path):
     # without clock fences the stray record stretches mid1's range: that is what the job
     # removes before bucketing
     assert max(r["hi"] for r in roles.collect()) == 100_000
+
+
+def test_the_session_is_on_loopback_without_ui_and_its_chatter_in_a_file(spark):
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.driver.host") == "127.0.0.1"
+    assert conf.get("spark.ui.enabled") == "false" and spark.sparkContext.uiWebUrl is None
+    log = conf.get("spark.flowtrace.log")
+    assert log and os.path.getsize(log) > 0  # the JVM's start-up lines went there
+
+
+def test_a_fresh_jvm_prints_one_line_and_no_log_noise(tmp_path):
+    """The command as a user runs it, in its own JVM: a refused hdfs:// read (loopback) is
+    one line on stderr, with none of log4j's or the JVM's start-up chatter."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("pyspark")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("needs a Java runtime")
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "apps.flowtrace.cli", "validate", "hdfs://127.0.0.1:1/t/",
+         "--master", "local[1]", "--conf", "spark.hadoop.ipc.client.connect.max.retries=0",
+         "--conf", "spark.driver.memory=512m"],
+        capture_output=True, text=True, env=env, timeout=600,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 1
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("flowtrace: ") and "onnect" in proc.stderr

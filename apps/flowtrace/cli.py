@@ -128,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     _bad_fraction_option(v, default=0.0)
     v.add_argument("--master", default="local[*]", metavar="URL",
                    help="Spark master for URIs (default local[*])")
+    v.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark configuration for URIs; repeatable")
     v.add_argument("--show", type=int, default=5, metavar="N",
                    help="print the first N bad lines with file and line number (default 5)")
 
@@ -259,7 +261,7 @@ def _validate_spark(args: argparse.Namespace) -> tuple[Counter[str], Counter[tup
     """Count kinds and (class, reason) with Spark (for URIs), by the same rules."""
     from . import schema, session
 
-    spark = session.build_session(args.master, shuffle_partitions=2)
+    spark = session.build_session(args.master, shuffle_partitions=2, conf=args.conf)
     rows = (schema.read_records(spark, session.resolve_inputs(args.traces))
             .groupBy("err", "kind").count().collect())
     kinds: Counter[str] = Counter()

@@ -75,6 +75,14 @@ class Result:
     report_html: str | None = None
 
 
+def _spark_conf(spark: Any) -> dict[str, Any]:
+    """What the session really runs with: master, driver address, UI, Spark version."""
+    conf = spark.sparkContext.getConf()
+    return {"spark_master": spark.sparkContext.master, "spark_version": spark.version,
+            "driver_host": conf.get("spark.driver.host", None),
+            "ui": conf.get("spark.ui.enabled", "true") == "true"}
+
+
 def choose_bucket(span: float) -> float:
     """A round bucket width giving about TARGET_BUCKETS buckets over *span* seconds."""
     want = span / TARGET_BUCKETS if span > 0 else 1.0
@@ -194,7 +202,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     summary: dict[str, Any] = {
         "header": provenance.header(list(inputs), {
             "bucket_seconds": bucket, "max_bad_fraction": max_bad_fraction,
-            "clock_fence": clock_fence, **(config or {})}),
+            "clock_fence": clock_fence, **(config or {}), **_spark_conf(spark)}),
         "inputs": list(inputs), "files": len(paths), "bucket_seconds": bucket,
         "lines": total_lines, "records": n_valid - n_outliers, "corrupt": n_corrupt,
         "invalid": n_invalid, "clock_outliers": n_outliers,
