@@ -274,7 +274,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
         churn_tot[key] = churn_tot.get(key, 0) + r["count"]
     summary["churn"] = dict(sorted(churn_tot.items()))
     rc.unpersist()
-    traffic = tables.traffic(valid, roles)
+    traffic = tables.traffic_counts(valid, roles).persist()
     sav_rows = out.collect(tables.savings(traffic), "savings")
     data["savings"] = sav_rows
     saved: dict[str, dict[str, float]] = {}
@@ -299,6 +299,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     # -- 8. fan-out, flows, tree size -------------------------------------------------------
     progress.stage(STAGES[7], spark)
     data["fanout"] = out.collect(tables.fanout(valid, roles, traffic), "fanout")
+    traffic.unpersist()
     flows = tables.flows(valid).persist()
     out.write(flows, "flows")
     tree_rows = out.collect(tables.tree_size(flows), "tree_size")

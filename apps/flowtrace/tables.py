@@ -10,10 +10,10 @@ notebook can call them as the job does::
     rb = tables.router_buckets(valid, routers, bucket=10.0)
 
 :func:`prepare` takes the checked records (:func:`apps.flowtrace.schema.read_records`) and
-keeps the valid ones with their bucket index ``bidx`` and sampling weight ``w``. The
-router/bucket family (routers, router_buckets, churn) is computed from one aggregation of the
-records (:func:`record_counts`); GC lag uses window functions over each (flow, link)'s events,
-linear in their number. Rates divide by the seconds each bucket actually covers (``seconds``:
+keeps the valid ones with their bucket index ``bidx`` and sampling weight ``w``. Each family
+of tables comes from one aggregation of the records: routers, router_buckets and churn from
+:func:`record_counts`; savings and forwarding fan-out from :func:`traffic_counts`. GC lag uses
+window functions over each (flow, link)'s events, linear in their number. Rates divide by the seconds each bucket actually covers (``seconds``:
 the bucket clipped to the run's first and last record), so a partial last bucket does not
 dilute them.
 
@@ -338,29 +338,35 @@ def churn(counts: Any, bucket: float) -> Any:
             .orderBy("run", "bucket", "kind", "cause"))
 
 
-def traffic(valid: Any, roles: Any) -> Any:
-    """The sampled fwd/drop records with their router's role."""
+def traffic_counts(valid: Any, roles: Any) -> Any:
+    """The one pass over the sampled fwd/drop records for the traffic family (savings,
+    forwarding fan-out): per (run, role, kind, reason, out_links), record count and sums
+    scaled by the sampling weight ``w`` (messages, bytes, link copies)."""
     F = _F()
-    return valid.where(F.col("kind").isin("fwd", "drop")).join(roles, ["run", "router"], "left")
+    w, b = F.col("w"), F.col("bytes")
+    links = F.coalesce("links", F.lit(1))
+    return (valid.where(F.col("kind").isin("fwd", "drop")).join(roles, ["run", "router"], "left")
+            .groupBy("run", F.col("router_role").alias("role"), "kind", "reason", "out_links")
+            .agg(F.count(F.lit(1)).alias("n"), F.sum(w).alias("w"), F.sum(w * b).alias("wb"),
+                 F.sum(w * links).alias("wl"), F.sum(w * b * links).alias("wbl"),
+                 F.sum(w * F.col("out_links")).alias("wo"),
+                 F.sum(w * b * F.col("out_links")).alias("wbo")))
 
 
-def savings(traffic_df: Any) -> Any:
-    """Drops by (run, reason, role), scaled by sampling, and their share of offered load."""
+def savings(tc: Any) -> Any:
+    """Drops by (run, reason, role), scaled by sampling, and their share of offered load
+    (from :func:`traffic_counts`)."""
     F = _F()
     K = F.col("kind")
-    links = F.coalesce("links", F.lit(1))
-    by_reason = (traffic_df.where(K == "drop")
-                 .groupBy("run", "reason", F.col("router_role").alias("role")).agg(
-                     F.count(F.lit(1)).alias("records"), F.sum("w").alias("est_msgs"),
-                     F.sum(F.col("w") * F.col("bytes")).alias("est_bytes"),
-                     F.sum(F.col("w") * links).alias("est_link_tx"),
-                     F.sum(F.col("w") * F.col("bytes") * links).alias("est_link_bytes")))
-    offered = traffic_df.groupBy("run").agg(
-        _sum_if(K == "fwd", F.col("w") * F.col("out_links")).alias("fwd_tx"),
-        _sum_if(K == "fwd", F.col("w") * F.col("bytes") * F.col("out_links"))
-        .alias("fwd_link_bytes"),
-        _sum_if(K == "drop", F.col("w") * links).alias("drop_tx"),
-        _sum_if(K == "drop", F.col("w") * F.col("bytes") * links).alias("drop_link_bytes"))
+    by_reason = (tc.where(K == "drop").groupBy("run", "reason", "role").agg(
+        F.sum("n").alias("records"), F.sum("w").alias("est_msgs"),
+        F.sum("wb").alias("est_bytes"), F.sum("wl").alias("est_link_tx"),
+        F.sum("wbl").alias("est_link_bytes")))
+    offered = tc.groupBy("run").agg(
+        _sum_if(K == "fwd", F.col("wo")).alias("fwd_tx"),
+        _sum_if(K == "fwd", F.col("wbo")).alias("fwd_link_bytes"),
+        _sum_if(K == "drop", F.col("wl")).alias("drop_tx"),
+        _sum_if(K == "drop", F.col("wbl")).alias("drop_link_bytes"))
     return (by_reason.join(offered, "run", "left")
             .withColumn("share_of_offered_tx",
                         _ratio(F.col("est_link_tx"), F.col("fwd_tx") + F.col("drop_tx")))
@@ -411,7 +417,7 @@ def load_summary(rb: Any) -> Any:
         .orderBy("run", "role"))
 
 
-def fanout(valid: Any, roles: Any, traffic_df: Any) -> Any:
+def fanout(valid: Any, roles: Any, tc: Any) -> Any:
     """Fan-out histograms: downstream links per entry (snapshots) and copies per forwarded
     message (scaled by sampling), per role."""
     F = _F()
@@ -421,9 +427,8 @@ def fanout(valid: Any, roles: Any, traffic_df: Any) -> Any:
                 .groupBy("run", "role", F.expr("try_cast(k AS BIGINT)").alias("fanout"))
                 .agg(F.sum("n").alias("count"))
                 .select("run", F.lit("snapshot").alias("source"), "role", "fanout", "count"))
-    fan_fwd = (traffic_df.where(F.col("kind") == "fwd")
-               .groupBy("run", F.col("router_role").alias("role"),
-                        F.col("out_links").alias("fanout"))
+    fan_fwd = (tc.where(F.col("kind") == "fwd")
+               .groupBy("run", "role", F.col("out_links").alias("fanout"))
                .agg(F.sum("w").alias("count"))
                .select("run", F.lit("fwd").alias("source"), "role", "fanout", "count"))
     return fan_snap.unionByName(fan_fwd).orderBy("run", "source", "role", "fanout")
