@@ -204,7 +204,7 @@ def test_a_viewer_that_moves_router_continues_the_same_stream() -> None:
 
 def test_overflow_reports_lower_the_rate_of_that_resolution_only() -> None:
     async def main() -> None:
-        cfg = config(fps=8.0, min_fps=1.0, feedback_hold=0.3)
+        cfg = config(fps=8.0, min_fps=1.0, feedback_hold=0.3, recover_after=2.0)
         async with star() as (r0, r1, r2), streaming(r0, cfg) as (streamer, flow):
             core = streamer.core
             assert core is not None
@@ -229,6 +229,11 @@ def test_overflow_reports_lower_the_rate_of_that_resolution_only() -> None:
                 await until(lambda: fine.core.advert is not None and  # type: ignore
                             fine.core.advert.offer_for(MID).fps < cfg.fps,  # type: ignore
                             what="the advert to show the lower rate")
+                # the display unsticks: no more reports, so the rate comes back up
+                slow.resume()
+                await until(lambda: mid.raises >= 1, 30, "the rate to be raised again")
+                assert any(isinstance(a, RateChanged) and a.band == P.band_of(1)
+                           and a.why == "recovered" for _, a in streamer.events)
             finally:
                 await slow.close()
                 await fine.close()

@@ -256,6 +256,19 @@ def test_pattern_source_moves_and_encodes_to_each_size() -> None:
             open_source(bad)
 
 
+def test_file_source_plays_an_animated_image_in_a_loop(tmp_path) -> None:
+    from PIL import Image
+
+    frames = [Image.new("RGB", (40, 30), colour) for colour in ("red", "green", "blue")]
+    path = tmp_path / "clip.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    src = open_source(f"file:{path}")
+    picks = [src.grab(ms).getpixel((5, 5)) for ms in (0, 150, 250, 350)]
+    assert picks[0] != picks[1] != picks[2] and picks[3] == picks[0]  # 300 ms loop
+    with pytest.raises(Exception, match="cannot read"):
+        open_source(f"file:{tmp_path / 'missing.gif'}")
+
+
 def test_cli_help_explains_and_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     out = subprocess.run([sys.executable, "-m", "apps.video.cli", "serve", "--help"],
                          capture_output=True, text=True, timeout=60)
