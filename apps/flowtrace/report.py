@@ -282,10 +282,15 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
                     by_role[r["role"] or "?"][r["fanout"]] += r["count"]
             for role, hist2 in sorted(by_role.items()):
                 ks = sorted(hist2)
-                ax.plot(ks, [hist2[k] for k in ks], "o-", ms=3, label=role)
-            ax.set_yscale("log")
+                ax.plot(ks, [hist2[k] for k in ks], "o-", ms=3,
+                        label=f"{role} (n={fmt(sum(hist2.values()))})")
             ax.set_title(f"Fan-out: {title}")
-            ax.legend(fontsize=8)
+            if by_role:
+                ax.set_yscale("log")
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, "no records", ha="center", va="center",
+                        transform=ax.transAxes)
         a2.set_xlabel("fan-out")
         made["fanout"] = p.save(fig, "fanout.png")
 

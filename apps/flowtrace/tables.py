@@ -3,19 +3,22 @@
 Each function takes DataFrames and returns a DataFrame (nothing is collected or written), so a
 notebook can call them as the job does::
 
+    from pyspark.sql import functions as F
     from apps.flowtrace import schema, session, tables
     spark = session.build_session("local[*]")
     valid = tables.prepare(schema.read_records(spark, ["traces/"]), bucket=10.0)
-    routers = tables.routers(valid)
-    rb = tables.router_buckets(valid, routers, bucket=10.0)
+    counts = tables.record_counts(valid)
+    routers = tables.routers(counts)
+    runs = valid.groupBy("run").agg(F.min("t").alias("run_lo"), F.max("t").alias("run_hi"))
+    rb = tables.router_buckets(counts, routers, runs, bucket=10.0)
 
 :func:`prepare` takes the checked records (:func:`apps.flowtrace.schema.read_records`) and
 keeps the valid ones with their bucket index ``bidx`` and sampling weight ``w``. Each family
 of tables comes from one aggregation of the records: routers, router_buckets and churn from
 :func:`record_counts`; savings and forwarding fan-out from :func:`traffic_counts`. GC lag uses
-window functions over each (flow, link)'s events, linear in their number. Rates divide by the seconds each bucket actually covers (``seconds``:
-the bucket clipped to the run's first and last record), so a partial last bucket does not
-dilute them.
+window functions over each (flow, link)'s events, linear in their number. Rates divide by
+the seconds each bucket actually covers (``seconds``: the bucket clipped to the run's first
+and last record), so a partial last bucket does not dilute them.
 
 Roles: a router is ``core`` if any of its snapshots says ``core: true``; else ``edge`` if a
 snapshot says ``edge: true`` or it has an endpoint link; else ``transit``.
