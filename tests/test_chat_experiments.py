@@ -153,3 +153,16 @@ def test_sites_of_a_partition_show_late_messages_in_one_order(number: int) -> No
                 bursts.append([])
             bursts[-1].append(k)
         assert len(bursts) <= 2 * len(res.outages), len(bursts)
+
+
+@pytest.mark.parametrize("number", [2, 5])
+def test_reconciled_messages_within_the_seeds_fourteen_seconds(number: int) -> None:
+    """Issue 20: after a 10 s outage reconciled messages arrive within the seed's ~14 s
+    (10 s outage + ~4 s reconnect and reconcile), and no site takes 10 s or more to be
+    reconciled with a peer (repair requests overtake the data queued on the 56 kbit/s links,
+    and a fresh reconciliation asks the origin first). Virtual time: deterministic."""
+    res, r = run(number)
+    assert r["late"] > 0
+    assert r["late_latency"]["max"] <= 14.0, r["late_latency"]
+    assert r["reconnect"]["n"] > 0 and r["reconnect"]["max"] < 10.0, r["reconnect"]
+    assert r["reconnect"]["mean"] < 4.6, r["reconnect"]

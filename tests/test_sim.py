@@ -264,6 +264,32 @@ def test_serialisation_queues_frames_fifo() -> None:
     assert times == pytest.approx([0.2001, 0.3001, 0.4001, 0.5001], abs=1e-3)
 
 
+def test_administration_bands_overtake_queued_data() -> None:
+    """As a router's output queue does (core.linkqueue), a repair request or heartbeat
+    (bands 16..31) is served ahead of data queued on a slow link: it waits only for its own
+    serialisation, and data sent after it is pushed back by as much."""
+    net = SimNetwork(seed=0)
+    net.add_router("r1", core_lsids=[0x10])
+    net.add_router("r2")
+    net.add_link("r1", "r2", bandwidth=80_000, delay=0.1)
+    a = net.add_endpoint("a", "r1")
+    b = net.add_endpoint("b", "r2")
+    for ep in (a, b):
+        ep.join(FLOW, [20, 32])
+    net.run_until(5.0)
+    for k in range(4):
+        a.send(FLOW, 32, bytes([k]) * 976)  # 1000 bytes on the wire: 0.1 s each
+    a.send(FLOW, 20, b"R" * 76)  # a 100-byte repair request: 0.01 s
+    a.send(FLOW, 32, bytes([4]) * 976)
+    net.run_until(7.0)
+    got = [(d.band, d.payload[0]) for d in b.deliveries]
+    assert got[:2] == [(20, ord("R")), (32, 0)]  # ahead of the queued data
+    times = {(d.band, d.payload[0]): d.time - 5.0 for d in b.deliveries}
+    assert times[(20, ord("R"))] == pytest.approx(0.11, abs=2e-3)
+    assert times[(32, 3)] == pytest.approx(0.5002, abs=2e-3)  # already on its way
+    assert times[(32, 4)] == pytest.approx(0.6102, abs=2e-3)  # later data: 0.01 s later
+
+
 def test_bandwidth_change_fault_and_queue_limit() -> None:
     net = SimNetwork(seed=0)
     net.add_router("r1", core_lsids=[0x10])

@@ -57,6 +57,19 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
             if ts:
                 det.append(min(ts) - a)
     out["detection"] = _stats(det)
+    # reconnection: from an outage's end to each peer's return to S1 (reconciled)
+    rec = []
+    for evs in res.events.values():
+        for _start, b in res.outages:
+            if b >= res.duration:
+                continue
+            back: dict[str, float] = {}
+            for e in evs:
+                if (isinstance(e, StateChange) and e.peer is not None and e.new == "S1"
+                        and b <= e.time < b + 30 and e.peer not in back):
+                    back[e.peer] = e.time - b
+            rec += back.values()
+    out["reconnect"] = _stats(rec)
     # S3 entries
     out["long_term_events"] = sum(1 for evs in res.events.values() for e in evs
                                   if isinstance(e, StateChange) and e.peer and e.new == "S3")

@@ -69,6 +69,11 @@ class PeerStates(SiteCore):
             self._urgent_hb = True  # tell it where we are, so it can reconcile quickly
             self.counters["reconcile.started"] += 1
             st = self.streams[i]
+            # a fresh reconciliation asks the origin first (not the holder that earlier
+            # retries rotated to): after a partition heals each origin's link carries its
+            # own repairs, in parallel, instead of one link carrying another side's too
+            st.nack_tries = 0
+            st.asked_at = float("-inf")  # the next request is a first one, not a retry
             if st.known_high > st.contiguous:
                 self._want_nack(st, now, immediate=True)
             self._check_caught_up(p, now)

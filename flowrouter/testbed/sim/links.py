@@ -8,6 +8,9 @@ Per direction, a frame of ``24 + payload`` bytes
    (``queue-full``);
 2. waits behind the frames before it (one FIFO per direction), is serialised at the
    direction's bandwidth (0 = instantaneous) and then propagates for ``delay`` seconds;
+   frames of the control and administration bands (below 32: joins, pings, heartbeats,
+   repair requests) are served ahead of queued data, as a router's output queue serves them
+   (:mod:`flowrouter.core.linkqueue`): they wait only for their own serialisation;
 3. may be lost with probability ``loss``: on a ``udp`` link it is gone (``loss``); on a
    ``tcp`` link it is retransmitted after a retransmission time-out (200 ms or 4 x delay,
    doubling per further loss) and, as TCP delivers in order, holds back the frames behind it;
@@ -28,7 +31,7 @@ from collections import Counter
 from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
-from flowrouter.wire.bands import ROUTER_BANDS_END
+from flowrouter.wire.bands import ADMIN_BANDS_END, ROUTER_BANDS_END
 from flowrouter.wire.header import HEADER_SIZE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,10 +125,19 @@ class Direction:
                 self._drop(now, header, size, reason)
                 return
         busy = self.busy_until
-        start = now if busy < now else busy
         bw = self.bandwidth
-        finish = start + size * 8.0 / bw if bw else start
-        self.busy_until = finish
+        urgent = bw and busy > now and header[20] < ADMIN_BANDS_END
+        if urgent:
+            # a router's output queue serves control and administration bands (< 32) before
+            # queued data (core.linkqueue): such a frame waits only for its own serialisation
+            # and pushes later data back by as much (frames already scheduled keep their
+            # times: a small frame's overlap with the one on the wire is not modelled)
+            finish = now + size * 8.0 / bw
+            self.busy_until = busy + size * 8.0 / bw
+        else:
+            start = now if busy < now else busy
+            finish = start + size * 8.0 / bw if bw else start
+            self.busy_until = finish
         arrive = finish + self.delay
         self.frames += 1
         self.bytes += size
@@ -144,7 +156,7 @@ class Direction:
                 rto *= 2
                 arrive += rto
             self.retransmits += 1
-        if self.tcp:
+        if self.tcp and not urgent:  # (an urgent frame left the queue ahead of the data)
             if arrive < self.last_arrival:
                 arrive = self.last_arrival
             self.last_arrival = arrive
