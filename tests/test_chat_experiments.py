@@ -166,3 +166,21 @@ def test_reconciled_messages_within_the_seeds_fourteen_seconds(number: int) -> N
     assert r["late_latency"]["max"] <= 14.0, r["late_latency"]
     assert r["reconnect"]["n"] > 0 and r["reconnect"]["max"] < 10.0, r["reconnect"]
     assert r["reconnect"]["mean"] < 4.6, r["reconnect"]
+
+
+def test_sequence_graph_has_one_line_per_side_and_the_seeds_zoom() -> None:
+    from dataclasses import replace
+
+    from apps.chat.plots import seq_lines, zoom_window
+
+    res, _ = run(5)
+    lines = seq_lines(res, "metropol")
+    assert set(lines) == {"same side", "other side"}
+    assert lines["same side"] and lines["other side"]
+    assert not any(late for _, _, late in lines["same side"])  # its side: in order
+    assert any(late for _, _, late in lines["other side"])  # reconciled: late
+    assert sum(map(len, lines.values())) == len(res.deliveries["metropol"])
+    assert zoom_window(res) == (0.0, 80.0)  # 90 s run: outages at 10 and 50
+    five = [(10.0, 20.0), (50.0, 60.0), (90.0, 100.0), (130.0, 140.0), (170.0, 180.0)]
+    assert zoom_window(replace(res, outages=five, duration=300.0)) == (80.0, 200.0)  # seed's
+    assert zoom_window(replace(res, outages=[])) is None

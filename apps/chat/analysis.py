@@ -58,7 +58,7 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
                 det.append(min(ts) - a)
     out["detection"] = _stats(det)
     # reconnection: from an outage's end to each peer's return to S1 (reconciled)
-    rec = []
+    rec: list[float] = []
     for evs in res.events.values():
         for _start, b in res.outages:
             if b >= res.duration:

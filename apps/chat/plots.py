@@ -10,6 +10,31 @@ from typing import Any
 from .scenarios import RunResult
 
 
+def seq_lines(res: RunResult, site: str) -> dict[str, list[tuple[float, int, bool]]]:
+    """The seed's sequence-number graph at *site*: per side of the partition ("same side":
+    the sites sharing *site*'s side during the outages, "other side": the rest), the
+    ``(delivery time, sequence number, late)`` of each delivered message, in delivery
+    order."""
+    side = res.groups[site]
+    out: dict[str, list[tuple[float, int, bool]]] = {"same side": [], "other side": []}
+    for d in res.deliveries[site]:
+        out["same side" if d.origin in side else "other side"].append(
+            (d.delivery_time, d.seq, d.late))
+    return out
+
+
+def zoom_window(res: RunResult) -> tuple[float, float] | None:
+    """The seed's zoom (Figure 27: 80-200 s around three outages): from 10 s before an
+    outage (the first starting after 60 s if three follow it, else the first) to 20 s after
+    the third from there ends; None without outages."""
+    outs = [o for o in res.outages if o[0] < res.duration]
+    if not outs:
+        return None
+    k = next((i for i, (a, _) in enumerate(outs) if a >= 60 and i + 3 <= len(outs)), 0)
+    last = outs[min(k + 2, len(outs) - 1)]
+    return max(0.0, outs[k][0] - 10.0), min(res.duration, last[1] + 20.0)
+
+
 def plot(res: RunResult, outdir: Path) -> list[Path]:
     """The seed's three graphs (Figures 27-34): sequence numbers by partition, latency and
     delivery rate against time, one panel per site, outages shaded."""
@@ -22,36 +47,55 @@ def plot(res: RunResult, outdir: Path) -> list[Path]:
     sites = list(res.deliveries)
     exp = res.experiment
     paths = []
-    colours = {"metropol": "tab:blue", "commonwe": "tab:orange", "kingdom": "tab:green",
-               "republic": "tab:red"}
 
     def shade(ax: Any) -> None:
         for a, b in res.outages:
             ax.axvspan(a, b, color="0.85", zorder=0)
 
-    # 1. sequence numbers vs delivery time, by partition (same side: circles, other: squares)
-    fig, axes = plt.subplots(len(sites), 1, figsize=(10, 2.4 * len(sites)), sharex=True)
-    for ax, site in zip(axes, sites):
-        shade(ax)
-        side = res.groups[site]
-        for origin in res.sites:
-            pts = [(d.delivery_time, d.seq) for d in res.deliveries[site] if d.origin == origin]
-            if not pts:
-                continue
-            xs, ys = zip(*pts)
-            marker = "o" if origin in side else "s"
-            ax.scatter(xs, ys, s=6, marker=marker, color=colours.get(origin),
-                       label=f"{origin} ({'same side' if origin in side else 'other side'})")
-        late = [(d.delivery_time, d.seq) for d in res.deliveries[site] if d.late]
-        if late:
-            xs, ys = zip(*late)
-            ax.scatter(xs, ys, s=14, facecolors="none", edgecolors="k", linewidths=0.5,
-                       label="late")
-        ax.set_ylabel(f"{site}\nseq no.")
-        ax.legend(fontsize=6, loc="upper left", ncol=3)
-    axes[-1].set_xlabel("time (s)")
+    # 1. sequence numbers vs delivery time: one line per side of the partition (the seed's
+    # Figures 27, 29, 32, 33), the whole run and the seed's zoom window side by side
+    window = zoom_window(res)
+    ncols = 2 if window else 1
+    fig, axes = plt.subplots(len(sites), ncols, figsize=(7 * ncols, 2.6 * len(sites)),
+                             squeeze=False)
+    top = max((d.seq for log in res.deliveries.values() for d in log), default=1)
+    shift = max(5, round(top * 0.15))
+    for row, site in zip(axes, sites):
+        lines = seq_lines(res, site)
+        for col, ax in enumerate(row):
+            shade(ax)
+            for name, pts in lines.items():
+                if not pts:
+                    continue
+                same = name == "same side"
+                xs = [t for t, _, _ in pts]
+                ys = [q if same else q - shift for _, q, _ in pts]
+                who = sorted(o for o in res.sites if (o in res.groups[site]) == same)
+                label = (f"{name}: {', '.join(who)}"
+                         + ("" if same else f" (shifted down {shift})"))
+                ax.plot(xs, ys, "-", linewidth=0.5, color="tab:blue" if same else "tab:red")
+                ax.scatter(xs, ys, s=7, marker="o" if same else "s",
+                           color="tab:blue" if same else "tab:red", label=label)
+                late = [(t, q if same else q - shift) for t, q, lt in pts if lt]
+                if late:
+                    lx, ly = zip(*late)
+                    ax.scatter(lx, ly, s=16, facecolors="none", edgecolors="k",
+                               linewidths=0.5, label=f"late ({name})")
+            if col == 1 and window:
+                ax.set_xlim(*window)
+                seen = [q if name == "same side" else q - shift
+                        for name, pts in lines.items() for t, q, _ in pts
+                        if window[0] <= t <= window[1]]
+                if seen:
+                    pad = max(2.0, 0.05 * (max(seen) - min(seen)))
+                    ax.set_ylim(min(seen) - pad, max(seen) + pad)
+                ax.set_title(f"zoom {window[0]:g}-{window[1]:g} s", fontsize=8)
+            ax.set_ylabel(f"{site}\nseq no.")
+            ax.legend(fontsize=6, loc="upper left")
+    for ax in axes[-1]:
+        ax.set_xlabel("time (s)")
     fig.suptitle(f"Test {exp.number} ({exp.mode}, {exp.scenario}): sequence numbers of "
-                 "delivered messages, by partition")
+                 "delivered messages, one line per side of the partition")
     fig.tight_layout()
     p = outdir / "seq.png"
     fig.savefig(p, dpi=90)
