@@ -340,7 +340,8 @@ def test_server_survives_a_restart_of_its_router(tmp_path, down_for: float) -> N
     time-out (1 s here). Messages then flow both ways again."""
     async def main() -> None:
         hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", default_lsid=LSID,
-                                    core_lsids=frozenset({LSID})))
+                                    core_lsids=frozenset({LSID}),
+                                    accept_routers=["ra@127.0.0.1", "rb@127.0.0.1"]))
         await hub.start()
         nodes = [hub]
 
