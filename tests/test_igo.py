@@ -575,3 +575,31 @@ def test_a_first_message_lost_at_start_up_is_repaired_and_ordered() -> None:
     assert net.sites["b"].counters["skipped.long-term"] == 0
     ref = net.order("a")
     assert net.order("b") == ref and net.order("c") == ref
+
+
+def test_peer_states_follow_the_transition_table() -> None:
+    """Seed 003 Figure 10 as a table: silence detected (S1 -> S2), long silence (S2 -> S3),
+    reconciled (S2 -> S1), contact after a long-term disconnect (S3 -> S1); events a state
+    does not take leave it unchanged."""
+    from apps.chat.igo.states import TRANSITIONS, PeerEvent
+
+    S = PeerState
+    assert TRANSITIONS[(S.S1, PeerEvent.SILENT)] is S.S2
+    assert TRANSITIONS[(S.S2, PeerEvent.LONG_SILENCE)] is S.S3
+    assert TRANSITIONS[(S.S2, PeerEvent.RECONCILED)] is S.S1
+    assert TRANSITIONS[(S.S3, PeerEvent.CONTACT)] is S.S1
+    assert TRANSITIONS[(S.UNKNOWN, PeerEvent.SILENT)] is S.S3
+    assert (S.S3, PeerEvent.SILENT) not in TRANSITIONS
+    assert (S.S1, PeerEvent.RECONCILED) not in TRANSITIONS
+    # driven through a site: a peer that falls silent goes S1 -> S2 -> S3 on the timers
+    cfg = IGOConfig(sites=("a", "b"), mode="hasten", heartbeat_interval=1.0,
+                    missed_heartbeats=2, disconnect_interval=5.0)
+    a = SiteOrdering(cfg, "a", 0.0, incarnation=1)
+    b = SiteOrdering(cfg, "b", 0.0, incarnation=2)
+    for act in b.tick(0.0):
+        if isinstance(act, Send):
+            a.on_message(act.band, act.payload, 0.0)
+    assert a.peer_state("b") is S.S1
+    changes = [x for t in (1.0, 2.0, 3.0, 6.0, 8.0) for x in a.tick(t)
+               if isinstance(x, StateChange) and x.peer == "b"]
+    assert [(c.old, c.new) for c in changes] == [("S1", "S2"), ("S2", "S3")]
