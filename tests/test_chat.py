@@ -21,6 +21,8 @@ from apps.chat.server import ChatServer
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 
+from .ports import free_port_block
+
 LSID = 0x10
 SITES = ("metropol", "commonwe", "kingdom", "republic")
 FAST = {"heartbeat_interval": 0.25, "missed_heartbeats": 3, "disconnect_interval": 3.0}
@@ -269,26 +271,7 @@ def test_cli_experiment_stability_reaches_the_sites(tmp_path, capsys) -> None:
 
 def _free_base(n: int = 5) -> int:
     """A port p with p .. p+n-1 free just now (the seed 003 topology's routers)."""
-    import socket
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + n):
-                x = socket.socket()
-                socks.append(x)
-                x.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for x in socks:
-                x.close()
-    raise RuntimeError("no run of free ports")
+    return free_port_block(n)
 
 
 def test_cli_experiment_real_runs_router_processes(tmp_path, capsys) -> None:

@@ -9,6 +9,8 @@ from flowrouter.testbed.launcher import Launcher
 from flowrouter.testbed.sim import SimNetwork
 from flowrouter.testbed.topology import loads
 
+from .ports import free_port_block
+
 TOPO = """
 name = "outage-check"
 duration = 7
@@ -49,10 +51,8 @@ TOL = 0.6  # seconds: process scheduling and re-dial back-off on a loaded machin
 
 
 def _free_base() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Two consecutive free ports: the topology's routers x1 and x2 listen on base and base+1."""
+    return free_port_block(2)
 
 
 def test_launcher_and_simulator_see_the_same_outage(tmp_path) -> None:  # type: ignore[no-untyped-def]
