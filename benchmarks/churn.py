@@ -113,7 +113,7 @@ async def run(chain: RouterChain, args: argparse.Namespace) -> dict[str, Any]:
         tx = asyncio.ensure_future(stream(sender, flow, args.rate, args.payload, stop, sent))
         await asyncio.sleep(args.settle)
         changes: list[dict[str, Any]] = []
-        for k in range(args.changes):
+        for _ in range(args.changes):
             t = time.perf_counter()
             lst = await churner.listen(flow, 32)
             changes.append({"kind": "join", "t": t, "ack_ms": (time.perf_counter() - t) * 1e3})
