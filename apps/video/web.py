@@ -28,6 +28,8 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+import flowlib
+
 from . import protocol as P
 from .protocol import Resolution
 from .viewer import Viewer
@@ -198,6 +200,11 @@ class WebViewer:
             await self._serve_one(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             self._count("http.disconnected")
+        except flowlib.FlowError as exc:  # no router for a new resolution's viewer
+            self._count("http.flow-error")
+            log.warning("cannot watch: %s", exc)
+            with contextlib.suppress(ConnectionError):
+                await self._reply(writer, 503, "text/plain", f"{exc}\n".encode())
         finally:
             self._clients -= 1
             writer.close()
