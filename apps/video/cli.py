@@ -7,6 +7,9 @@
     flowvideo demo  [--duration 12] [--web 8090]
 
 Errors are one line on stderr (exit status 1; 2 for bad arguments).
+
+Imports flowlib (and its shared connection flags) and the video modules; Pillow is imported
+by the commands, and its absence is one line too.
 """
 
 from __future__ import annotations
