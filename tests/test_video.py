@@ -296,3 +296,21 @@ def test_the_backup_takes_over_when_the_primary_process_is_killed(tmp_path) -> N
                 if backup_c is not None:
                     await backup_c.close()
     run(main(), 120)
+
+
+def test_a_viewer_whose_router_dies_fails_over_and_continues() -> None:
+    """Mobility without asking: a viewer given two routers re-joins through the second when
+    its router dies (flowlib failover re-joins its bands), and its refreshed request keeps
+    the resolution running. Stated bound: the picture stops for less than 5 s."""
+    async def main() -> None:
+        async with star() as (r0, r1, r2), streaming(r0, config(fps=4.0)) as (_s, flow):
+            async with Viewer([addr(r1), addr(r2)], flow, LOW, name="roamer",
+                              playout=5.0) as v:
+                await until(lambda: v.stats.frames >= 3, what="frames through r1")
+                frames, stream = v.stats.frames, v.core.stream
+                await r1.stop()
+                await until(lambda: v.stats.frames >= frames + 4, 30, "frames through r2")
+                assert v.core.stream == stream and v.stats.streams == 1
+                assert v.stats.underruns == 0 and v.stats.max_gap < 5.0, v.stats.max_gap
+                assert P.band_of(2) in downstream_mask(r0, "r2", flow)
+    run(main(), 90)
