@@ -42,6 +42,10 @@ def build_session(master: str = "local[*]", *, app_name: str = "flowtrace",
     builder = builder.config("spark.driver.host", driver_host)
     builder = builder.config("spark.driver.bindAddress",
                              driver_host if driver_host == LOOPBACK else "0.0.0.0")
+    # traces come as many small files (one per router, rotated): list them on the driver
+    # (not as a Spark job with a task per path) and pack several into one read partition
+    builder = builder.config("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
+    builder = builder.config("spark.sql.files.openCostInBytes", str(2**20))
     local = master.startswith("local")
     if driver_memory is None and local:
         driver_memory = default_driver_memory()
