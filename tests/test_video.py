@@ -314,3 +314,33 @@ def test_a_viewer_whose_router_dies_fails_over_and_continues() -> None:
                 assert v.stats.underruns == 0 and v.stats.max_gap < 5.0, v.stats.max_gap
                 assert P.band_of(2) in downstream_mask(r0, "r2", flow)
     run(main(), 90)
+
+
+def test_of_two_primaries_on_one_flow_one_steps_down_and_viewers_hear_one_stream() -> None:
+    async def main() -> None:
+        async with star() as (r0, r1, r2), streaming(r0, config()) as (first, flow):
+            async with Viewer([addr(r2)], flow, LOW, name="viewer") as v:
+                await until(lambda: v.stats.frames >= 2, what="frames")
+                client = await flowlib.connect(addr(r1), name="second")
+                second = Streamer(client, flow, PatternSource(Resolution(240, 180)), config())
+                task = asyncio.ensure_future(second.run())
+                try:
+                    await until(lambda: first.step_downs + second.step_downs >= 1, 30,
+                                "one primary to step down")
+                    winner, loser = (first, second) if second.step_downs else (second, first)
+                    assert loser.role == "backup" and not loser.serving.is_set()
+                    assert winner.step_downs == 0 and winner.serving.is_set()
+                    assert loser.core.server < winner.core.server  # type: ignore[union-attr]
+                    # from now on the viewer hears the winner's stream only
+                    await until(lambda: v.core.stream == winner.core.stream  # type: ignore
+                                and v.stats.frames >= 2, what="the winner's frames")
+                    n = v.stats.streams
+                    frames = v.stats.frames
+                    await until(lambda: v.stats.frames >= frames + 4, what="more frames")
+                    assert v.stats.streams == n and v.core.stream == winner.core.stream  # type: ignore
+                finally:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    await client.close()
+    run(main(), 90)

@@ -63,7 +63,7 @@ def test_every_message_round_trips() -> None:
         P.Advert(7, 2, 9, 1.5, (P.Offer(40, HIGH, True, 7.5, 80), P.Offer(41, LOW, False, 5, 60))),
         P.Request("viewer-ä", 41),
         P.Feedback("v", 40, 12),
-        P.State(7, 2, 123456, 0.2, (P.EncodingState(40, HIGH, 2.5, 40, 99),)),
+        P.State(7, 2, 123456, 0.2, (P.EncodingState(40, HIGH, 2.5, 40, 99),), 0xABCDEF01),
         P.Frame(7, 2, 5, 1000, 41, LOW, 60, 5.0, JPEG),
     ]
     for m in msgs:
@@ -196,6 +196,19 @@ def test_backup_takes_over_after_dead_after_and_continues_the_stream() -> None:
     # stated bound for the viewer's gap: the last frame before the death is at most one
     # frame period old, so the gap is below dead_after + state_period + 1/fps
     assert take.silent_for + c.state_period + 1 / c.fps < 2.0
+
+
+def test_of_two_primaries_the_lower_ranked_steps_down() -> None:
+    c = cfg()
+    old = StreamerCore(c, 0.0, server=9)
+    taken = StreamerCore.resume(c, old.state(1.0), 2.0, 1.0, server=3)
+    assert old.outranked_by(taken.state(2.0))           # a newer incarnation wins
+    assert not taken.outranked_by(old.state(2.0))
+    twin = StreamerCore.resume(c, old.state(1.0), 2.0, 1.0, server=7)
+    assert taken.outranked_by(twin.state(2.0)) != twin.outranked_by(taken.state(2.0))
+    assert not twin.outranked_by(twin.state(2.0))        # never by its own state
+    fresh = StreamerCore(c, 5.0, server=0xFFFFFFFF)      # a restarted primary: incarnation 1
+    assert fresh.outranked_by(taken.state(5.0))
 
 
 def test_a_backup_with_no_primary_waits_longer_before_streaming_alone() -> None:

@@ -40,7 +40,7 @@ KIND_ADVERT, KIND_REQUEST, KIND_FEEDBACK, KIND_STATE, KIND_FRAME = 1, 2, 3, 4, 5
 _PREFIX = struct.Struct(">2sBB")
 _ADVERT = struct.Struct(">IIIIB")          # stream, incarnation, seq, request period ms, n
 _OFFER = struct.Struct(">BHHBHB")          # band, w, h, active, fps x10, quality
-_STATE = struct.Struct(">IIQIB")           # stream, incarnation, media ms, period ms, n
+_STATE = struct.Struct(">IIIQIB")          # stream, inc, server, media ms, period ms, n
 _STATE_ENC = struct.Struct(">BHHHBQ")      # band, w, h, fps x10, quality, frames sent
 _FRAME = struct.Struct(">IIQQBHHBH")       # stream, inc, seq, media ms, band, w, h, q, fps x10
 _FEEDBACK = struct.Struct(">BI")           # band, dropped
@@ -138,13 +138,15 @@ class EncodingState:
 @dataclass(frozen=True)
 class State:
     """What a backup needs to continue the stream: its identity, the media position, the
-    state period (liveness) and the active encodings."""
+    state period (liveness) and the active encodings; *server* tells streamers apart (see
+    :meth:`apps.video.streamer_core.StreamerCore.outranked_by`)."""
 
     stream: int
     incarnation: int
     media_ms: int
     period: float
     encodings: tuple[EncodingState, ...]
+    server: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def encode_feedback(f: Feedback) -> bytes:
 
 
 def encode_state(s: State) -> bytes:
-    parts = [_prefix(KIND_STATE), _STATE.pack(s.stream, s.incarnation, s.media_ms,
+    parts = [_prefix(KIND_STATE), _STATE.pack(s.stream, s.incarnation, s.server, s.media_ms,
                                               round(s.period * 1000), len(s.encodings))]
     parts += [_STATE_ENC.pack(e.band, e.resolution.width, e.resolution.height, _fps10(e.fps),
                               e.quality, e.frames) for e in s.encodings]
@@ -299,7 +301,7 @@ def decode(data: bytes) -> Message:
         r.end("feedback")
         return Feedback(name, _video_band(band), dropped)
     if kind == KIND_STATE:
-        stream, inc, media_ms, period_ms, n = r.take(_STATE, "state")
+        stream, inc, server, media_ms, period_ms, n = r.take(_STATE, "state")
         if n > MAX_RESOLUTIONS:
             raise ProtocolError(f"state lists {n} encodings (max {MAX_RESOLUTIONS})")
         encs = []
@@ -310,7 +312,7 @@ def decode(data: bytes) -> Message:
         r.end("state")
         if period_ms == 0:
             raise ProtocolError("state with a zero period")
-        return State(stream, inc, media_ms, period_ms / 1000, tuple(encs))
+        return State(stream, inc, media_ms, period_ms / 1000, tuple(encs), server)
     if kind == KIND_FRAME:
         stream, inc, seq, media_ms, band, w, h, q, fps10 = r.take(_FRAME, "frame")
         jpeg = r.rest()

@@ -62,6 +62,8 @@ class Streamer:
         self.sent_bytes: Counter[int] = Counter()    #: band -> payload bytes sent
         self.bad_messages = 0
         self.send_failures = 0
+        self.step_downs = 0
+        self._outranked: P.State | None = None
         self.events: list[tuple[float, Action | str]] = []
         self.serving = asyncio.Event()  #: set once this streamer streams (primary or took over)
         self._wake = asyncio.Event()
@@ -78,16 +80,28 @@ class Streamer:
 
     # ---------------------------------------------------------------------- running
     async def run(self) -> None:
-        """Stream until cancelled (a backup follows the primary first)."""
+        """Stream until cancelled (a backup follows the primary first; a primary that another
+        primary outranks steps down and follows it)."""
         self._loop = asyncio.get_running_loop()
         if self.backup:
             await self._follow()
         else:
             self.core = StreamerCore(self.cfg, self._now())
-        await self._serve()
+        while True:
+            outranked = await self._serve()
+            if outranked is None:
+                return
+            self.step_downs += 1
+            self.serving.clear()
+            self._say(f"another streamer (incarnation {outranked.incarnation}) outranks this "
+                      "one: stepping down to follow it")
+            await self._follow(outranked)
 
-    async def _follow(self) -> None:
+    async def _follow(self, heard: P.State | None = None) -> None:
         watch = self.watch = BackupWatch(self.cfg, self._now())
+        if heard is not None:
+            watch.on_state(heard, self._now())
+        self.role = "backup"
         listener = await self.client.listen(self.flow, P.BAND_STATE, size=64, name="state")
         self._say(f"backup: following the primary's state on band {P.BAND_STATE}, taking over "
                   f"after {watch.dead_after():.1f}s of silence")
@@ -125,20 +139,26 @@ class Streamer:
                       f"{len(take.state.encodings)} active resolution(s)")
         self.role = "primary (took over)"
 
-    async def _serve(self) -> None:
+    async def _serve(self) -> P.State | None:
+        """Stream; returns the state of a streamer that outranks this one (else runs until
+        cancelled or the connection is lost)."""
         core = self.core
         assert core is not None
         await self.client.advertise(self.flow)
-        listener = await self.client.listen(self.flow, [P.BAND_REQUEST, P.BAND_FEEDBACK],
-                                            size=1024, name="requests")
+        listener = await self.client.listen(
+            self.flow, [P.BAND_REQUEST, P.BAND_FEEDBACK, P.BAND_STATE], size=1024,
+            name="requests")
         self.serving.set()
+        self._outranked = None
         reader = asyncio.ensure_future(self._read(listener))
         try:
             while True:
                 await self._apply(core.poll(self._now()))
+                if self._outranked is not None:
+                    return self._outranked
                 if reader.done():
                     reader.result()  # raises what ended it
-                    return
+                    return None
                 delay = max(0.0, core.next_deadline() - self._now())
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -147,6 +167,8 @@ class Streamer:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, flowlib.FlowError):
                 await reader
+            with contextlib.suppress(flowlib.FlowError):
+                await self.client.unlisten(listener)
 
     async def _read(self, listener: flowlib.Listener) -> None:
         core = self.core
@@ -159,8 +181,15 @@ class Streamer:
                 log.debug("bad message on band %d: %s", msg.band, exc)
                 continue
             if (msg.band == P.BAND_REQUEST) != isinstance(m, P.Request) or \
-                    (msg.band == P.BAND_FEEDBACK) != isinstance(m, P.Feedback):
+                    (msg.band == P.BAND_FEEDBACK) != isinstance(m, P.Feedback) or \
+                    (msg.band == P.BAND_STATE) != isinstance(m, P.State):
                 self.bad_messages += 1
+                continue
+            if isinstance(m, P.State):
+                if core.outranked_by(m):
+                    self._outranked = m
+                    self._wake.set()
+                    return
                 continue
             actions = core.on_message(m, self._now())
             if actions:

@@ -19,6 +19,10 @@ Overflow feedback (seed 002 section 3.5): a report for a band halves that band's
 After ``recover_after`` seconds without a report the quality comes back first, then the rate
 grows by ``fps_step`` per ``recover_after`` until it reaches the configured values.
 
+Two primaries on one flow (two backups took over, a restarted primary): each primary also
+hears the state band, and the one ranked lower by :meth:`StreamerCore.outranked_by` steps
+down to a backup.
+
 Redundant server (Figure 3.3): the primary publishes a :class:`~apps.video.protocol.State`
 every ``state_period`` on the state band. :class:`BackupWatch` follows it and says
 :class:`TakeOver` when nothing was heard for ``dead_after`` seconds; the backup then runs a
@@ -135,9 +139,10 @@ class Encoding:
 
 class StreamerCore:
     def __init__(self, config: StreamConfig, now: float, *, stream: int | None = None,
-                 incarnation: int = 1, media_ms: int = 0) -> None:
+                 incarnation: int = 1, media_ms: int = 0, server: int | None = None) -> None:
         self.cfg = config
         self.stream = random.getrandbits(32) if stream is None else stream
+        self.server = random.getrandbits(32) if server is None else server
         self.incarnation = incarnation
         self._media_origin = now - media_ms / 1000
         self.encodings = [Encoding(P.band_of(i), res, config.fps, config.quality)
@@ -150,12 +155,12 @@ class StreamerCore:
 
     @classmethod
     def resume(cls, config: StreamConfig, state: P.State, now: float,
-               silent_for: float) -> StreamerCore:
+               silent_for: float, server: int | None = None) -> StreamerCore:
         """A core that continues *state* (a backup taking over *silent_for* seconds after the
         primary's last state): same stream, next incarnation, media time moved on by the
         silence, the same encodings active with their rates, numbers and a grace period."""
         core = cls(config, now, stream=state.stream, incarnation=state.incarnation + 1,
-                   media_ms=state.media_ms + round(silent_for * 1000))
+                   media_ms=state.media_ms + round(silent_for * 1000), server=server)
         for es in state.encodings:
             enc = core._by_band.get(es.band)
             if enc is None or enc.resolution != es.resolution:
@@ -166,6 +171,17 @@ class StreamerCore:
             enc.quality = min(max(es.quality, config.min_quality), config.quality)
             enc.frames = es.frames
         return core
+
+    def outranked_by(self, state: P.State) -> bool:
+        """Another streamer publishes state on our flow: step down if it ranks higher.
+
+        Two streamers may both think they are the primary (two backups took over, or a
+        restarted primary came back on the same flow). The one with the higher
+        (incarnation, server) keeps streaming; the other goes back to following it, so
+        viewers soon hear one stream again."""
+        if state.server == self.server:
+            return False
+        return (state.incarnation, state.server) > (self.incarnation, self.server)
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -295,7 +311,7 @@ class StreamerCore:
     def state(self, now: float) -> P.State:
         return P.State(self.stream, self.incarnation, self.media_ms(now), self.cfg.state_period,
                        tuple(P.EncodingState(e.band, e.resolution, e.fps, e.quality, e.frames)
-                             for e in self.active()))
+                             for e in self.active()), self.server)
 
 
 # ------------------------------------------------------------------------------ backup
