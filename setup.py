@@ -9,7 +9,9 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("flowrouter.core._fastpath", ["flowrouter/core/_fastpath.c"],
+        Extension("flowrouter.core._fastpath",
+                  ["flowrouter/core/_fastpath.c", "flowrouter/core/_fastpath_tables.c"],
+                  depends=["flowrouter/core/_fastpath.h"],
                   extra_compile_args=["-O2"], optional=True),
     ],
 )

@@ -1,0 +1,105 @@
+/* Shared declarations of the compiled forwarding engine (_fastpath.c, _fastpath_tables.c).
+ *
+ * The engine is the twin of flowrouter/core/fastpath_py.py; _fastpath_tables.c holds the
+ * mirror of the router's tables (links and flows in open-addressing maps) and their Python
+ * methods, _fastpath.c the forwarding pass and the Python type.
+ */
+#ifndef FLOWNET_FASTPATH_H
+#define FLOWNET_FASTPATH_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HEADER 24
+#define ROUTER_BANDS_END 16
+#define NUM_BANDS 128
+#define NUM_LOC 4
+
+enum { STOP_END = 0, STOP_PARTIAL = 1, STOP_SLOW = 2, STOP_MISS_FLOW = 3, STOP_MISS_LINK = 4 };
+
+typedef struct { uint64_t lo, hi; } mask128;
+
+static inline int mask_has(mask128 m, int bit) {
+    return bit < 64 ? (int)((m.lo >> bit) & 1) : (int)((m.hi >> (bit - 64)) & 1);
+}
+
+typedef struct {
+    long id;
+    int used;
+    int router;
+    uint32_t max_payload;
+    uint8_t mods[NUM_LOC];
+    /* output planned during one forward() call: bytes, frames, its bytes object */
+    Py_ssize_t len;
+    long frames;
+    int dirty;
+    char *wp;
+} Link;
+
+/* One frame copy to one output link, planned in the decision pass and carried out when
+ * every link's output size is known, straight into its bytes object (one copy per byte). */
+typedef struct {
+    Py_ssize_t slot, src;
+    uint32_t size;
+    uint8_t lt, left, ttl;
+} Copy;
+
+typedef struct {
+    uint8_t key[16];
+    uint8_t state; /* 0 empty, 1 used, 2 tombstone */
+    long up;       /* -1: none */
+    uint32_t ndown;
+    long *down;
+    mask128 *masks;
+    mask128 agg;
+    uint64_t mark; /* call serial when last put in `touched` */
+} Flow;
+
+typedef struct {
+    PyObject_HEAD
+    Link *links;
+    Py_ssize_t nlinks, links_cap;
+    Py_ssize_t *lmap; /* slot+1, 0 empty; size lmap_cap (power of two) */
+    Py_ssize_t lmap_cap;
+    Flow *flows;
+    Py_ssize_t flows_cap, flows_used, flows_filled; /* filled = used + tombstones */
+    uint64_t serial;
+    Py_ssize_t *dirty;
+    Py_ssize_t ndirty, dirty_cap;
+    Copy *copies;
+    Py_ssize_t ncopies, copies_cap;
+} Engine;
+
+/* ------------------------------------------------------------------ hashing */
+static inline uint64_t hash_key(const uint8_t *k) {
+    uint64_t a, b;
+    memcpy(&a, k, 8);
+    memcpy(&b, k + 8, 8);
+    uint64_t h = a * 0x9E3779B97F4A7C15ULL ^ (b + 0x632BE59BD9B4E019ULL);
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 32;
+    return h;
+}
+
+static inline uint64_t hash_long(long v) {
+    uint64_t h = (uint64_t)v * 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 31);
+}
+
+/* mirror of the tables (_fastpath_tables.c) */
+Py_ssize_t fp_link_find(Engine *e, long id);
+Flow *fp_flow_find(Engine *e, const uint8_t *key);
+void fp_engine_clear(Engine *e);
+int fp_init(void);
+PyObject *Engine_set_link(Engine *e, PyObject *args);
+PyObject *Engine_forget_link(Engine *e, PyObject *arg);
+PyObject *Engine_has_link(Engine *e, PyObject *arg);
+PyObject *Engine_set_flow(Engine *e, PyObject *args);
+PyObject *Engine_forget_flow(Engine *e, PyObject *arg);
+PyObject *Engine_has_flow(Engine *e, PyObject *arg);
+PyObject *Engine_clear(Engine *e, PyObject *ignored);
+PyObject *Engine_sizes(Engine *e, PyObject *ignored);
+
+#endif

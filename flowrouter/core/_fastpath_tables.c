@@ -1,0 +1,296 @@
+/* The compiled engine's mirror of the router's tables: links and flows.
+ *
+ * Links: an array of slots and an open-addressing map from link id to slot (rebuilt when a
+ * link comes or goes, which is rare). Flows: an open-addressing table keyed by the 16-byte
+ * flow key, with tombstones, grown at half full. Filled and emptied only through the
+ * Python methods below, by flowrouter/core/fastpath.py on the core's behalf.
+ */
+#include "_fastpath.h"
+
+/* ------------------------------------------------------------------ links */
+Py_ssize_t fp_link_find(Engine *e, long id) {
+    if (e->lmap_cap == 0) return -1;
+    Py_ssize_t m = e->lmap_cap - 1;
+    for (Py_ssize_t i = (Py_ssize_t)(hash_long(id) & m);; i = (i + 1) & m) {
+        Py_ssize_t s = e->lmap[i];
+        if (s == 0) return -1;
+        if (e->links[s - 1].id == id) return s - 1;
+    }
+}
+
+static int lmap_rebuild(Engine *e, Py_ssize_t cap) {
+    Py_ssize_t *map = PyMem_Calloc((size_t)cap, sizeof(Py_ssize_t));
+    if (!map) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t s = 0; s < e->nlinks; s++) {
+        if (!e->links[s].used) continue;
+        for (Py_ssize_t i = (Py_ssize_t)(hash_long(e->links[s].id) & (cap - 1));;
+             i = (i + 1) & (cap - 1)) {
+            if (map[i] == 0) { map[i] = s + 1; break; }
+        }
+    }
+    PyMem_Free(e->lmap);
+    e->lmap = map;
+    e->lmap_cap = cap;
+    return 0;
+}
+
+PyObject *Engine_set_link(Engine *e, PyObject *args) {
+    long id;
+    int router;
+    unsigned long max_payload;
+    PyObject *mods;
+    if (!PyArg_ParseTuple(args, "lpkO", &id, &router, &max_payload, &mods)) return NULL;
+    if (id < 0) { PyErr_SetString(PyExc_ValueError, "link ids are not negative"); return NULL; }
+    PyObject *seq = PySequence_Fast(mods, "modifiers must be a sequence");
+    if (!seq) return NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != NUM_LOC) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "modifiers: one per locality type");
+        return NULL;
+    }
+    uint8_t m[NUM_LOC];
+    for (int i = 0; i < NUM_LOC; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(seq); return NULL; }
+        if (v < 0 || v > 255) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "a locality modifier is 0..255");
+            return NULL;
+        }
+        m[i] = (uint8_t)v;
+    }
+    Py_DECREF(seq);
+    Py_ssize_t s = fp_link_find(e, id);
+    if (s < 0) {
+        for (s = 0; s < e->nlinks && e->links[s].used; s++) {}
+        if (s == e->links_cap) {
+            Py_ssize_t cap = e->links_cap ? e->links_cap * 2 : 16;
+            Link *nl = PyMem_Realloc(e->links, (size_t)cap * sizeof(Link));
+            if (!nl) return PyErr_NoMemory();
+            memset(nl + e->links_cap, 0, (size_t)(cap - e->links_cap) * sizeof(Link));
+            e->links = nl;
+            e->links_cap = cap;
+        }
+        if (s == e->nlinks) e->nlinks++;
+        Link *l = &e->links[s];
+        l->used = 1;
+        l->id = id;
+        l->len = 0;
+        l->frames = 0;
+        l->dirty = 0;
+        if (e->lmap_cap < 4 * e->nlinks || e->lmap_cap == 0) {
+            Py_ssize_t cap = 64;
+            while (cap < 4 * e->nlinks) cap *= 2;
+            if (lmap_rebuild(e, cap) < 0) { l->used = 0; return NULL; }
+        } else if (lmap_rebuild(e, e->lmap_cap) < 0) {
+            l->used = 0;
+            return NULL;
+        }
+    }
+    Link *l = &e->links[s];
+    l->router = router;
+    l->max_payload = max_payload > 0xFFFFFFFFUL ? 0xFFFFFFFFU : (uint32_t)max_payload;
+    memcpy(l->mods, m, NUM_LOC);
+    Py_RETURN_NONE;
+}
+
+PyObject *Engine_forget_link(Engine *e, PyObject *arg) {
+    long id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t s = fp_link_find(e, id);
+    if (s >= 0) {
+        Link *l = &e->links[s];
+        memset(l, 0, sizeof(Link));
+        if (lmap_rebuild(e, e->lmap_cap) < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyObject *Engine_has_link(Engine *e, PyObject *arg) {
+    long id = PyLong_AsLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(fp_link_find(e, id) >= 0);
+}
+
+/* ------------------------------------------------------------------ flows */
+Flow *fp_flow_find(Engine *e, const uint8_t *key) {
+    if (e->flows_cap == 0) return NULL;
+    Py_ssize_t m = e->flows_cap - 1;
+    for (Py_ssize_t i = (Py_ssize_t)(hash_key(key) & m);; i = (i + 1) & m) {
+        Flow *f = &e->flows[i];
+        if (f->state == 0) return NULL;
+        if (f->state == 1 && memcmp(f->key, key, 16) == 0) return f;
+    }
+}
+
+static void flow_release(Flow *f) {
+    PyMem_Free(f->down);
+    PyMem_Free(f->masks);
+    f->down = NULL;
+    f->masks = NULL;
+    f->ndown = 0;
+}
+
+static int flows_resize(Engine *e, Py_ssize_t cap) {
+    Flow *nf = PyMem_Calloc((size_t)cap, sizeof(Flow));
+    if (!nf) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t j = 0; j < e->flows_cap; j++) {
+        Flow *f = &e->flows[j];
+        if (f->state != 1) continue;
+        for (Py_ssize_t i = (Py_ssize_t)(hash_key(f->key) & (cap - 1));;
+             i = (i + 1) & (cap - 1)) {
+            if (nf[i].state == 0) { nf[i] = *f; break; }
+        }
+    }
+    PyMem_Free(e->flows);
+    e->flows = nf;
+    e->flows_cap = cap;
+    e->flows_filled = e->flows_used;
+    return 0;
+}
+
+static PyObject *MASK64, *SHIFT64;
+
+int fp_init(void) {
+    MASK64 = PyLong_FromUnsignedLongLong(~0ULL);
+    SHIFT64 = PyLong_FromLong(64);
+    return MASK64 && SHIFT64 ? 0 : -1;
+}
+
+static int mask_from(PyObject *o, mask128 *out) {
+    /* a Python int of at most 128 bits, not negative; only the public long API */
+    if (!PyLong_Check(o)) { PyErr_SetString(PyExc_TypeError, "a band mask is an int"); return -1; }
+    PyObject *lo = PyNumber_And(o, MASK64);
+    if (!lo) return -1;
+    PyObject *hi = PyNumber_Rshift(o, SHIFT64);
+    if (!hi) { Py_DECREF(lo); return -1; }
+    out->lo = PyLong_AsUnsignedLongLong(lo);
+    int bad = out->lo == (uint64_t)-1 && PyErr_Occurred();
+    if (!bad) {
+        out->hi = PyLong_AsUnsignedLongLong(hi);
+        bad = out->hi == (uint64_t)-1 && PyErr_Occurred();
+    }
+    Py_DECREF(lo);
+    Py_DECREF(hi);
+    if (bad) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "band masks are 128-bit");
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *Engine_set_flow(Engine *e, PyObject *args) {
+    Py_buffer key;
+    long up;
+    PyObject *down, *aggo;
+    if (!PyArg_ParseTuple(args, "y*lOO", &key, &up, &down, &aggo)) return NULL;
+    PyObject *seq = NULL;
+    long *ids = NULL;
+    mask128 *masks = NULL;
+    mask128 agg;
+    if (key.len != 16) { PyErr_SetString(PyExc_ValueError, "a flow key is 16 bytes"); goto fail; }
+    if (mask_from(aggo, &agg) < 0) goto fail;
+    seq = PySequence_Fast(down, "down must be a sequence of (link, mask)");
+    if (!seq) goto fail;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+    ids = PyMem_Malloc((size_t)(nd ? nd : 1) * sizeof(long));
+    masks = PyMem_Malloc((size_t)(nd ? nd : 1) * sizeof(mask128));
+    if (!ids || !masks) { PyErr_NoMemory(); goto fail; }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
+            PyErr_SetString(PyExc_TypeError, "down must be a sequence of (link, mask)");
+            goto fail;
+        }
+        ids[i] = PyLong_AsLong(PyTuple_GET_ITEM(it, 0));
+        if (ids[i] == -1 && PyErr_Occurred()) goto fail;
+        if (mask_from(PyTuple_GET_ITEM(it, 1), &masks[i]) < 0) goto fail;
+    }
+    Py_DECREF(seq);
+    seq = NULL;
+    Flow *f = fp_flow_find(e, key.buf);
+    if (!f) {
+        if ((e->flows_filled + 1) * 2 > e->flows_cap) {
+            Py_ssize_t cap = e->flows_cap ? e->flows_cap : 64;
+            while ((e->flows_used + 1) * 2 > cap) cap *= 2;
+            if (e->flows_used * 4 >= cap) cap *= 2; /* leave room to grow */
+            if (flows_resize(e, cap) < 0) goto fail;
+        }
+        Py_ssize_t m = e->flows_cap - 1;
+        for (Py_ssize_t i = (Py_ssize_t)(hash_key(key.buf) & m);; i = (i + 1) & m) {
+            if (e->flows[i].state != 1) {
+                f = &e->flows[i];
+                if (f->state == 0) e->flows_filled++;
+                break;
+            }
+        }
+        memset(f, 0, sizeof(Flow));
+        memcpy(f->key, key.buf, 16);
+        f->state = 1;
+        e->flows_used++;
+    } else {
+        flow_release(f);
+    }
+    f->up = up;
+    f->ndown = (uint32_t)nd;
+    f->down = ids;
+    f->masks = masks;
+    f->agg = agg;
+    PyBuffer_Release(&key);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(seq);
+    PyMem_Free(ids);
+    PyMem_Free(masks);
+    PyBuffer_Release(&key);
+    return NULL;
+}
+
+PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
+    if (key.len == 16) {
+        Flow *f = fp_flow_find(e, key.buf);
+        if (f) {
+            flow_release(f);
+            f->state = 2;
+            e->flows_used--;
+        }
+    }
+    PyBuffer_Release(&key);
+    Py_RETURN_NONE;
+}
+
+PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
+    int found = key.len == 16 && fp_flow_find(e, key.buf) != NULL;
+    PyBuffer_Release(&key);
+    return PyBool_FromLong(found);
+}
+
+void fp_engine_clear(Engine *e) {
+    for (Py_ssize_t i = 0; i < e->flows_cap; i++)
+        if (e->flows[i].state == 1) flow_release(&e->flows[i]);
+    PyMem_Free(e->flows);
+    e->flows = NULL;
+    e->flows_cap = e->flows_used = e->flows_filled = 0;
+    PyMem_Free(e->links);
+    e->links = NULL;
+    e->nlinks = e->links_cap = 0;
+    PyMem_Free(e->lmap);
+    e->lmap = NULL;
+    e->lmap_cap = 0;
+}
+
+PyObject *Engine_clear(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    fp_engine_clear(e);
+    Py_RETURN_NONE;
+}
+
+PyObject *Engine_sizes(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    Py_ssize_t nl = 0;
+    for (Py_ssize_t s = 0; s < e->nlinks; s++) nl += e->links[s].used;
+    return Py_BuildValue("(nn)", e->flows_used, nl);
+}
