@@ -13,6 +13,8 @@ inherits one layer per concern, each in its own module and each building on the 
 :mod:`flowlib.receiving`       data frames to listeners, reassembly, overflow notices
 :mod:`flowlib.failover`        the next router after a loss, and re-joining there
 :mod:`flowlib.sending`         ``send``/``send_nowait``, back-pressure, fragmentation
+:mod:`flowlib.softstate`       router liveness (ECHO, dead-router detection), refresh
+                               digests of our joins, re-joins on NOT_ON_TREE / PRUNE
 :mod:`flowlib.checks`          argument checks and the public type aliases
 =============================  ==============================================================
 
@@ -63,10 +65,10 @@ from .fragment import (
     FRAGMENT_HEADER_SIZE,
 )
 from .notices import DEFAULT_NOTICE_EVERY, DEFAULT_NOTICE_INTERVAL, NoticeLimiter
-from .sending import Sending
+from .softstate import SoftState
 
 
-class FlowClient(Sending):
+class FlowClient(SoftState):
     """A connection to the flow overlay through one router at a time. Make one with
     :func:`connect`.
 
@@ -92,7 +94,10 @@ class FlowClient(Sending):
                  overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
                  overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
                  link_key: tuple[str, str | bytes] | None = None,
-                 encrypt: bool = False, capabilities: Iterable[Any] = ()) -> None:
+                 encrypt: bool = False, capabilities: Iterable[Any] = (),
+                 liveness_interval: float = C.DEFAULT_LIVENESS_INTERVAL,
+                 dead_after: float = C.DEFAULT_DEAD_AFTER,
+                 refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL) -> None:
         for what, value in (("failover_timeout", failover_timeout),
                             ("reconnect_min", reconnect_min), ("reconnect_max", reconnect_max),
                             ("reassembly_timeout", reassembly_timeout),
@@ -124,6 +129,8 @@ class FlowClient(Sending):
                             reconnect_min=reconnect_min, reconnect_max=reconnect_max,
                             on_failover=on_failover)
         self._init_sending(fragment_size=fragment_size)
+        self._init_softstate(liveness_interval=liveness_interval, dead_after=dead_after,
+                             refresh_interval=refresh_interval)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Leave every flow politely and close the link.
@@ -188,7 +195,10 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
                   overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
                   overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
                   link_key: tuple[str, str | bytes] | None = None,
-                  encrypt: bool = False, capabilities: Iterable[Any] = ()) -> FlowClient:
+                  encrypt: bool = False, capabilities: Iterable[Any] = (),
+                  liveness_interval: float = C.DEFAULT_LIVENESS_INTERVAL,
+                  dead_after: float = C.DEFAULT_DEAD_AFTER,
+                  refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL) -> FlowClient:
     """Connect to the first router in *addresses* that completes the handshake.
 
     Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)``, tried in order; each
@@ -227,6 +237,11 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
     capability file paths, see :mod:`flowlib.credentials`) are presented with the joins of
     every flow one of them covers for this client's *name* (unless ``listen``/``advertise``
     is given its own); a file that cannot be read raises ``ValueError`` before connecting.
+
+    Soft state (:mod:`flowlib.softstate`): an ECHO to the router every *liveness_interval*
+    seconds; a router silent for *dead_after* seconds (hung, or cut off without a reset) is
+    dropped like a lost link (and failed over from); a digest of our joins and
+    advertisements every *refresh_interval* keeps the router's state and repairs it.
     """
     check_identity(name, credentials)
     if isinstance(addresses, str) or (isinstance(addresses, tuple) and len(addresses) == 2
@@ -253,7 +268,8 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
         reassembly_timeout=reassembly_timeout, fragment_size=fragment_size,
         overflow_notice_every=overflow_notice_every,
         overflow_notice_interval=overflow_notice_interval, link_key=link_key,
-        encrypt=encrypt, capabilities=capabilities)
+        encrypt=encrypt, capabilities=capabilities, liveness_interval=liveness_interval,
+        dead_after=dead_after, refresh_interval=refresh_interval)
     attempts: list[tuple[str, str]] = []
     vi = 0
     for i, addr in enumerate(addrs):

@@ -60,6 +60,9 @@ class Link(asyncio.Protocol):
         self.dead = False
         #: why this link ended, when we ended it
         self.reason: str | None = None
+        #: reads so far: the soft-state layer's sign of life from the router (one increment
+        #: per read, not per frame)
+        self.reads = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -83,6 +86,7 @@ class Link(asyncio.Protocol):
         client._connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
         client = self.client
         if self.dead or client._link is not self:
             return

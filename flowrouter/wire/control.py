@@ -317,6 +317,15 @@ class EchoReply:
         return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(self.seq, self.stamp)
 
 
+#: soft-state timing both ends default to (routers take theirs from their config, flowlib
+#: from its arguments): an ECHO a second, a peer dead after three silent seconds, one digest
+#: round every ten seconds, and state held 3.5 rounds (PIM's ratio: two lost rounds in a
+#: row do not expire live state)
+DEFAULT_LIVENESS_INTERVAL = 1.0
+DEFAULT_DEAD_AFTER = 3.0
+DEFAULT_REFRESH_INTERVAL = 10.0
+DEFAULT_HOLD_FACTOR = 3.5
+
 REFRESH_SIBLING = 0x01  #: the entry is a location-service member's subtree mask (core mesh)
 REFRESH_ADVERTISE = 0x02  #: the sender only sends on the flow (mask 0 is an advertisement)
 REFRESH_ENTRY = struct.Struct("!16s16sB")

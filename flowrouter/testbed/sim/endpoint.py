@@ -1,8 +1,10 @@
 """A simulated endpoint: the client side of the router protocol, in virtual time.
 
 It speaks exactly what a flowlib client sends over a real link: HELLO (role ENDPOINT) first,
-then JOIN / LEAVE on the membership band, PONG replies to the router's GC pings on the GC band,
-and data frames with any band, locality and TTL. It records every delivery, join answer and
+then JOIN / LEAVE on the membership band, ECHO_REPLY to the router's ECHOs, a REFRESH digest
+of its joins and advertisements every ``refresh_interval`` (a fresh JOIN for any flow the
+router answers NOT_ON_TREE or PRUNE to), PONG replies to GC pings of older routers, and data
+frames with any band, locality and TTL. It records every delivery, join answer and
 fault notice, so tests and experiments can inspect what arrived when.
 
 Robustness (what a client library is expected to do, and what the simulator relies on):
@@ -84,7 +86,8 @@ class SimEndpoint:
     def __init__(self, net: SimNetwork, name: str, router: str, node_id: int, *,
                  roles: tuple[str, ...] = (), repair: bool = False, retry_interval: float = 1.0,
                  join_timeout: float = 10.0, repair_delay: float = 0.5,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 refresh_interval: float | None = C.DEFAULT_REFRESH_INTERVAL) -> None:
         self.net = net
         self.name = name
         self.router = router
@@ -95,6 +98,10 @@ class SimEndpoint:
         self.join_timeout = join_timeout
         self.repair_delay = repair_delay
         self.max_payload = max_payload
+        #: seconds between refresh digests (None: never refresh, like an old client)
+        self.refresh_interval = refresh_interval
+        self._refresh_gen = 0
+        self._round = 0
         self.link_name = ""
         self._lid: int | None = None
         self._out: Direction | None = None
@@ -127,6 +134,31 @@ class SimEndpoint:
         out.transmit(pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)
         for flow in list(self.wanted):
             self._send_join(flow)
+        self._refresh_gen += 1
+        if self.refresh_interval:
+            # a per-endpoint phase, so endpoints do not refresh in step
+            phase = (self.node_id % 997) / 997 * self.refresh_interval
+            self.net.queue.schedule(self.net.now + phase + 0.001, self._refresh,
+                                    self._refresh_gen)
+
+    def _refresh(self, gen: int) -> None:
+        """Send the digest of what we want (one round, all chunks at once: an endpoint holds
+        few flows), then schedule the next."""
+        if gen != self._refresh_gen or self._out is None or not self.refresh_interval:
+            return
+        self.net.queue.schedule(self.net.now + self.refresh_interval, self._refresh, gen)
+        self._round = (self._round + 1) & 0xFFFFFFFF
+        entries = [(flow.key, bits | (_FAULT_BIT if self.repair and not adv else 0),
+                    C.REFRESH_ADVERTISE if adv else 0)
+                   for flow, (bits, adv) in self.wanted.items()]
+        per = C.refresh_capacity(self.max_payload)
+        count = max(1, -(-len(entries) // per))
+        hold_ms = int(self.refresh_interval * C.DEFAULT_HOLD_FACTOR * 1000)
+        for i in range(count):
+            body = C.Refresh(self._round, i, count, hold_ms,
+                             tuple(entries[i * per:(i + 1) * per])).encode()
+            self._out.transmit(pack_header(_LINK_KEY, len(body), BAND_MEMBERSHIP), body)
+        self.counters["refresh.rounds"] += 1
 
     def close(self, lid: int, reason: str = "closed") -> None:
         if lid != self._lid:
@@ -266,6 +298,17 @@ class SimEndpoint:
                 msg = C.decode(payload)
                 if isinstance(msg, C.Hello):
                     self.router_hello = msg
+                elif isinstance(msg, C.Echo) and self._out is not None:
+                    body = C.EchoReply(msg.seq, msg.stamp).encode()
+                    self._out.transmit(pack_header(_LINK_KEY, len(body), BAND_MEMBERSHIP),
+                                       body)
+                elif isinstance(msg, (C.NotOnTree, C.Prune)):
+                    self.counters["refresh.detached"] += 1
+                    for k in msg.keys:
+                        flow = self._flow_cache.get(k) or FlowID.from_key(k)
+                        if flow in self.wanted:
+                            self.joined[flow] = False
+                            self._send_join(flow)
                 elif isinstance(msg, C.Error):
                     self.errors.append((self.now, msg.text))
                 return

@@ -17,7 +17,10 @@ Per direction, a frame of ``24 + payload`` bytes
    after 8 losses in a row the frame is dropped (``loss``) as a real connection would have
    broken by then;
 4. is lost in flight if the link (or that direction) goes down before it arrives
-   (``in-flight``).
+   (``in-flight``);
+5. a control frame (router band or link-local) is lost with probability ``control_loss``
+   whatever the transport (``control-loss``): emulated loss of the kind that made lost JOINs,
+   MASKs and LEAVEs matter, for the soft-state tests (:meth:`SimNetwork.set_control_loss`).
 
 Every refusal or loss is counted per direction under its reason; nothing is dropped silently.
 Randomness comes from a ``random.Random`` per direction seeded from the network seed and the
@@ -48,7 +51,7 @@ class Direction:
     __slots__ = ("link", "src", "dst", "dst_lid", "bandwidth", "delay", "loss", "down",
                  "gen", "busy_until", "last_arrival", "frames", "bytes", "delivered",
                  "drops", "retransmits", "rng", "blocks_data", "tcp", "net", "q", "ok",
-                 "special", "deliver", "_arrive_cb")
+                 "special", "deliver", "_arrive_cb", "control_loss")
 
     def __init__(self, link: SimLink, src: str, dst: str, bandwidth: float, delay: float,
                  loss: float, rng: random.Random, blocks_data: bool, tcp: bool,
@@ -75,6 +78,7 @@ class Direction:
         self.net = net
         self.q = net.queue
         self.ok = False  #: connected and not cut: the fast path may skip every check
+        self.control_loss = 0.0
         self.special = blocks_data or bool(link.queue_limit)
         self.deliver = net._nodes[dst].on_frame
         self._arrive_cb = self._arrive
@@ -106,7 +110,15 @@ class Direction:
             return "oneway"
         if link.queue_limit and self.backlog_bytes(now) + size > link.queue_limit:
             return "queue-full"
+        if (self.control_loss and (header[20] < ROUTER_BANDS_END
+                                   or header[8:12] == _LINK_LOCAL_LSID)
+                and self.rng.random() < self.control_loss):
+            return "control-loss"
         return None
+
+    def set_control_loss(self, p: float) -> None:
+        self.control_loss = p
+        self.special = self.blocks_data or bool(self.link.queue_limit) or bool(p)
 
     def _drop(self, now: float, header: bytes, size: int, reason: str) -> None:
         self.drops[reason] += 1

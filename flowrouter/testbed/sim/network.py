@@ -215,20 +215,33 @@ class SimNetwork:
                    epoch: float = 5.0, ping_after: int = 3, delete_after: int = 6,
                    join_timeout: float = 5.0, max_payload: int = DEFAULT_MAX_PAYLOAD,
                    max_flows: int = 1_000_000, default_lsid: int = 0,
-                   site: str | None = None, node_id: int | None = None) -> Router:
+                   site: str | None = None, node_id: int | None = None,
+                   **soft: float) -> Router:
+        """A router; *soft* sets its soft-state timing (``liveness_interval``,
+        ``dead_after``, ``refresh_interval``, ``hold_factor``: see RouterParams)."""
         self._check_new_name(name)
         params = RouterParams(
             name=name, node_id=node_id if node_id is not None else node_id_for(name),
             max_payload=max_payload, core_lsids=frozenset(core_lsids),
             default_lsid=default_lsid, routes=dict(routes or {}), default_route=default_route,
             epoch_length=epoch, gc_ping_after=ping_after, gc_delete_after=delete_after,
-            join_timeout=join_timeout, max_flows=max_flows)
+            join_timeout=join_timeout, max_flows=max_flows, **soft)
         router = self.router_factory(params, self.now)
         node = RouterNode(self, router, site)
         self.routers[name] = router
         self.nodes[name] = node
         self._nodes[name] = node
         return router
+
+    def set_control_loss(self, p: float, links: Iterable[str] | None = None) -> None:
+        """Lose each control frame (router bands, link-local) with probability *p* on every
+        link (or the named ones), in both directions, whatever the transport."""
+        if not 0 <= p <= 1:
+            raise ValueError(f"control loss must be 0..1, got {p!r}")
+        for name in (self.links if links is None else links):
+            link = self.links[name]
+            for d in (link.ab, link.ba):
+                d.set_control_loss(p)
 
     def add_endpoint(self, name: str, router: str, *, delay: float = 0.0001,
                      bandwidth: float = 0.0, modifiers: Modifiers | None = None,

@@ -1,0 +1,374 @@
+"""Soft state that repairs itself: link liveness, refresh digests, prunes (DESIGN.md 14).
+
+A part of the router (see :mod:`flowrouter.core.router`): :class:`SoftState` is a class over
+the shared :class:`~flowrouter.core.state.RouterState`, called from ``receive`` (soft-state
+messages), from the clock's ``tick`` and on link events; it changes the tables through the
+other parts' methods (declared in RouterState). May import :mod:`flowrouter.wire` and the
+core's shared modules (state, actions, tables, timers, traces); never another part.
+
+How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way PIM-SM is):
+
+* **Liveness.** Every link that is up is probed with an ECHO every ``liveness_interval``;
+  any frame from the peer counts as a sign of life. A router peer silent for ``dead_after``
+  is closed exactly like a failed link (faults on band 17, re-graft, LS re-routing), so a
+  hung machine (SIGSTOP: its kernel still answers TCP) is found within ``dead_after`` plus
+  one interval. An application link is held to the same rule once the application has shown
+  it speaks the protocol (sent an ECHO or ECHO_REPLY); older clients are not cut off. ECHO
+  replies give a smoothed RTT per link (``status()``), the input measured locality needs.
+* **Refresh digests.** Every ``refresh_interval`` a router sends each upstream neighbour one
+  digest round: the (flow, aggregate mask) of every entry whose upstream that neighbour is,
+  chunked to fit the link's frames and spread over the interval (no bursts). A round is
+  sent even when empty: "I want nothing from you" is news too. Applications (flowlib) send
+  the same digests of their joins and advertisements. The receiver reconciles: it sets each
+  listed (flow, link) as refreshed and corrects its mask (a lost MASK or a lost widening
+  JOIN is repaired), answers NOT_ON_TREE for listed flows it has no state for (a lost JOIN:
+  the sender re-joins explicitly, so admission checks still apply), and when every chunk of
+  a round has arrived it drops the (flow, link) pairs the round no longer lists and that
+  were not joined since it began (a lost LEAVE is repaired within two intervals).
+* **Hold time.** A link whose rounds stop completing (peer gone quiet, chunks lost) is swept
+  once its hold time (``hold_factor x refresh_interval``, or what its digests announce)
+  passes: pairs not refreshed within it are collected and the link is told (PRUNE). The
+  sweep visits only that link's flows and only when its timer falls due
+  (:class:`~flowrouter.core.timers.TimerWheel`), so idle maintenance never scans the table.
+* **Prune and re-join.** PRUNE or NOT_ON_TREE from a node's upstream makes it re-graft the
+  flow (a fresh JOIN); from a downstream neighbour it makes the node forget that branch.
+  Traffic arriving from the tree's side for a flow without state is answered NOT_ON_TREE,
+  so no branch stays attached but starved.
+
+Only live endpoints keep a flow alive: an application's state lasts as long as it refreshes
+it, a router's as long as some downstream neighbour does; idle state goes away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowrouter.core.actions import Action, Close, Send
+from flowrouter.core.state import LINK_KEY, RouterState
+from flowrouter.core.tables import Link, LinkState
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_MEMBERSHIP
+from flowrouter.wire.flowid import key_lsid
+from flowrouter.wire.header import pack_header
+
+_ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, link id, gen)
+#: share of the refresh interval a round's chunks are spread over (the rest is slack, so a
+#: round always ends before the next begins)
+SPREAD = 0.8
+#: bounds on the hold time a neighbour may ask for (seconds)
+MIN_HOLD, MAX_HOLD = 1.0, 3600.0
+
+
+@dataclass(slots=True)
+class TxRound:
+    """A digest round being sent toward one upstream neighbour."""
+
+    number: int
+    keys: list[bytes]
+    per_chunk: int
+    count: int
+    started: float
+    sent: int = 0
+
+
+@dataclass(slots=True)
+class RxRound:
+    """A digest round being received from one downstream neighbour."""
+
+    number: int
+    count: int
+    started: float
+    got: set[int] = field(default_factory=set)
+    entries: int = 0
+    repaired: int = 0
+    unknown: int = 0
+
+
+class SoftState(RouterState):
+    """Liveness, refresh digests, hold times and prunes (see the module docs)."""
+
+    # ------------------------------------------------------------------ link events
+    def _soft_link_up(self, link: Link, now: float) -> None:
+        """A link came up: start its echoes, its digest rounds (router peers) and its
+        hold-time backstop."""
+        lid = link.link_id
+        gen = self._soft_gen[lid] = self._soft_gen.get(lid, 0) + 1
+        link.heard = now
+        wheel = self.wheel
+        wheel.schedule((_ECHO, lid, gen), now)  # the first echo at once: an RTT right away
+        if link.role is C.Role.ROUTER:
+            wheel.schedule((_ROUND, lid, gen), now)
+        wheel.schedule((_HOLD, lid, gen), now + self.p.hold)
+
+    def _soft_link_closed(self, link_id: int) -> None:
+        self._soft_gen.pop(link_id, None)
+        self._soft_tx.pop(link_id, None)
+        self._soft_rx.pop(link_id, None)
+        for k in [k for k in self._notices if k[0] == link_id]:
+            del self._notices[k]
+
+    # ------------------------------------------------------------------ messages
+    def _on_soft(self, link: Link, msg: Any, now: float) -> list[Action]:
+        """A link-local soft-state message (ECHO, ECHO_REPLY, REFRESH, PRUNE, NOT_ON_TREE)."""
+        if isinstance(msg, C.Echo):
+            link.speaks_liveness = True
+            return [_link_msg(link.link_id, C.EchoReply(msg.seq, msg.stamp))]
+        if isinstance(msg, C.EchoReply):
+            link.speaks_liveness = True
+            sample = now - msg.stamp / 1e6
+            if 0 <= sample < 3600:
+                link.last_rtt = sample
+                link.rtt = sample if link.rtt is None else 0.875 * link.rtt + 0.125 * sample
+            else:
+                self.counters["liveness.bad-echo-reply"] += 1
+            return []
+        if isinstance(msg, C.Refresh):
+            return self._on_refresh(link, msg, now)
+        return self._on_detach(link, msg, now)
+
+    def _on_refresh(self, link: Link, msg: C.Refresh, now: float) -> list[Action]:
+        lid = link.link_id
+        counters = self.counters
+        counters["refresh.chunks-received"] += 1
+        rx = self._soft_rx.get(lid)
+        if rx is None or rx.number != msg.round or rx.count != msg.count:
+            rx = self._soft_rx[lid] = RxRound(msg.round, msg.count, now)
+        rx.got.add(msg.index)
+        if msg.hold_ms:
+            link.hold = min(MAX_HOLD, max(MIN_HOLD, msg.hold_ms / 1000))
+        out: list[Action] = []
+        unknown: list[bytes] = []
+        flows = self.flows
+        strict = self._policies_active and link.role is C.Role.ENDPOINT
+        for key, mask, flags in msg.entries:
+            rx.entries += 1
+            if flags & C.REFRESH_SIBLING:
+                out += self._on_sibling_mask(link, key, C.Mask(mask), now)
+                continue
+            entry = flows.get(key)
+            if entry is None or lid not in entry.down:
+                if entry is not None and entry.upstream == lid:
+                    counters["refresh.from-upstream"] += 1
+                else:
+                    unknown.append(key)
+                continue
+            entry.traffic[lid] = now
+            if entry.down[lid] != mask:
+                if strict and self.policies.requires(key, "join"):
+                    unknown.append(key)  # a different mask needs the capability: re-join
+                    continue
+                entry.down[lid] = mask
+                entry.recompute()
+                rx.repaired += 1
+                counters["refresh.masks-repaired"] += 1
+                if self._tracing:
+                    self.tracer.link_add(now, key, lid, mask, "refresh", link.role)
+                out += self._push_mask(key, entry)
+        if unknown:
+            rx.unknown += len(unknown)
+            counters["refresh.unknown"] += len(unknown)
+            self._notices.setdefault((lid, C.MsgType.NOT_ON_TREE), set()).update(unknown)
+        if len(rx.got) == rx.count:
+            del self._soft_rx[lid]
+            out += self._round_complete(link, rx, now)
+        return out
+
+    def _round_complete(self, link: Link, rx: RxRound, now: float) -> list[Action]:
+        """Every chunk of a round arrived: what it no longer lists is no longer wanted
+        (unless it was joined after the round began)."""
+        lid = link.link_id
+        self.counters["refresh.rounds-received"] += 1
+        link.round_done_at = now
+        removed = 0
+        out: list[Action] = []
+        for key in sorted(link.dependent):
+            entry = self.flows.get(key)
+            if entry is None or lid not in entry.down:
+                continue
+            if entry.traffic.get(lid, now) < rx.started:
+                self._drop_down(entry, key, lid, "refresh", now)
+                out += self._after_change(key, entry, now, "refresh")
+                removed += 1
+        if removed:
+            self.counters["refresh.links-removed"] += removed
+        if self._tracing:
+            self.tracer.refresh(now, lid, "received", rx.entries, rx.count, rx.repaired,
+                                removed, rx.unknown)
+        return out
+
+    def _on_detach(self, link: Link, msg: C.Prune | C.NotOnTree, now: float) -> list[Action]:
+        """The neighbour dropped (PRUNE) or never had (NOT_ON_TREE) these flows' state."""
+        lid = link.link_id
+        what = "prune" if isinstance(msg, C.Prune) else "not-on-tree"
+        self.counters[f"refresh.{what}-received"] += 1
+        if self._tracing:
+            self.tracer.prune(now, lid, "received", what, len(msg.keys))
+        out: list[Action] = []
+        for key in msg.keys:
+            entry = self.flows.get(key)
+            if entry is None:
+                continue
+            if entry.upstream == lid:
+                # cut off above us: graft again (a fresh JOIN carries our aggregate)
+                entry.joined = False
+                if entry.up_req is None:
+                    self.counters["refresh.regrafts"] += 1
+                    out += self._send_join_up(key, entry, now)
+            elif lid in entry.down:
+                self._drop_down(entry, key, lid, what, now)
+                out += self._after_change(key, entry, now, what)
+        return out
+
+    def _not_on_tree(self, link_id: int, key: bytes) -> None:
+        """Traffic came from the tree's side for a flow we hold nothing for: say so (batched
+        per link, at most once per tick and flow)."""
+        self._notices.setdefault((link_id, C.MsgType.NOT_ON_TREE), set()).add(key)
+
+    # ------------------------------------------------------------------ time
+    def _soft_tick(self, now: float) -> list[Action]:
+        """Timers that fell due, the chunks due by now, and batched notices."""
+        out: list[Action] = []
+        gens = self._soft_gen
+        links = self.links
+        for item in self.wheel.pop_due(now):
+            kind, lid, gen = item  # type: ignore[misc]
+            if gens.get(lid) != gen:
+                continue  # the link went away (or came back since): a stale timer
+            link = links.get(lid)
+            if link is None or link.state is not LinkState.UP:
+                continue
+            if kind == _ECHO:
+                out += self._echo(link, gen, now)
+            elif kind == _ROUND:
+                self._start_round(link, now)
+                self.wheel.schedule(item, now + self.p.refresh_interval)
+            else:
+                out += self._hold_sweep(link, gen, now)
+        if self._soft_tx:
+            out += self._send_chunks(now)
+        if self._notices:
+            out += self._flush_notices(now)
+        return out
+
+    def _echo(self, link: Link, gen: int, now: float) -> list[Action]:
+        p = self.p
+        silent = now - link.heard
+        if silent > p.dead_after and (link.role is C.Role.ROUTER or link.speaks_liveness):
+            self.counters["liveness.dead"] += 1
+            reason = (f"peer silent for {silent:.1f}s (dead after {p.dead_after:g}s): hung or "
+                      "unreachable")
+            return self.close_link(link.link_id, now, reason) + [Close(link.link_id, reason)]
+        link.echo_seq = (link.echo_seq + 1) & 0xFFFFFFFF
+        self.wheel.schedule((_ECHO, link.link_id, gen), now + p.liveness_interval)
+        self.counters["liveness.echoes"] += 1
+        stamp = int(now * 1e6) & 0xFFFFFFFFFFFFFFFF
+        return [_link_msg(link.link_id, C.Echo(link.echo_seq, stamp))]
+
+    def _start_round(self, link: Link, now: float) -> None:
+        """Snapshot the flows we want from this upstream neighbour; chunks follow, spread
+        over the interval and built from the entries as they are when sent."""
+        lid = link.link_id
+        flows = self.flows
+        keys = [k for k in link.dependent
+                if (e := flows.get(k)) is not None and e.upstream == lid]
+        sib_lsids = self.routing.sibling_lsids(lid)
+        if sib_lsids:  # fellow LS members: our subtree masks for their LSIDs
+            keys += [k for k, e in flows.items()
+                     if e.upstream is None and e.joined and key_lsid(k) in sib_lsids]
+        self._soft_round = (self._soft_round + 1) & 0xFFFFFFFF
+        per = C.refresh_capacity(link.max_payload)
+        count = max(1, -(-len(keys) // per))
+        if count > 0xFFFF:  # pragma: no cover - over 67 million flows on one link
+            per = -(-len(keys) // 0xFFFF)
+            count = -(-len(keys) // per)
+        self._soft_tx[lid] = TxRound(self._soft_round, keys, per, count, now)
+        self.counters["refresh.rounds-sent"] += 1
+        if self._tracing:
+            self.tracer.refresh(now, lid, "sent", len(keys), count)
+
+    def _send_chunks(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        span = self.p.refresh_interval * SPREAD
+        hold_ms = min(0xFFFFFFFF, int(self.p.hold * 1000))
+        for lid, tx in list(self._soft_tx.items()):
+            if lid not in self.links:
+                del self._soft_tx[lid]
+                continue
+            due = min(tx.count, 1 + int(tx.count * (now - tx.started) / span))
+            while tx.sent < due:
+                out.append(_link_msg(lid, self._chunk(lid, tx, tx.sent, hold_ms)))
+                tx.sent += 1
+                self.counters["refresh.chunks-sent"] += 1
+            if tx.sent >= tx.count:
+                del self._soft_tx[lid]
+        return out
+
+    def _chunk(self, lid: int, tx: TxRound, index: int, hold_ms: int) -> C.Refresh:
+        """Chunk *index*, from the entries as they are now (not as at the snapshot)."""
+        flows = self.flows
+        entries = []
+        for key in tx.keys[index * tx.per_chunk:(index + 1) * tx.per_chunk]:
+            e = flows.get(key)
+            if e is None:
+                continue
+            if e.upstream == lid:
+                entries.append((key, e.agg, 0 if e.agg else C.REFRESH_ADVERTISE))
+            elif e.upstream is None and e.joined:
+                entries.append((key, e.agg, C.REFRESH_SIBLING))
+        return C.Refresh(tx.number, index, tx.count, hold_ms, tuple(entries))
+
+    def _hold_sweep(self, link: Link, gen: int, now: float) -> list[Action]:
+        """Backstop for a link whose rounds stopped completing (or an application that
+        never refreshes): collect what the hold time says has expired, and PRUNE it."""
+        lid = link.link_id
+        hold = link.hold or self.p.hold
+        self.wheel.schedule((_HOLD, lid, gen), now + hold / 2)
+        if now - max(link.round_done_at, link.opened_at) < hold:
+            return []  # its rounds complete: nothing can be overdue
+        out: list[Action] = []
+        for key in sorted(link.dependent):
+            entry = self.flows.get(key)
+            if entry is None or lid not in entry.down:
+                continue
+            if now - entry.traffic.get(lid, now) >= hold:
+                self._drop_down(entry, key, lid, "expired", now)
+                self.counters["gc.links-collected"] += 1
+                if not entry.down:
+                    self.counters["gc.entries-collected"] += 1
+                self._notices.setdefault((lid, C.MsgType.PRUNE), set()).add(key)
+                out += self._after_change(key, entry, now, "expired")
+        return out
+
+    def _flush_notices(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        notices, self._notices = self._notices, {}
+        for (lid, mtype), keys in sorted(notices.items()):
+            link = self.links.get(lid)
+            if link is None or link.state is not LinkState.UP:
+                continue
+            ordered = sorted(keys)
+            per = C.keys_capacity(link.max_payload)
+            cls = C.Prune if mtype == C.MsgType.PRUNE else C.NotOnTree
+            what = "prune" if cls is C.Prune else "not-on-tree"
+            out += [_link_msg(lid, cls(tuple(ordered[i:i + per])))
+                    for i in range(0, len(ordered), per)]
+            self.counters[f"refresh.{what}-sent"] += 1
+            if self._tracing:
+                self.tracer.prune(now, lid, "sent", what, len(ordered))
+        return out
+
+    # ------------------------------------------------------------------ inspection
+    def _liveness_status(self, link: Link, now: float | None) -> dict[str, Any]:
+        """What the status query shows of a link's liveness (RTT for measured locality)."""
+        return {"rtt_ms": None if link.rtt is None else round(link.rtt * 1000, 3),
+                "last_rtt_ms": None if link.last_rtt is None
+                else round(link.last_rtt * 1000, 3),
+                "silent_s": None if now is None or link.state is not LinkState.UP
+                else round(max(0.0, now - link.heard), 3),
+                "hold_s": link.hold or self.p.hold}
+
+
+def _link_msg(link_id: int, msg: C.ControlMessage) -> Send:
+    body = msg.encode()
+    return Send(link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body)
