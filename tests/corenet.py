@@ -7,8 +7,9 @@ endpoint. The queue is FIFO and pumped synchronously; time only moves when a tes
 (``net.tick(now)``), and every router call gets ``net.now``.
 
 An :class:`Endpoint` is a link whose far side is a recorder: it says HELLO, records every frame
-(decoding control messages and faults), answers GC pings with a PONG unless ``silent``, and has
-helpers to join / leave / change its mask / send data.
+(decoding control messages and faults), answers ECHOs unless ``silent`` (which makes the router
+hold it to the liveness rule), and has helpers to join / leave / change its mask / refresh its
+joins / send data.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from flowrouter.core.router import Close, Router, RouterParams, Send
 from flowrouter.core.tables import Modifiers
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END, mask_of
+from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP, ROUTER_BANDS_END, mask_of
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import DEFAULT_TTL, Header, pack_header, parse_header
 
@@ -84,14 +85,36 @@ class Endpoint:
         self.closed = False
         self.frames: list[Frame] = []
         self._req = itertools.count(1000)
+        #: what this endpoint wants (key -> (mask, flags)), as its digests list it
+        self.wanted: dict[bytes, tuple[int, int]] = {}
+        self.refreshing = True  #: send a digest every refresh interval (unless silent)
+        self.said_hello = False
+        self.next_refresh = 0.0
+        self._round = 0
 
     # ---------------------------------------------------------------- what arrived
     def deliver(self, frame: Frame) -> list[tuple[bytes, bytes]]:
         self.frames.append(frame)
-        if (isinstance(frame.msg, C.Ping) and not self.silent and not self.closed):
-            body = C.Pong(frame.msg.epoch).encode()
-            return [(pack_header(frame.key, len(body), BAND_GC), body)]
+        if self.silent or self.closed:
+            return []
+        if isinstance(frame.msg, C.Echo):
+            body = C.EchoReply(frame.msg.seq, frame.msg.stamp).encode()
+            return [(pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body)]
+        if isinstance(frame.msg, (C.NotOnTree, C.Prune)):
+            out = []
+            for key in frame.msg.keys:
+                if key in self.wanted:
+                    mask, flags = self.wanted[key]
+                    body = C.Join(next(self._req), mask, flags).encode()
+                    out.append((pack_header(key, len(body), BAND_MEMBERSHIP), body))
+            return out
         return []
+
+    def refresh(self, pump: bool = True) -> None:
+        """Send one digest round (a single chunk) of what this endpoint wants."""
+        self._round += 1
+        entries = tuple((k, m, f) for k, (m, f) in sorted(self.wanted.items()))
+        self.control(LINK_KEY, C.Refresh(self._round, 0, 1, 0, entries), pump=pump)
 
     def data(self, f: FlowID | bytes | None = None, band: int | None = None) -> list[Frame]:
         return [fr for fr in self.frames if fr.is_data
@@ -134,21 +157,26 @@ class Endpoint:
 
     def hello(self, role: C.Role = C.Role.ENDPOINT, max_payload: int = 65536,
               pump: bool = True) -> None:
+        self.said_hello = True
         self.control(LINK_KEY, C.Hello(self.link_id, role, self.name,
                                        max_payload), pump=pump)
 
     def join(self, f: FlowID, bands: Any = "data", flags: int = 0, pump: bool = True) -> int:
         """JOIN with *bands* (anything mask_of takes; a bare int is a raw 128-bit mask)."""
         req = next(self._req)
-        self.control(f, C.Join(req, mask_of(bands) if not isinstance(bands, int) else bands,
-                               flags), pump=pump)
+        mask = mask_of(bands) if not isinstance(bands, int) else bands
+        self.wanted[key_of(f)] = (mask, flags)
+        self.control(f, C.Join(req, mask, flags), pump=pump)
         return req
 
     def set_mask(self, f: FlowID, bands: Any, pump: bool = True) -> None:
-        self.control(f, C.Mask(mask_of(bands) if not isinstance(bands, int) else bands),
-                     pump=pump)
+        mask = mask_of(bands) if not isinstance(bands, int) else bands
+        if key_of(f) in self.wanted:
+            self.wanted[key_of(f)] = (mask, self.wanted[key_of(f)][1])
+        self.control(f, C.Mask(mask), pump=pump)
 
     def leave(self, f: FlowID, pump: bool = True) -> None:
+        self.wanted.pop(key_of(f), None)
         self.control(f, C.Leave(), pump=pump)
 
     def send(self, f: FlowID, band: int, payload: bytes, ttl: int = DEFAULT_TTL,
@@ -178,6 +206,10 @@ class CoreNet:
         self.lost: list[tuple[str, int, Frame]] = []  #: sent on a link already closed
         self.queue: deque[tuple[Any, ...]] = deque()
         self.events = 0
+        #: frames for which this returns True are lost on the wire: (sender, link, frame)
+        self.lossy: Any = None
+        #: routers that are hung (SIGSTOP): they neither tick nor read
+        self.frozen: set[str] = set()
 
     # ---------------------------------------------------------------- building
     def router(self, name: str, **params: Any) -> Router:
@@ -235,11 +267,25 @@ class CoreNet:
         self.pump()
 
     # ---------------------------------------------------------------- time
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, step: float = 0.25) -> None:
+        """Move time to *now*, ticking every router at least every *step* seconds on the way
+        (as a daemon would: link liveness needs the echoes of the time in between)."""
         assert now >= self.now, "time never goes backwards"
+        while self.now + step < now:
+            self._tick_at(round(self.now + step, 9))
+        self._tick_at(now)
+
+    def _tick_at(self, now: float) -> None:
         self.now = now
         for name, r in self.routers.items():
-            self.apply(name, r.tick(now))
+            if name not in self.frozen:
+                self.apply(name, r.tick(now))
+        interval = self.defaults.get("refresh_interval", C.DEFAULT_REFRESH_INTERVAL)
+        for ep in self.endpoints.values():
+            if (ep.refreshing and ep.said_hello and not ep.silent and not ep.closed
+                    and now >= ep.next_refresh):
+                ep.next_refresh = now + interval
+                ep.refresh(pump=False)
         self.pump()
 
     def run(self, until: float, step: float) -> None:
@@ -267,7 +313,7 @@ class CoreNet:
         self.events += 1
         if ev[0] == "rx":
             _, name, lid, hdr, payload = ev
-            if (name, lid) not in self.dead:
+            if (name, lid) not in self.dead and name not in self.frozen:
                 self.apply(name, self.routers[name].receive(lid, hdr, payload, self.now))
         else:
             _, name, lid, reason = ev
@@ -280,6 +326,9 @@ class CoreNet:
         for act in actions:
             if isinstance(act, Send):
                 frame = make_frame(bytes(act.header), bytes(act.payload))
+                if self.lossy is not None and self.lossy(name, act.link, frame):
+                    self.lost.append((name, act.link, frame))
+                    continue
                 if (name, act.link) in self.dead:
                     self.lost.append((name, act.link, frame))
                     continue

@@ -19,14 +19,15 @@ TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
 
 def test_core_traces_table_changes_gc_and_drops() -> None:
     traces: dict[str, MemoryTrace] = {}
-    net = CoreNet(epoch_length=1.0, gc_ping_after=1, gc_delete_after=3)
+    soft = dict(epoch_length=1.0, refresh_interval=1.0, hold_factor=2.0, liveness_interval=0.5,
+                dead_after=1.5)
+    net = CoreNet(**soft)
     from flowrouter.core.router import Router, RouterParams
 
     def router(name: str, **kw: object) -> Router:
         tr = traces[name] = MemoryTrace(name, sample_rate=1.0)
         r = Router(RouterParams(name=name, node_id=len(net.routers) + 1,
-                                epoch_length=1.0, gc_ping_after=1, gc_delete_after=3,
-                                **kw), now=net.now, tracer=tr)  # type: ignore[arg-type]
+                                **soft, **kw), now=net.now, tracer=tr)  # type: ignore[arg-type]
         net.routers[name] = r
         return r
     router("r1", core_lsids=frozenset({LSID}))
@@ -38,14 +39,16 @@ def test_core_traces_table_changes_gc_and_drops() -> None:
     s = net.endpoint("S", "r1")
     s.send(f, 40, b"yes")
     s.send(f, 41, b"no")  # nobody wants 41: r1 drops it (no receivers)
-    net.run(until=6.0, step=0.1)  # A never answers pings: collected
+    net.run(until=6.0, step=0.1)  # A never refreshes: collected after the hold time
     kinds = Counter(rec["kind"] for tr in traces.values() for rec in tr.records)
-    for kind in ("link_up", "entry_add", "link_add", "fwd", "drop", "gc_ping", "link_del",
-                 "entry_del", "snapshot"):
+    for kind in ("link_up", "entry_add", "link_add", "fwd", "drop", "refresh", "prune",
+                 "link_del", "entry_del", "snapshot"):
         assert kinds[kind] >= 1, kind
     r2 = traces["r2"].records
-    assert any(r["kind"] == "link_del" and r["cause"] == "gc" for r in r2)
-    assert any(r["kind"] == "entry_del" and r["cause"] == "gc" for r in r2)
+    assert any(r["kind"] == "link_del" and r["cause"] == "expired" for r in r2)
+    assert any(r["kind"] == "entry_del" and r["cause"] == "expired" for r in r2)
+    assert any(r["kind"] == "refresh" and r["dir"] == "sent" for r in r2)
+    assert not any(r["kind"] == "gc_ping" for tr in traces.values() for r in tr.records)
     assert any(r["kind"] == "drop" and r["reason"] == "no-receivers"
                for r in traces["r1"].records)
     assert all(rec["flow"] == str(f) for tr in traces.values() for rec in tr.records

@@ -56,12 +56,14 @@ class Forwarding(RouterState):
             if out_link is None:
                 return self._dropped("no-route", key, band, link_id, len(payload), now)
             if out_link == link_id:
+                # from the tree's side, for a flow we hold nothing for: the sender thinks
+                # we are downstream of it; NOT_ON_TREE makes it forget the branch
+                if link.role is C.Role.ROUTER:
+                    self._not_on_tree(link_id, key)
                 return self._dropped("no-state", key, band, link_id, len(payload), now)
             targets = [out_link]
             counters["forward.toward-core"] += 1
         else:
-            if link_id in entry.down:
-                entry.traffic[link_id] = self.epoch
             up = entry.upstream
             if link_id == up:
                 if not entry.agg & bit:  # one test saves a copy on every downstream link

@@ -68,6 +68,7 @@ class Links(RouterState):
         if link is None:
             return []
         self._link_changed(link_id)
+        self._soft_link_closed(link_id)
         was_up = link.state is LinkState.UP
         link.state = LinkState.DOWN
         self.generation += 1
@@ -207,6 +208,7 @@ class Links(RouterState):
         if self._tracing:
             self.tracer.link_up(now, link.link_id, msg.name, msg.role)
         log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
+        self._soft_link_up(link, now)
         if msg.role is C.Role.ROUTER:
             self.routing.link_up(link.link_id, msg.name)
             out = self._advertise_routes(True, now, only=link.link_id)

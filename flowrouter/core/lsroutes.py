@@ -99,6 +99,11 @@ class LsRouting:
             return []
         return sorted(lid for lid, dist in self.learned.get(lsid, {}).items() if dist == 0)
 
+    def sibling_lsids(self, link_id: int) -> set[int]:
+        """The LSIDs whose fellow member sits behind *link_id* (empty for most links)."""
+        return {lsid for lsid in self.core
+                if self.learned.get(lsid, {}).get(link_id) == 0}
+
     def sibling_map(self) -> dict[int, tuple[int, ...]]:
         return {lsid: tuple(self.siblings(lsid)) for lsid in self.core}
 

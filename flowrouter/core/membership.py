@@ -76,7 +76,7 @@ class Membership(RouterState):
             self.tracer.link_add(now, key, lid, msg.mask,
                                  "mask" if lid in entry.down else "join", link.role)
         entry.down[lid] = msg.mask
-        entry.traffic[lid] = self.epoch
+        entry.traffic[lid] = now
         link.dependent.add(key)
         entry.recompute()
         self._entry_changed(key)
@@ -164,7 +164,7 @@ class Membership(RouterState):
         if self._tracing:
             self.tracer.link_add(now, key, link.link_id, msg.mask, "mask", link.role)
         entry.down[link.link_id] = msg.mask
-        entry.traffic[link.link_id] = self.epoch
+        entry.traffic[link.link_id] = now
         entry.recompute()
         self._entry_changed(key)
         return self._push_mask(key, entry)
@@ -207,10 +207,7 @@ class Membership(RouterState):
         if self._tracing and mask is not None:
             lk = self.links.get(link_id)
             self.tracer.link_del(now, key, link_id, mask, cause,
-                                 None if last is None else
-                                 self.started + last * self.p.epoch_length,
-                                 lk.role if lk else None)
-        entry.pinged.pop(link_id, None)
+                                 last, lk.role if lk else None)
         link = self.links.get(link_id)
         if link is not None:
             link.dependent.discard(key)

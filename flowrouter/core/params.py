@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowrouter.core.tables import Modifiers
+from flowrouter.wire import control as C
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 
 
@@ -28,9 +29,19 @@ class RouterParams:
     routes: dict[int, str] = field(default_factory=dict)
     #: neighbour used for LSIDs with no other route
     default_route: str | None = None
-    epoch_length: float = 5.0  #: seconds per GC epoch
-    gc_ping_after: int = 3  #: T1: idle epochs on (flow, link) before a keep-alive ping
-    gc_delete_after: int = 6  #: T2: idle epochs before the link leaves the entry
+    epoch_length: float = 5.0  #: seconds per epoch (trace snapshots; "active" entries)
+    #: the seed's T1/T2 of the per-(flow, link) ping GC; refresh digests replaced it
+    #: (flowrouter.core.softstate). Still validated, so old configs keep loading; unused.
+    gc_ping_after: int = 3
+    gc_delete_after: int = 6
+    #: soft state (flowrouter.core.softstate): an ECHO per link every liveness_interval; a
+    #: peer silent for dead_after is a failed link; a digest round toward each upstream
+    #: neighbour every refresh_interval; state not refreshed for hold_factor x
+    #: refresh_interval is collected
+    liveness_interval: float = C.DEFAULT_LIVENESS_INTERVAL
+    dead_after: float = C.DEFAULT_DEAD_AFTER
+    refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL
+    hold_factor: float = C.DEFAULT_HOLD_FACTOR
     join_timeout: float = 5.0  #: seconds an upstream join may stay unanswered
     max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
@@ -57,3 +68,15 @@ class RouterParams:
             raise ValueError("GC thresholds need 1 <= gc_ping_after (T1) < gc_delete_after (T2)")
         if self.epoch_length <= 0:
             raise ValueError("epoch_length must be positive")
+        if not self.liveness_interval > 0 or not self.refresh_interval > 0:
+            raise ValueError("liveness_interval and refresh_interval must be positive")
+        if not self.dead_after > self.liveness_interval:
+            raise ValueError("dead_after must be longer than liveness_interval")
+        if not self.hold_factor > 1:
+            raise ValueError("hold_factor must be above 1 (a hold shorter than the refresh "
+                             "interval would expire live state)")
+
+    @property
+    def hold(self) -> float:
+        """Seconds refreshed state is held without a new refresh."""
+        return self.hold_factor * self.refresh_interval

@@ -9,8 +9,8 @@ monotonic origin) and returns a list of actions for the caller to carry out:
 * :class:`Close` ``(link, reason)`` — close that link's transport (the router has already
   forgotten it).
 
-Forwarding follows DESIGN.md section 6; join/leave/mask and the epoch GC follow seed 002
-sections 3.4 and 4.2.6. See the module docs of :mod:`flowrouter.wire.bands` and
+Forwarding follows DESIGN.md section 6; join/leave/mask follow seed 002 section 3.4; the
+seed's epoch GC (section 4.2.6) became refresh digests with hold times (DESIGN.md 14). See the module docs of :mod:`flowrouter.wire.bands` and
 :mod:`flowrouter.wire.header` for the band allocation and the wire format.
 
 Locality semantics (the seed leaves the edge case open): a message's locality value is a
@@ -27,7 +27,9 @@ that do the work, one job each, all over the shared :class:`~flowrouter.core.sta
 * :mod:`~flowrouter.core.forwarding` — data frames: output links, TTL and locality per link;
 * :mod:`~flowrouter.core.membership` — the flow trees: join, leave, masks, orphans, faults;
 * :mod:`~flowrouter.core.lsexchange` — LS route vectors and sibling LS members' masks;
-* :mod:`~flowrouter.core.gc` — the clock: epochs, the incremental GC, time-outs;
+* :mod:`~flowrouter.core.gc` — the clock: epochs, time-outs, orphan retries;
+* :mod:`~flowrouter.core.softstate` — link liveness (ECHO), refresh digests, hold times,
+  PRUNE and NOT_ON_TREE: the soft state that repairs itself (DESIGN.md section 14);
 * :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts.
 
 This module is the core's public face (``Router``, ``RouterParams`` and the actions
@@ -46,6 +48,7 @@ from flowrouter.core.links import Links
 from flowrouter.core.lsexchange import LsExchange
 from flowrouter.core.membership import Membership
 from flowrouter.core.params import RouterParams
+from flowrouter.core.softstate import SoftState
 from flowrouter.core.state import ZERO_LSID, RouterState, log
 from flowrouter.core.tables import Link, LinkState
 from flowrouter.wire import control as C
@@ -56,8 +59,8 @@ from flowrouter.wire.header import MalformedFrame
 __all__ = ["Action", "Close", "Router", "RouterParams", "Secure", "Send"]
 
 
-class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, Admission,
-             RouterState):
+class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftState,
+             Admission, RouterState):
     """One overlay router's state machine."""
 
     def receive(self, link_id: int, header: memoryview | bytes, payload: memoryview | bytes,
@@ -67,6 +70,7 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, Admis
         if link is None:
             return []
         link.rx += 1
+        link.heard = now  # any frame is a sign of life (soft state's liveness)
         try:
             if link.state is not LinkState.UP:
                 return self._handshake(link, header, payload, now)
@@ -89,6 +93,8 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, Admis
                 return []
             if isinstance(msg, C.PolicyMsg):
                 return self._on_policy(link, msg.raw, now)
+            if isinstance(msg, _SOFT_MESSAGES):
+                return self._on_soft(link, msg, now)
             raise MalformedFrame("bad-control", f"{type(msg).__name__} is not a link-local "
                                                 "message")
         if band >= ROUTER_BANDS_END:  # pragma: no cover - guarded by the caller
@@ -104,19 +110,20 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, Admis
             if band == BAND_LS:
                 return self._on_sibling_mask(link, key, msg, now)
             return self._on_mask(link, key, msg, now)
-        if isinstance(msg, C.Ping):
-            return self._on_ping(link, key, msg)
-        if isinstance(msg, C.Pong):
-            return self._on_pong(link, key, msg)
+        if isinstance(msg, (C.Ping, C.Pong)):
+            return []  # the per-flow GC of older peers: refresh digests replaced it
         raise MalformedFrame("bad-control", f"{type(msg).__name__} on band {band} of a flow")
 
-    def status(self) -> dict[str, Any]:
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        """Tables, counters and alerts; with *now*, also how long each link's peer has been
+        silent."""
         links = [{
             "id": lk.link_id, "peer": lk.peer_name, "role": lk.role.name.lower()
             if lk.role else "?", "state": lk.state.value, "transport": lk.transport,
             "address": lk.address, "flows": len(lk.dependent), "rx": lk.rx, "tx": lk.tx,
             "max_payload": lk.max_payload,
             "modifiers": dict(zip(("bandwidth", "delay", "geography"), lk.modifiers[1:])),
+            **self._liveness_status(lk, now),
         } for lk in self.links.values()]
         flows = [{
             "flow": flow_text(key),
@@ -134,6 +141,9 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, Admis
             "alerts": list(self.alerts),
             "quota": self.trust.status(self.links),
         }
+
+
+_SOFT_MESSAGES = (C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree)
 
 
 def _mask_text(bits: int) -> str:

@@ -141,6 +141,7 @@ class SoftState(RouterState):
         unknown: list[bytes] = []
         flows = self.flows
         strict = self._policies_active and link.role is C.Role.ENDPOINT
+        wall = now + self.wall_offset
         for key, mask, flags in msg.entries:
             rx.entries += 1
             if flags & C.REFRESH_SIBLING:
@@ -153,6 +154,11 @@ class SoftState(RouterState):
                 else:
                     unknown.append(key)
                 continue
+            if strict and link.caps:
+                cap = link.caps.get(key)
+                if cap is not None and cap.expiry <= wall:  # refreshing re-checks it
+                    out += self._withdraw(link, key, "expired", now)
+                    continue
             entry.traffic[lid] = now
             if entry.down[lid] != mask:
                 if strict and self.policies.requires(key, "join"):

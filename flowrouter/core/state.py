@@ -22,6 +22,7 @@ from flowrouter.core.lsroutes import LsRouting
 from flowrouter.core.params import RouterParams
 from flowrouter.core.policystore import PolicyStore
 from flowrouter.core.tables import FlowEntry, Link
+from flowrouter.core.timers import TimerWheel
 from flowrouter.core.tracers import NULL_TRACER, Tracer
 from flowrouter.core.trust import TrustBoundary
 from flowrouter.wire import control as C
@@ -56,9 +57,16 @@ class RouterState:
         self.started = now
         self.epoch = 0
         self._next_req = 1
-        self._gc_keys: list[bytes] = []
-        self._gc_pos = 0
-        self._gc_last = now
+        #: soft state (flowrouter.core.softstate): the timer wheel of echoes, digest rounds
+        #: and hold-time sweeps; digest rounds being sent / received per link; per-link
+        #: timer generations; PRUNE / NOT_ON_TREE keys waiting for the next tick
+        self.wheel = TimerWheel(min(params.liveness_interval, params.refresh_interval) / 4)
+        self._soft_round = 0
+        self._soft_tx: dict[int, Any] = {}
+        self._soft_rx: dict[int, Any] = {}
+        self._soft_gen: dict[int, int] = {}
+        self._notices: dict[tuple[int, int], set[bytes]] = {}
+        self._orphan_retry_at = now
         #: recent tripped limits, newest last (shown by the status query)
         self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
         self._alerted: dict[tuple[str, bytes | None], float] = {}
@@ -117,6 +125,15 @@ class RouterState:
         def _remove_entry(self, key: bytes, entry: FlowEntry, cause: str,  # membership
                           now: float) -> None: ...
         def _push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]: ...  # membership
+        def _send_join_up(self, key: bytes, entry: FlowEntry,  # membership
+                          now: float) -> list[Action]: ...
+        def _on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask,  # lsexchange
+                             now: float) -> list[Action]: ...
+        def _soft_link_up(self, link: Link, now: float) -> None: ...  # softstate
+        def _soft_link_closed(self, link_id: int) -> None: ...  # softstate
+        def _not_on_tree(self, link_id: int, key: bytes) -> None: ...  # softstate
+        def _soft_tick(self, now: float) -> list[Action]: ...  # softstate
+        def _retry_orphans(self, now: float) -> list[Action]: ...  # lsexchange
         def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership
                         fault: C.Fault) -> list[Action]: ...
         def _authorize_join(self, link: Link, key: bytes, msg: C.Join,  # admission

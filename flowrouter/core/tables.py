@@ -73,6 +73,17 @@ class Link:
     pending_hello: Any = None
     #: capabilities this application presented, per flow key (flows under a policy)
     caps: dict[bytes, Any] | None = None
+    #: soft state (flowrouter.core.softstate): when we last heard anything from the peer;
+    #: smoothed and last echo round trip (seconds); the last ECHO sequence number; whether
+    #: the peer speaks liveness (always true of routers); the hold time its digests ask for;
+    #: when its last complete digest round arrived
+    heard: float = 0.0
+    rtt: float | None = None
+    last_rtt: float | None = None
+    echo_seq: int = 0
+    speaks_liveness: bool = False
+    hold: float | None = None
+    round_done_at: float = 0.0
 
     def describe(self) -> str:
         return f"link {self.link_id} ({self.peer_name} via {self.transport} {self.address})"
@@ -82,27 +93,25 @@ class FlowEntry:
     """One flow's route: upstream link toward the core, downstream links with band masks.
 
     ``agg`` is the union of the downstream masks, so a message from upstream that no
-    downstream wants is dropped by a single ``&``. The epoch dictionaries are the garbage
-    collector's per-(flow, link) state.
+    downstream wants is dropped by a single ``&``. ``traffic`` is the soft state's
+    per-(flow, link) record: when each downstream link last joined or refreshed the flow.
     """
 
-    __slots__ = ("upstream", "down", "agg", "traffic", "pinged", "joined", "up_req",
-                 "up_req_at", "waiting", "sent_up_mask", "pong_epoch", "ping_epoch", "created",
+    __slots__ = ("upstream", "down", "agg", "traffic", "joined", "up_req",
+                 "up_req_at", "up_req_resent", "waiting", "sent_up_mask", "created",
                  "sib", "sent_sib_mask")
 
     def __init__(self, upstream: int | None, joined: bool, created: float) -> None:
         self.upstream = upstream
         self.down: dict[int, int] = {}
         self.agg = 0
-        self.traffic: dict[int, int] = {}
-        self.pinged: dict[int, int] = {}
+        self.traffic: dict[int, float] = {}
         self.joined = joined
         self.up_req: int | None = None
         self.up_req_at = 0.0
+        self.up_req_resent = 0.0  #: when the pending JOIN was last sent again
         self.waiting: list[tuple[int, int]] = []
         self.sent_up_mask: int | None = None
-        self.pong_epoch = -1
-        self.ping_epoch = -1
         self.created = created
         #: at a core: other members of the location service -> their subtree masks. Kept apart
         #: from ``down`` so ``agg`` stays our own subtree (what we announce to them).
