@@ -38,6 +38,8 @@ class GarbageCollection(RouterState):
             if now - lk.opened_at > p.handshake_timeout:
                 out += self.close_link(lid, now, "no HELLO within the handshake time-out")
                 out.append(Close(lid, "handshake time-out"))
+        if self._handshaking:
+            out += self._repeat_hellos(now)
         if self._pending:
             out += self._join_timeouts(now)
         if self._orphans and now >= self._orphan_retry_at:

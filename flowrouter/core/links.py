@@ -52,7 +52,34 @@ class Links(RouterState):
                         self.default_lsid(), creds,
                         modifiers=(mods[1], mods[2], mods[3]) if modifiers is not None
                         else (0, 0, 0)).encode()
+        link = self.links[link_id]
+        link.hello_body, link.hello_at = hello, now
         return [Send(link_id, pack_header(LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
+
+    def _repeat_hellos(self, now: float) -> list[Action]:
+        """Datagram links still waiting for the peer's HELLO say theirs again every
+        liveness interval (unauthenticated links only: a proof is not replayed)."""
+        out: list[Action] = []
+        for lid in sorted(self._handshaking):
+            lk = self.links[lid]
+            if (lk.transport == "udp" and lk.auth is None and lk.pending_hello is None
+                    and now - lk.hello_at >= self.p.liveness_interval):
+                lk.hello_at = now
+                self.counters["handshake.hello-repeated"] += 1
+                out.append(Send(lid, pack_header(LINK_KEY, len(lk.hello_body),
+                                                 BAND_MEMBERSHIP), lk.hello_body))
+        return out
+
+    def _hello_on_up_link(self, link: Link, now: float) -> list[Action]:
+        """A HELLO on a link that is up: the peer lost ours (a datagram link) or started
+        over. Unauthenticated: say HELLO again. Authenticated: close, so both sides redo
+        the handshake with fresh proofs on a new link."""
+        if link.auth is None and link.hello_body:
+            self.counters["handshake.hello-answered"] += 1
+            return [Send(link.link_id, pack_header(LINK_KEY, len(link.hello_body),
+                                                   BAND_MEMBERSHIP), link.hello_body)]
+        reason = "the peer started its handshake again"
+        return self.close_link(link.link_id, now, reason) + [Close(link.link_id, reason)]
 
     def default_lsid(self) -> int:
         if self.p.default_lsid:
@@ -128,6 +155,12 @@ class Links(RouterState):
         if bytes(header[:16]) != LINK_KEY:
             raise MalformedFrame("no-hello", "first frame on a link must be HELLO")
         msg = C.decode(payload)
+        if isinstance(msg, (C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree,
+                            C.LsRoutes, C.PolicyMsg)):
+            # the peer is up and we missed its HELLO (lost datagram, one-way outage): not
+            # malformed; its HELLO comes again (or the handshake times out)
+            self.counters["handshake.early-frames"] += 1
+            return []
         if isinstance(msg, C.Error):
             log.warning("%s refused us: %s", link.describe(), msg.text)
             closed = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")

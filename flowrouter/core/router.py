@@ -95,6 +95,8 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftS
                 return self._on_policy(link, msg.raw, now)
             if isinstance(msg, _SOFT_MESSAGES):
                 return self._on_soft(link, msg, now)
+            if isinstance(msg, C.Hello):
+                return self._hello_on_up_link(link, now)
             raise MalformedFrame("bad-control", f"{type(msg).__name__} is not a link-local "
                                                 "message")
         if band >= ROUTER_BANDS_END:  # pragma: no cover - guarded by the caller

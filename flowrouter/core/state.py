@@ -134,6 +134,8 @@ class RouterState:
         def _not_on_tree(self, link_id: int, key: bytes) -> None: ...  # softstate
         def _soft_tick(self, now: float) -> list[Action]: ...  # softstate
         def _retry_orphans(self, now: float) -> list[Action]: ...  # lsexchange
+        def _repeat_hellos(self, now: float) -> list[Action]: ...  # links
+        def _hello_on_up_link(self, link: Link, now: float) -> list[Action]: ...  # links
         def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership
                         fault: C.Fault) -> list[Action]: ...
         def _authorize_join(self, link: Link, key: bytes, msg: C.Join,  # admission

@@ -84,6 +84,10 @@ class Link:
     speaks_liveness: bool = False
     hold: float | None = None
     round_done_at: float = 0.0
+    #: our HELLO frame body and when we last sent it (a UDP link repeats it until the
+    #: peer's arrives: a lost first HELLO must not leave the link down for good)
+    hello_body: bytes = b""
+    hello_at: float = 0.0
 
     def describe(self) -> str:
         return f"link {self.link_id} ({self.peer_name} via {self.transport} {self.address})"
