@@ -50,6 +50,9 @@ class SoftState(Sending):
         self._upkeep_handle: asyncio.TimerHandle | None = None
         self._watched: Link | None = None
         self._seen_reads = 0
+        #: the router has sent an ECHO or ECHO_REPLY on this link: it speaks liveness, so
+        #: its silence means something (an older router is never declared dead)
+        self._router_speaks = False
         self._heard = 0.0
         self._echo_due = 0.0
         self._echo_seq = 0
@@ -79,6 +82,7 @@ class SoftState(Sending):
         if link is not self._watched:  # a new router link: start afresh
             self._watched = link
             self._seen_reads = link.reads
+            self._router_speaks = False
             self._heard = self._echo_due = now
             self._round_due = now + self.refresh_interval
             self._round_keys = []
@@ -86,7 +90,7 @@ class SoftState(Sending):
             self._seen_reads = link.reads
             self._heard = now
         silent = now - self._heard
-        if silent > self.dead_after:
+        if silent > self.dead_after and self._router_speaks:
             self.counters["liveness.dead"] += 1
             log.warning("router %r silent for %.1fs (dead after %gs): dropping the link",
                         self.router_name, silent, self.dead_after)
@@ -133,6 +137,8 @@ class SoftState(Sending):
             self._round_sent += 1
 
     def _on_link_control(self, link: Link, msg: C.ControlMessage) -> None:
+        if isinstance(msg, (C.Echo, C.EchoReply)) and link is self._link:
+            self._router_speaks = True
         if isinstance(msg, C.Echo):
             if self._transport is not None:
                 self._write_control(LINK_KEY, BAND_MEMBERSHIP,

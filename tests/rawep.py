@@ -36,12 +36,19 @@ async def get(listener: Any, timeout: float = 10.0) -> Any:
     return await asyncio.wait_for(listener.get(), timeout)
 
 
+_SOFT = {C.MsgType.ECHO, C.MsgType.ECHO_REPLY, C.MsgType.REFRESH, C.MsgType.PRUNE,
+         C.MsgType.NOT_ON_TREE}
+
+
 class RawEndpoint:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.decoder = FrameDecoder(1 << 24)
         self.frames: asyncio.Queue[tuple[Header, bytes]] = asyncio.Queue()
+        #: the router's soft-state messages (ECHO, PRUNE, ...), kept apart: this raw client
+        #: is an "older" application that speaks none of it
+        self.soft: asyncio.Queue[C.ControlMessage] = asyncio.Queue()
         self.closed = asyncio.Event()
         self._task = asyncio.ensure_future(self._pump())
 
@@ -60,6 +67,9 @@ class RawEndpoint:
         try:
             while data := await self.reader.read(65536):
                 for h, p in self.decoder.feed(data):
+                    if bytes(h[:16]) == LINK_LOCAL_FLOW.key and p[1:2] and p[1] in _SOFT:
+                        self.soft.put_nowait(C.decode(p))
+                        continue
                     self.frames.put_nowait((parse_header(h, max_payload=1 << 24), bytes(p)))
         except (ConnectionError, OSError):
             pass

@@ -125,16 +125,28 @@ class FakeRouter:
         return await asyncio.wait_for(self.conns.get(), 5)
 
 
+_SOFT = {C.MsgType.ECHO, C.MsgType.ECHO_REPLY, C.MsgType.REFRESH, C.MsgType.PRUNE,
+         C.MsgType.NOT_ON_TREE}
+
+
 class FakeConn:
+    """A fake router's end of one client connection: an "older" router that speaks no soft
+    state (the client's ECHOs and digests are kept in ``soft``, never answered)."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.soft: list[C.ControlMessage] = []
 
     async def read(self) -> tuple[Any, bytes]:
-        raw = await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE), 5)
-        hdr = parse_header(raw)
-        payload = await asyncio.wait_for(self.reader.readexactly(hdr.size), 5)
-        return hdr, payload
+        while True:
+            raw = await asyncio.wait_for(self.reader.readexactly(HEADER_SIZE), 5)
+            hdr = parse_header(raw)
+            payload = await asyncio.wait_for(self.reader.readexactly(hdr.size), 5)
+            if hdr.key == LINK_LOCAL_FLOW.key and payload[1:2] and payload[1] in _SOFT:
+                self.soft.append(C.decode(payload))
+                continue
+            return hdr, payload
 
     async def read_control(self) -> tuple[Any, C.ControlMessage]:
         hdr, payload = await self.read()

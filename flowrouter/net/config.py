@@ -26,10 +26,13 @@ Example (every key optional except ``router.name``)::
     join_burst = 1000             # ... and the burst allowed
     connections_per_host = 256    # application connections from one host at once
 
-    [gc]
-    epoch = 5.0                   # seconds per epoch
-    ping_after = 3                # T1, epochs
-    delete_after = 6              # T2, epochs
+    [gc]                          # soft state (DESIGN.md section 14)
+    liveness_interval = 1.0       # an ECHO on every link this often
+    dead_after = 3.0              # a peer silent this long is a failed link
+    refresh_interval = 10.0       # a refresh digest round toward each upstream this often
+    hold_factor = 3.5             # state not refreshed for hold_factor x refresh_interval goes
+    epoch = 5.0                   # seconds per epoch (trace snapshots)
+    # ping_after, delete_after: the seed's per-flow ping GC; accepted and ignored
 
     [[peer]]                      # routers this one dials (and keeps re-dialling)
     name = "r2"
@@ -190,6 +193,10 @@ class NodeConfig:
     epoch: float = 5.0
     gc_ping_after: int = 3
     gc_delete_after: int = 6
+    liveness_interval: float = 1.0
+    dead_after: float = 3.0
+    refresh_interval: float = 10.0
+    hold_factor: float = 3.5
     join_timeout: float = 5.0
     max_flows: int = 1_000_000
     tick_interval: float = 0.25
@@ -293,6 +300,8 @@ class NodeConfig:
                 default_lsid=self.default_lsid, routes=dict(self.routes),
                 default_route=self.default_route, epoch_length=self.epoch,
                 gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,
+                liveness_interval=self.liveness_interval, dead_after=self.dead_after,
+                refresh_interval=self.refresh_interval, hold_factor=self.hold_factor,
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
                 quota=self.quota, accept_routers=self.accepted_routers(),
@@ -308,7 +317,8 @@ _ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "de
                 "slow_consumer_grace", "slow_consumer_stall", "frame_timeout", "control_token",
                 "accept_routers"}
 _QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
-_GC_KEYS = {"epoch", "ping_after", "delete_after"}
+_GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
+            "refresh_interval", "hold_factor"}
 _PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
 
@@ -372,6 +382,13 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
         kw["gc_ping_after"] = int(gc["ping_after"])
     if "delete_after" in gc:
         kw["gc_delete_after"] = int(gc["delete_after"])
+    for key in ("liveness_interval", "dead_after", "refresh_interval", "hold_factor"):
+        if key in gc:
+            try:
+                kw[key] = float(gc[key])
+            except (TypeError, ValueError):
+                raise ConfigError(f"[gc] {key} must be a number of seconds, got "
+                                  f"{gc[key]!r}") from None
     peers = []
     for i, peer in enumerate(data.get("peer") or []):
         where = f"[[peer]] #{i + 1}"

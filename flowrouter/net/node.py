@@ -277,6 +277,8 @@ class RouterNode:
                 link.close(action.reason)
                 if isinstance(link, UdpLink):
                     self._unregister(action.link)
+                    if link.peer is not None:  # a configured UDP peer: dial it again
+                        self._redial(link.peer)
 
     def _dial_soon(self, peer: PeerConfig, delay: float) -> None:
         self._spawn(self._dial(peer, delay))
@@ -305,6 +307,11 @@ class RouterNode:
             if self._udp_sock is None:
                 log.error("peer %s uses UDP but this router has no [router] udp address",
                           peer.address)
+                return
+            existing = self._udp_links.get((host, port))
+            if existing is not None:  # the peer dialled us meanwhile: that link is ours
+                if existing.peer is None:
+                    existing.peer = peer
                 return
             self._udp_link((host, port), peer)
             return
@@ -356,6 +363,10 @@ class RouterNode:
                 self._fanout = 1
             if self.core.generation != self._seen_generation:
                 self._link_state_changed()
+                if link.peer is not None and link.peer.address in self._backoff:
+                    lk = self.core.links.get(link.link_id)
+                    if lk is not None and lk.state is LinkState.UP:
+                        self._backoff.pop(link.peer.address, None)  # up: back-off resets
 
     # administration (fault schedules) ---------------------------------------------------------
     def set_emulation(self, peer: str, emu: Emulation | None) -> None:
@@ -495,7 +506,7 @@ class RouterNode:
 
     # control interface ----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        st = self.core.status()
+        st = self.core.status(self.now())
         for row in st["links"]:
             link = self._links.get(row["id"])
             if link is not None and link.out is not None:
