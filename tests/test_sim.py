@@ -119,8 +119,11 @@ def test_linear_array_end_to_end() -> None:
     net.run_until(40.0)
     (d,) = net.endpoints["r20-ua"].received(FLOW)
     assert d.payload == b"r01|across the array"
-    # 19 router-to-router hops at 4800 bit/s for a 44-byte frame, each ~73 ms
-    assert d.time - 20.0 == pytest.approx(19 * 44 * 8 / 4800, rel=0.05)
+    # 19 router-to-router hops at 4800 bit/s for a 44-byte frame, each ~73 ms; on such slow
+    # links a frame may also wait behind a soft-state ECHO or digest (a few per hop and
+    # second), so allow a quarter more
+    serial = 19 * 44 * 8 / 4800
+    assert serial <= d.time - 20.0 <= 1.25 * serial
     assert d.ttl == 32 - 20
     assert all(len(ep.deliveries) == 1 for n, ep in net.endpoints.items() if n != "r01-ua")
 

@@ -10,7 +10,8 @@ monotonic origin) and returns a list of actions for the caller to carry out:
   forgotten it).
 
 Forwarding follows DESIGN.md section 6; join/leave/mask follow seed 002 section 3.4; the
-seed's epoch GC (section 4.2.6) became refresh digests with hold times (DESIGN.md 14). See the module docs of :mod:`flowrouter.wire.bands` and
+seed's epoch GC (section 4.2.6) became refresh digests with hold times (DESIGN.md 14).
+See the module docs of :mod:`flowrouter.wire.bands` and
 :mod:`flowrouter.wire.header` for the band allocation and the wire format.
 
 Locality semantics (the seed leaves the edge case open): a message's locality value is a

@@ -42,7 +42,7 @@ it, a router's as long as some downstream neighbour does; idle state goes away.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from flowrouter.core.actions import Action, Close, Send
 from flowrouter.core.state import LINK_KEY, RouterState
@@ -238,7 +238,7 @@ class SoftState(RouterState):
         gens = self._soft_gen
         links = self.links
         for item in self.wheel.pop_due(now):
-            kind, lid, gen = item  # type: ignore[misc]
+            kind, lid, gen = cast(tuple[int, int, int], item)
             if gens.get(lid) != gen:
                 continue  # the link went away (or came back since): a stale timer
             link = links.get(lid)
@@ -249,6 +249,10 @@ class SoftState(RouterState):
             elif kind == _ROUND:
                 self._start_round(link, now)
                 self.wheel.schedule(item, now + self.p.refresh_interval)
+                # the LS route vector is soft state too: sent on change, repeated here so a
+                # lost update cannot leave a neighbour with a stale route
+                vector = C.LsRoutes(self.routing.vector_for(lid))
+                out.append(_link_msg(lid, vector))
             else:
                 out += self._hold_sweep(link, gen, now)
         if self._soft_tx:

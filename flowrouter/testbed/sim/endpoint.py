@@ -266,7 +266,8 @@ class SimEndpoint:
         self.counters["joins.timed-out"] += 1
         self.acks.append(JoinResult(self.now, flow, C.JoinStatus.TIMEOUT,
                                     "no answer from the router (endpoint time-out)", req))
-        self._regraft(flow)
+        if not self.joined.get(flow):  # a lost JOIN or JOIN_ACK: ask again (idempotent)
+            self._send_join(flow)
 
     def _regraft(self, flow: FlowID) -> None:
         """Leave then join again: rebuilds the path from this endpoint to the tree."""
@@ -305,10 +306,10 @@ class SimEndpoint:
                 elif isinstance(msg, (C.NotOnTree, C.Prune)):
                     self.counters["refresh.detached"] += 1
                     for k in msg.keys:
-                        flow = self._flow_cache.get(k) or FlowID.from_key(k)
-                        if flow in self.wanted:
-                            self.joined[flow] = False
-                            self._send_join(flow)
+                        fid = self._flow_cache.get(k) or FlowID.from_key(k)
+                        if fid in self.wanted:
+                            self.joined[fid] = False
+                            self._send_join(fid)
                 elif isinstance(msg, C.Error):
                     self.errors.append((self.now, msg.text))
                 return

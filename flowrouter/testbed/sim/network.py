@@ -216,7 +216,7 @@ class SimNetwork:
                    join_timeout: float = 5.0, max_payload: int = DEFAULT_MAX_PAYLOAD,
                    max_flows: int = 1_000_000, default_lsid: int = 0,
                    site: str | None = None, node_id: int | None = None,
-                   **soft: float) -> Router:
+                   **soft: Any) -> Router:
         """A router; *soft* sets its soft-state timing (``liveness_interval``,
         ``dead_after``, ``refresh_interval``, ``hold_factor``: see RouterParams)."""
         self._check_new_name(name)
@@ -295,9 +295,11 @@ class SimNetwork:
 
         *options* go to the constructor (``tick_interval``, ``trace``, ``strict``, ...);
         ``endpoint_options`` (a dict) goes to every :class:`SimEndpoint`, e.g.
-        ``{"repair": True, "retry_interval": 0.5}``.
+        ``{"repair": True, "retry_interval": 0.5}``; ``router_options`` (a dict) goes to
+        every :meth:`add_router`, e.g. ``{"refresh_interval": 2.0}``.
         """
         endpoint_options = options.pop("endpoint_options", {})
+        router_options = options.pop("router_options", {})
         net = cls(seed, **options)
         net.topology = topo
         net.scenario = scenario
@@ -308,7 +310,8 @@ class SimNetwork:
                 if k in params:
                     params[k] = int(params[k])
             net.add_router(r.name, core_lsids=r.core_lsids, routes=dict(r.routes),
-                           default_route=r.default_route, site=r.site, **params)
+                           default_route=r.default_route, site=r.site,
+                           **{**params, **router_options})
         order = list(topo.links)
         if net.shuffle_links:
             random.Random(f"{seed}/link-order").shuffle(order)
