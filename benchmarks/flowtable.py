@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Flow-table cost of the sans-I/O router core: memory per entry, lookup time, GC sweeps.
+"""Flow-table cost of the sans-I/O router core: memory per entry, lookup time, soft-state upkeep.
 
 No sockets and no event loop: one :class:`flowrouter.core.router.Router` is driven directly.
 
@@ -19,11 +19,12 @@ tree.
   for a flow picked at random (uniformly over the table, so large tables pay cache misses),
   returning one ``Send`` to link 2. The header is a memoryview into one receive buffer, as the
   runtime's FrameDecoder produces. ``dict.get`` alone on the same keys is shown for scale.
-* **GC**: ``Router.tick`` every 0.25 s of (virtual) time over whole epochs (5 s): the
-  fresh sweep (entries seen this epoch: nothing to do), the ping sweep (idle for T1=3
-  epochs: one PING per entry) and the collect sweep (idle for T2=6: every entry removed, a
-  LEAVE sent up for each). Reported per epoch, per entry, and the longest single tick (the
-  time the runtime's event loop would be blocked).
+* **upkeep** (soft state, DESIGN.md section 14; see :func:`measure_maintenance`): three
+  refresh intervals of idle flows kept by the application's refresh digests (CPU share of
+  one core, control frames per second per link and direction, the longest single call,
+  which is how long the runtime's event loop would be blocked), then the hold-time expiry
+  of every entry once the application stops refreshing. (Before soft state this section
+  measured the per-(flow, link) PING sweeps; BENCHMARKS.md keeps those numbers.)
 
 ``--build direct`` skips the wire (constructs the entries with the same fields as the join
 path produces) for faster runs at 10^6; the default is the join path for every size.
@@ -60,6 +61,7 @@ MASK = 1 << BAND
 LSID = 0x10
 CREATOR = 0x5EED_F10E_0000_0001
 TICK = 0.25
+cpu_clock = time.thread_time  #: CPU time of this thread (the upkeep's cost, not the waits)
 
 
 def rss_bytes() -> int:
@@ -174,44 +176,93 @@ def measure_lookup(r: Router, n: int, samples: int, seed: int = 1) -> dict[str, 
             "dict_get_ns": min(t_get) * 1e9, "samples": chunk * rounds}
 
 
-def measure_gc(r: Router, n: int) -> list[dict[str, Any]]:
-    """Tick every 0.25 s of virtual time through epochs 0..6; report the fresh (0), ping (3 =
-    T1) and collect (6 = T2) epochs. A tick is booked to the epoch the router was in."""
-    epoch_len = r.p.epoch_length
-    per_epoch: dict[int, dict[str, Any]] = {}
-    r._gc_last = 0.0  # the build ran at t=0
-    ticks_per_epoch = round(epoch_len / TICK)
+def _link_frame(msg: Any) -> tuple[bytes, bytes]:
+    body = msg.encode()
+    return pack_header(LINK_LOCAL_FLOW.key, len(body), BAND_MEMBERSHIP), body
+
+
+def measure_maintenance(r: Router, n: int) -> list[dict[str, Any]]:
+    """Soft-state upkeep of n idle flows (DESIGN.md section 14), in virtual time.
+
+    *steady*: three refresh intervals in which the application refreshes every flow (its
+    digest chunks, spread over 80% of the interval as flowlib sends them, go through
+    ``Router.receive``), both neighbours send an ECHO a second, and ``Router.tick`` runs
+    every 0.25 s (ECHOs, the router's own digest toward its upstream, hold-time checks).
+    CPU share = router CPU time (``time.thread_time``: a shared machine's waits do not
+    count) / virtual time. Frames per second are counted per link and
+    direction. *expiry*: the application goes quiet; ticks go on until the hold time has
+    collected every entry (the cost of that sweep, and the longest tick).
+    """
+    p = r.p
+    interval = p.refresh_interval
+    per = C.refresh_capacity(65536)
+    keys = [flow_key(i) for i in range(n)]
+    count = max(1, -(-n // per))
+    chunks = [_link_frame(C.Refresh(0, i, count, 0, tuple(
+        (k, MASK, 0) for k in keys[i * per:(i + 1) * per]))) for i in range(count)]
+    echo = _link_frame(C.Echo(1, 0))
+    receive, tick = r.receive, r.tick
+    frames = {"ep_in": 0, "up_in": 0, "ep_out": 0, "up_out": 0}
+    cpu = 0.0
+    max_call = 0.0
+    rounds = 3
+    span = interval * 0.8
+    sent_chunks = 0
+    t = 0.0
     gc.disable()
     try:
-        for k in range(1, ticks_per_epoch * 8):
-            now = k * TICK
-            t0 = time.perf_counter()
-            actions = r.tick(now)
-            dt = time.perf_counter() - t0
-            rec = per_epoch.setdefault(r.epoch, {"seconds": 0.0, "max_tick_ms": 0.0,
-                                                 "actions": 0, "ticks": 0})
-            rec["seconds"] += dt
-            rec["max_tick_ms"] = max(rec["max_tick_ms"], dt * 1e3)
-            rec["actions"] += len(actions)
-            rec["ticks"] += 1
-            del actions
+        while t < rounds * interval - 1e-9:
+            t = round(t + TICK, 9)
+            feed: list[tuple[int, tuple[bytes, bytes]]] = []
+            k, into = divmod(t, interval)
+            due = min(count, int(count * into / span) + 1) + int(k) * count
+            while sent_chunks < due:
+                feed.append((EP, chunks[sent_chunks % count]))
+                sent_chunks += 1
+            if abs(t - round(t)) < 1e-9:  # an ECHO a second from each neighbour
+                feed += [(EP, echo), (UP, echo)]
+            for lid, (h, b) in feed:
+                frames["ep_in" if lid == EP else "up_in"] += 1
+                t0 = cpu_clock()
+                out = receive(lid, h, b, t)
+                dt = cpu_clock() - t0
+                cpu += dt
+                max_call = max(max_call, dt)
+                for a in out:
+                    frames["ep_out" if a.link == EP else "up_out"] += 1
+            t0 = cpu_clock()
+            out = tick(t)
+            dt = cpu_clock() - t0
+            cpu += dt
+            max_call = max(max_call, dt)
+            for a in out:
+                if type(a) is Send:
+                    frames["ep_out" if a.link == EP else "up_out"] += 1
+        assert len(r.flows) == n, "live flows were collected"
+        span_s = rounds * interval
+        steady = {"phase": "steady (refresh)", "flows": n, "cpu_share": cpu / span_s,
+                  "cpu_ms_per_s": cpu / span_s * 1e3, "max_call_ms": max_call * 1e3,
+                  "us_per_flow_round": cpu / (n * rounds) * 1e6,
+                  **{f"{k}_per_s": v / span_s for k, v in frames.items()}}
+        # expiry: the application stops refreshing (its ECHOs go on: it is alive)
+        cpu = max_call = 0.0
+        start = t
+        while r.flows and t < start + 3 * p.hold:
+            t = round(t + TICK, 9)
+            if abs(t - round(t)) < 1e-9:
+                receive(EP, *echo, t)
+                receive(UP, *echo, t)
+            t0 = cpu_clock()
+            tick(t)
+            dt = cpu_clock() - t0
+            cpu += dt
+            max_call = max(max_call, dt)
+        expiry = {"phase": "expiry (hold)", "flows": n, "left": len(r.flows),
+                  "after_s": t - start, "cpu_ms": cpu * 1e3, "max_call_ms": max_call * 1e3,
+                  "us_per_flow_expired": cpu / max(n - len(r.flows), 1) * 1e6}
     finally:
         gc.enable()
-    rows = []
-    for epoch, name in ((0, "fresh"), (3, "ping (T1)"), (6, "collect (T2)")):
-        rec = per_epoch[epoch]
-        # epoch 0 has 19 ticks (it starts at t=0.25): scale it to a whole epoch of 20
-        scale = ticks_per_epoch / rec["ticks"]
-        # the ping and collect sweeps cost per entry acted on (one PING / one LEAVE each);
-        # the incremental sweep's pass is not aligned to epochs, so a few percent of the
-        # entries are collected at the start of epoch 7 instead
-        per = n if epoch == 0 else max(rec["actions"], 1)
-        rows.append({"sweep": name, "flows": n, "epoch_ms": rec["seconds"] * 1e3 * scale,
-                     "per_entry_us": rec["seconds"] / per * 1e6,
-                     "max_tick_ms": rec["max_tick_ms"], "actions": rec["actions"],
-                     "ticks": rec["ticks"]})
-    rows.append({"sweep": "left after epoch 7", "flows": len(r.flows)})
-    return rows
+    return [steady, expiry]
 
 
 def build_mode(n: int, build: str) -> str:
@@ -241,7 +292,7 @@ def run_size(n: int, build: str, samples: int, do_gc: bool) -> dict[str, Any]:
     row.update(rss_in_child(n, mode))
     row.update(measure_lookup(r, n, min(samples, max(n * 4, 1000))))
     if do_gc:
-        row["gc"] = measure_gc(r, n)
+        row["maintenance"] = measure_maintenance(r, n)
     del r
     gc.collect()
     return row
@@ -279,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="Sizes default to 10^4 10^5 10^6 (GC at the largest).")
     p.add_argument("--quick", action="store_true", help="tiny sizes (10^3, 10^4), a second")
     p.add_argument("--sizes", type=int, nargs="+", help="table sizes (flows)")
-    p.add_argument("--gc-at", type=int, help="table size for the GC sweep (default: largest)")
+    p.add_argument("--gc-at", type=int, nargs="+",
+                   help="table sizes whose soft-state upkeep is measured (default: all)")
     p.add_argument("--build", choices=("auto", "join", "direct"), default="auto",
                    help="install flows via JOIN/JOIN_ACK through Router.receive ('join'), or "
                         "construct the same entries directly ('direct', faster); 'auto' "
@@ -294,14 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = args.sizes or ([1_000, 10_000] if args.quick else [10_000, 100_000, 1_000_000])
     samples = 20_000 if args.quick else args.samples
-    gc_at = args.gc_at or max(sizes)
+    gc_at = set(args.gc_at or sizes)
     rows = []
     for n in sizes:
         common.say(f"flowtable: {n} flows ({build_mode(n, args.build)}) ...")
-        rows.append(run_size(n, args.build, samples, do_gc=(n == gc_at)))
+        rows.append(run_size(n, args.build, samples, do_gc=(n in gc_at)))
     result = {"benchmark": "flowtable", "machine": common.machine_info(), "quick": args.quick,
-              "build": args.build, "sizes": rows,
-              "gc": next((r["gc"] for r in rows if "gc" in r), [])}
+              "build": args.build,
+              "sizes": [{k: v for k, v in r.items() if k != "maintenance"} for r in rows],
+              "maintenance": [m for r in rows for m in r.get("maintenance", [])]}
     small, large = rows[0], rows[-1]
     result["lookup_growth"] = large["receive_ns"] / small["receive_ns"]
     common.say("\nFlow table (sans-I/O core)")
@@ -313,11 +366,16 @@ def main(argv: list[str] | None = None) -> int:
         ("receive_ns", "receive ns", ">.0f"), ("dict_get_ns", "dict.get ns", ">.0f")]))
     common.say(f"lookup cost x{result['lookup_growth']:.2f} from {small['flows']} to "
                f"{large['flows']} flows")
-    common.say("\nGC sweep over one epoch")
-    common.say(common.table([g for g in result["gc"] if "epoch_ms" in g], [
-        ("sweep", "sweep", "<s"), ("flows", "flows", ">d"), ("epoch_ms", "ms/epoch", ">.1f"),
-        ("per_entry_us", "us/entry", ">.2f"), ("max_tick_ms", "max tick ms", ">.1f"),
-        ("actions", "actions", ">d")]))
+    common.say("\nSoft-state upkeep of idle flows (refresh digests, echoes, hold times)")
+    common.say(common.table([m for m in result["maintenance"] if "cpu_share" in m], [
+        ("flows", "flows", ">d"), ("cpu_share", "CPU share", ">.2%"),
+        ("us_per_flow_round", "us/flow/round", ">.2f"), ("max_call_ms", "max call ms", ">.1f"),
+        ("ep_in_per_s", "app->r fr/s", ">.1f"), ("up_out_per_s", "r->up fr/s", ">.1f"),
+        ("ep_out_per_s", "r->app fr/s", ">.1f")]))
+    common.say(common.table([m for m in result["maintenance"] if "after_s" in m], [
+        ("flows", "flows", ">d"), ("after_s", "collected after s", ">.1f"),
+        ("cpu_ms", "sweep ms", ">.1f"), ("us_per_flow_expired", "us/flow", ">.2f"),
+        ("max_call_ms", "max tick ms", ">.1f"), ("left", "left", ">d")]))
     common.write_json(result, args.out)
     return 0
 

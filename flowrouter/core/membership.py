@@ -75,6 +75,8 @@ class Membership(RouterState):
         if self._tracing:
             self.tracer.link_add(now, key, lid, msg.mask,
                                  "mask" if lid in entry.down else "join", link.role)
+        if lid not in entry.down:
+            link.downstream += 1
         entry.down[lid] = msg.mask
         entry.traffic[lid] = now
         link.dependent.add(key)
@@ -211,6 +213,8 @@ class Membership(RouterState):
         link = self.links.get(link_id)
         if link is not None:
             link.dependent.discard(key)
+            if mask is not None:
+                link.downstream -= 1
         entry.recompute()
         self._entry_changed(key)
 

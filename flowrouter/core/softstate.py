@@ -83,6 +83,10 @@ class RxRound:
     entries: int = 0
     repaired: int = 0
     unknown: int = 0
+    #: downstream (flow, link) pairs refreshed for the first time in this round: when it
+    #: equals the link's downstream count at the end, nothing is stale and the link's flows
+    #: need not be scanned
+    fresh: int = 0
 
 
 class SoftState(RouterState):
@@ -159,7 +163,10 @@ class SoftState(RouterState):
                 if cap is not None and cap.expiry <= wall:  # refreshing re-checks it
                     out += self._withdraw(link, key, "expired", now)
                     continue
-            entry.traffic[lid] = now
+            traffic = entry.traffic
+            if traffic.get(lid, -1.0) < rx.started:
+                rx.fresh += 1
+            traffic[lid] = now
             if entry.down[lid] != mask:
                 if strict and self.policies.requires(key, "join"):
                     unknown.append(key)  # a different mask needs the capability: re-join
@@ -186,16 +193,20 @@ class SoftState(RouterState):
         lid = link.link_id
         self.counters["refresh.rounds-received"] += 1
         link.round_done_at = now
-        removed = 0
         out: list[Action] = []
-        for key in sorted(link.dependent):
-            entry = self.flows.get(key)
-            if entry is None or lid not in entry.down:
-                continue
-            if entry.traffic.get(lid, now) < rx.started:
-                self._drop_down(entry, key, lid, "refresh", now)
-                out += self._after_change(key, entry, now, "refresh")
-                removed += 1
+        started = rx.started
+        flows = self.flows
+        if rx.fresh >= link.downstream:  # every downstream pair was in the round
+            stale = []
+        else:
+            stale = [key for key in link.dependent
+                     if (e := flows.get(key)) is not None and lid in e.traffic
+                     and e.traffic[lid] < started]
+        removed = len(stale)
+        for key in sorted(stale):  # sorted: the same order in every process
+            entry = flows[key]
+            self._drop_down(entry, key, lid, "refresh", now)
+            out += self._after_change(key, entry, now, "refresh")
         if removed:
             self.counters["refresh.links-removed"] += removed
         if self._tracing:
@@ -280,8 +291,9 @@ class SoftState(RouterState):
         over the interval and built from the entries as they are when sent."""
         lid = link.link_id
         flows = self.flows
-        keys = [k for k in link.dependent
-                if (e := flows.get(k)) is not None and e.upstream == lid]
+        # every flow that names this link; _chunk keeps those whose upstream it is (a few
+        # downstream ones make chunks a little emptier, cheaper than filtering twice)
+        keys = list(link.dependent)
         sib_lsids = self.routing.sibling_lsids(lid)
         if sib_lsids:  # fellow LS members: our subtree masks for their LSIDs
             keys += [k for k, e in flows.items()
@@ -334,20 +346,23 @@ class SoftState(RouterState):
         lid = link.link_id
         hold = link.hold or self.p.hold
         self.wheel.schedule((_HOLD, lid, gen), now + hold / 2)
-        if now - max(link.round_done_at, link.opened_at) < hold:
-            return []  # its rounds complete: nothing can be overdue
+        if not link.downstream or now - max(link.round_done_at, link.opened_at) < hold:
+            return []  # nothing downstream, or its rounds complete: nothing is overdue
         out: list[Action] = []
-        for key in sorted(link.dependent):
-            entry = self.flows.get(key)
-            if entry is None or lid not in entry.down:
-                continue
-            if now - entry.traffic.get(lid, now) >= hold:
-                self._drop_down(entry, key, lid, "expired", now)
-                self.counters["gc.links-collected"] += 1
-                if not entry.down:
-                    self.counters["gc.entries-collected"] += 1
-                self._notices.setdefault((lid, C.MsgType.PRUNE), set()).add(key)
-                out += self._after_change(key, entry, now, "expired")
+        flows = self.flows
+        limit = now - hold
+        stale = [key for key in link.dependent
+                 if (e := flows.get(key)) is not None and lid in e.traffic
+                 and e.traffic[lid] <= limit]
+        prunes = self._notices.setdefault((lid, C.MsgType.PRUNE), set())
+        for key in sorted(stale):  # sorted: the same order in every process
+            entry = flows[key]
+            self._drop_down(entry, key, lid, "expired", now)
+            self.counters["gc.links-collected"] += 1
+            if not entry.down:
+                self.counters["gc.entries-collected"] += 1
+            prunes.add(key)
+            out += self._after_change(key, entry, now, "expired")
         return out
 
     def _flush_notices(self, now: float) -> list[Action]:

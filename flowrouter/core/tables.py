@@ -84,6 +84,9 @@ class Link:
     speaks_liveness: bool = False
     hold: float | None = None
     round_done_at: float = 0.0
+    #: flows for which this link is a downstream link (its hold-time sweep has work only
+    #: when this is above zero)
+    downstream: int = 0
     #: our HELLO frame body and when we last sent it (a UDP link repeats it until the
     #: peer's arrives: a lost first HELLO must not leave the link down for good)
     hello_body: bytes = b""

@@ -56,6 +56,8 @@ class LaunchReport:
     deliveries: list[Delivery] = field(default_factory=list)
     faults_applied: list[tuple[float, str]] = field(default_factory=list)
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: topology links (by name, with their transport and ends) never seen up during the run
+    links_never_up: list[str] = field(default_factory=list)
 
     def delivered_between(self, receiver: str, sender: str, t0: float, t1: float) -> int:
         return sum(1 for d in self.deliveries
@@ -108,6 +110,9 @@ class Launcher:
         self.stop: asyncio.Event | None = None  #: set (e.g. on Ctrl-C) to end the run early
         udp_routers = {r for lk in topo.links if lk.transport == "udp" for r in (lk.a, lk.b)}
         self._udp = udp_routers
+        #: topology links seen up at some point (names), and how long startup waits for them
+        self.links_seen_up: set[str] = set()
+        self.link_wait = 30.0
 
     # ------------------------------------------------------------------ configs
     def _address(self, router: str) -> tuple[str, int]:
@@ -205,15 +210,56 @@ class Launcher:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"router {name} did not answer on {ctl}") from None
                     await asyncio.sleep(0.05)
-        # Every router link up (each router knows how many neighbours it has).
+        await self.wait_links(time.monotonic() + self.link_wait)
+
+    @staticmethod
+    def _describe(lk: LinkSpec) -> str:
+        return f"{lk.name} ({lk.a}-{lk.b}, {lk.transport})"
+
+    async def links_up(self) -> set[str]:
+        """Names of the topology links that are up now (seen from their first router)."""
+        up: set[str] = set()
         for r in self.topo.routers:
-            want = len(self.topo.links_of(r.name))
-            while True:
-                st = (await query_control(self.control[r.name]))["status"]
-                if sum(1 for lk in st["links"] if lk["role"] == "router"
-                       and lk["state"] == "up") >= want or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.05)
+            try:
+                st = (await query_control(self.control[r.name], timeout=1.0))["status"]
+            except (ConnectionError, OSError):
+                continue
+            have: dict[tuple[str, str], int] = {}
+            for lk in st["links"]:
+                if lk["role"] == "router" and lk["state"] == "up":
+                    k = (lk["peer"], lk["transport"])
+                    have[k] = have.get(k, 0) + 1
+            for spec in self.topo.links_of(r.name):
+                k = (spec.other(r.name), spec.transport)
+                if have.get(k, 0) > 0:
+                    have[k] -= 1
+                    up.add(spec.name)
+        self.links_seen_up |= up
+        return up
+
+    async def wait_links(self, deadline: float) -> list[str]:
+        """Wait until every topology link is up, saying once a second which are not yet;
+        returns the ones still down at *deadline* (and says so)."""
+        said = 0.0
+        while True:
+            up = await self.links_up()
+            missing = [lk for lk in self.topo.links if lk.name not in up]
+            if not missing:
+                return []
+            now = time.monotonic()
+            if now > deadline:
+                text = ", ".join(self._describe(lk) for lk in missing)
+                log.warning("links not up after %.0fs (going on without them): %s",
+                            self.link_wait, text)
+                if self.view:
+                    print(f"links not up after {self.link_wait:g}s (going on without them): "
+                          f"{text}", flush=True)
+                return [lk.name for lk in missing]
+            if self.view and now - said >= 1.0:
+                said = now
+                print("waiting for link(s): " + ", ".join(self._describe(lk)
+                                                          for lk in missing), flush=True)
+            await asyncio.sleep(0.1)
 
     async def stop_routers(self) -> None:
         for proc in self.procs.values():
@@ -322,6 +368,7 @@ class Launcher:
                 tasks.append(asyncio.ensure_future(self._at(t, fault, down, report)))
             if self.view:
                 tasks.append(asyncio.ensure_future(self._view()))
+            tasks.append(asyncio.ensure_future(self._watch_links()))
             self.stop = self.stop or asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop.wait(),
@@ -334,11 +381,22 @@ class Launcher:
                 with contextlib.suppress(ConnectionError, OSError, KeyError):
                     report.counters[name] = (await query_control(ctl, timeout=2.0)
                                              )["status"]["counters"]
+            with contextlib.suppress(ConnectionError, OSError, KeyError):
+                await self.links_up()
+            report.links_never_up = [self._describe(lk) for lk in self.topo.links
+                                     if lk.name not in self.links_seen_up]
             for client in clients.values():
                 with contextlib.suppress(Exception):
                     await client.close(timeout=2.0)
             await self.stop_routers()
         return report
+
+    async def _watch_links(self) -> None:
+        """Note which topology links come up during the run (for the summary)."""
+        while len(self.links_seen_up) < len(self.topo.links):
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(ConnectionError, OSError, KeyError):
+                await self.links_up()
 
     async def _at(self, t: float, fault: Fault, down: bool, report: LaunchReport) -> None:
         await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))
@@ -400,4 +458,6 @@ def summarize(report: LaunchReport) -> str:
             f"{r} {k}" for r, k in got.items()))
     for t, what in report.faults_applied:
         lines.append(f"  fault at {t:6.2f}s: {what}")
+    for link in report.links_never_up:
+        lines.append(f"  LINK NEVER CAME UP: {link}")
     return "\n".join(lines)

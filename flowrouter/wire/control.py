@@ -462,10 +462,9 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
         if count == 0 or index >= count:
             raise MalformedFrame("bad-control", f"REFRESH chunk {index} of {count}")
         raw = r.take(n * REFRESH_ENTRY.size)
-        entries = []
-        for k, m, f in REFRESH_ENTRY.iter_unpack(raw):
-            entries.append((k, int.from_bytes(m, "big"), f))
-        msg = Refresh(rnd, index, count, hold, tuple(entries))
+        from_bytes = int.from_bytes
+        msg = Refresh(rnd, index, count, hold, tuple(
+            [(k, from_bytes(m, "big"), f) for k, m, f in REFRESH_ENTRY.iter_unpack(raw)]))
     elif t is MsgType.PRUNE or t is MsgType.NOT_ON_TREE:
         n = int.from_bytes(r.take(2), "big")
         raw = r.take(16 * n)
