@@ -8,7 +8,7 @@ inherits one layer per concern, each in its own module and each building on the 
 =============================  ==============================================================
 :mod:`flowlib.link`            one TCP connection: bytes -> frames, sealed records
 :mod:`flowlib.connection`      the router link's life cycle: HELLO/AUTH handshake, up, lost
-:mod:`flowlib.membership`      flows and listeners: JOIN/LEAVE/acks, GC pings, advertise,
+:mod:`flowlib.membership`      flows and listeners: JOIN/LEAVE/acks, advertise,
                                capability policies
 :mod:`flowlib.receiving`       data frames to listeners, reassembly, overflow notices
 :mod:`flowlib.failover`        the next router after a loss, and re-joining there

@@ -7,9 +7,10 @@ of them in line (JOIN, LEAVE, acks, GC pings, advertisements and capability poli
   answer to that ``listen`` call), removing one narrows the mask with a new JOIN, and removing
   the last sends a LEAVE. An advertisement is a JOIN flagged ``ADVERTISE`` that keeps the path
   toward the core installed even with no listener.
-* **Garbage collection.** Routers forget idle state by epochs and ping before they do; the
-  client answers a PING only for flows it still listens on or advertises, so state it no
-  longer wants is collected even if a LEAVE was lost.
+* **Soft state.** Routers keep our state only while we refresh it: the soft-state layer
+  (:mod:`flowlib.softstate`) sends a digest of the flows we listen on or advertise, so state
+  we no longer want is collected even if a LEAVE was lost. Older routers' GC PINGs are still
+  answered, for flows we still want only.
 * **Capabilities.** A flow whose creator published a policy (:meth:`publish_policy`) takes
   joins only with a capability token; the token given to ``listen``/``advertise`` stays with
   the flow and is presented again by every later JOIN. Tokens given to ``connect`` (objects,

@@ -213,11 +213,13 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append("")
     lines.append("LINKS")
     lines.append(f"  {'id':>4} {'peer':<16} {'role':<9} {'state':<9} {'via':<4} "
-                 f"{'address':<22} {'flows':>5} {'rx':>9} {'tx':>9}")
+                 f"{'address':<22} {'flows':>5} {'rx':>9} {'tx':>9} {'rtt ms':>8}")
     for lk in st["links"]:
+        rtt = lk.get("rtt_ms")
         lines.append(f"  {lk['id']:>4} {lk['peer']:<16.16} {lk['role']:<9} {lk['state']:<9} "
                      f"{lk['transport']:<4} {lk['address']:<22} {lk['flows']:>5} "
-                     f"{lk['rx']:>9} {lk['tx']:>9}")
+                     f"{lk['rx']:>9} {lk['tx']:>9} "
+                     f"{'-' if rtt is None else format(rtt, '.3f'):>8}")
     lines.append("")
     lines.append("LOCATION SERVICE ROUTES")
     for r in st["ls_routes"]:
