@@ -88,3 +88,51 @@ def test_launcher_and_simulator_see_the_same_outage(tmp_path) -> None:  # type: 
     sim_during = sum(1 for a in arrivals if DOWN + TOL <= a < UP - TOL)
     sim_after = sum(1 for a in arrivals if a >= UP + 1.5)
     assert sim_before > 0 and sim_after > 0 and sim_during == 0
+
+
+UDP_TOPO = """
+name = "udp-check"
+duration = 2
+
+[defaults.router]
+base_port = {base}
+
+[[routers]]
+name = "u1"
+[[routers]]
+name = "u2"
+[[routers]]
+name = "u3"
+
+[[endpoints]]
+name = "east"
+router = "u1"
+[[endpoints]]
+name = "west"
+router = "u3"
+
+[[links]]
+a = "u1"
+b = "u2"
+[[links]]
+a = "u2"
+b = "u3"
+transport = "udp"
+
+[[location_services]]
+lsid = 0x10
+cores = ["u1"]
+"""
+
+
+def test_up_brings_a_udp_link_up_and_flags_links_that_never_came_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from flowrouter.testbed.launcher import LaunchReport, summarize
+
+    topo = loads(UDP_TOPO.format(base=_free_base()), source="udp-check.toml")
+    launcher = Launcher(topo, rate=5.0, view=False, workdir=str(tmp_path))
+    report = asyncio.run(asyncio.wait_for(launcher.run(), 120))
+    assert launcher.links_seen_up == {lk.name for lk in topo.links}
+    assert report.links_never_up == [] and "NEVER" not in summarize(report)
+    assert report.delivered_between("west", "east", 0.0, 2.0) > 0  # across the UDP link
+    bad = LaunchReport("t", None, 1.0, links_never_up=["backup (a-b, udp)"])
+    assert "LINK NEVER CAME UP: backup (a-b, udp)" in summarize(bad)
