@@ -77,6 +77,7 @@ class Admission(RouterState):
         log.info("%s: capability for %s %s; removed from the flow", link.describe(),
                  flow_text(key), why)
         self._drop_down(entry, key, link.link_id, "refused", now)
+        self._prune_notice(link.link_id, key)  # tell it: it may re-join with a new capability
         return self._after_change(key, entry, now, "refused")
 
     def _authorize_join(self, link: Link, key: bytes, msg: C.Join, now: float

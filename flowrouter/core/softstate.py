@@ -242,6 +242,11 @@ class SoftState(RouterState):
         per link, at most once per tick and flow)."""
         self._notices.setdefault((link_id, C.MsgType.NOT_ON_TREE), set()).add(key)
 
+    def _prune_notice(self, link_id: int, key: bytes) -> None:
+        """We dropped (key, link) ourselves (hold time, a limit, a withdrawn capability):
+        tell the neighbour with the next tick's PRUNE."""
+        self._notices.setdefault((link_id, C.MsgType.PRUNE), set()).add(key)
+
     # ------------------------------------------------------------------ time
     def _soft_tick(self, now: float) -> list[Action]:
         """Timers that fell due, the chunks due by now, and batched notices."""
@@ -354,14 +359,13 @@ class SoftState(RouterState):
         stale = [key for key in link.dependent
                  if (e := flows.get(key)) is not None and lid in e.traffic
                  and e.traffic[lid] <= limit]
-        prunes = self._notices.setdefault((lid, C.MsgType.PRUNE), set())
         for key in sorted(stale):  # sorted: the same order in every process
             entry = flows[key]
             self._drop_down(entry, key, lid, "expired", now)
             self.counters["gc.links-collected"] += 1
             if not entry.down:
                 self.counters["gc.entries-collected"] += 1
-            prunes.add(key)
+            self._prune_notice(lid, key)
             out += self._after_change(key, entry, now, "expired")
         return out
 

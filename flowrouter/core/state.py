@@ -132,6 +132,7 @@ class RouterState:
         def _soft_link_up(self, link: Link, now: float) -> None: ...  # softstate
         def _soft_link_closed(self, link_id: int) -> None: ...  # softstate
         def _not_on_tree(self, link_id: int, key: bytes) -> None: ...  # softstate
+        def _prune_notice(self, link_id: int, key: bytes) -> None: ...  # softstate
         def _soft_tick(self, now: float) -> list[Action]: ...  # softstate
         def _retry_orphans(self, now: float) -> list[Action]: ...  # lsexchange
         def _repeat_hellos(self, now: float) -> list[Action]: ...  # links
