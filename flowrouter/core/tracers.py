@@ -488,10 +488,11 @@ def snapshot_fields(router: Any) -> dict[str, Any]:
 
     Usage in the core: ``self.tracer.snapshot(now, **snapshot_fields(self))``. Walks the flow
     table once (O(entries)), so call it at the snapshot period, not per message. An entry is
-    *active* when some downstream link saw traffic in the current or the previous epoch (the
-    router notes traffic per downstream link only).
+    *active* when some downstream link joined or refreshed it in the current or the previous
+    epoch (``entry.traffic`` holds those times, on the router's clock).
     """
     epoch = router.epoch
+    since = router.started + (epoch - 1) * router.p.epoch_length
     endpoint_links = {lid for lid, lk in router.links.items()
                       if role_text(lk.role) == "endpoint"}
     fanout: dict[int, int] = {}
@@ -500,7 +501,7 @@ def snapshot_fields(router: Any) -> dict[str, Any]:
         n = len(entry.down)
         links_total += n
         fanout[n] = fanout.get(n, 0) + 1
-        if entry.traffic and max(entry.traffic.values()) >= epoch - 1:
+        if entry.traffic and max(entry.traffic.values()) >= since:
             active += 1
         if endpoint_links:
             members += sum(1 for lid in entry.down if lid in endpoint_links)
