@@ -15,6 +15,8 @@ How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way 
   one interval. An application link is held to the same rule once the application has shown
   it speaks the protocol (sent an ECHO or ECHO_REPLY); older clients are not cut off. ECHO
   replies give a smoothed RTT per link (``status()``), the input measured locality needs.
+  While data flows both ways each side already hears the other, so the probe is spared
+  (slow links pay for every frame) except one every ``RTT_EVERY`` intervals for the RTT.
 * **Refresh digests.** Every ``refresh_interval`` a router sends each upstream neighbour one
   digest round: the (flow, aggregate mask) of every entry whose upstream that neighbour is,
   chunked to fit the link's frames and spread over the interval (no bursts). A round is
@@ -56,6 +58,8 @@ _ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, lin
 #: share of the refresh interval a round's chunks are spread over (the rest is slack, so a
 #: round always ends before the next begins)
 SPREAD = 0.8
+#: an ECHO goes out at least every this many liveness intervals, even on a busy link
+RTT_EVERY = 10
 #: bounds on the hold time a neighbour may ask for (seconds)
 MIN_HOLD, MAX_HOLD = 1.0, 3600.0
 
@@ -285,8 +289,18 @@ class SoftState(RouterState):
             reason = (f"peer silent for {silent:.1f}s (dead after {p.dead_after:g}s): hung or "
                       "unreachable")
             return self.close_link(link.link_id, now, reason) + [Close(link.link_id, reason)]
-        link.echo_seq = (link.echo_seq + 1) & 0xFFFFFFFF
         self.wheel.schedule((_ECHO, link.link_id, gen), now + p.liveness_interval)
+        if (silent < p.liveness_interval and link.tx != link.tx_at_echo
+                and now - link.echo_at < RTT_EVERY * p.liveness_interval):
+            # data flows both ways: each side already hears the other, so the probe is
+            # spared (slow links pay for every frame); one still goes out now and then to
+            # keep the RTT fresh
+            link.tx_at_echo = link.tx
+            self.counters["liveness.echoes-spared"] += 1
+            return []
+        link.tx_at_echo = link.tx
+        link.echo_at = now
+        link.echo_seq = (link.echo_seq + 1) & 0xFFFFFFFF
         self.counters["liveness.echoes"] += 1
         stamp = int(now * 1e6) & 0xFFFFFFFFFFFFFFFF
         return [_link_msg(link.link_id, C.Echo(link.echo_seq, stamp))]
