@@ -51,6 +51,11 @@ CONTROL_SAMPLES: list[C.ControlMessage] = [
     C.Mask((1 << 128) - 1),
     C.Ping(77),
     C.Pong(78),
+    C.Echo(5, 1_700_000_000_123_456),
+    C.EchoReply(5, 1_700_000_000_123_456),
+    C.Refresh(3, 1, 2, 35_000, ((FLOW.key, 1 << 32, 0), (b"k" * 16, 0, C.REFRESH_ADVERTISE))),
+    C.Prune((FLOW.key,)),
+    C.NotOnTree((FLOW.key, b"n" * 16)),
     C.Fault(C.FaultKind.LINK_DOWN, "r2", "link to r3 down", {"peer": "r3", "flow": "a1:10:1"}),
 ]
 
@@ -82,6 +87,13 @@ def control_fields(pkt: Any) -> tuple[Any, ...]:
         return (layer.mask,)
     if t in (C.MsgType.PING, C.MsgType.PONG):
         return (layer.epoch,)
+    if t in (C.MsgType.ECHO, C.MsgType.ECHO_REPLY):
+        return (layer.seq, layer.stamp)
+    if t is C.MsgType.REFRESH:
+        return (layer.round, layer.index, layer.count, layer.hold_ms,
+                tuple((e.key, e.mask, int(e.flags)) for e in layer.entries))
+    if t in (C.MsgType.PRUNE, C.MsgType.NOT_ON_TREE):
+        return tuple(k.key for k in layer.keys)
     return (layer.kind, layer.origin.decode(), layer.detail.decode(),
             {e.key.decode(): e.value.decode() for e in layer.extra})
 
@@ -104,6 +116,12 @@ def message_fields(msg: C.ControlMessage) -> tuple[Any, ...]:
         return (msg.mask,)
     if isinstance(msg, (C.Ping, C.Pong)):
         return (msg.epoch,)
+    if isinstance(msg, (C.Echo, C.EchoReply)):
+        return (msg.seq, msg.stamp)
+    if isinstance(msg, C.Refresh):
+        return (msg.round, msg.index, msg.count, msg.hold_ms, msg.entries)
+    if isinstance(msg, (C.Prune, C.NotOnTree)):
+        return msg.keys
     assert isinstance(msg, C.Fault)
     return (msg.kind, msg.origin, msg.detail, dict(msg.extra))
 

@@ -116,6 +116,14 @@ class SoftState(RouterState):
         for k in [k for k in self._notices if k[0] == link_id]:
             del self._notices[k]
 
+    def input_paused(self, link_id: int, paused: bool, now: float) -> None:
+        """The shell stopped (or resumed) reading *link_id* (input credit): while it does
+        not read, the peer's silence proves nothing, so liveness leaves the link alone."""
+        link = self.links.get(link_id)
+        if link is not None:
+            link.reading_paused = paused
+            link.heard = now
+
     # ------------------------------------------------------------------ messages
     def _on_soft(self, link: Link, msg: Any, now: float) -> list[Action]:
         """A link-local soft-state message (ECHO, ECHO_REPLY, REFRESH, PRUNE, NOT_ON_TREE)."""
@@ -283,7 +291,7 @@ class SoftState(RouterState):
 
     def _echo(self, link: Link, gen: int, now: float) -> list[Action]:
         p = self.p
-        silent = now - link.heard
+        silent = 0.0 if link.reading_paused else now - link.heard
         if silent > p.dead_after and (link.role is C.Role.ROUTER or link.speaks_liveness):
             self.counters["liveness.dead"] += 1
             reason = (f"peer silent for {silent:.1f}s (dead after {p.dead_after:g}s): hung or "

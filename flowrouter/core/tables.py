@@ -78,6 +78,8 @@ class Link:
     #: the peer speaks liveness (always true of routers); the hold time its digests ask for;
     #: when its last complete digest round arrived
     heard: float = 0.0
+    #: the shell stopped reading this link (input credit): its silence is ours, not the peer's
+    reading_paused: bool = False
     echo_at: float = 0.0  #: when we last sent an ECHO
     tx_at_echo: int = 0  #: ``tx`` then (data sent since tells the peer we live)
     rtt: float | None = None

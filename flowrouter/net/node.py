@@ -222,6 +222,7 @@ class RouterNode:
             if link is not None and getattr(link, "reading", False):
                 self.core.counters["credit.paused"] += 1
                 link.set_reading(False)
+                self.core.input_paused(origin, True, self.now())
 
     def _credit_release(self, origin: int, size: int) -> None:
         if not origin:
@@ -235,6 +236,7 @@ class RouterNode:
             link = self._links.get(origin)
             if link is not None and not getattr(link, "reading", True):
                 link.set_reading(True)
+                self.core.input_paused(origin, False, self.now())
 
     def _apply_emulation(self) -> None:
         """Give every up link the emulation configured for its peer (by name)."""

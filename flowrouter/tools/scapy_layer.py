@@ -45,6 +45,7 @@ from scapy.fields import (
     FieldLenField,
     FlagsField,
     IntField,
+    LongField,
     PacketListField,
     ShortField,
     StrFixedLenField,
@@ -373,11 +374,72 @@ class FlowFault(Packet):
     ]
 
 
+class FlowEcho(Packet):
+    """Link liveness probe (soft state); ECHO_REPLY copies both fields back."""
+
+    name = "FlowEcho"
+    fields_desc: ClassVar[list[AnyField]] = [IntField("seq", 0), LongField("stamp", 0)]
+
+
+class FlowEchoReply(Packet):
+    name = "FlowEchoReply"
+    fields_desc: ClassVar[list[AnyField]] = [IntField("seq", 0), LongField("stamp", 0)]
+
+
+class FlowRefreshEntry(_Sub):
+    name = "FlowRefreshEntry"
+    fields_desc: ClassVar[list[AnyField]] = [
+        StrFixedLenField("key", b"\0" * 16, 16),
+        BandMaskField("mask", 0),
+        FlagsField("flags", 0, 8, ["sibling", "advertise"]),
+    ]
+
+
+class FlowRefresh(Packet):
+    """One chunk of a refresh digest: (flow, band mask) pairs wanted from the receiver."""
+
+    name = "FlowRefresh"
+    fields_desc: ClassVar[list[AnyField]] = [
+        IntField("round", 0), ShortField("index", 0), ShortField("count", 1),
+        IntField("hold_ms", 0),
+        FieldLenField("n_entries", None, count_of="entries", fmt="!H"),
+        PacketListField("entries", [], FlowRefreshEntry, count_from=lambda p: p.n_entries),
+    ]
+
+
+class FlowKey(_Sub):
+    name = "FlowKey"
+    fields_desc: ClassVar[list[AnyField]] = [StrFixedLenField("key", b"\0" * 16, 16)]
+
+
+class FlowPrune(Packet):
+    """The sender dropped its state for these flows on this link."""
+
+    name = "FlowPrune"
+    fields_desc: ClassVar[list[AnyField]] = [
+        FieldLenField("n_keys", None, count_of="keys", fmt="!H"),
+        PacketListField("keys", [], FlowKey, count_from=lambda p: p.n_keys),
+    ]
+
+
+class FlowNotOnTree(Packet):
+    """The sender holds no state for these flows on this link."""
+
+    name = "FlowNotOnTree"
+    fields_desc: ClassVar[list[AnyField]] = [
+        FieldLenField("n_keys", None, count_of="keys", fmt="!H"),
+        PacketListField("keys", [], FlowKey, count_from=lambda p: p.n_keys),
+    ]
+
+
 CONTROL_LAYERS: dict[C.MsgType, type[Packet]] = {
     C.MsgType.HELLO: FlowHello, C.MsgType.ERROR: FlowError, C.MsgType.LS_ROUTES: FlowLsRoutes,
     C.MsgType.JOIN: FlowJoin, C.MsgType.JOIN_ACK: FlowJoinAck, C.MsgType.LEAVE: FlowLeave,
     C.MsgType.MASK: FlowMask, C.MsgType.PING: FlowPing, C.MsgType.PONG: FlowPong,
     C.MsgType.FAULT: FlowFault, C.MsgType.AUTH: FlowAuth, C.MsgType.POLICY: FlowPolicy,
+    C.MsgType.ECHO: FlowEcho, C.MsgType.ECHO_REPLY: FlowEchoReply,
+    C.MsgType.REFRESH: FlowRefresh, C.MsgType.PRUNE: FlowPrune,
+    C.MsgType.NOT_ON_TREE: FlowNotOnTree,
 }
 for _t, _cls in CONTROL_LAYERS.items():
     bind_layers(FlowControl, _cls, type=int(_t))
