@@ -25,6 +25,7 @@ from .rawep import addr, get, run
 LSID = 0x10
 ROOT = Path(__file__).resolve().parent.parent
 LIVENESS = dict(liveness_interval=0.5, dead_after=2.0)
+ACCEPT = ["*@127.0.0.1"]  #: routers dialling these test routers are accepted as routers
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -59,7 +60,8 @@ def test_udp_link_whose_first_hello_is_lost_comes_up() -> None:
             await until(lambda: a.core.counters["links.up"] == 0 and bool(a.core.links))
             await asyncio.sleep(0.3)
             b = RouterNode(NodeConfig("ub", listen="", udp=f"127.0.0.1:{port}",
-                                      core_lsids=frozenset({LSID}), **LIVENESS))
+                                      core_lsids=frozenset({LSID}), accept_routers=ACCEPT,
+                                      **LIVENESS))
             await b.start()
             await a.wait_peers_up(1, timeout=20)
             await b.wait_peers_up(1, timeout=20)
@@ -93,7 +95,8 @@ def test_a_hung_router_is_routed_around_and_rejoins_after_sigcont(tmp_path: Path
     fails over to edge, and core and edge drop their links to it within dead_after + 1 s;
     after SIGCONT it comes back and the tree still delivers."""
     async def main() -> None:
-        opts = dict(listen="127.0.0.1:0", tick_interval=0.05, **LIVENESS)
+        opts = dict(listen="127.0.0.1:0", tick_interval=0.05, accept_routers=ACCEPT,
+                    **LIVENESS)
         core = RouterNode(NodeConfig("core", core_lsids=frozenset({LSID}), **opts))
         await core.start()
         edge = RouterNode(NodeConfig("edge", peers=[PeerConfig(addr(core), "core")], **opts))
@@ -154,7 +157,8 @@ def test_a_hung_router_is_routed_around_and_rejoins_after_sigcont(tmp_path: Path
 
 def test_router_liveness_and_rtt_show_in_status() -> None:
     async def main() -> None:
-        opts = dict(listen="127.0.0.1:0", tick_interval=0.05, **LIVENESS)
+        opts = dict(listen="127.0.0.1:0", tick_interval=0.05, accept_routers=ACCEPT,
+                    **LIVENESS)
         core = RouterNode(NodeConfig("core", core_lsids=frozenset({LSID}), **opts))
         await core.start()
         edge = RouterNode(NodeConfig("edge", peers=[PeerConfig(addr(core), "core")], **opts))
