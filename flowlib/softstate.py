@@ -62,6 +62,7 @@ class SoftState(Sending):
         self._round_sent = 0
         self._round_count = 0
         self._round_started = 0.0
+        self._round_period = refresh_interval
 
     async def _open(self, addr: Address, timeout: float) -> None:
         await super()._open(addr, timeout)
@@ -103,26 +104,29 @@ class SoftState(Sending):
             self._write_control(LINK_KEY, BAND_MEMBERSHIP, C.Echo(
                 self._echo_seq, int(now * 1e6) & 0xFFFFFFFFFFFFFFFF))
         if now >= self._round_due:
-            self._round_due = now + self.refresh_interval
-            self._start_round(now)
+            self._round_due = now + self._start_round(now)
         if self._round_sent < self._round_count:
             self._send_chunks(now)
 
-    def _start_round(self, now: float) -> None:
+    def _start_round(self, now: float) -> float:
+        """Snapshot what we hold; returns the round's length (the refresh interval, longer
+        for a huge number of flows: see :func:`flowrouter.wire.control.refresh_period`)."""
         self._round = (self._round + 1) & 0xFFFFFFFF
         self._round_keys = [k for k, fs in self._flows.items() if fs.on_router and fs.wanted]
         per = C.refresh_capacity(self.max_payload)
         self._round_count = max(1, -(-len(self._round_keys) // per))
         self._round_sent = 0
         self._round_started = now
+        self._round_period = C.refresh_period(len(self._round_keys), self.refresh_interval)
         self.counters["refresh.rounds"] += 1
+        return self._round_period
 
     def _send_chunks(self, now: float) -> None:
         per = C.refresh_capacity(self.max_payload)
-        span = self.refresh_interval * SPREAD
+        span = self._round_period * SPREAD
         due = min(self._round_count,
                   1 + int(self._round_count * (now - self._round_started) / span))
-        hold_ms = int(self.refresh_interval * C.DEFAULT_HOLD_FACTOR * 1000)
+        hold_ms = int(self._round_period * C.DEFAULT_HOLD_FACTOR * 1000)
         while self._round_sent < due:
             i = self._round_sent
             entries = []

@@ -42,6 +42,8 @@ class RouterParams:
     dead_after: float = C.DEFAULT_DEAD_AFTER
     refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL
     hold_factor: float = C.DEFAULT_HOLD_FACTOR
+    #: digest entries a second toward one neighbour at most (larger tables: longer rounds)
+    max_refresh_rate: float = C.MAX_REFRESH_RATE
     join_timeout: float = 5.0  #: seconds an upstream join may stay unanswered
     max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for

@@ -73,6 +73,7 @@ class TxRound:
     per_chunk: int
     count: int
     started: float
+    period: float  #: this round's length (the refresh interval, longer for huge tables)
     sent: int = 0
 
 
@@ -275,8 +276,8 @@ class SoftState(RouterState):
             if kind == _ECHO:
                 out += self._echo(link, gen, now)
             elif kind == _ROUND:
-                self._start_round(link, now)
-                self.wheel.schedule(item, now + self.p.refresh_interval)
+                period = self._start_round(link, now)
+                self.wheel.schedule(item, now + period)
                 # the LS route vector is soft state too: sent on change, repeated here so a
                 # lost update cannot leave a neighbour with a stale route
                 vector = C.LsRoutes(self.routing.vector_for(lid))
@@ -313,7 +314,7 @@ class SoftState(RouterState):
         stamp = int(now * 1e6) & 0xFFFFFFFFFFFFFFFF
         return [_link_msg(link.link_id, C.Echo(link.echo_seq, stamp))]
 
-    def _start_round(self, link: Link, now: float) -> None:
+    def _start_round(self, link: Link, now: float) -> float:
         """Snapshot the flows we want from this upstream neighbour; chunks follow, spread
         over the interval and built from the entries as they are when sent."""
         lid = link.link_id
@@ -331,20 +332,21 @@ class SoftState(RouterState):
         if count > 0xFFFF:  # pragma: no cover - over 67 million flows on one link
             per = -(-len(keys) // 0xFFFF)
             count = -(-len(keys) // per)
-        self._soft_tx[lid] = TxRound(self._soft_round, keys, per, count, now)
+        period = C.refresh_period(len(keys), self.p.refresh_interval, self.p.max_refresh_rate)
+        self._soft_tx[lid] = TxRound(self._soft_round, keys, per, count, now, period)
         self.counters["refresh.rounds-sent"] += 1
         if self._tracing:
             self.tracer.refresh(now, lid, "sent", len(keys), count)
+        return period
 
     def _send_chunks(self, now: float) -> list[Action]:
         out: list[Action] = []
-        span = self.p.refresh_interval * SPREAD
-        hold_ms = min(0xFFFFFFFF, int(self.p.hold * 1000))
         for lid, tx in list(self._soft_tx.items()):
             if lid not in self.links:
                 del self._soft_tx[lid]
                 continue
-            due = min(tx.count, 1 + int(tx.count * (now - tx.started) / span))
+            hold_ms = min(0xFFFFFFFF, int(self.p.hold_factor * tx.period * 1000))
+            due = min(tx.count, 1 + int(tx.count * (now - tx.started) / (tx.period * SPREAD)))
             while tx.sent < due:
                 out.append(_link_msg(lid, self._chunk(lid, tx, tx.sent, hold_ms)))
                 tx.sent += 1

@@ -31,6 +31,7 @@ Example (every key optional except ``router.name``)::
     dead_after = 3.0              # a peer silent this long is a failed link
     refresh_interval = 10.0       # a refresh digest round toward each upstream this often
     hold_factor = 3.5             # state not refreshed for hold_factor x refresh_interval goes
+    max_refresh_rate = 20000      # digest entries/s per link at most (huge tables: longer rounds)
     epoch = 5.0                   # seconds per epoch (trace snapshots)
     # ping_after, delete_after: the seed's per-flow ping GC; accepted and ignored
 
@@ -197,6 +198,7 @@ class NodeConfig:
     dead_after: float = 3.0
     refresh_interval: float = 10.0
     hold_factor: float = 3.5
+    max_refresh_rate: float = 20_000.0
     join_timeout: float = 5.0
     max_flows: int = 1_000_000
     tick_interval: float = 0.25
@@ -302,6 +304,7 @@ class NodeConfig:
                 gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,
                 liveness_interval=self.liveness_interval, dead_after=self.dead_after,
                 refresh_interval=self.refresh_interval, hold_factor=self.hold_factor,
+                max_refresh_rate=self.max_refresh_rate,
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
                 quota=self.quota, accept_routers=self.accepted_routers(),
@@ -318,7 +321,7 @@ _ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "de
                 "accept_routers"}
 _QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
 _GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
-            "refresh_interval", "hold_factor"}
+            "refresh_interval", "hold_factor", "max_refresh_rate"}
 _PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
 
@@ -382,7 +385,8 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
         kw["gc_ping_after"] = int(gc["ping_after"])
     if "delete_after" in gc:
         kw["gc_delete_after"] = int(gc["delete_after"])
-    for key in ("liveness_interval", "dead_after", "refresh_interval", "hold_factor"):
+    for key in ("liveness_interval", "dead_after", "refresh_interval", "hold_factor",
+                "max_refresh_rate"):
         if key in gc:
             try:
                 kw[key] = float(gc[key])

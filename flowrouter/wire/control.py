@@ -325,6 +325,16 @@ DEFAULT_LIVENESS_INTERVAL = 1.0
 DEFAULT_DEAD_AFTER = 3.0
 DEFAULT_REFRESH_INTERVAL = 10.0
 DEFAULT_HOLD_FACTOR = 3.5
+#: digest entries per second one node sends on one link at most: a round over a large table
+#: takes longer than the refresh interval rather than costing more than a few per cent of a
+#: core (the hold time the digest announces grows with it)
+MAX_REFRESH_RATE = 20_000
+
+
+def refresh_period(entries: int, interval: float, max_rate: float = MAX_REFRESH_RATE) -> float:
+    """Seconds one digest round of *entries* flows takes: the refresh interval, or longer
+    when sending them within it would exceed *max_rate* entries a second."""
+    return max(interval, entries / max_rate) if max_rate > 0 else interval
 
 REFRESH_SIBLING = 0x01  #: the entry is a location-service member's subtree mask (core mesh)
 REFRESH_ADVERTISE = 0x02  #: the sender only sends on the flow (mask 0 is an advertisement)
