@@ -282,3 +282,22 @@ def test_a_tick_does_not_walk_the_flow_table():
     r.flows = NoWalk(r.flows)
     net.run(until=20.0, step=0.1)  # echoes, digest receipt, hold sweeps: no table walk
     assert len(r.flows) == 900
+
+
+def test_a_mass_expiry_is_spread_over_ticks(monkeypatch):
+    from flowrouter.core import softstate
+
+    monkeypatch.setattr(softstate, "EXPIRE_PER_TICK", 100)
+    net = CoreNet(**SOFT)
+    r = net.router("r", core_lsids=frozenset({LSID}))
+    e = net.endpoint("e", "r", silent=True)  # never refreshes
+    for i in range(1, 501):
+        e.join(flow(LSID, i), [32], pump=False)
+    net.pump()
+    per_tick = []
+    while r.flows and net.now < 20.0:
+        before = len(r.flows)
+        net.tick(round(net.now + 0.25, 9))
+        per_tick.append(before - len(r.flows))
+    assert not r.flows and r.counters["gc.links-collected"] == 500
+    assert max(per_tick) == 100 and sum(1 for n in per_tick if n) >= 5

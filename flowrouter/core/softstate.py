@@ -58,6 +58,8 @@ _ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, lin
 #: share of the refresh interval a round's chunks are spread over (the rest is slack, so a
 #: round always ends before the next begins)
 SPREAD = 0.8
+#: (flow, link) pairs one tick expires at most (the rest wait for the next ticks)
+EXPIRE_PER_TICK = 5000
 #: an ECHO goes out at least every this many liveness intervals, even on a busy link
 RTT_EVERY = 10
 #: bounds on the hold time a neighbour may ask for (seconds)
@@ -112,6 +114,7 @@ class SoftState(RouterState):
 
     def _soft_link_closed(self, link_id: int) -> None:
         self._soft_gen.pop(link_id, None)
+        self._expiring.pop(link_id, None)
         self._soft_tx.pop(link_id, None)
         self._soft_rx.pop(link_id, None)
         for k in [k for k in self._notices if k[0] == link_id]:
@@ -374,17 +377,34 @@ class SoftState(RouterState):
         never refreshes): collect what the hold time says has expired, and PRUNE it."""
         lid = link.link_id
         hold = link.hold or self.p.hold
-        self.wheel.schedule((_HOLD, lid, gen), now + hold / 2)
-        if not link.downstream or now - max(link.round_done_at, link.opened_at) < hold:
-            return []  # nothing downstream, or its rounds complete: nothing is overdue
-        out: list[Action] = []
         flows = self.flows
         limit = now - hold
-        stale = [key for key in link.dependent
-                 if (e := flows.get(key)) is not None and lid in e.traffic
-                 and e.traffic[lid] <= limit]
-        for key in sorted(stale):  # sorted: the same order in every process
-            entry = flows[key]
+        queue = self._expiring.get(lid)
+        if not queue:
+            self.wheel.schedule((_HOLD, lid, gen), now + hold / 2)
+            if not link.downstream or now - max(link.round_done_at, link.opened_at) < hold:
+                return []  # nothing downstream, or its rounds complete: nothing is overdue
+            stale = [key for key in link.dependent
+                     if (e := flows.get(key)) is not None and lid in e.traffic
+                     and e.traffic[lid] <= limit]
+            if not stale:
+                return []
+            stale.sort()  # the same order in every process
+            queue = self._expiring[lid] = stale
+            queue.reverse()  # popped from the end: oldest key first
+        # a mass expiry is spread over ticks, EXPIRE_PER_TICK pairs each, so one tick never
+        # blocks the event loop for long
+        batch = [queue.pop() for _ in range(min(EXPIRE_PER_TICK, len(queue)))]
+        if queue:
+            self.wheel.schedule((_HOLD, lid, gen), now)  # the rest at the next tick
+        else:
+            self._expiring.pop(lid, None)
+        out: list[Action] = []
+        for key in batch:
+            entry = flows.get(key)
+            if (entry is None or lid not in entry.down
+                    or entry.traffic.get(lid, now) > limit):
+                continue  # refreshed (or gone) since the sweep began
             self._drop_down(entry, key, lid, "expired", now)
             self.counters["gc.links-collected"] += 1
             if not entry.down:

@@ -66,6 +66,8 @@ class RouterState:
         self._soft_rx: dict[int, Any] = {}
         self._soft_gen: dict[int, int] = {}
         self._notices: dict[tuple[int, int], set[bytes]] = {}
+        #: per link: keys a hold-time sweep found expired, still to collect (a few a tick)
+        self._expiring: dict[int, list[bytes]] = {}
         self._orphan_retry_at = now
         #: recent tripped limits, newest last (shown by the status query)
         self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
