@@ -138,8 +138,9 @@ class FastPath:
         Returns ``(pos, stop, outputs)``: where it stopped and why (``STOP_END``: all done;
         ``STOP_PARTIAL``: an incomplete frame starts at *pos*; ``STOP_SLOW``: the frame at
         *pos* is the core's), and ``[(link, frames, count)]`` to write, in order. Counters,
-        per-link transmit counts, traffic epochs and trace sampling are brought up to date,
-        exactly as the core would have for the same frames.
+        per-link transmit counts and trace sampling are brought up to date, exactly as the
+        core would have for the same frames. (The engines also report which flows' downstream
+        links sent data; soft state no longer counts data as a refresh, so that is unused.)
         """
         r = self.router
         if r._policies_active:
@@ -149,14 +150,13 @@ class FastPath:
         tr = r.tracer
         counters = r.counters
         links = r.links
-        flows = r.flows
         stats = self.stats
         outputs: list[tuple[int, bytes, int]] = []
         at, attempts = -1, 0
         while True:
             stats["calls"] += 1
             fb, db = (tr.fwd_left, tr.drop_left) if tracing else (_NO_BUDGET, _NO_BUDGET)
-            pos, stop, outs, touched, counts = eng.forward(link_id, data, pos, fb, db,
+            pos, stop, outs, _touched, counts = eng.forward(link_id, data, pos, fb, db,
                                                            max_payload)
             if outs:
                 outputs += outs
@@ -170,12 +170,6 @@ class FastPath:
             if tracing:
                 tr.fwd_left -= counts[6]
                 tr.drop_left -= counts[7]
-            if touched:
-                epoch = r.epoch
-                for key in touched:
-                    entry = flows.get(key)
-                    if entry is not None:
-                        entry.traffic[link_id] = epoch
             if stop in (STOP_MISS_FLOW, STOP_MISS_LINK):
                 if pos != at:
                     at, attempts = pos, 0
