@@ -384,27 +384,22 @@ class SoftState(RouterState):
             self.wheel.schedule((_HOLD, lid, gen), now + hold / 2)
             if not link.downstream or now - max(link.round_done_at, link.opened_at) < hold:
                 return []  # nothing downstream, or its rounds complete: nothing is overdue
-            stale = [key for key in link.dependent
-                     if (e := flows.get(key)) is not None and lid in e.traffic
-                     and e.traffic[lid] <= limit]
-            if not stale:
-                return []
-            stale.sort()  # the same order in every process
-            queue = self._expiring[lid] = stale
-            queue.reverse()  # popped from the end: oldest key first
-        # a mass expiry is spread over ticks, EXPIRE_PER_TICK pairs each, so one tick never
-        # blocks the event loop for long
-        batch = [queue.pop() for _ in range(min(EXPIRE_PER_TICK, len(queue)))]
+            # the link's flows are the candidates; they are checked EXPIRE_PER_TICK at a
+            # time, tick after tick, so neither the scan nor the expiry of a huge table
+            # blocks the event loop for long
+            queue = self._expiring[lid] = list(link.dependent)
+        batch = queue[-EXPIRE_PER_TICK:]
+        del queue[-EXPIRE_PER_TICK:]
         if queue:
             self.wheel.schedule((_HOLD, lid, gen), now)  # the rest at the next tick
         else:
             self._expiring.pop(lid, None)
+        stale = [key for key in batch
+                 if (e := flows.get(key)) is not None and lid in e.down
+                 and e.traffic.get(lid, now) <= limit]
         out: list[Action] = []
-        for key in batch:
-            entry = flows.get(key)
-            if (entry is None or lid not in entry.down
-                    or entry.traffic.get(lid, now) > limit):
-                continue  # refreshed (or gone) since the sweep began
+        for key in sorted(stale):  # sorted: the same order in every process
+            entry = flows[key]
             self._drop_down(entry, key, lid, "expired", now)
             self.counters["gc.links-collected"] += 1
             if not entry.down:
