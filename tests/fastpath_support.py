@@ -51,7 +51,7 @@ def why_not() -> str:
 def _build() -> ModuleType | None:
     out = Path(tempfile.mkdtemp(prefix="flownet-fastpath-build-"))
     proc = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out / "lib"),
+        [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_ext", "--build-lib", str(out / "lib"),
          "--build-temp", str(out / "tmp")], cwd=REPO, capture_output=True, text=True,
         timeout=300)
     found = list((out / "lib").rglob("_fastpath*.so")) + list((out / "lib").rglob(
