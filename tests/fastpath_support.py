@@ -51,9 +51,9 @@ def why_not() -> str:
 def _build() -> ModuleType | None:
     out = Path(tempfile.mkdtemp(prefix="flownet-fastpath-build-"))
     proc = subprocess.run(
-        [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_ext", "--build-lib", str(out / "lib"),
-         "--build-temp", str(out / "tmp")], cwd=REPO, capture_output=True, text=True,
-        timeout=300)
+        [sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_ext",
+         "--build-lib", str(out / "lib"), "--build-temp", str(out / "tmp")],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
     found = list((out / "lib").rglob("_fastpath*.so")) + list((out / "lib").rglob(
         "_fastpath*.pyd"))
     if proc.returncode != 0 or not found:
