@@ -48,9 +48,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from flowrouter.wire import control as C  # noqa: E402
 from flowrouter.core.router import Router, RouterParams, Send  # noqa: E402
 from flowrouter.core.tables import FlowEntry  # noqa: E402
+from flowrouter.wire import control as C  # noqa: E402
 from flowrouter.wire.bands import BAND_MEMBERSHIP  # noqa: E402
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
 from flowrouter.wire.header import HEADER_SIZE, pack_header  # noqa: E402

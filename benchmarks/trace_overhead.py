@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flowrouter.wire import control as C  # noqa: E402
 from flowrouter.core.router import Router, RouterParams  # noqa: E402
 from flowrouter.core.traces import NULL_TRACER, TraceWriter  # noqa: E402
+from flowrouter.wire import control as C  # noqa: E402
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
 from flowrouter.wire.header import pack_header  # noqa: E402
 
