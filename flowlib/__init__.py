@@ -49,6 +49,7 @@ from .errors import (
 )
 from .fragment import DEFAULT_MAX_MESSAGE_SIZE
 from .heartbeat import Heartbeat, MembershipChange, Peer, PeerState
+from .members import Member, MemberUpdate, MemberView, MemberWatch
 from .message import Message, decode_fault
 from .queue import DEFAULT_QUEUE_SIZE, Listener, Overflow
 from .sync import SyncFlowClient, flow_connect
@@ -57,6 +58,7 @@ __all__ = [
     # async API
     "connect", "FlowClient", "Listener", "Message", "Overflow", "decode_fault", "listen_mask",
     "FailoverEvent", "Heartbeat", "MembershipChange", "Peer", "PeerState",
+    "Member", "MemberUpdate", "MemberView", "MemberWatch",
     # sync facade
     "flow_connect", "SyncFlowClient",
     # errors

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_MEMBERSHIP
+from flowrouter.wire.bands import BAND_APP_MEMBERSHIP, BAND_MEMBERSHIP
+from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 
 from .checks import (
@@ -64,7 +65,9 @@ from .fragment import (
     DEFAULT_REASSEMBLY_TIMEOUT,
     FRAGMENT_HEADER_SIZE,
 )
+from .members import MemberWatch
 from .notices import DEFAULT_NOTICE_EVERY, DEFAULT_NOTICE_INTERVAL, NoticeLimiter
+from .queue import DEFAULT_QUEUE_SIZE
 from .softstate import SoftState
 
 
@@ -131,6 +134,22 @@ class FlowClient(SoftState):
         self._init_sending(fragment_size=fragment_size)
         self._init_softstate(liveness_interval=liveness_interval, dead_after=dead_after,
                              refresh_interval=refresh_interval)
+
+    async def watch_members(self, flow: FlowID | str, *, timeout: float | None = None,
+                            size: int = DEFAULT_QUEUE_SIZE) -> MemberWatch:
+        """Follow *flow*'s members: listen on band 19 (application membership), where the
+        routers report their applications' joins, mask changes and leaves, and return a
+        :class:`~flowlib.members.MemberWatch` holding the current view (``.members``) and
+        yielding each change (``async for change in watch``). ``watch.close()`` stops it.
+        """
+        lst = await self.listen(flow, BAND_APP_MEMBERSHIP, size=size, timeout=timeout,
+                                name="members")
+
+        async def unlisten() -> None:
+            if not self.closed:
+                await self.unlisten(lst)
+
+        return MemberWatch(lst.flow, lst, on_close=unlisten)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Leave every flow politely and close the link.

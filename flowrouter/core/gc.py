@@ -47,6 +47,7 @@ class GarbageCollection(RouterState):
             self._orphan_retry_at = now + p.refresh_interval
             out += self._retry_orphans(now)
         out += self._soft_tick(now)
+        out += self._member_notices(now)
         return out
 
     def _join_timeouts(self, now: float) -> list[Action]:

@@ -124,7 +124,7 @@ class Links(RouterState):
             else:
                 if entry.sib:
                     entry.sib.pop(link_id, None)
-                self._drop_down(entry, key, link_id, "link-down", now)
+                self._drop_down(entry, key, link_id, "link-down", now, link)
                 entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
             if key in self.flows:
                 # Router links carry whole subtrees: their loss is news for every member.

@@ -16,6 +16,7 @@ from flowrouter.core.actions import Action, Send
 from flowrouter.core.state import RouterState, log
 from flowrouter.core.tables import FlowEntry, Link
 from flowrouter.wire import control as C
+from flowrouter.wire.appmembers import MemberEvent
 from flowrouter.wire.bands import BAND_FAULT, BAND_LS
 from flowrouter.wire.flowid import flow_text, key_lsid
 from flowrouter.wire.header import DEFAULT_TTL, pack_header
@@ -77,8 +78,11 @@ class Membership(RouterState):
                                  "mask" if lid in entry.down else "join", link.role)
         if lid not in entry.down:
             link.downstream += 1
+        old = entry.down.get(lid)
         entry.down[lid] = msg.mask
         entry.traffic[lid] = now
+        self._member_changed(key, link, MemberEvent.JOIN if old is None else MemberEvent.MASK,
+                             msg.mask, old or 0)
         link.dependent.add(key)
         entry.recompute()
         self._entry_changed(key)
@@ -165,8 +169,10 @@ class Membership(RouterState):
             return []
         if self._tracing:
             self.tracer.link_add(now, key, link.link_id, msg.mask, "mask", link.role)
+        old = entry.down[link.link_id]
         entry.down[link.link_id] = msg.mask
         entry.traffic[link.link_id] = now
+        self._member_changed(key, link, MemberEvent.MASK, msg.mask, old)
         entry.recompute()
         self._entry_changed(key)
         return self._push_mask(key, entry)
@@ -203,7 +209,9 @@ class Membership(RouterState):
         return [self._control(entry.upstream, key, C.Mask(entry.agg))]
 
     def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int, cause: str,
-                   now: float) -> None:
+                   now: float, gone: Link | None = None) -> None:
+        """Take *link_id* out of the entry (*gone*: the link itself, when it has already
+        left the link table because it closed)."""
         mask = entry.down.pop(link_id, None)
         last = entry.traffic.pop(link_id, None)
         if self._tracing and mask is not None:
@@ -215,6 +223,8 @@ class Membership(RouterState):
             link.dependent.discard(key)
             if mask is not None:
                 link.downstream -= 1
+        if mask is not None:
+            self._member_changed(key, link or gone, MemberEvent.LEAVE, 0)
         entry.recompute()
         self._entry_changed(key)
 

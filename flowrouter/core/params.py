@@ -64,10 +64,23 @@ class RouterParams:
     #: locality costs of links to applications (accepted links from routers adopt the
     #: costs the dialling router announces)
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
+    #: application membership on band 19 (flowrouter.core.appmembers): seconds between a
+    #: flow's notices (0: no notices), seconds between snapshots of local members (0: only
+    #: when a local application starts listening), changes per notice, notices per tick.
+    #: Off in the bare core (tests and the simulator turn it on); the daemon's config turns
+    #: it on by default (flowrouter.net.config).
+    member_notice_interval: float = 0.0
+    member_refresh: float = 30.0
+    member_notice_max: int = 100
+    member_notices_per_tick: int = 100
 
     def __post_init__(self) -> None:
         if not self.gc_delete_after > self.gc_ping_after >= 1:
             raise ValueError("GC thresholds need 1 <= gc_ping_after (T1) < gc_delete_after (T2)")
+        if (self.member_notice_interval < 0 or self.member_refresh < 0
+                or not 1 <= self.member_notice_max <= 512 or self.member_notices_per_tick < 1):
+            raise ValueError("membership notices need interval >= 0, refresh >= 0, "
+                             "1 <= changes per notice <= 512, notices per tick >= 1")
         if self.epoch_length <= 0:
             raise ValueError("epoch_length must be positive")
         if not self.liveness_interval > 0 or not self.refresh_interval > 0:

@@ -31,7 +31,8 @@ that do the work, one job each, all over the shared :class:`~flowrouter.core.sta
 * :mod:`~flowrouter.core.gc` — the clock: epochs, time-outs, orphan retries;
 * :mod:`~flowrouter.core.softstate` — link liveness (ECHO), refresh digests, hold times,
   PRUNE and NOT_ON_TREE: the soft state that repairs itself (DESIGN.md section 14);
-* :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts.
+* :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts;
+* :mod:`~flowrouter.core.appmembers` — applications' joins and leaves, told on band 19.
 
 This module is the core's public face (``Router``, ``RouterParams`` and the actions
 ``Send``, ``Close``, ``Secure``). May import :mod:`flowrouter.wire` and the rest of the core.
@@ -43,6 +44,7 @@ from typing import Any
 
 from flowrouter.core.actions import Action, Close, Secure, Send
 from flowrouter.core.admission import Admission
+from flowrouter.core.appmembers import AppMembership
 from flowrouter.core.forwarding import Forwarding
 from flowrouter.core.gc import GarbageCollection
 from flowrouter.core.links import Links
@@ -61,7 +63,7 @@ __all__ = ["Action", "Close", "Router", "RouterParams", "Secure", "Send"]
 
 
 class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftState,
-             Admission, RouterState):
+             Admission, AppMembership, RouterState):
     """One overlay router's state machine."""
 
     def receive(self, link_id: int, header: memoryview | bytes, payload: memoryview | bytes,

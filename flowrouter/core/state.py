@@ -1,10 +1,10 @@
 """RouterState: the tables and counters every part of the router shares.
 
 The :class:`~flowrouter.core.router.Router` is assembled from parts with one job each
-(links, forwarding, membership, lsexchange, gc, admission); each part is a class over this
-shared state, and the Router inherits them all, so the hot path calls plain methods with no
-per-message indirection. This module holds the state, the one helper every part uses to build
-a control frame, and, for the type checker only, the calls parts make into each other (each
+(links, forwarding, membership, lsexchange, gc, admission, appmembers); each part is a class
+over this shared state, and the Router inherits them all, so the hot path calls plain methods
+with no per-message indirection. This module holds the state, the one helper every part uses
+to build a control frame, and, for the type checker only, the calls parts make into each other (each
 one is implemented by the part named beside it).
 
 May import :mod:`flowrouter.wire` and the core's data modules (tables, lsroutes, tracers,
@@ -95,6 +95,14 @@ class RouterState:
         #: the forwarding fast path's mirror of our tables (flowrouter.core.fastpath), told
         #: of every change to an entry or link; None while no fast path is attached
         self.fib: Any = None
+        #: application membership (flowrouter.core.appmembers): pending changes per flow
+        #: (link -> latest change), flows owing a snapshot, when each flow's last snapshot went
+        self._member_changes: dict[bytes, dict[int, Any]] = {}
+        self._member_snapshot_due: set[bytes] = set()
+        self._member_refresh_at: dict[bytes, float] = {}
+        self._member_last = now
+        self._member_clock = now
+        self._member_seq = 0
 
     def _entry_changed(self, key: bytes) -> None:
         """Any change to the route entry of *key* (links, masks, upstream, removal): the
@@ -121,7 +129,7 @@ class RouterState:
         def _join_failed(self, key: bytes, entry: FlowEntry,  # membership
                          status: C.JoinStatus, reason: str, now: float) -> list[Action]: ...
         def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int,  # membership
-                       cause: str, now: float) -> None: ...
+                       cause: str, now: float, gone: Link | None = ...) -> None: ...
         def _after_change(self, key: bytes, entry: FlowEntry, now: float,  # membership
                           cause: str) -> list[Action]: ...
         def _remove_entry(self, key: bytes, entry: FlowEntry, cause: str,  # membership
@@ -141,6 +149,9 @@ class RouterState:
         def _hello_on_up_link(self, link: Link, now: float) -> list[Action]: ...  # links
         def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership
                         fault: C.Fault) -> list[Action]: ...
+        def _member_changed(self, key: bytes, link: Link | None,  # appmembers
+                            event: Any, mask: int, old_mask: int = ...) -> None: ...
+        def _member_notices(self, now: float) -> list[Action]: ...  # appmembers
         def _authorize_join(self, link: Link, key: bytes, msg: C.Join,  # admission
                             now: float) -> str | None: ...
         def _over_quota(self, link: Link, key: bytes, msg: C.Join,  # admission

@@ -15,6 +15,8 @@ Example (every key optional except ``router.name``)::
     slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
     slow_consumer_stall = 1.0     # seconds without progress before an output holds no credit
     frame_timeout = 30.0          # seconds a started frame may take to arrive in full
+    member_notice_interval = 1.0  # band-19 membership notices: at most one per flow per this
+    member_refresh = 30.0         #   many seconds; snapshots of local members this often
     control_token = "file:/etc/flownet/control.token"  # commands need proof (see below)
     # routers this one accepts links from without link keys, besides its peers: "name@host"
     # ("*@host": any router name from that host, for hosts you control)
@@ -206,6 +208,10 @@ class NodeConfig:
     reconnect_max: float = 5.0
     udp_idle_timeout: float = 30.0
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
+    #: application membership notices on band 19 (flowrouter.core.appmembers): seconds
+    #: between a flow's notices (0: off) and between snapshots of local members
+    member_notice_interval: float = 1.0
+    member_refresh: float = 30.0
     peers: list[PeerConfig] = field(default_factory=list)
     emulation: dict[str, Emulation] = field(default_factory=dict)  #: peer name -> emulation
     #: link authentication: key id -> secret spec (see flowrouter.wire.linkauth); empty: none
@@ -308,7 +314,9 @@ class NodeConfig:
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
                 quota=self.quota, accept_routers=self.accepted_routers(),
-                endpoint_modifiers=self.endpoint_modifiers)
+                endpoint_modifiers=self.endpoint_modifiers,
+                member_notice_interval=self.member_notice_interval,
+                member_refresh=self.member_refresh)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -318,7 +326,7 @@ _ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "de
                 "join_timeout", "max_flows", "tick_interval", "reconnect_min", "reconnect_max",
                 "udp_idle_timeout", "endpoint_locality", "slow_consumer_bytes",
                 "slow_consumer_grace", "slow_consumer_stall", "frame_timeout", "control_token",
-                "accept_routers"}
+                "accept_routers", "member_notice_interval", "member_refresh"}
 _QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
 _GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
             "refresh_interval", "hold_factor", "max_refresh_rate"}
@@ -360,7 +368,7 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
                 "link_credit", "max_flows_per_endpoint", "join_timeout", "max_flows",
                 "tick_interval", "reconnect_min", "reconnect_max", "udp_idle_timeout",
                 "slow_consumer_bytes", "slow_consumer_grace", "slow_consumer_stall",
-                "frame_timeout", "control_token"):
+                "frame_timeout", "control_token", "member_notice_interval", "member_refresh"):
         if key in router:
             kw[key] = router[key] if router[key] != "" else None
     if "accept_routers" in router:

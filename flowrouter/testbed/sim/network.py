@@ -216,16 +216,19 @@ class SimNetwork:
                    join_timeout: float = 5.0, max_payload: int = DEFAULT_MAX_PAYLOAD,
                    max_flows: int = 1_000_000, default_lsid: int = 0,
                    site: str | None = None, node_id: int | None = None,
+                   member_notices: float = 0.0, member_refresh: float = 30.0,
                    **soft: Any) -> Router:
         """A router; *soft* sets its soft-state timing (``liveness_interval``,
-        ``dead_after``, ``refresh_interval``, ``hold_factor``: see RouterParams)."""
+        ``dead_after``, ``refresh_interval``, ``hold_factor``: see RouterParams);
+        *member_notices* the interval of its band-19 membership notices (0: off)."""
         self._check_new_name(name)
         params = RouterParams(
             name=name, node_id=node_id if node_id is not None else node_id_for(name),
             max_payload=max_payload, core_lsids=frozenset(core_lsids),
             default_lsid=default_lsid, routes=dict(routes or {}), default_route=default_route,
             epoch_length=epoch, gc_ping_after=ping_after, gc_delete_after=delete_after,
-            join_timeout=join_timeout, max_flows=max_flows, **soft)
+            join_timeout=join_timeout, max_flows=max_flows,
+            member_notice_interval=member_notices, member_refresh=member_refresh, **soft)
         router = self.router_factory(params, self.now)
         node = RouterNode(self, router, site)
         self.routers[name] = router

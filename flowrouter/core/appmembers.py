@@ -1,0 +1,159 @@
+"""Application membership: joins and leaves of a router's applications, told on band 19.
+
+Seed 002 section 3.4 wants membership changes visible to applications. Each router reports
+only its *own* applications (endpoint links) of a flow; the notices travel as ordinary frames
+of the flow on :data:`~flowrouter.wire.bands.BAND_APP_MEMBERSHIP`, so the routers' usual
+forwarding (band masks, the shared tree) takes them to every application listening on band
+19 and to no one else downstream. Format: :mod:`flowrouter.wire.appmembers`.
+
+Aggregation, so a large flow does not flood: changes are collected per flow and sent at most
+once per ``member_notice_interval`` seconds per flow and router, one batch holding every
+change of the interval (the latest change per application wins: a join and a leave within
+one interval are reported as the leave). A notice holds at most ``member_notice_max``
+changes, so a larger batch goes as several notices. At most ``member_notices_per_tick``
+notices leave per tick; what does not fit waits for the next interval (counted
+``appmembers.deferred``; the last notice sent says how many changes it left out).
+
+Snapshots (every local member) go out when a local application starts listening on band 19
+(so a new listener learns this router's members at once) and every ``member_refresh``
+seconds while the flow has local members (so listeners elsewhere learn of them within one
+refresh: soft state, as everything else in the router). A snapshot replaces what a receiver
+held for this router; members of a router whose snapshots stop coming expire at receivers
+after three refresh intervals.
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables);
+never another part.
+"""
+
+from __future__ import annotations
+
+from flowrouter.core.actions import Action, Send
+from flowrouter.core.state import RouterState
+from flowrouter.core.tables import FlowEntry, Link
+from flowrouter.wire import control as C
+from flowrouter.wire.appmembers import (
+    MemberChange,
+    MemberEvent,
+    MemberNotice,
+    NoticeKind,
+)
+from flowrouter.wire.bands import BAND_APP_MEMBERSHIP
+from flowrouter.wire.header import DEFAULT_TTL, pack_header
+
+_BIT = 1 << BAND_APP_MEMBERSHIP
+
+
+class AppMembership(RouterState):
+    """Collects local membership changes per flow and sends them as band-19 notices."""
+
+    def _member_changed(self, key: bytes, link: Link | None, event: MemberEvent, mask: int,
+                        old_mask: int = 0) -> None:
+        """An application link joined, changed its mask on, or left flow *key*."""
+        if (link is None or link.role is not C.Role.ENDPOINT
+                or not self.p.member_notice_interval):
+            return
+        auth = link.auth
+        name = link.peer_name if auth is not None and auth.authenticated else ""
+        changes = self._member_changes.setdefault(key, {})
+        if event is MemberEvent.MASK and link.link_id in changes:
+            prev = changes[link.link_id].event
+            if prev is MemberEvent.JOIN:
+                event = MemberEvent.JOIN
+        changes[link.link_id] = MemberChange(event, link.peer_node_id, mask, name)
+        if mask & _BIT and not old_mask & _BIT:
+            self._member_snapshot_due.add(key)  # a new local listener: tell it who is here
+        self._member_refresh_at.setdefault(key, self._member_clock)
+
+    def _member_notices(self, now: float) -> list[Action]:
+        """Called every tick: send what is due (batched per interval, bounded per tick)."""
+        p = self.p
+        self._member_clock = now
+        if not p.member_notice_interval:
+            return []
+        if now - self._member_last < p.member_notice_interval:
+            return []
+        self._member_last = now
+        due = set(self._member_changes) | self._member_snapshot_due
+        if p.member_refresh:
+            for key, at in list(self._member_refresh_at.items()):
+                if now - at >= p.member_refresh:
+                    due.add(key)
+                    self._member_snapshot_due.add(key)
+        out: list[Action] = []
+        budget = p.member_notices_per_tick
+        for key in sorted(due):
+            entry = self.flows.get(key)
+            if budget <= 0:
+                self.counters["appmembers.deferred"] += 1
+                continue
+            changes = self._member_changes.pop(key, {})
+            snapshot = key in self._member_snapshot_due
+            self._member_snapshot_due.discard(key)
+            if entry is None:
+                self._member_refresh_at.pop(key, None)
+                continue
+            local = self._local_members(entry)
+            if snapshot:
+                self._member_refresh_at[key] = now
+                items = local
+            else:
+                items = list(changes.values())
+            if not local:
+                self._member_refresh_at.pop(key, None)
+            if not items and not snapshot:
+                continue
+            # one batch per interval; a batch larger than a notice goes as several notices
+            # (a snapshot's first part replaces, the rest add), as many as the tick allows
+            step = p.member_notice_max
+            chunks = [items[i:i + step] for i in range(0, len(items), step)] or [[]]
+            if len(chunks) > budget:
+                self.counters["appmembers.deferred"] += 1
+                rest = [c for chunk in chunks[budget:] for c in chunk]
+                omitted = len(rest)
+                chunks = chunks[:budget]
+                if snapshot:
+                    self._member_snapshot_due.add(key)  # all again next time
+                else:
+                    # negative keys: never confused with the link ids of later changes
+                    self._member_changes[key] = {-1 - i: c for i, c in enumerate(rest)}
+            else:
+                omitted = 0
+            for i, chunk in enumerate(chunks):
+                kind = NoticeKind.SNAPSHOT if snapshot and i == 0 else NoticeKind.DELTA
+                self._member_seq = (self._member_seq + 1) & 0xFFFFFFFF
+                last = i == len(chunks) - 1
+                notice = MemberNotice(kind, p.node_id, self._member_seq,
+                                      int(p.member_refresh), omitted if last else 0,
+                                      tuple(chunk))
+                sends = self._member_send(key, entry, notice.encode())
+                if not sends:
+                    break
+                budget -= 1
+                self.counters["appmembers.notices"] += 1
+                self.counters["appmembers.changes"] += len(chunk)
+                out += sends
+        return out
+
+    def _local_members(self, entry: FlowEntry) -> list[MemberChange]:
+        out = []
+        for lid, mask in entry.down.items():
+            lk = self.links.get(lid)
+            if lk is None or lk.role is not C.Role.ENDPOINT:
+                continue
+            auth = lk.auth
+            name = lk.peer_name if auth is not None and auth.authenticated else ""
+            out.append(MemberChange(MemberEvent.JOIN, lk.peer_node_id, mask, name))
+        return out
+
+    def _member_send(self, key: bytes, entry: FlowEntry, body: bytes) -> list[Action]:
+        """The notice as data this router originates: to band-19 listeners below, and up the
+        tree (or to sibling LS members listening on band 19, at a core)."""
+        targets = [lk for lk, m in entry.down.items() if m & _BIT]
+        if entry.upstream is not None:
+            targets.append(entry.upstream)
+        elif entry.sib:
+            targets += [lk for lk, m in entry.sib.items() if m & _BIT]
+        if not targets:
+            return []
+        hdr = pack_header(key, len(body), BAND_APP_MEMBERSHIP, 0, 0, DEFAULT_TTL)
+        return [Send(t, hdr, body) for t in targets if t in self.links]
