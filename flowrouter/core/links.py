@@ -7,20 +7,21 @@ A link that closes, times out or sends a malformed frame is forgotten here, and 
 that used it is repaired.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, tracers); never another part (calls into other parts go through ``self``,
+lsroutes, tracers, measured); never another part (calls into other parts go through ``self``,
 declared in :class:`~flowrouter.core.state.RouterState`).
 """
 
 from __future__ import annotations
 
 from flowrouter.core.actions import Action, Close, Secure, Send
+from flowrouter.core.measured import LinkMeter
 from flowrouter.core.state import LINK_KEY, RouterState, log
 from flowrouter.core.tables import Link, LinkState, Modifiers
 from flowrouter.core.trust import Refusal
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.flowid import flow_text
-from flowrouter.wire.header import MalformedFrame, pack_header
+from flowrouter.wire.header import Locality, MalformedFrame, pack_header
 from flowrouter.wire.linkauth import AuthError, LinkAuthenticator
 
 
@@ -91,6 +92,8 @@ class Links(RouterState):
         """The transport is gone (or we dropped it): repair every flow that used it."""
         link = self.links.pop(link_id, None)
         self._handshaking.discard(link_id)
+        self.meters.pop(link_id, None)
+        self._configured.pop(link_id, None)
         self.trust.on_close(link_id)
         if link is None:
             return []
@@ -135,6 +138,51 @@ class Links(RouterState):
                     out += self._emit_fault(key, entry, fault)
                 out += self._after_change(key, entry, now, "link-down")
         return out
+
+    def measure_rtt(self, link_id: int, rtt: float, now: float) -> bool:
+        """One RTT sample of a link (from the link liveness echo). With measured locality on
+        (``RouterParams.locality_mapping``) the link's delay modifier follows the smoothed RTT
+        (flowrouter.core.measured); True if its costs changed."""
+        meter = self._meter(link_id)
+        return meter is not None and meter.rtt_sample(rtt, now) and self._apply_meter(link_id)
+
+    def measure_throughput(self, link_id: int, bps: float, now: float) -> bool:
+        """One throughput sample (bits/s over a period the link had data waiting)."""
+        meter = self._meter(link_id)
+        return (meter is not None and meter.throughput_sample(bps, now)
+                and self._apply_meter(link_id))
+
+    def _meter(self, link_id: int) -> LinkMeter | None:
+        link = self.links.get(link_id)
+        if self.p.locality_mapping is None or link is None or link.role is not C.Role.ROUTER:
+            return None
+        meter = self.meters.get(link_id)
+        if meter is None:
+            meter = self.meters[link_id] = LinkMeter(self.p.locality_mapping)
+            mods = link.modifiers
+            self._configured[link_id] = Modifiers(
+                bandwidth=mods[Locality.BANDWIDTH], delay=mods[Locality.DELAY],
+                geography=mods[Locality.GEOGRAPHY])
+        return meter
+
+    def _apply_meter(self, link_id: int) -> bool:
+        return self.set_link_modifiers(
+            link_id, self.meters[link_id].modifiers(self._configured[link_id]))
+
+    def set_link_modifiers(self, link_id: int, modifiers: Modifiers) -> bool:
+        """Give a link new locality costs (measured locality, flowrouter.core.measured: its
+        delay and bandwidth measured, its geography as configured); True if they changed.
+        The forwarding fast path is told, so both paths apply the same costs."""
+        link = self.links.get(link_id)
+        if link is None:
+            return False
+        new = modifiers.as_tuple()
+        if link.modifiers == new:
+            return False
+        link.modifiers = new
+        self._link_changed(link_id)
+        self.counters["locality.modifier-changes"] += 1
+        return True
 
     def drop_link(self, link_id: int, exc: MalformedFrame, now: float) -> list[Action]:
         """Count and report a malformed frame, tell the peer why, and drop only that link."""

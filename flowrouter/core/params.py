@@ -73,6 +73,9 @@ class RouterParams:
     member_refresh: float = 30.0
     member_notice_max: int = 100
     member_notices_per_tick: int = 100
+    #: measured locality (flowrouter.core.measured.LocalityMapping): router links' delay and
+    #: bandwidth modifiers follow measured RTT and throughput; None: modifiers as configured
+    locality_mapping: Any = None
 
     def __post_init__(self) -> None:
         if not self.gc_delete_after > self.gc_ping_after >= 1:

@@ -129,6 +129,8 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftS
             "max_payload": lk.max_payload,
             "modifiers": dict(zip(("bandwidth", "delay", "geography"), lk.modifiers[1:])),
             **self._liveness_status(lk, now),
+            **({"measured": self.meters[lk.link_id].status()}
+               if lk.link_id in self.meters else {}),
         } for lk in self.links.values()]
         flows = [{
             "flow": flow_text(key),

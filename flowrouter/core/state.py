@@ -103,6 +103,10 @@ class RouterState:
         self._member_last = now
         self._member_clock = now
         self._member_seq = 0
+        #: measured locality (flowrouter.core.measured): a meter per router link once it has
+        #: samples, and the link's configured costs (geography stays; the rest when unmeasured)
+        self.meters: dict[int, Any] = {}
+        self._configured: dict[int, Any] = {}
 
     def _entry_changed(self, key: bytes) -> None:
         """Any change to the route entry of *key* (links, masks, upstream, removal): the

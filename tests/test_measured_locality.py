@@ -1,0 +1,173 @@
+"""Measured locality (flowrouter.core.measured): samples -> smoothed values -> modifier units.
+
+Sans-I/O: samples and the clock are passed in. Checks the mapping, the hysteresis (no flap at
+a unit boundary), the hold time, refusal of hostile samples, that geography stays configured,
+and, in the simulator, that a measured slow link's larger delay modifier stops a
+delay-limited message from crossing it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flowrouter.core.measured import LinkMeter, LocalityMapping
+from flowrouter.core.tables import Modifiers
+
+
+def feed(meter: LinkMeter, rtt: float, n: int, t0: float, dt: float = 1.0) -> float:
+    t = t0
+    for _ in range(n):
+        meter.rtt_sample(rtt, t)
+        t += dt
+    return t
+
+
+def test_slower_link_gets_larger_delay_modifier() -> None:
+    fast, slow = LinkMeter(), LinkMeter()
+    feed(fast, 0.002, 10, 0.0)  # 1 ms one way: 0.2 units -> 0
+    feed(slow, 0.100, 10, 0.0)  # 50 ms one way: 10 units
+    assert fast.delay == 0 and slow.delay == 10
+    conf = Modifiers(bandwidth=1, delay=1, geography=3)
+    assert slow.modifiers(conf) == Modifiers(bandwidth=1, delay=10, geography=3)
+    assert fast.status()["srtt_ms"] == pytest.approx(2.0)
+
+
+def test_no_modifier_before_min_samples() -> None:
+    m = LinkMeter(LocalityMapping(min_samples=3))
+    feed(m, 0.05, 2, 0.0)
+    assert m.delay is None and m.modifiers(Modifiers(delay=7)).delay == 7
+    m.rtt_sample(0.05, 3.0)
+    assert m.delay == 5
+
+
+def test_hysteresis_keeps_a_boundary_value_from_flapping() -> None:
+    mp = LocalityMapping(alpha=1.0, hysteresis=0.25, hold=0.0, min_samples=1)
+    m = LinkMeter(mp)
+    m.rtt_sample(0.050, 0.0)  # 25 ms one way = 5.0 units
+    assert m.delay == 5
+    t = 1.0
+    for rtt in [0.056, 0.054, 0.057, 0.055, 0.0565] * 4:  # 5.4 .. 5.7 units: within 0.75
+        m.rtt_sample(rtt, t)
+        t += 1.0
+    assert m.delay == 5 and m.status()["delay_changes"] == 0
+    m.rtt_sample(0.058, t)  # 5.8 units: beyond 5 + 0.5 + 0.25
+    assert m.delay == 6
+
+
+def test_hold_time_limits_changes() -> None:
+    m = LinkMeter(LocalityMapping(alpha=1.0, hold=10.0, min_samples=1))
+    m.rtt_sample(0.010, 0.0)
+    assert m.delay == 1
+    m.rtt_sample(0.100, 1.0)
+    assert m.delay == 1  # held
+    m.rtt_sample(0.100, 10.5)
+    assert m.delay == 10
+
+
+def test_smoothing_ignores_a_single_spike() -> None:
+    m = LinkMeter(LocalityMapping(hold=0.0))
+    t = feed(m, 0.020, 20, 0.0)
+    assert m.delay == 2
+    m.rtt_sample(0.400, t)  # one 400 ms outlier (40 units alone)
+    assert m.delay == 7  # the EWMA moves by 1/8 of the jump: (20 + 380/8) ms / 2 / 5 ms
+    feed(m, 0.020, 30, t + 1.0)
+    assert m.delay == 2
+
+
+def test_bandwidth_units_are_logarithmic() -> None:
+    mp = LocalityMapping(bandwidth_ref=1e9, alpha=1.0, min_samples=1, hold=0.0)
+    for bps, units in [(2e9, 0), (1e9, 0), (5e8, 1), (1e6, 10), (56e3, 14)]:
+        m = LinkMeter(mp)
+        m.throughput_sample(bps, 0.0)
+        assert m.bandwidth == units, (bps, m.bandwidth)
+    assert mp.bandwidth_units(1e6) == pytest.approx(math.log2(1000))
+
+
+def test_hostile_samples_are_refused_and_counted() -> None:
+    m = LinkMeter()
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        assert m.rtt_sample(bad, 0.0) is False
+        assert m.throughput_sample(bad, 0.0) is False
+    assert m.refused == 8 and m.status()["rtt_samples"] == 0
+
+
+def test_mapping_is_checked() -> None:
+    with pytest.raises(ValueError, match="delay_unit"):
+        LocalityMapping(delay_unit=0)
+    with pytest.raises(ValueError, match="unknown"):
+        LocalityMapping.from_mapping({"delay_units": 1})
+    assert LocalityMapping.from_mapping({"delay_unit": 0.01}).delay_unit == 0.01
+
+
+# ---------------------------------------------------------------------- in the simulator
+def test_sim_slow_link_gets_larger_delay_modifier_and_stops_delay_limited_traffic() -> None:
+    """a (core) - b - c, measured locality on. Each router is fed RTT samples of its links
+    (Router.measure_rtt) taken from the simulated links (2 x one-way delay: what a liveness
+    echo would measure on an idle link; the echo itself is not wired here). When the b-c link
+    is slowed (link emulation: 2 ms -> 40 ms one way), b's delay modifier for it grows from
+    0 to 8, and a message sent with a delay budget of 5 from a reaches b's endpoint but no
+    longer c's."""
+    from flowrouter.testbed.sim.network import SimNetwork
+    from flowrouter.wire.flowid import FlowID
+    from flowrouter.wire.header import Locality
+
+    flow = FlowID(0xBEEF, 0x10, 1)
+    net = SimNetwork(seed=1)
+    net.add_router("a", core_lsids=[0x10])
+    net.add_router("b", routes={0x10: "a"})
+    net.add_router("c", routes={0x10: "b"})
+    net.add_link("a", "b", delay=0.002, modifiers=Modifiers(delay=1))
+    net.add_link("b", "c", delay=0.002, modifiers=Modifiers(delay=1))
+    src = net.add_endpoint("src", "a")
+    eb = net.add_endpoint("eb", "b")
+    ec = net.add_endpoint("ec", "c")
+    net.run_until(1.0)
+    eb.join(flow, 32)
+    ec.join(flow, 32)
+    for r in net.routers.values():
+        r.p.locality_mapping = LocalityMapping()  # measured locality on
+
+    def lid(name: str, end: str) -> int:
+        link = net.links[name]
+        out = link.lid_a if end == link.a else link.lid_b
+        assert out is not None
+        return out
+
+    def measure(t: float) -> None:
+        for name in ("a-b", "b-c"):
+            link = net.links[name]
+            for end, other in ((link.a, link.b), (link.b, link.a)):
+                rtt = link.direction_from(end).delay + link.direction_from(other).delay
+                net.routers[end].measure_rtt(lid(name, end), rtt, t)
+
+    def measured(router: str, name: str) -> dict[str, object]:
+        rows = [lk for lk in net.routers[router].status()["links"]
+                if lk["id"] == lid(name, router)]
+        return {**rows[0]["measured"], "modifiers": rows[0]["modifiers"]}
+
+    for i in range(5):
+        net.run_until(2.0 + i)
+        measure(net.now)
+    assert measured("b", "b-c")["delay_modifier"] == 0
+    src.send(flow, 32, b"near", locality=(Locality.DELAY, 5))
+    net.run_until(8.0)
+    assert eb.payloads(flow) == [b"near"] and ec.payloads(flow) == [b"near"]
+
+    net.set_link("b-c", delay=0.040)  # the emulated link becomes slow
+    for i in range(40):
+        net.run_until(9.0 + i)
+        measure(net.now)
+    row = measured("b", "b-c")
+    assert row["delay_modifier"] == 8  # 40 ms one way / 5 ms per unit
+    assert row["modifiers"] == {"bandwidth": 0, "delay": 8, "geography": 0}
+    assert 75.0 < row["srtt_ms"] < 80.1  # type: ignore[operator]
+    assert measured("b", "a-b")["delay_modifier"] == 0
+    before = net.routers["b"].counters["drop.locality"]
+    src.send(flow, 32, b"far", locality=(Locality.DELAY, 5))
+    net.run_until(60.0)
+    assert eb.payloads(flow) == [b"near", b"far"]
+    assert ec.payloads(flow) == [b"near"]  # the delay-limited message stops at b
+    assert net.routers["b"].counters["drop.locality"] == before + 1
+    assert net.routers["b"].counters["locality.modifier-changes"] >= 2
