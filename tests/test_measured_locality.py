@@ -171,3 +171,113 @@ def test_sim_slow_link_gets_larger_delay_modifier_and_stops_delay_limited_traffi
     assert ec.payloads(flow) == [b"near"]  # the delay-limited message stops at b
     assert net.routers["b"].counters["drop.locality"] == before + 1
     assert net.routers["b"].counters["locality.modifier-changes"] >= 2
+
+
+def test_sim_liveness_echo_drives_the_delay_modifier() -> None:
+    """The same, fed by the routers' own link liveness echoes (ECHO / ECHO_REPLY round
+    trips), not by the test: slowing the emulated b-c link raises b's delay modifier for it
+    and a delay-limited message stops crossing it."""
+    from flowrouter.testbed.sim.network import SimNetwork
+    from flowrouter.wire.flowid import FlowID
+    from flowrouter.wire.header import Locality
+
+    flow = FlowID(0xBEEF, 0x10, 2)
+    net = SimNetwork(seed=1)
+    for name, routes in (("a", {}), ("b", {0x10: "a"}), ("c", {0x10: "b"})):
+        net.add_router(name, core_lsids=[0x10] if name == "a" else [], routes=routes)
+        net.routers[name].p.locality_mapping = LocalityMapping()
+    net.add_link("a", "b", delay=0.002, modifiers=Modifiers(delay=1))
+    net.add_link("b", "c", delay=0.002, modifiers=Modifiers(delay=1))
+    src = net.add_endpoint("src", "a")
+    eb = net.add_endpoint("eb", "b")
+    ec = net.add_endpoint("ec", "c")
+    net.run_until(1.0)
+    eb.join(flow, 32)
+    ec.join(flow, 32)
+    net.run_until(15.0)
+
+    def row(router: str, peer: str) -> dict[str, object]:
+        rows = [lk for lk in net.routers[router].status()["links"] if lk["peer"] == peer]
+        assert rows and "measured" in rows[0], rows
+        return {**rows[0]["measured"], "modifiers": rows[0]["modifiers"]}
+
+    assert row("b", "c")["delay_modifier"] == 0
+    src.send(flow, 32, b"near", locality=(Locality.DELAY, 5))
+    net.run_until(16.0)
+    assert ec.payloads(flow) == [b"near"]
+    net.set_link("b-c", delay=0.040)
+    net.run_until(90.0)
+    r = row("b", "c")
+    assert r["delay_modifier"] == 8 and r["modifiers"]["delay"] == 8, r  # type: ignore[index]
+    assert row("b", "a")["delay_modifier"] == 0
+    src.send(flow, 32, b"far", locality=(Locality.DELAY, 5))
+    net.run_until(95.0)
+    assert eb.payloads(flow) == [b"near", b"far"] and ec.payloads(flow) == [b"near"]
+
+
+# ---------------------------------------------------------------------- real routers
+def test_emulated_slow_link_on_loopback_routers() -> None:
+    """edge -> core over loopback, measured locality on, ECHOs every 0.2 s. The link
+    emulator adds 40 ms one way toward the core: the edge's delay modifier for that link grows
+    (about 20 ms one way of a 40 ms RTT: 4 units) and a message with delay budget 2 from an
+    application on the edge no longer reaches the core's application; before, it did."""
+    import asyncio
+
+    import flowlib
+    from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
+    from flowrouter.net.runtime import RouterNode
+
+    from .rawep import run, within
+
+    mapping = LocalityMapping(alpha=0.5, min_samples=2, hold=0.2)
+
+    async def until(pred: object, timeout: float = 20.0) -> None:
+        async def spin() -> None:
+            while not pred():  # type: ignore[operator]
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(spin(), timeout)
+
+    async def main() -> None:
+        core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", liveness_interval=0.2,
+                                     accept_routers=["edge@127.0.0.1"],
+                                     core_lsids=frozenset({0x10}), default_lsid=0x10))
+        await core.start()
+        edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", liveness_interval=0.2,
+                                     peers=[PeerConfig("%s:%d" % core.tcp_address, "core")]))
+        await edge.start()
+        for node in (core, edge):
+            node.core.p.locality_mapping = mapping
+        clients = []
+        try:
+            await within(edge.wait_routes(0x10))
+
+            def measured() -> dict[str, object] | None:
+                for lk in edge.core.status()["links"]:
+                    if lk["peer"] == "core" and "measured" in lk:
+                        return lk["measured"]  # type: ignore[no-any-return]
+                return None
+
+            await until(lambda: (measured() or {}).get("delay_modifier") == 0)
+            rx = await flowlib.connect(["%s:%d" % core.tcp_address], name="rx")
+            tx = await flowlib.connect(["%s:%d" % edge.tcp_address], name="tx")
+            clients += [rx, tx]
+            flow = await rx.create()
+            lst = await rx.listen(flow, 32)
+            await tx.advertise(flow)
+            await tx.send(flow, b"near", band=32, locality=(flowlib.Locality.DELAY, 2))
+            assert (await within(lst.get())).payload == b"near"
+            edge.set_emulation("core", Emulation(delay=0.040))
+            await until(lambda: ((measured() or {}).get("delay_modifier") or 0) >= 3)
+            m = measured()
+            assert m is not None and m["srtt_ms"] > 30, m  # type: ignore[operator]
+            before = edge.core.counters["drop.locality"]
+            await tx.send(flow, b"far", band=32, locality=(flowlib.Locality.DELAY, 2))
+            await tx.send(flow, b"any", band=32)  # no budget: still crosses (slowly)
+            assert (await within(lst.get())).payload == b"any"
+            assert edge.core.counters["drop.locality"] == before + 1
+        finally:
+            for c in clients:
+                await c.close()
+            await edge.stop()
+            await core.stop()
+    run(main())

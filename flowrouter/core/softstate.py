@@ -140,6 +140,7 @@ class SoftState(RouterState):
             if 0 <= sample < 3600:
                 link.last_rtt = sample
                 link.rtt = sample if link.rtt is None else 0.875 * link.rtt + 0.125 * sample
+                self.measure_rtt(link.link_id, sample, now)  # measured locality (links)
             else:
                 self.counters["liveness.bad-echo-reply"] += 1
             return []

@@ -153,6 +153,7 @@ class RouterState:
         def _hello_on_up_link(self, link: Link, now: float) -> list[Action]: ...  # links
         def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership
                         fault: C.Fault) -> list[Action]: ...
+        def measure_rtt(self, link_id: int, rtt: float, now: float) -> bool: ...  # links
         def _member_changed(self, key: bytes, link: Link | None,  # appmembers
                             event: Any, mask: int, old_mask: int = ...) -> None: ...
         def _member_notices(self, now: float) -> list[Action]: ...  # appmembers
