@@ -51,7 +51,7 @@ def test_slow_consumer_stalls_then_expires_after_the_grace_time() -> None:
     p.progress(800, 0.6)
     assert not p.stuck(0.7)
     assert p.note_drops(2, 1.0) and not p.note_drops(1, 1.5)  # went over once
-    assert p.over_since == 1.0 and p.dropped == 3 and p.stuck(1.1)
+    assert p.over_since == 1.0 and p.dropped == 3 and p.stuck(1.1)  # 0.5 s since progress
     assert not p.expired(2.5)
     p.progress(600, 2.9)  # not yet down to half: still over
     assert p.expired(3.0)

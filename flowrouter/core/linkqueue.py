@@ -269,8 +269,8 @@ class SlowConsumerPolicy:
     behind:
 
     * **stall** — an output that has had frames waiting without sending any for ``stall``
-      seconds (or has dropped frames) :meth:`stuck` holds no credit: the inputs feeding it
-      must not wait for it (the caller releases the credit its frames held);
+      seconds is :meth:`stuck` and holds no credit: the inputs feeding it must not wait for
+      it (the caller releases the credit its frames held, until it moves again);
     * **grace** — an output that stays over the limit for ``grace`` seconds (it has not
       drained to half the limit since its first drop) has :meth:`expired`: the caller closes
       it with a fault notice and a log line.
@@ -305,8 +305,8 @@ class SlowConsumerPolicy:
             self.over_since = None
 
     def stuck(self, now: float) -> bool:
-        """Frames wait and nothing has moved for the stall time, or the link is over."""
-        return self.over_since is not None or now - self.last_progress >= self.stall
+        """Frames wait and nothing has moved for the stall time."""
+        return now - self.last_progress >= self.stall
 
     def expired(self, now: float) -> bool:
         """Over the limit for the whole grace time: close the link as a slow consumer."""

@@ -13,7 +13,7 @@ Example (every key optional except ``router.name``)::
     max_link_buffer = 4194304     # bytes queued per link before frames are dropped (counted)
     slow_consumer_bytes = 2097152 # data one output may queue; past it its frames are dropped
     slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
-    slow_consumer_stall = 1.0     # seconds without progress before an output holds no credit
+    slow_consumer_stall = 0.5     # seconds without progress before an output holds no credit
     frame_timeout = 30.0          # seconds a started frame may take to arrive in full
     member_notice_interval = 1.0  # band-19 membership notices: at most one per flow per this
     member_refresh = 30.0         #   many seconds; snapshots of local members this often
@@ -183,7 +183,7 @@ class NodeConfig:
     slow_consumer_bytes: int = 2 * 1024 * 1024
     slow_consumer_grace: float = 10.0
     #: seconds an output may hold frames without sending any before it holds no credit
-    slow_consumer_stall: float = 1.0
+    slow_consumer_stall: float = 0.5
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0
     #: secret for control commands (text, or "file:PATH"); None: commands need proof only

@@ -163,12 +163,10 @@ class TcpLink(asyncio.Protocol):
             for header, payload in frames:
                 actions = core.receive(link_id, header, payload, now)
                 if actions:
-                    node._fanout = len(actions)
                     execute(actions)
         finally:
             node._batching = False
             node._rx_link = 0
-            node._fanout = 1
             node._flush()
         if core.generation != node._seen_generation:
             node._link_state_changed()
@@ -213,14 +211,10 @@ class TcpLink(asyncio.Protocol):
         pos, stop, outs = node.fast.forward(self.link_id, view, pos, max_payload)  # type: ignore[union-attr]
         if pos > start:
             self.frames_in += 1  # whole frames went by (the progress time-out's clock)
-        # frames of this pass that reach several outputs hold no input credit (as a core
-        # frame with several sends): one stuck output must not pause this input
-        node._fanout = len(outs)
         for lk, frames, count in outs:
             link = links.get(lk)
             if link is not None and link.out is not None:
                 link.out.send_frames(frames, count)
-        node._fanout = 1
         if stop == STOP_END:
             return -1
         if stop == STOP_PARTIAL:
@@ -234,9 +228,7 @@ class TcpLink(asyncio.Protocol):
                                     view[pos + HEADER_SIZE:end], node.now())
         self.frames_in += 1
         if actions:
-            node._fanout = len(actions)
             node.execute(actions)
-            node._fanout = 1
         return end
 
     def connection_lost(self, exc: Exception | None) -> None:

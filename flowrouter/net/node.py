@@ -78,9 +78,7 @@ class RouterNode:
                 self._emulation.setdefault(peer.name, peer.emulation)
         #: peers administratively down: their links are closed and not re-dialled
         self._blocked: set[str] = set()
-        #: how many outputs the frame being forwarded goes to (credit is only held by frames
-        #: with one), outputs with a backlog, TCP links in the middle of a frame
-        self._fanout = 1
+        #: outputs with a backlog (checked for stalls), TCP links in the middle of a frame
         self._backlogged: set[LinkOutput] = set()
         self._partial: set[TcpLink] = set()
         #: an output queue's bound, and what its drops are counted as
@@ -360,9 +358,7 @@ class RouterNode:
                 continue
             actions = self.core.receive(link.link_id, header, payload, self.now())
             if actions:
-                self._fanout = len(actions)
                 self.execute(actions)
-                self._fanout = 1
             if self.core.generation != self._seen_generation:
                 self._link_state_changed()
                 if link.peer is not None and link.peer.address in self._backoff:

@@ -119,10 +119,12 @@ class LinkOutput:
         q = self.queue
         if q is None:
             q = self.queue = self._new_queue(now)
-        # Only a frame with a single output holds its input's credit (pushing back on the
-        # sender of a flood); a frame copied to several outputs, or waiting on a stuck one,
-        # never makes its input wait (slow consumers hurt only themselves).
-        origin = node._rx_link if node._fanout <= 1 and not self.stuck else 0
+        elif self.stuck and header[20] >= 16 and self._shed(1, len(header) + len(payload), now):
+            return
+        # A frame holds its input's credit (pushing back on a sender faster than its
+        # receivers), unless this output is stuck: then it holds none, and one stuck
+        # receiver never makes its input wait (slow consumers hurt only themselves).
+        origin = node._rx_link if not self.stuck else 0
         dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
         node._credit_take(origin, len(header) + len(payload))
         if dropped:
@@ -147,6 +149,8 @@ class LinkOutput:
                     self.flush()
                 self.write_many([frames])
             return
+        if self.stuck and self._shed(count, len(frames), self.node.now()):
+            return
         # a queue, shaping, emulated loss, a paused transport or a datagram link: the
         # frames take the ordinary way one by one (credits, fairness, drops all apply)
         view = memoryview(frames)
@@ -169,13 +173,30 @@ class LinkOutput:
         if self.slow.note_drops(len(dropped), now):
             log.warning("router %s: %s cannot keep up (%d bytes queued); dropping its frames "
                         "(%s)", node.config.name, desc, node._queue_bound, kind)
-        self._become_stuck()
         for key in sorted({k for k, _, _ in dropped}):
             node.execute(node.core.alert(
                 kind, f"output to {desc} is full ({node._queue_bound} bytes); dropping the "
                 "longest flow's frames", now, key))
         if self.slow.expired(now):
             node._close_slow_consumer(self)
+
+    def _shed(self, count: int, size: int, now: float) -> bool:
+        """A stuck output (nothing sent for the stall time) already over its limit drops
+        new data frames at once (counted like any other drop) instead of queueing and
+        trimming them one by one: a stuck receiver must cost the router as little as
+        possible (fairness between its flows is moot while nothing moves). True if they
+        were dropped."""
+        q = self.queue
+        if q is None or self.slow.over_since is None or q.bytes + size <= q.max_bytes:
+            return False
+        node = self.node
+        node.core.counters["drop." + node._drop_kind] += count
+        self.slow.dropped += count
+        q.dropped += count
+        q.dropped_bytes += size
+        if self.slow.expired(now):
+            node._close_slow_consumer(self)
+        return True
 
     def _become_stuck(self) -> None:
         """Give back the credit this output's waiting frames hold."""
@@ -214,8 +235,7 @@ class LinkOutput:
             self.write(fr[0], fr[1])
         if sent or q.empty():
             self.slow.progress(q.bytes, now)
-            if self.stuck and self.slow.over_since is None:
-                self.stuck = False  # moving again: its new frames may hold credit
+            self.stuck = False  # moving again: its new frames may hold credit
         if q.empty() and not q.shaped:
             self.queue = None  # back to the fast path
             node._backlogged.discard(self)

@@ -15,9 +15,9 @@ bytes and time in and actions out:
   ``max_link_buffer`` with drops taken from the longest flow queue, counted as
   ``drop.link-congested`` and announced on the flow's fault band. Each input link has a credit
   (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
-  neighbour, so TCP pushes back on the sender that causes the congestion and only on it. Only
-  frames with a single output hold credit, and an output that stops moving gives its credit
-  back: one stuck receiver never pauses an input. Such a *slow consumer* loses its own frames
+  neighbour, so TCP pushes back on the sender that causes the congestion and only on it. An
+  output that stops moving for ``slow_consumer_stall`` seconds gives its credit back: one
+  stuck receiver never holds an input for longer. Such a *slow consumer* loses its own frames
   past ``slow_consumer_bytes`` (``drop.slow-consumer``) and is closed after
   ``slow_consumer_grace`` seconds over it, with a fault notice on band 17.
 * A frame that has started must arrive in full within ``frame_timeout`` seconds
