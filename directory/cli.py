@@ -18,11 +18,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import flowlib
 from flowlib import ConnectError, FlowError, Locality
 from flowlib.cliopts import add_connection_options, connect_kwargs, publish_policies, routers
+from flowrouter import console
 
 from . import cliargs as A
 from . import protocol as P
@@ -47,13 +48,11 @@ DEFAULT_ROUTER = "127.0.0.1:7000"
 log = logging.getLogger("flowdir")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse exits with 2 on bad usage, which here means "directory unavailable"; use
-    EX_USAGE (64) instead so scripts can tell a typo from an outage."""
+class _Parser(console.ArgumentParser):
+    """Exit code 2 means "directory unavailable" here (documented before the common console
+    behaviour); bad usage keeps EX_USAGE (64) so scripts can tell a typo from an outage."""
 
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+    usage_exit_code = EXIT_USAGE
 
 
 _EPILOG = """\
@@ -100,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                             **kw)
         target.add_argument("--verbose", "-v", action="count",
                             help="log more (-v info, -vv debug)", **kw)
+        target.add_argument("--log-level", choices=console.LOG_LEVELS, **kw,
+                            help="least severe messages logged (default warning)")
+        target.add_argument("--log-file", metavar="FILE", **kw,
+                            help="append log lines to FILE instead of stderr")
+        target.add_argument("--log-format", choices=("text", "json"), **kw,
+                            help="text lines or one JSON object per line")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -478,6 +483,10 @@ async def _run_cancellable(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``flowdir`` (console script ``flowdir = "directory.cli:main"``)."""
+    return console.run("flowdir", _main, argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -486,12 +495,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, default in (("router", None), ("lsid", None), ("json", False), ("name", None),
                          ("state_dir", None), ("connect_timeout", None), ("verbose", 0),
                          ("link_key", None), ("encrypt", False), ("capability", None),
-                         ("policy", None)):
+                         ("policy", None),
+                         ("log_level", None), ("log_file", None), ("log_format", None)):
         if not hasattr(args, key):
             setattr(args, key, default)
-    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose or 0, logging.DEBUG)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s")
+    console.setup_logging(args, node="flowdir", level=getattr(args, "log_level", None))
     try:
         return asyncio.run(_run_cancellable(args))
     except KeyboardInterrupt:

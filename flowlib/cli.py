@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+from flowrouter import console
 from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW, DEFAULT_DATA_BAND
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import DEFAULT_TTL, Locality
@@ -33,8 +34,16 @@ def _locality(text: str) -> tuple[Locality, int]:
             f"locality {text!r} must look like TYPE:VALUE, e.g. geography:2 ({exc})") from None
 
 
+def _lsid(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LSID {text!r} is not a number (e.g. 16 or 0x10)"
+                                         ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p: argparse.ArgumentParser = console.ArgumentParser(
         prog="flowcat",
         description="Talk to a flow overlay from the shell: create a flow, send lines of "
                     "text into it, or print what arrives on chosen bands.")
@@ -42,10 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_connection_options(common)
     common.add_argument("--name", default="flowcat",
                         help="client name shown to the router (a capability's subject)")
+    console.add_logging_options(common, default_level=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     c = sub.add_parser("create", parents=[common], help="allocate a new FlowID and print it")
-    c.add_argument("--lsid", type=lambda s: int(s, 0),
+    c.add_argument("--lsid", type=_lsid,
                    help="location service for the flow (default: the router's suggestion)")
     s = sub.add_parser("send", parents=[common],
                        help="send messages (arguments, or one per line of stdin)")
@@ -182,14 +192,14 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``flowcat`` console script (errors and exit codes: flowrouter.console)."""
+    return console.run("flowcat", _run, argv, runtime_errors=(FlowError, ValueError))
+
+
+def _run(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return asyncio.run(_main(args))
-    except (FlowError, ValueError, OSError) as exc:
-        print(f"flowcat: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    console.setup_logging(args, node="flowcat")
+    return asyncio.run(_main(args))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,3 +3,5 @@
 ``tools`` (CLI) > ``testbed`` (topologies, launcher, simulator) > ``net`` (asyncio shell)
 > ``core`` (sans-I/O router) > ``wire`` (protocol formats). ``import-linter`` enforces it.
 """
+
+__version__ = "0.1.0"  #: the one place the version is written (pyproject reads it)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from flowlib.credentials import parse_link_key
+from flowrouter import console
 from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
 from flowrouter.net.runtime import query_control
 from flowrouter.tools.cli import parse_int, parse_peer
@@ -77,13 +77,20 @@ def _link_key(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _creator_arg(text: str) -> int:
+    try:
+        return int(text, 16)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"creator {text!r} is not a hexadecimal creator ID (e.g. 1a2b3c4d5e6f7081)") from None
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = console.ArgumentParser(
         prog="flowls",
         description="Location services: the cores of flow multicast trees. Run a member, "
                     "look up how an LSID is reached, list the flows an LS member roots.")
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"])
+    console.add_logging_options(p, default_level=None)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     run = sub.add_parser(
@@ -122,58 +129,57 @@ def _parser() -> argparse.ArgumentParser:
                                     "creator (a creator's name space).")
     fl.add_argument("--control", required=True, metavar="HOST:PORT")
     fl.add_argument("--lsid", type=parse_int)
-    fl.add_argument("--creator", type=lambda s: int(s, 16), help="creator ID in hex")
+    fl.add_argument("--creator", type=_creator_arg, help="creator ID in hex")
     fl.add_argument("--json", action="store_true")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    try:
-        if args.command == "run":
-            from flowrouter.tools.cli import run_node
+    """The ``flowls`` console script (errors and exit codes: flowrouter.console)."""
+    return console.run("flowls", _main, argv, usage_errors=(ConfigError,),
+                       runtime_errors=(ConnectionError, LookupError))
 
-            cfg = member_config(LocationServiceConfig(
-                name=args.name, lsids=frozenset(args.lsid), listen=args.listen,
-                control=args.control, members=args.member, peers=args.peer,
-                epoch=args.epoch, link_key=args.link_key, encrypt=args.encrypt,
-                accept_routers=args.accept_router))
-            if args.encrypt and not args.link_key:
-                raise ConfigError("--encrypt needs --link-key")
-            asyncio.run(run_node(cfg))
-            return 0
-        if args.command == "lookup":
-            row = asyncio.run(lookup(args.control, args.lsid))
-            if args.json:
-                print(json.dumps(row))
-            else:
-                where = "this router is a member" if row["core"] else (
-                    f"via link {row['link']} ({row['source']}, distance {row['distance']})")
-                sib = f"; sibling members on links {row['siblings']}" if row.get(
-                    "siblings") else ""
-                print(f"LSID {row['lsid']} at router {row['router']}: {where}{sib}")
-            return 0
-        if args.command == "flows":
-            rows = asyncio.run(flows_of(args.control, args.lsid, args.creator))
-            if args.json:
-                print(json.dumps(rows))
-            else:
-                for row in rows:
-                    print(f"{row['flow']}  aggregate {row['aggregate']}  "
-                          f"{len(row['downstream'])} downstream link(s)")
-                print(f"{len(rows)} flow(s)")
-            return 0
-    except LookupError as exc:
-        print(f"flowls: {exc}", file=sys.stderr)
-        return 1
-    except ConnectionError as exc:
-        print(f"flowls: {exc}", file=sys.stderr)
-        return 1
-    except ConfigError as exc:
-        print(f"flowls: {exc}", file=sys.stderr)
-        return 2
+
+def _main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console.setup_logging(args, node="flowls",
+                          default_level="info" if args.command == "run" else "warning")
+    if args.command == "run":
+        from flowrouter.tools.cli import run_node
+
+        cfg = member_config(LocationServiceConfig(
+            name=args.name, lsids=frozenset(args.lsid), listen=args.listen,
+            control=args.control, members=args.member, peers=args.peer,
+            epoch=args.epoch, link_key=args.link_key, encrypt=args.encrypt,
+            accept_routers=args.accept_router))
+        if args.encrypt and not args.link_key:
+            raise ConfigError("--encrypt needs --link-key")
+        console.set_node(cfg.name)
+        try:
+            return asyncio.run(run_node(cfg))
+        except OSError as exc:
+            raise console.RuntimeFailure(f"cannot start member {cfg.name}: {exc}") from None
+    if args.command == "lookup":
+        row = asyncio.run(lookup(args.control, args.lsid))
+        if args.json:
+            print(json.dumps(row))
+        else:
+            where = "this router is a member" if row["core"] else (
+                f"via link {row['link']} ({row['source']}, distance {row['distance']})")
+            sib = f"; sibling members on links {row['siblings']}" if row.get(
+                "siblings") else ""
+            print(f"LSID {row['lsid']} at router {row['router']}: {where}{sib}")
+        return 0
+    if args.command == "flows":
+        rows = asyncio.run(flows_of(args.control, args.lsid, args.creator))
+        if args.json:
+            print(json.dumps(rows))
+        else:
+            for row in rows:
+                print(f"{row['flow']}  aggregate {row['aggregate']}  "
+                      f"{len(row['downstream'])} downstream link(s)")
+            print(f"{len(rows)} flow(s)")
+        return 0
     return 2
 
 

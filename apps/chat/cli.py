@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from typing import Any
 
 from flowlib.cliopts import add_connection_options, connect_kwargs, routers
+from flowrouter import console
 
 EPILOG_SERVER = """\
 One site server per site. All servers of a room must be given the same --sites (and, in
@@ -98,14 +98,13 @@ def _igo_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = console.ArgumentParser(
         prog="flowchat",
         description="Robust multi-site chat with Intermittent Global Order (seed 003) on "
                     "flownet: site servers on a room flow, thin clients, bots, and the "
                     "seed's experiments.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error"])
+    console.add_logging_options(p, default_level=None)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser("server", help="run a site server (one per site)",
@@ -211,9 +210,13 @@ async def _server(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``flowchat`` console script (errors and exit codes: flowrouter.console)."""
+    return console.run("flowchat", _main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, a.log_level.upper()),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    console.setup_logging(a, node=f"chat-{a.site}" if a.cmd == "server" else "flowchat")
     try:
         if a.cmd == "server":
             return asyncio.run(_server(a))

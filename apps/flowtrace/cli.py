@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from flowrouter import console
+
 EPILOG = """\
 TRACES are JSON Lines files written by flowrouter.core.traces.TraceWriter (schema versions
 in apps.flowtrace.schema; see the README): files, directories (searched recursively for *.jsonl
@@ -62,7 +64,7 @@ def _bad_fraction_option(p: argparse.ArgumentParser, default: float = 0.01) -> N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = console.ArgumentParser(
         prog="flowtrace", description="Mine flownet router traces for flow-table scaling.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -318,6 +320,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``flowtrace`` console script (errors and exit codes: flowrouter.console)."""
+    return console.run("flowtrace", _main, list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:

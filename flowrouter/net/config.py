@@ -165,8 +165,16 @@ class PeerConfig:
 class NodeConfig:
     name: str
     listen: str | None = "127.0.0.1:7000"
+    #: more addresses for routers and applications alike (``listen`` given as a list)
+    extra_listen: list[str] = field(default_factory=list)
+    #: addresses that accept only routers / only applications (e.g. a site-facing interface
+    #: for other routers and a loopback one for local applications)
+    router_listen: list[str] = field(default_factory=list)
+    app_listen: list[str] = field(default_factory=list)
     udp: str | None = None
     control: str | None = None
+    #: HTTP monitoring (/healthz, /status, /metrics); None: off
+    http: str | None = None
     node_id: int | None = None
     core_lsids: frozenset[int] = frozenset()
     default_lsid: int = 0
@@ -228,11 +236,27 @@ class NodeConfig:
         if not self.name or not isinstance(self.name, str):
             raise ConfigError("router name must be a non-empty string")
         for what, addr in (("listen", self.listen), ("udp", self.udp),
-                           ("control", self.control)):
+                           ("control", self.control), ("http", self.http),
+                           *(("listen", a) for a in self.extra_listen),
+                           *(("router_listen", a) for a in self.router_listen),
+                           *(("app_listen", a) for a in self.app_listen)):
             if addr:
                 parse_address(addr, what)
         if not 0 < self.max_payload <= 0xFFFFFFFF:
-            raise ConfigError("max_payload must be positive")
+            raise ConfigError(f"max_payload must be 1..{0xFFFFFFFF}, got {self.max_payload}")
+        for key in ("max_link_buffer", "link_credit", "max_flows_per_endpoint", "max_flows"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("epoch", "join_timeout", "tick_interval", "reconnect_min",
+                    "reconnect_max", "udp_idle_timeout"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"{key} must be a positive number of seconds, got "
+                                  f"{getattr(self, key)}")
+        if self.reconnect_min > self.reconnect_max:
+            raise ConfigError(f"reconnect_min ({self.reconnect_min}) must not exceed "
+                              f"reconnect_max ({self.reconnect_max})")
+        if not 0.0 <= self.trace_sample <= 1.0:
+            raise ConfigError(f"trace_sample must be a fraction 0..1, got {self.trace_sample}")
         for lsid in self.core_lsids:
             if not 0 < lsid < 1 << 32:
                 raise ConfigError(f"core LSID {lsid:#x} must be 1..0xffffffff (0 is reserved)")
@@ -321,16 +345,7 @@ class NodeConfig:
             raise ConfigError(str(exc)) from None
 
 
-_ROUTER_KEYS = {"name", "listen", "udp", "control", "node_id", "core_lsids", "default_lsid",
-                "max_payload", "max_link_buffer", "link_credit", "max_flows_per_endpoint",
-                "join_timeout", "max_flows", "tick_interval", "reconnect_min", "reconnect_max",
-                "udp_idle_timeout", "endpoint_locality", "slow_consumer_bytes",
-                "slow_consumer_grace", "slow_consumer_stall", "frame_timeout", "control_token",
-                "accept_routers", "member_notice_interval", "member_refresh"}
 _QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
-_GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
-            "refresh_interval", "hold_factor", "max_refresh_rate"}
-_PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
 
 def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -350,6 +365,87 @@ def _lsid(value: Any, where: str) -> int:
     return lsid
 
 
+def _number(value: Any, where: str, kind: type, lo: float, hi: float) -> Any:
+    """*value* as an int (or float) within lo..hi, else a ConfigError naming *where*."""
+    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{where} must be {what}, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where} must be within {lo:{'d' if kind is int else 'g'}}.."
+                          f"{hi:{'d' if kind is int else 'g'}}, got {value!r}")
+    return kind(value)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def _address(value: Any, where: str) -> str | None:
+    """An address string; "" disables the listener."""
+    text = _text(value, where)
+    if text:
+        parse_address(text, where)
+    return text or None
+
+
+def _listen(value: Any, where: str) -> Any:
+    """One address or a list of them (a router on several interfaces)."""
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{where} must not be an empty list (use \"\" for no listener)")
+        return [_address(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return _address(value, where)
+
+
+def _limit(kind: type, lo: float, hi: float) -> Any:
+    return lambda v, where: _number(v, where, kind, lo, hi)
+
+
+#: [router] keys that map 1:1 onto NodeConfig fields, each with its type and range check
+_ROUTER_CHECKS: dict[str, Any] = {
+    "name": _text, "listen": _listen, "router_listen": _listen, "app_listen": _listen,
+    "udp": _address, "control": _address, "http": _address,
+    "node_id": _limit(int, 1, (1 << 64) - 1),
+    "max_payload": _limit(int, 1, 0xFFFFFFFF),
+    "max_link_buffer": _limit(int, 1024, 1 << 40),
+    "link_credit": _limit(int, 1024, 1 << 40),
+    "max_flows_per_endpoint": _limit(int, 1, 1 << 32),
+    "join_timeout": _limit(float, 0.001, 3600.0),
+    "max_flows": _limit(int, 1, 1 << 40),
+    "tick_interval": _limit(float, 0.001, 60.0),
+    "reconnect_min": _limit(float, 0.001, 3600.0),
+    "reconnect_max": _limit(float, 0.001, 86400.0),
+    "udp_idle_timeout": _limit(float, 0.01, 86400.0),
+    "slow_consumer_bytes": _limit(int, 1024, 1 << 40),
+    "slow_consumer_grace": _limit(float, 0.001, 86400.0),
+    "slow_consumer_stall": _limit(float, 0.001, 86400.0),
+    "frame_timeout": _limit(float, 0.001, 86400.0),
+    "control_token": lambda v, where: _text(v, where) or None,
+    "member_notice_interval": _limit(float, 0.001, 3600.0),
+    "member_refresh": _limit(float, 0.001, 86400.0),
+}
+
+
+_ROUTER_KEYS = set(_ROUTER_CHECKS) | {"core_lsids", "default_lsid", "endpoint_locality",
+                                      "accept_routers"}
+_GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
+            "refresh_interval", "hold_factor", "max_refresh_rate"}
+_PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
+
+
+def _as_list(value: Any) -> list[str]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
 def config_from_dict(data: dict[str, Any]) -> NodeConfig:
     _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
                        "quota"}, "the top level")
@@ -364,13 +460,14 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
     if "name" not in router:
         raise ConfigError("[router] needs a name")
     kw: dict[str, Any] = {}
-    for key in ("name", "listen", "udp", "control", "node_id", "max_payload", "max_link_buffer",
-                "link_credit", "max_flows_per_endpoint", "join_timeout", "max_flows",
-                "tick_interval", "reconnect_min", "reconnect_max", "udp_idle_timeout",
-                "slow_consumer_bytes", "slow_consumer_grace", "slow_consumer_stall",
-                "frame_timeout", "control_token", "member_notice_interval", "member_refresh"):
+    for key, check in _ROUTER_CHECKS.items():
         if key in router:
-            kw[key] = router[key] if router[key] != "" else None
+            kw[key] = check(router[key], f"[router] {key}")
+    if isinstance(kw.get("listen"), list):  # the first address, then the others
+        kw["listen"], kw["extra_listen"] = kw["listen"][0], kw["listen"][1:]
+    for key in ("router_listen", "app_listen"):
+        if key in kw:
+            kw[key] = [a for a in _as_list(kw[key]) if a]
     if "accept_routers" in router:
         if not isinstance(router["accept_routers"], list):
             raise ConfigError('[router] accept_routers must be a list of "name@host"')
@@ -388,19 +485,17 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
     gc = dict(data.get("gc") or {})
     _check_keys(gc, _GC_KEYS, "[gc]")
     if "epoch" in gc:
-        kw["epoch"] = float(gc["epoch"])
+        kw["epoch"] = _number(gc["epoch"], "[gc] epoch", float, 0.001, 86400.0)
     if "ping_after" in gc:
-        kw["gc_ping_after"] = int(gc["ping_after"])
+        kw["gc_ping_after"] = _number(gc["ping_after"], "[gc] ping_after", int, 1, 10_000)
     if "delete_after" in gc:
-        kw["gc_delete_after"] = int(gc["delete_after"])
-    for key in ("liveness_interval", "dead_after", "refresh_interval", "hold_factor",
-                "max_refresh_rate"):
+        kw["gc_delete_after"] = _number(gc["delete_after"], "[gc] delete_after", int, 1,
+                                        10_000)
+    for key, top in (("liveness_interval", 3600.0), ("dead_after", 86400.0),
+                     ("refresh_interval", 86400.0), ("hold_factor", 1000.0),
+                     ("max_refresh_rate", 1e9)):
         if key in gc:
-            try:
-                kw[key] = float(gc[key])
-            except (TypeError, ValueError):
-                raise ConfigError(f"[gc] {key} must be a number of seconds, got "
-                                  f"{gc[key]!r}") from None
+            kw[key] = _number(gc[key], f"[gc] {key}", float, 0.001, top)
     peers = []
     for i, peer in enumerate(data.get("peer") or []):
         where = f"[[peer]] #{i + 1}"
@@ -409,6 +504,11 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
         _check_keys(peer, _PEER_KEYS, where)
         if "address" not in peer:
             raise ConfigError(f"{where} needs an address")
+        _text(peer["address"], f"{where} address")
+        if "name" in peer:
+            _text(peer["name"], f"{where} name")
+        if "transport" in peer:
+            _text(peer["transport"], f"{where} transport")
         try:
             mods = Modifiers.from_mapping(peer.get("locality"))
             emu = Emulation.from_mapping({k: peer[k] for k in ("bandwidth", "delay", "loss")
@@ -436,17 +536,19 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
                 raise ConfigError(f"[link_auth] key_id {auth['key_id']!r} is not one of "
                                   f"[link_auth.keys] {sorted(keys)}")
             kw["link_key_id"] = str(auth["key_id"])
-        kw["link_encrypt"] = bool(auth.get("encrypt", False))
-        kw["link_auth_endpoints"] = bool(auth.get("require_endpoints", False))
+        kw["link_encrypt"] = _flag(auth.get("encrypt", False), "[link_auth] encrypt")
+        kw["link_auth_endpoints"] = _flag(auth.get("require_endpoints", False),
+                                          "[link_auth] require_endpoints")
     if "dir" in trace:
-        kw["trace_dir"] = str(trace["dir"])
+        kw["trace_dir"] = _text(trace["dir"], "[trace] dir")
     if "sample" in trace:
         sample = trace["sample"]
         if not isinstance(sample, (int, float)) or not 0 <= sample <= 1:
             raise ConfigError(f"[trace] sample must be a fraction 0..1, got {sample!r}")
         kw["trace_sample"] = float(sample)
     if "rotate_bytes" in trace:
-        kw["trace_rotate_bytes"] = int(trace["rotate_bytes"])
+        kw["trace_rotate_bytes"] = _number(trace["rotate_bytes"], "[trace] rotate_bytes", int,
+                                           4096, 1 << 40)
     routes = dict(data.get("routes") or {})
     if "default" in routes:
         kw["default_route"] = str(routes.pop("default"))

@@ -22,11 +22,31 @@ from typing import TYPE_CHECKING, Any
 
 from flowrouter.net.commandauth import sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
+from flowrouter.wire.control import Role
+
+log = logging.getLogger(__name__)
+
+#: longest control request line accepted (a longer one is answered with an error, then closed)
+CONTROL_LINE_LIMIT = 64 * 1024
+#: longest reply a client accepts (a status with a large flow table is long)
+CONTROL_REPLY_LIMIT = 256 * 1024 * 1024
 
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
 
 log = logging.getLogger("flowrouter.net.runtime")
+
+
+def peer_names(node: RouterNode) -> list[str]:
+    """Routers *node* knows by name: configured, emulated or currently linked."""
+    names = {p.name for p in node.config.peers if p.name} | set(node.emulated_peers)
+    names |= {lk.peer_name for lk in node.core.links.values()
+              if lk.peer_name and lk.role is Role.ROUTER}
+    return sorted(names)
+
+
+def knows_peer(node: RouterNode, name: str) -> bool:
+    return name in peer_names(node) or name in node.blocked_peers
 
 
 def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
@@ -36,6 +56,9 @@ def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
         return {"ok": True, "status": node.status()}
     if cmd == "ping":
         return {"ok": True, "name": node.config.name}
+    if cmd in ("emulate", "link") and not knows_peer(node, str(req["peer"])):
+        return {"ok": False, "error": f"{cmd}: router {node.config.name} has no peer named "
+                f"{req['peer']!r} (known: {', '.join(peer_names(node)) or 'none'})"}
     if cmd == "emulate":
         emu = Emulation.from_mapping({k: v for k, v in req.items() if k != "cmd"},
                                      "emulate")
@@ -55,7 +78,18 @@ async def serve_client(node: RouterNode, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:
     """Answer one control connection, a JSON line per request, until it closes."""
     try:
-        while line := await reader.readline():
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:  # longer than the stream limit: answer, then hang up
+                log.warning("router %s: control line over %d bytes from %s; closing",
+                            node.config.name, CONTROL_LINE_LIMIT,
+                            writer.get_extra_info("peername"))
+                writer.write(json.dumps({"ok": False, "error": "control line over "
+                                         f"{CONTROL_LINE_LIMIT} bytes"}).encode() + b"\n")
+                break
+            if not line:
+                break
             try:
                 req = json.loads(line)
                 cmd = req.get("cmd") if isinstance(req, dict) else None
@@ -95,18 +129,31 @@ async def query_control(address: str, cmd: str = "status", timeout: float = 5.0,
     elif link_key is not None:
         request = sign_command(request, link_key[0], link_key[1], time.time())
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            host, port, limit=CONTROL_REPLY_LIMIT), timeout)
     except (TimeoutError, OSError) as exc:
         raise ConnectionError(f"no router control interface answers at {address}: "
                               f"{exc}") from None
     try:
         writer.write(json.dumps(request).encode() + b"\n")
         line = await asyncio.wait_for(reader.readline(), timeout)
+    except TimeoutError:
+        raise ConnectionError(f"{address} accepted the control connection but did not "
+                              f"answer within {timeout:g}s (is it a router's control "
+                              "address?)") from None
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"control connection to {address} failed: {exc}") from None
     finally:
         writer.close()
     if not line:
         raise ConnectionError(f"router at {address} closed the control connection")
-    reply: dict[str, Any] = json.loads(line)
+    try:
+        reply: dict[str, Any] = json.loads(line)
+    except ValueError:
+        raise ConnectionError(f"{address} answered something that is not a router's "
+                              "control reply") from None
+    if not isinstance(reply, dict):
+        raise ConnectionError(f"{address} answered something that is not a control reply")
     if not reply.get("ok"):
         raise ConnectionError(f"router at {address}: {reply.get('error')}")
     return reply

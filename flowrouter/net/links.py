@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
 from flowrouter.net.output import LinkOutput
+from flowrouter.wire.control import Role
 from flowrouter.wire.header import (
     HEADER_SIZE,
     FrameDecoder,
@@ -42,11 +44,14 @@ class TcpLink(asyncio.Protocol):
     """One TCP connection to a router or an application (dialled or accepted)."""
 
     __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
-                 "reading", "hs", "secure", "frames_in", "partial_since")
+                 "reading", "hs", "secure", "frames_in", "partial_since", "only")
 
-    def __init__(self, node: RouterNode, peer: PeerConfig | None) -> None:
+    def __init__(self, node: RouterNode, peer: PeerConfig | None,
+                 only: Role | None = None) -> None:
         self.node = node
         self.peer = peer
+        #: accepted on a listener for routers only or applications only (None: either)
+        self.only = only
         self.link_id = 0
         self.transport: asyncio.Transport | None = None
         self.decoder = FrameDecoder(node.config.max_payload)
@@ -135,6 +140,13 @@ class TcpLink(asyncio.Protocol):
             link = node.core.links.get(self.link_id)
             if link is None:
                 return  # refused or dropped
+            if link.state is LinkState.UP and self.only is not None and link.role is not \
+                    self.only:
+                why = (f"{link.role.name.lower() if link.role else '?'} on a listener for "
+                       f"{self.only.name.lower()}s only")
+                node.execute(node.core.close_link(self.link_id, node.now(), why))
+                self.close(why)
+                return
             if self.secure is not None or link.state is LinkState.UP:
                 rest = bytes(buf)
                 self.hs = None
@@ -247,6 +259,7 @@ class TcpLink(asyncio.Protocol):
         node.execute(node.core.close_link(self.link_id, node.now(), reason))
         node._unregister(self.link_id)
         if self.peer is not None:
+            node.peer_errors[self.peer.address] = (time.time(), reason)
             node._redial(self.peer)
 
     def pause_writing(self) -> None:

@@ -27,6 +27,7 @@ from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
+from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, UdpLink
 from flowrouter.net.output import LinkOutput
@@ -87,6 +88,10 @@ class RouterNode:
                            else "link-congested")
         #: who may run control commands (flowrouter.net.commandauth); set when serving
         self.guard: CommandGuard | None = None
+        #: configured peer address -> (Unix time, why its link is not up): for /status
+        self.peer_errors: dict[str, tuple[float, str]] = {}
+        self._more_servers: list[asyncio.base_events.Server] = []
+        self._only: dict[int, Role | None] = {}  #: id(server) -> the role it accepts
 
     def _attach_fast_path(self) -> None:
         engine, self.fast_path_info = engine_choice()
@@ -118,6 +123,16 @@ class RouterNode:
             self._server = await loop.create_server(lambda: TcpLink(self, None), host, port,
                                                     reuse_address=True)
             log.info("router %s listening for TCP links on %s", cfg.name, self.tcp_address)
+        for addrs, only in ((cfg.extra_listen, None), (cfg.router_listen, Role.ROUTER),
+                            (cfg.app_listen, Role.ENDPOINT)):
+            for addr in addrs:
+                host, port = parse_address(addr, "listen")
+                srv = await loop.create_server(functools.partial(TcpLink, self, None, only),
+                                               host, port, reuse_address=True)
+                self._more_servers.append(srv)
+                self._only[id(srv)] = only
+                log.info("router %s listening for %s on %s", cfg.name,
+                         f"{only.name.lower()}s" if only else "TCP links", addr)
         if cfg.udp:
             host, port = parse_address(cfg.udp, "udp")
             # Our own socket object: asyncio's wrapper would forbid the zero-copy sendmsg.
@@ -136,7 +151,8 @@ class RouterNode:
             CommandGuard.check_bind(host, secrets)  # no open command port off loopback
             self.guard = CommandGuard(host, secrets, always=bool(cfg.control_token))
             self._control = await asyncio.start_server(
-                functools.partial(serve_control_client, self), host, port)
+                functools.partial(serve_control_client, self), host, port,
+                limit=CONTROL_LINE_LIMIT)
             log.info("router %s control interface on %s:%d", cfg.name, *self.control_address)
         for peer in cfg.peers:
             self._dial_soon(peer, 0.0)
@@ -146,7 +162,7 @@ class RouterNode:
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        for server in (self._server, self._control):
+        for server in (self._server, self._control, *self._more_servers):
             if server is not None:
                 server.close()
         for link in list(self._links.values()):
@@ -157,7 +173,7 @@ class RouterNode:
             self._tracer.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for server in (self._server, self._control):
+        for server in (self._server, self._control, *self._more_servers):
             if server is not None:
                 await server.wait_closed()
         log.info("router %s stopped", self.config.name)
@@ -321,6 +337,8 @@ class RouterNode:
         except OSError as exc:
             log.info("router %s: cannot reach %s (%s): %s", self.config.name,
                      peer.name or "peer", peer.address, exc.strerror or exc)
+            self.peer_errors[peer.address] = (time.time(),
+                                              f"cannot connect: {exc.strerror or exc}")
             self._redial(peer)
 
     # UDP ---------------------------------------------------------------------------------------
@@ -503,6 +521,33 @@ class RouterNode:
                                f"after {timeout}s") from None
 
     # control interface ----------------------------------------------------------------------
+    def listeners(self) -> list[dict[str, Any]]:
+        """Every TCP listener: its bound address and who it accepts (routers, apps, any)."""
+        rows = []
+        for srv in (self._server, *self._more_servers):
+            if srv is None:
+                continue
+            for sock in srv.sockets:
+                host, port = sock.getsockname()[:2]
+                only = self._only.get(id(srv))
+                rows.append({"address": f"{host}:{port}",
+                             "accepts": {None: "any", Role.ROUTER: "routers",
+                                         Role.ENDPOINT: "applications"}[only]})
+        return rows
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def blocked_peers(self) -> frozenset[str]:
+        """Peers administratively down (``link`` control command)."""
+        return frozenset(self._blocked)
+
+    @property
+    def emulated_peers(self) -> frozenset[str]:
+        return frozenset(self._emulation)
+
     def status(self) -> dict[str, Any]:
         st = self.core.status(self.now())
         for row in st["links"]:
@@ -513,4 +558,5 @@ class RouterNode:
                            else {"engine": None, "why": self.fast_path_info})
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self._udp else None
+        st["listeners"] = self.listeners()
         return st

@@ -42,7 +42,7 @@ May import the rest of :mod:`flowrouter.net` (and so everything below it).
 from __future__ import annotations
 
 from flowrouter.core.tables import Modifiers
-from flowrouter.net.control import query_control
+from flowrouter.net.control import CONTROL_LINE_LIMIT, query_control
 from flowrouter.net.node import RouterNode
 
-__all__ = ["RouterNode", "query_control", "Modifiers"]
+__all__ = ["CONTROL_LINE_LIMIT", "RouterNode", "query_control", "Modifiers"]

@@ -195,7 +195,10 @@ class Launcher:
             with (self.workdir / f"{r.name}.log").open("wb") as logf:  # noqa: ASYNC230
                 self.procs[r.name] = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "flowrouter.tools.cli", "--log-level", self.log_level,
-                    "run", "--config", str(cfg), stdout=logf, stderr=logf, env=env)
+                    "run", "--config", str(cfg), stdout=logf, stderr=logf, env=env,
+                    # Own session: a Ctrl-C at the terminal reaches only this launcher,
+                    # which then stops every router itself (cleanly, in order).
+                    start_new_session=True)
         deadline = time.monotonic() + 30
         for name, ctl in self.control.items():
             while True:
@@ -341,8 +344,11 @@ class Launcher:
         report = LaunchReport(self.topo.name, self.scenario, self.duration)
         clients: dict[str, Any] = {}
         tasks: list[asyncio.Task[Any]] = []
+        started = time.monotonic()
+        self.stop = self.stop or asyncio.Event()
         try:
-            await self.start_routers()
+            if not await self._unless_stopped(self.start_routers()):
+                return report
             creator = int.from_bytes(self.topo.name.encode()[:8].ljust(8, b"\0"), "big") or 1
             lsids = self.topo.lsids()
             flow = FlowID(creator, lsids[0] if lsids else 0x10, FLOW_LOCAL_ID)
@@ -369,11 +375,12 @@ class Launcher:
             if self.view:
                 tasks.append(asyncio.ensure_future(self._view()))
             tasks.append(asyncio.ensure_future(self._watch_links()))
-            self.stop = self.stop or asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop.wait(),
                                        max(0.0, self.t0 + self.duration - time.monotonic()))
         finally:
+            # The run's true length: Ctrl-C or a failed start ends it early.
+            report.duration = round(time.monotonic() - (self.t0 or started), 3)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -397,6 +404,20 @@ class Launcher:
             await asyncio.sleep(1.0)
             with contextlib.suppress(ConnectionError, OSError, KeyError):
                 await self.links_up()
+
+    async def _unless_stopped(self, coro: Any) -> bool:
+        """Run *coro* unless the stop event comes first (Ctrl-C during start-up)."""
+        assert self.stop is not None
+        work = asyncio.ensure_future(coro)
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if work.done():
+            work.result()
+            return True
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return False
 
     async def _at(self, t: float, fault: Fault, down: bool, report: LaunchReport) -> None:
         await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from flowrouter import console
 from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig, config_from_dict, load_config
 
 log = logging.getLogger("flowrouter")
@@ -30,6 +31,11 @@ def parse_peer(text: str) -> PeerConfig:
     name, sep, rest = text.partition("=")
     if not sep:
         name, rest = "", text
+    if "@" in rest and not sep:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write a named peer as NAME=HOST:PORT (e.g. r2=127.0.0.1:7002)")
+    if sep and not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: the peer name before '=' is empty")
     transport = "tcp"
     if rest.endswith(("/udp", "/tcp")):
         rest, transport = rest[:-4], rest[-3:]
@@ -54,13 +60,11 @@ def parse_route(text: str) -> tuple[int, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = console.ArgumentParser(
         prog="flowrouter",
         description="Flow overlay router: routes named multicast flows between applications "
                     "(flowlib) across an overlay of routers.")
-    p.add_argument("--log-level", default="info",
-                   choices=["debug", "info", "warning", "error"],
-                   help="how much the router says on stderr (default: info)")
+    console.add_logging_options(p, default_level=None)
     p.add_argument("--uvloop", action="store_true",
                    help="run on uvloop's faster event loop (pip install 'flownet[fast]'; "
                         "also FLOWNET_UVLOOP=1)")
@@ -111,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--control", required=True, metavar="HOST:PORT",
                     help="the router's control address")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
+    st.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                    help="give up when the router does not answer within this (default 5)")
 
     chk = sub.add_parser("check-config", help="validate a router config file and exit",
                          description="Load and check a router TOML config; print what it "
@@ -124,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "masks, sends messages on several bands and shows who got what. Exits "
                     "0 when every receiver got exactly its bands.")
     demo.add_argument("--count", type=int, default=5, help="messages per band (default 5)")
+    demo.add_argument("-v", "--verbose", action="count", default=0, dest="sub_verbose",
+                      help="also show the routers' log lines (-vv: debug)")
 
     up = sub.add_parser(
         "up", help="bring a whole topology up on this machine, with its fault schedule",
@@ -141,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
     up.add_argument("--base-port", type=int, help="shift the topology's ports to start here")
     up.add_argument("--workdir", help="where router configs and logs go (default: a temp dir)")
-    up.add_argument("--router-log-level", default="warning",
-                    choices=["debug", "info", "warning", "error"])
+    up.add_argument("--router-log-level", default="info", choices=console.LOG_LEVELS,
+                    help="level of the router logs written to the workdir (default info)")
     up.add_argument("--quiet", action="store_true", help="no live view, summary only")
     up.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -184,20 +192,28 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(**fields)
 
 
-async def run_node(cfg: NodeConfig) -> None:
+async def run_node(cfg: NodeConfig) -> int:
+    """Run a router until SIGTERM (exit code 0) or Ctrl-C (130), then stop it cleanly."""
     from flowrouter.net.runtime import RouterNode
 
     node = RouterNode(cfg)
-    await node.start()
     stop = asyncio.Event()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
+    await node.start()
     log.info("router %s running (core for %s); Ctrl-C to stop", cfg.name,
              ", ".join(f"{x:#x}" for x in sorted(cfg.core_lsids)) or "no LSID")
     await stop.wait()
     log.info("router %s stopping", cfg.name)
     await node.stop()
+    return console.EXIT_INTERRUPTED if got[:1] == [signal.SIGINT] else 0
 
 
 def format_status(st: dict[str, Any]) -> str:
@@ -252,24 +268,28 @@ def _up(args: argparse.Namespace) -> int:
                             rate=args.rate, size=args.size, view=not args.quiet,
                             workdir=args.workdir, base_port=args.base_port,
                             log_level=args.router_log_level)
-    except (TopologyError, KeyError, OSError) as exc:
-        print(f"flowrouter up: {exc}", file=sys.stderr)
-        return 2
+    except (TopologyError, KeyError) as exc:
+        raise console.UsageError(str(exc).strip("'\"")) from None
+    interrupted: list[int] = []
 
     async def go() -> Any:
-        launcher.stop = asyncio.Event()
+        stop = launcher.stop = asyncio.Event()
+
+        def on_signal(sig: int) -> None:
+            interrupted.append(sig)
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, launcher.stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
         return await launcher.run()
 
     try:
         report = asyncio.run(go())
     except RuntimeError as exc:
-        print(f"flowrouter up: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(asdict(report)) if args.json else summarize(report))
-    return 0
+        raise console.RuntimeFailure(str(exc)) from None
+    print(json.dumps(asdict(report)) if args.json else summarize(report), flush=True)
+    return console.EXIT_INTERRUPTED if signal.SIGINT in interrupted else 0
 
 
 def _use_uvloop(wanted: bool) -> None:
@@ -288,59 +308,56 @@ def _use_uvloop(wanted: bool) -> None:
     log.info("using uvloop %s", uvloop.__version__)
 
 
+# Default log level per command: a daemon tells what it does, a one-shot tool only warns.
+_DEFAULT_LEVEL = {"run": "info"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``flowrouter`` console script: one-line errors and exit codes (flowrouter.console)."""
+    return console.run("flowrouter", _main, argv, usage_errors=(ConfigError,),
+                       runtime_errors=(ConnectionError,))
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:  # the simulator has its own parser (and --help)
         from flowrouter.testbed.sim import cli_main
 
         return int(cli_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    args.verbose = (args.verbose or 0) + (getattr(args, "sub_verbose", 0) or 0)
+    console.setup_logging(args, node="flowrouter",
+                          default_level=_DEFAULT_LEVEL.get(args.command, "warning"))
     _use_uvloop(args.uvloop)
-    try:
-        if args.command == "run":
-            cfg = _config_from_args(args)
-            try:
-                asyncio.run(run_node(cfg))
-            except OSError as exc:
-                print(f"flowrouter: cannot start router {cfg.name}: {exc}", file=sys.stderr)
-                return 1
-            return 0
-        if args.command == "status":
-            from flowrouter.net.runtime import query_control
+    if args.command == "run":
+        cfg = _config_from_args(args)
+        console.set_node(cfg.name)
+        try:
+            return asyncio.run(run_node(cfg))
+        except OSError as exc:
+            raise console.RuntimeFailure(f"cannot start router {cfg.name}: {exc}") from None
+    if args.command == "status":
+        from flowrouter.net.runtime import query_control
 
-            reply = asyncio.run(query_control(args.control))
-            print(json.dumps(reply["status"], indent=2) if args.json
-                  else format_status(reply["status"]))
-            return 0
-        if args.command == "check-config":
-            cfg = load_config(args.config)
-            print(f"{args.config}: OK: router {cfg.name}, listen {cfg.listen}, "
-                  f"{len(cfg.peers)} peer(s), core for "
-                  f"{[hex(x) for x in sorted(cfg.core_lsids)] or 'no LSID'}")
-            return 0
-        if args.command == "demo":
-            from flowrouter.testbed.demo import run_demo
+        reply = asyncio.run(query_control(args.control, timeout=args.timeout))
+        print(json.dumps(reply["status"], indent=2) if args.json
+              else format_status(reply["status"]))
+        return 0
+    if args.command == "check-config":
+        cfg = load_config(args.config)
+        listen = ", ".join([*([cfg.listen] if cfg.listen else []), *cfg.extra_listen,
+                            *(f"{a} (routers)" for a in cfg.router_listen),
+                            *(f"{a} (applications)" for a in cfg.app_listen)]) or "none"
+        print(f"{args.config}: OK: router {cfg.name}, listen {listen}, "
+              f"{len(cfg.peers)} peer(s), core for "
+              f"{[hex(x) for x in sorted(cfg.core_lsids)] or 'no LSID'}")
+        return 0
+    if args.command == "demo":
+        from flowrouter.testbed.demo import run_demo
 
-            return asyncio.run(run_demo(args.count))
-        if args.command == "up":
-            return _up(args)
-        if args.command == "sim":
-            try:
-                from flowrouter.testbed.sim import cli_main
-            except ImportError as exc:  # pragma: no cover
-                print(f"flowrouter sim is unavailable: {exc}", file=sys.stderr)
-                return 2
-            return int(cli_main(args.args) or 0)
-    except ConfigError as exc:
-        print(f"flowrouter: config error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionError as exc:
-        print(f"flowrouter: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        return asyncio.run(run_demo(args.count))
+    if args.command == "up":
+        return _up(args)
     return 2
 
 

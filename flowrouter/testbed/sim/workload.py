@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from flowrouter import console
 from flowrouter.testbed.sim.endpoint import Delivery, SimEndpoint
 from flowrouter.testbed.sim.network import SimNetwork, SimulationError
 from flowrouter.testbed.topology import Topology, TopologyError, load
@@ -271,7 +272,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = console.ArgumentParser(
         prog="flowrouter sim",
         description="Run a topology file in the deterministic simulator with a simple "
                     "workload: every endpoint joins one shared flow (on the topology's first "
