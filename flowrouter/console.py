@@ -201,11 +201,8 @@ def run(prog: str, main: Callable[[Any], int | None],
         code = main(argv)
         sys.stdout.flush()
         return int(code or 0)
-    except SystemExit as exc:  # argparse (--help, --version, usage errors) or an explicit exit
-        if exc.code is None or isinstance(exc.code, int):
-            return int(exc.code or 0)
-        print(f"{prog}: {exc.code}", file=sys.stderr)
-        return EXIT_RUNTIME
+    except SystemExit:  # argparse (--help, --version, usage errors): already said its piece
+        raise
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
