@@ -57,7 +57,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if "--version" not in self._option_string_actions:
+        # The command itself, not its subcommands (whose progs are "prog sub"): a subcommand
+        # may have a --version of its own (flowcat issue-policy --version N).
+        if " " not in self.prog and "--version" not in self._option_string_actions:
             self.add_argument("--version", action="version",
                               version=f"%(prog)s (flownet) {__version__}")
 
