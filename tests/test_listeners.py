@@ -20,7 +20,8 @@ def test_router_and_application_listeners_accept_only_their_kind(tmp_path: objec
     async def go() -> None:
         hub = RouterNode(NodeConfig("hub", listen=None, router_listen=["127.0.0.1:0"],
                                     app_listen=["127.0.0.1:0"], core_lsids=frozenset({0x10}),
-                                    default_lsid=0x10))
+                                    default_lsid=0x10,
+                                    accept_routers=["edge@127.0.0.1", "stray@127.0.0.1"]))
         await hub.start()
         try:
             kinds = _by_kind(hub)
