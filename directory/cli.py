@@ -20,10 +20,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from prometheus_client.core import GaugeMetricFamily
+
 import flowlib
 from flowlib import ConnectError, FlowError, Locality
 from flowlib.cliopts import add_connection_options, connect_kwargs, publish_policies, routers
 from flowrouter import console
+from flowrouter.monitor import Monitored, start_monitor
 
 from . import cliargs as A
 from . import protocol as P
@@ -148,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse registrations beyond this many entries (default %(default)s)")
     s.add_argument("--no-sync", action="store_true",
                    help="do not ask the other members for their entries at start-up")
+    s.add_argument("--http", metavar="[HOST:]PORT",
+                   help="serve /healthz, /status and /metrics here (a bare port: on "
+                        "127.0.0.1; default: no HTTP)")
     s.add_argument("--duration", type=A.positive, metavar="SECONDS",
                    help="stop after this long (default: until interrupted)")
 
@@ -268,6 +274,29 @@ def _change_line(change: Change) -> str:
 
 
 # ----------------------------------------------------------------------------- commands
+def _http_address(text: str | None) -> str | None:
+    return None if not text else f"127.0.0.1:{text}" if text.isdigit() else text
+
+
+def _member_source(member: DirectoryMember) -> Monitored:
+    """The monitoring view of a directory member (flowrouter.monitor)."""
+    def status() -> dict[str, Any]:
+        return {"member": member.name, "flow": str(member.flow), "lsid": member.lsid,
+                "router": member.client.address, "connected": member.client.connected,
+                "entries": len(member.store), "synced": member.synced.is_set()}
+
+    def metrics() -> Any:
+        yield GaugeMetricFamily("flownet_directory_entries", "entries held by this member",
+                                value=len(member.store))
+        yield GaugeMetricFamily("flownet_directory_router_connected",
+                                "1 while the member's router link is up",
+                                value=1 if member.client.connected else 0)
+
+    return Monitored(kind="directory", name=member.name, status=status, metrics=metrics,
+                     health=lambda: (member.client.connected, "ok" if member.client.connected
+                                     else "router link down"))
+
+
 async def _serve(args: argparse.Namespace, addresses: list[str]) -> int:
     """Run a member; if its router goes away (or restarts), reconnect (trying every
     --router) with back-off and rejoin, keeping the entries: a router restart should not
@@ -294,6 +323,7 @@ async def _serve(args: argparse.Namespace, addresses: list[str]) -> int:
             continue
         first, backoff = False, 0.2
         args.member_name = member.name  # the same name after a reconnect
+        http = await start_monitor(_member_source(member), _http_address(args.http))
         print(f"flowdir: member {member.name} serving directory {member.flow} via router "
               f"{member.client.router_name} ({member.client.address})", file=sys.stderr,
               flush=True)
@@ -304,6 +334,8 @@ async def _serve(args: argparse.Namespace, addresses: list[str]) -> int:
             except TimeoutError:
                 return EXIT_OK
         finally:
+            if http is not None:
+                await http.stop()
             await member.stop()
         print(f"flowdir: lost router {member.client.address} "
               f"({member.client.close_reason}); reconnecting", file=sys.stderr, flush=True)

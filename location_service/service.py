@@ -33,6 +33,7 @@ class LocationServiceConfig:
     encrypt: bool = False
     #: routers (members or not) that dial this one, as "name@host" (no link keys)
     accept_routers: list[str] = field(default_factory=list)
+    http: str | None = "auto"  #: HTTP monitoring address (see NodeConfig.http)
 
     def __post_init__(self) -> None:
         if not self.lsids:
@@ -41,7 +42,7 @@ class LocationServiceConfig:
 
 def member_config(ls: LocationServiceConfig) -> NodeConfig:
     """The router configuration that makes a node a member of its location service(s)."""
-    return NodeConfig(name=ls.name, listen=ls.listen, control=ls.control,
+    return NodeConfig(name=ls.name, listen=ls.listen, control=ls.control, http=ls.http,
                       core_lsids=frozenset(ls.lsids), default_lsid=min(ls.lsids),
                       peers=[*ls.members, *ls.peers], epoch=ls.epoch,
                       link_keys=dict([ls.link_key]) if ls.link_key else {},
@@ -104,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--listen", default="127.0.0.1:7500", metavar="HOST:PORT",
                      help="TCP address for routers and applications (default %(default)s)")
     run.add_argument("--control", metavar="HOST:PORT", help="status/control address")
+    run.add_argument("--http", metavar="HOST:PORT", default="auto",
+                     help="HTTP monitoring: /healthz, /status, /metrics (default: 127.0.0.1 on "
+                          "the listen port + 1000; 'off' for none)")
     run.add_argument("--member", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT", help="another member of this LS to link to")
     run.add_argument("--peer", action="append", type=parse_peer, default=[],
@@ -151,12 +155,12 @@ def _main(argv: list[str] | None = None) -> int:
             name=args.name, lsids=frozenset(args.lsid), listen=args.listen,
             control=args.control, members=args.member, peers=args.peer,
             epoch=args.epoch, link_key=args.link_key, encrypt=args.encrypt,
-            accept_routers=args.accept_router))
+            accept_routers=args.accept_router, http=args.http))
         if args.encrypt and not args.link_key:
             raise ConfigError("--encrypt needs --link-key")
         console.set_node(cfg.name)
         try:
-            return asyncio.run(run_node(cfg))
+            return asyncio.run(run_node(cfg, "location-service"))
         except OSError as exc:
             raise console.RuntimeFailure(f"cannot start member {cfg.name}: {exc}") from None
     if args.command == "lookup":

@@ -20,6 +20,7 @@ from typing import Any
 
 from flowlib.cliopts import add_connection_options, connect_kwargs, routers
 from flowrouter import console
+from flowrouter.monitor import Monitored, start_monitor
 
 EPILOG_SERVER = """\
 One site server per site. All servers of a room must be given the same --sites (and, in
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", default="all-to-all", choices=["all-to-all", "hasten", "leader"],
                    help="ordering mode (default all-to-all = delay-delivery)")
     s.add_argument("--leader", help="leader mode: the site that sequences")
+    s.add_argument("--http", metavar="[HOST:]PORT",
+                   help="serve /healthz, /status and /metrics here (a bare port: on "
+                        "127.0.0.1; default: no HTTP)")
     s.add_argument("--listen", default="127.0.0.1:7600", metavar="HOST:PORT",
                    help="where thin clients connect (default 127.0.0.1:7600; port 0 = any)")
     s.add_argument("--flow", help="use this room flow (creator:lsid:local) instead of "
@@ -196,6 +200,8 @@ def make_server(a: argparse.Namespace) -> Any:
 async def _server(a: argparse.Namespace) -> int:
     srv = make_server(a)
     await srv.start()
+    http = await start_monitor(chat_source(srv), None if not a.http else
+                               f"127.0.0.1:{a.http}" if a.http.isdigit() else a.http)
     print(f"flowchat: site {a.site} ({a.mode}) in room {a.room!r} on flow {srv.flow} "
           f"({srv.flow_source}); clients connect to "
           f"{srv.address[0]}:{srv.address[1]}" if srv.address else "", flush=True)
@@ -205,8 +211,34 @@ async def _server(a: argparse.Namespace) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if http is not None:
+        await http.stop()
     await srv.stop()
     return 0
+
+
+def chat_source(srv: Any) -> Monitored:
+    """The monitoring view of a site server (flowrouter.monitor)."""
+    def connected() -> bool:
+        return bool(srv.client is not None and srv.client.connected)
+
+    def status() -> dict[str, Any]:
+        return {"site": srv.site, "room": srv.room, "mode": srv.config.mode,
+                "flow": str(srv.flow), "router_connected": connected(),
+                "clients": len(srv.clients),
+                "listen": "%s:%d" % tuple(srv.address[:2]) if srv.address else None}
+
+    def metrics() -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily("flownet_chat_clients", "thin clients connected",
+                                value=len(srv.clients))
+        yield GaugeMetricFamily("flownet_chat_router_connected",
+                                "1 while the server's router link is up",
+                                value=1 if connected() else 0)
+
+    return Monitored(kind="chat-server", name=srv.site, status=status, metrics=metrics,
+                     health=lambda: (connected(), "ok" if connected() else "router link down"))
 
 
 def main(argv: list[str] | None = None) -> int:

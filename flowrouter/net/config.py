@@ -4,9 +4,13 @@ Example (every key optional except ``router.name``)::
 
     [router]
     name = "r1"
-    listen = "127.0.0.1:7001"     # TCP for routers and endpoints; "" disables
+    listen = "127.0.0.1:7001"     # TCP for routers and endpoints; "" disables; or a list
+    router_listen = ["10.0.0.1:7001"]  # only routers may connect here (optional)
+    app_listen = ["127.0.0.1:7002"]    # only applications may connect here (optional)
     udp = "127.0.0.1:7001"        # UDP links (optional)
     control = "127.0.0.1:7101"    # status/control interface (optional)
+    http = "127.0.0.1:8001"       # /healthz /status /metrics; default "auto": 127.0.0.1 on
+                                  # the listen port + 1000; "off": none
     core_lsids = [0x10]           # this router is the core for these LSIDs
     default_lsid = 0x10           # suggested to endpoints for new flows
     max_payload = 65536
@@ -65,7 +69,7 @@ Example (every key optional except ``router.name``)::
     delay = 0.05                  # seconds, one way
     loss = 0.01                   # probability a frame is lost
 
-Every error names the file and the key that is wrong.
+Every value is type- and range-checked; every error names the file and the key that is wrong.
 
 Trust: on an overlay without ``[link_auth]`` keys a link may be a router only if this router
 dialled it, or its HELLO name and source host match a ``[[peer]]`` (name and address host) or
@@ -173,8 +177,9 @@ class NodeConfig:
     app_listen: list[str] = field(default_factory=list)
     udp: str | None = None
     control: str | None = None
-    #: HTTP monitoring (/healthz, /status, /metrics); None: off
-    http: str | None = None
+    #: HTTP monitoring (/healthz, /status, /metrics): HOST:PORT, "auto" (127.0.0.1, the listen
+    #: port + 1000; see http_address) or None (off)
+    http: str | None = "auto"
     node_id: int | None = None
     core_lsids: frozenset[int] = frozenset()
     default_lsid: int = 0
@@ -236,7 +241,8 @@ class NodeConfig:
         if not self.name or not isinstance(self.name, str):
             raise ConfigError("router name must be a non-empty string")
         for what, addr in (("listen", self.listen), ("udp", self.udp),
-                           ("control", self.control), ("http", self.http),
+                           ("control", self.control),
+                           ("http", None if self.http == "auto" else self.http),
                            *(("listen", a) for a in self.extra_listen),
                            *(("router_listen", a) for a in self.router_listen),
                            *(("app_listen", a) for a in self.app_listen)):
@@ -310,6 +316,18 @@ class NodeConfig:
                 if secret is not None:
                     out[kid] = secret
         return out
+
+    def http_address(self) -> str | None:
+        """Where HTTP monitoring listens: the configured address, or for "auto" loopback on
+        the TCP listen port + 1000 (7000 -> 8000; none when the listen port is 0 or unset)."""
+        if self.http in (None, "", "off"):
+            return None
+        if self.http != "auto":
+            return self.http
+        if not self.listen:
+            return None
+        port = parse_address(self.listen)[1]
+        return f"127.0.0.1:{port + 1000}" if 0 < port <= 64535 else None
 
     def keyring(self) -> Any:
         if not self.link_keys:
@@ -413,7 +431,8 @@ def _limit(kind: type, lo: float, hi: float) -> Any:
 #: [router] keys that map 1:1 onto NodeConfig fields, each with its type and range check
 _ROUTER_CHECKS: dict[str, Any] = {
     "name": _text, "listen": _listen, "router_listen": _listen, "app_listen": _listen,
-    "udp": _address, "control": _address, "http": _address,
+    "udp": _address, "control": _address,
+    "http": lambda v, where: v if v in ("auto", "off") else _address(v, where),
     "node_id": _limit(int, 1, (1 << 64) - 1),
     "max_payload": _limit(int, 1, 0xFFFFFFFF),
     "max_link_buffer": _limit(int, 1024, 1 << 40),

@@ -89,8 +89,14 @@ class Launcher:
     def __init__(self, topo: Topology, *, scenario: str | None = None,
                  duration: float | None = None, rate: float = 1.0, size: int = 200,
                  view: bool = True, workdir: str | None = None, base_port: int | None = None,
-                 log_level: str = "warning", emulate_delay: bool = True) -> None:
+                 log_level: str = "warning", emulate_delay: bool = True,
+                 web: str | None = None) -> None:
         self.topo = topo
+        self.web = web  #: serve the dashboard here (flowrouter.testbed.webview)
+        self.web_url: str | None = None
+        #: links cut by the fault schedule now (name -> what), and every fault event so far
+        self.cut: dict[str, str] = {}
+        self.events: list[tuple[float, str]] = []
         self.scenario = scenario
         if scenario is not None:
             topo.scenario(scenario)  # KeyError with the known names
@@ -319,6 +325,11 @@ class Launcher:
                 what = "down" if down else "up"
             t = time.monotonic() - self.t0
             report.faults_applied.append((t, f"{name} {what}"))
+            self.events.append((t, f"link {name} {what}"))
+            if down and fault.kind != "set":
+                self.cut[name] = what
+            else:
+                self.cut.pop(name, None)
             if self.view:
                 print(f"[{t:7.2f}s] fault: link {name} {what}", flush=True)
 
@@ -345,10 +356,19 @@ class Launcher:
         clients: dict[str, Any] = {}
         tasks: list[asyncio.Task[Any]] = []
         started = time.monotonic()
+        closers: list[Any] = []
         self.stop = self.stop or asyncio.Event()
         try:
             if not await self._unless_stopped(self.start_routers()):
                 return report
+            if self.web:
+                from flowrouter.testbed.webview import start_web
+
+                web = await start_web(self, self.web)
+                if web is not None:
+                    closers.append(web.stop)
+                    self.web_url = web.url
+                    print(f"dashboard: {web.url}/", flush=True)
             creator = int.from_bytes(self.topo.name.encode()[:8].ljust(8, b"\0"), "big") or 1
             lsids = self.topo.lsids()
             flow = FlowID(creator, lsids[0] if lsids else 0x10, FLOW_LOCAL_ID)
@@ -381,6 +401,8 @@ class Launcher:
         finally:
             # The run's true length: Ctrl-C or a failed start ends it early.
             report.duration = round(time.monotonic() - (self.t0 or started), 3)
+            for close in closers:
+                await close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--udp", metavar="HOST:PORT", help="also accept UDP links on this address")
     run.add_argument("--control", metavar="HOST:PORT",
                      help="status/control interface address (for 'flowrouter status')")
+    run.add_argument("--http", metavar="HOST:PORT",
+                     help="HTTP monitoring: /healthz, /status, /metrics (default: 127.0.0.1 on "
+                          "the listen port + 1000; 'off' for none)")
     run.add_argument("--peer", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT[/udp]",
                      help="a router to dial and keep connected (repeatable)")
@@ -152,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--router-log-level", default="info", choices=console.LOG_LEVELS,
                     help="level of the router logs written to the workdir (default info)")
     up.add_argument("--quiet", action="store_true", help="no live view, summary only")
+    up.add_argument("--web", metavar="[HOST:]PORT",
+                    help="serve a live dashboard of the overlay here (a bare port: on "
+                         "127.0.0.1): graph, link states and rates, fault events, flow tree")
     up.add_argument("--json", action="store_true", help="print the report as JSON")
 
     sim = sub.add_parser("sim", help="run a topology in the deterministic simulator",
@@ -170,6 +176,7 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
         cfg = config_from_dict({"router": {"name": args.name}})
     overrides = {
         "name": args.name, "listen": args.listen, "udp": args.udp, "control": args.control,
+        "http": args.http,
         "default_lsid": args.default_lsid, "default_route": args.default_route,
         "max_payload": args.max_payload, "epoch": args.epoch,
         "trace_dir": args.trace_dir, "trace_sample": args.trace_sample,
@@ -192,8 +199,11 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(**fields)
 
 
-async def run_node(cfg: NodeConfig) -> int:
-    """Run a router until SIGTERM (exit code 0) or Ctrl-C (130), then stop it cleanly."""
+async def run_node(cfg: NodeConfig, kind: str = "router") -> int:
+    """Run a router (with its HTTP monitoring) until SIGTERM (exit code 0) or Ctrl-C (130),
+    then stop it cleanly."""
+    from flowrouter.monitor import start_monitor
+    from flowrouter.net.observe import router_source
     from flowrouter.net.runtime import RouterNode
 
     node = RouterNode(cfg)
@@ -208,10 +218,13 @@ async def run_node(cfg: NodeConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     await node.start()
+    http = await start_monitor(router_source(node, kind), cfg.http_address())
     log.info("router %s running (core for %s); Ctrl-C to stop", cfg.name,
              ", ".join(f"{x:#x}" for x in sorted(cfg.core_lsids)) or "no LSID")
     await stop.wait()
     log.info("router %s stopping", cfg.name)
+    if http is not None:
+        await http.stop()
     await node.stop()
     return console.EXIT_INTERRUPTED if got[:1] == [signal.SIGINT] else 0
 
@@ -267,7 +280,9 @@ def _up(args: argparse.Namespace) -> int:
         launcher = Launcher(topo, scenario=args.scenario, duration=args.duration,
                             rate=args.rate, size=args.size, view=not args.quiet,
                             workdir=args.workdir, base_port=args.base_port,
-                            log_level=args.router_log_level)
+                            log_level=args.router_log_level,
+                            web=None if not args.web else f"127.0.0.1:{args.web}"
+                            if args.web.isdigit() else args.web)
     except (TopologyError, KeyError) as exc:
         raise console.UsageError(str(exc).strip("'\"")) from None
     interrupted: list[int] = []
