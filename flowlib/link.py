@@ -64,8 +64,10 @@ class Link(asyncio.Protocol):
         #: per read, not per frame)
         self.reads = 0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # duck-typed: uvloop's transports are not asyncio.Transport subclasses (an isinstance
+        # check here made `flowrouter --uvloop demo` time out)
+        transport: Any = base
         self.transport = transport
         client = self.client
         if client._link is not self:

@@ -465,7 +465,9 @@ def _as_list(value: Any) -> list[str]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
-def config_from_dict(data: dict[str, Any]) -> NodeConfig:
+def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> NodeConfig:
+    """A checked NodeConfig from a parsed TOML document; relative key files are looked up
+    in *config_dir* (the config file's directory)."""
     _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
                        "quota"}, "the top level")
     quota = dict(data.get("quota") or {})
@@ -478,7 +480,7 @@ def config_from_dict(data: dict[str, Any]) -> NodeConfig:
     _check_keys(router, _ROUTER_KEYS, "[router]")
     if "name" not in router:
         raise ConfigError("[router] needs a name")
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"config_dir": config_dir}
     for key, check in _ROUTER_CHECKS.items():
         if key in router:
             kw[key] = check(router[key], f"[router] {key}")
@@ -589,8 +591,7 @@ def load_config(path: str | Path) -> NodeConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     try:
-        cfg = config_from_dict(data)
-        cfg.config_dir = str(path.parent)
+        cfg = config_from_dict(data, str(path.parent))
         cfg.params()  # key files are read (and their permissions checked) now
         return cfg
     except ConfigError as exc:

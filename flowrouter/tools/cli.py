@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "127.0.0.1): graph, link states and rates, fault events, flow tree")
     up.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    from flowrouter.tools import keygen
+
+    keygen.add_parser(sub)
+
     sim = sub.add_parser("sim", help="run a topology in the deterministic simulator",
                          add_help=False)
     sim.add_argument("args", nargs=argparse.REMAINDER)
@@ -373,6 +377,10 @@ def _main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_demo(args.count))
     if args.command == "up":
         return _up(args)
+    if args.command == "keygen":
+        from flowrouter.tools import keygen
+
+        return keygen.run(args)
     return 2
 
 
