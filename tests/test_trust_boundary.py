@@ -318,7 +318,9 @@ def test_slow_consumer_is_closed_after_the_grace_time_with_a_fault_notice(
 # ---------------------------------------------------------------- commands need proof
 def test_control_commands_need_proof_when_a_token_is_set() -> None:
     async def main() -> None:
-        core = await _router(control="127.0.0.1:0", control_token="s3cret-token-123")
+        # "x" is a router it knows (commands for unknown peers are refused: issue 17)
+        core = await _router(control="127.0.0.1:0", control_token="s3cret-token-123",
+                             accept_routers=["x@127.0.0.1"])
         try:
             ctl = "%s:%d" % core.control_address
             assert (await query_control(ctl, "status"))["status"]["name"] == "core"

@@ -242,7 +242,7 @@ class NodeConfig:
             raise ConfigError("router name must be a non-empty string")
         for what, addr in (("listen", self.listen), ("udp", self.udp),
                            ("control", self.control),
-                           ("http", None if self.http == "auto" else self.http),
+                           ("http", None if self.http in ("auto", "off") else self.http),
                            *(("listen", a) for a in self.extra_listen),
                            *(("router_listen", a) for a in self.router_listen),
                            *(("app_listen", a) for a in self.app_listen)):

@@ -40,6 +40,7 @@ log = logging.getLogger("flowrouter.net.runtime")
 def peer_names(node: RouterNode) -> list[str]:
     """Routers *node* knows by name: configured, emulated or currently linked."""
     names = {p.name for p in node.config.peers if p.name} | set(node.emulated_peers)
+    names |= {name for name, _host in node.config.accepted_routers()}
     names |= {lk.peer_name for lk in node.core.links.values()
               if lk.peer_name and lk.role is Role.ROUTER}
     return sorted(names)
