@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 MARKED = re.compile(r"<!-- runnable(?P<daemons>: daemons)?(?: expect=\"(?P<expect>[^\"]*)\")?"
-                    r"[^>]*-->\n```sh\n(?P<body>.*?)```", re.S)
+                    r"[^>]*-->\n```(?P<lang>sh|python)\n(?P<body>.*?)```", re.S)
 
 
 def _blocks() -> tuple[str, list[tuple[str, str]]]:
@@ -29,7 +29,10 @@ def _blocks() -> tuple[str, list[tuple[str, str]]]:
         if m.group("daemons"):
             daemons = m.group("body")
         else:
-            blocks.append((m.group("body"), m.group("expect") or ""))
+            body = m.group("body")
+            if m.group("lang") == "python":
+                body = f"{shlex.quote(sys.executable)} -c {shlex.quote(body)}\n"
+            blocks.append((body, m.group("expect") or ""))
     return daemons, blocks
 
 
@@ -72,6 +75,9 @@ def test_readme_shell_blocks_run_verbatim(tmp_path: Path) -> None:
     def move_ports(text: str) -> str:
         def sub(m: re.Match[str]) -> str:
             return "127.0.0.1:" + ports.setdefault(m.group(1), str(_free_port()))
+        def sub_py(m: re.Match[str]) -> str:
+            return '"127.0.0.1", ' + ports.setdefault(m.group(1), str(_free_port()))
+        text = re.sub(r'"127\.0\.0\.1", ((?:70|71|80)\d\d)\b', sub_py, text)
         return re.sub(r"127\.0\.0\.1:((?:70|71|80)\d\d)\b", sub, text)
 
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),

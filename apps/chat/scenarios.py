@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from flowrouter.testbed import topology as T
+from flowrouter.testbed.topofiles import find_topology
 
 from .igo import Delivery, IGOConfig
 
@@ -22,7 +22,9 @@ LEADER_SITE = "hub"
 LEADER_ENDPOINT = "leader"
 
 
-DEFAULT_TOPOLOGY = Path(__file__).resolve().parents[2] / "topologies" / "seed003-testbed.toml"
+#: the checkout's topologies/, else one in the working directory or above (an installed
+#: package ships none next to itself)
+DEFAULT_TOPOLOGY = find_topology("seed003-testbed.toml")
 
 
 @dataclass(frozen=True)
