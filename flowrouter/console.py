@@ -103,17 +103,22 @@ _our_handlers: list[logging.Handler] = []
 
 
 def add_logging_options(parser: argparse.ArgumentParser, default_level: str | None = "info",
-                        verbose: bool = True) -> None:
-    """The same logging flags on every command (``-v`` is a shortcut for info, ``-vv`` debug)."""
+                        verbose: bool = True, again: bool = False) -> None:
+    """The same logging flags on every command (``-v`` is a shortcut for info, ``-vv`` debug).
+
+    *again*: the flags repeated on a subcommand (``flowrouter run --log-level debug``), with
+    no defaults of their own so they do not undo the same flags given before it.
+    """
     g = parser.add_argument_group("logging")
-    g.add_argument("--log-level", choices=LOG_LEVELS, default=default_level,
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if again else {}
+    g.add_argument("--log-level", choices=LOG_LEVELS, **(kw or {"default": default_level}),
                    help=f"least severe messages logged (default {default_level or 'warning'})")
-    g.add_argument("--log-file", metavar="FILE",
+    g.add_argument("--log-file", metavar="FILE", **kw,
                    help="append log lines to FILE instead of stderr")
-    g.add_argument("--log-format", choices=("text", "json"), default="text",
+    g.add_argument("--log-format", choices=("text", "json"), **(kw or {"default": "text"}),
                    help="text lines, or one JSON object per line (default text)")
     if verbose:
-        g.add_argument("-v", "--verbose", action="count", default=0,
+        g.add_argument("-v", "--verbose", action="count", **(kw or {"default": 0}),
                        help="log more: -v info, -vv debug")
 
 

@@ -100,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
                     "linked in a full mesh (--member for each other member, on one side of "
                     "each pair); other routers find the nearest member automatically.")
     run.add_argument("--name", required=True, help="member name (unique in the overlay)")
+    console.add_logging_options(run, default_level="info", again=True)
     run.add_argument("--lsid", action="append", type=parse_int, required=True,
                      help="LSID served (repeatable), e.g. 0x10")
     run.add_argument("--listen", default="127.0.0.1:7500", metavar="HOST:PORT",

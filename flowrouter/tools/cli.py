@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "answers status queries on its control address.",
         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--config", "-c", metavar="FILE", help="TOML config file")
+    console.add_logging_options(run, default_level="info", again=True)
     run.add_argument("--name", help="router name (unique in the overlay; shown to peers)")
     run.add_argument("--listen", metavar="HOST:PORT",
                      help="TCP address for routers and applications (default 127.0.0.1:7000)")
