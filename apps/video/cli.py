@@ -18,12 +18,12 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import sys
 from pathlib import Path
 
 import flowlib
 from flowlib.cliopts import add_connection_options, connect_kwargs, routers
+from flowrouter import console
 
 from . import protocol as P
 from .streamer_core import StreamConfig
@@ -98,10 +98,10 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowvideo", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error"])
+    p: argparse.ArgumentParser = console.ArgumentParser(
+        prog="flowvideo", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    console.add_logging_options(p, default_level=None)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("serve", help="stream a source (primary, or --backup)",
@@ -267,6 +267,11 @@ COMMANDS = {"serve": cmd_serve, "watch": cmd_watch, "web": cmd_web, "demo": cmd_
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``flowvideo`` console script (errors and exit codes: flowrouter.console)."""
+    return console.run("flowvideo", _main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -274,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("flowvideo: error: needs Pillow: pip install 'flownet[video]'", file=sys.stderr)
         return 1
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: "
-                        "%(message)s")
+    console.setup_logging(args, node="flowvideo")
     try:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
