@@ -319,7 +319,10 @@ class NodeConfig:
 
     def http_address(self) -> str | None:
         """Where HTTP monitoring listens: the configured address, or for "auto" loopback on
-        the TCP listen port + 1000 (7000 -> 8000; none when the listen port is 0 or unset)."""
+        the TCP listen port + 1000 (7000 -> 8000). "auto" gives none when the listen port is
+        0, unset, or in the kernel's ephemeral range (32768 and up): such a port was picked
+        at random (tests, benchmarks), and port + 1000 could be one picked for another
+        process."""
         if self.http in (None, "", "off"):
             return None
         if self.http != "auto":
@@ -327,7 +330,7 @@ class NodeConfig:
         if not self.listen:
             return None
         port = parse_address(self.listen)[1]
-        return f"127.0.0.1:{port + 1000}" if 0 < port <= 64535 else None
+        return f"127.0.0.1:{port + 1000}" if 0 < port + 1000 < 32768 else None
 
     def keyring(self) -> Any:
         if not self.link_keys:
