@@ -9,7 +9,7 @@ import pytest
 
 from flowrouter.tools.cli import main
 
-DEPLOY = Path(__file__).resolve().parent.parent / "docs" / "deploy"
+DEPLOY = Path(__file__).resolve().parent.parent / "topologies" / "deploy"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DEPLOY.glob("*.toml")))
