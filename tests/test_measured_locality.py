@@ -281,3 +281,19 @@ def test_emulated_slow_link_on_loopback_routers() -> None:
             await edge.stop()
             await core.stop()
     run(main())
+
+
+def test_router_config_turns_measured_locality_on_and_checks_it() -> None:
+    from flowrouter.net.config import ConfigError, config_from_dict
+
+    cfg = config_from_dict({"router": {"name": "r"}})
+    assert cfg.params().locality_mapping is None
+    cfg = config_from_dict({"router": {"name": "r"},
+                            "measured_locality": {"delay_unit": 0.01, "hold": 2.0}})
+    assert cfg.params().locality_mapping == LocalityMapping(delay_unit=0.01, hold=2.0)
+    assert config_from_dict({"router": {"name": "r"}, "measured_locality": {}}
+                            ).params().locality_mapping == LocalityMapping()
+    with pytest.raises(ConfigError, match="measured_locality.*unknown"):
+        config_from_dict({"router": {"name": "r"}, "measured_locality": {"delay": 1}})
+    with pytest.raises(ConfigError, match="measured_locality.*delay_unit"):
+        config_from_dict({"router": {"name": "r"}, "measured_locality": {"delay_unit": -1}})

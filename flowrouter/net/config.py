@@ -26,6 +26,11 @@ Example (every key optional except ``router.name``)::
     # ("*@host": any router name from that host, for hosts you control)
     accept_routers = ["r3@10.0.0.3"]
 
+    [measured_locality]           # present: router links' delay/bandwidth modifiers follow
+    delay_unit = 0.005            #   measured RTT (liveness echo); seconds one way per unit
+    hysteresis = 0.25             #   units past a unit's range before it moves; also alpha,
+    hold = 5.0                    #   min_samples, delay_min/max, bandwidth_ref/step/max
+
     [quota]                       # per principal: proven name, or source host if anonymous
     flows = 4096                  # flows held over all of its connections
     joins_per_second = 500.0      # sustained joins (token bucket) ...
@@ -87,6 +92,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrouter.core.measured import LocalityMapping
 from flowrouter.core.quotas import QuotaLimits
 from flowrouter.core.router import RouterParams
 from flowrouter.core.tables import Modifiers
@@ -206,6 +212,9 @@ class NodeConfig:
     accept_routers: list[str] = field(default_factory=list)
     #: limits per principal (flowrouter.core.quotas); a mapping of its fields is accepted
     quota: QuotaLimits = field(default_factory=QuotaLimits)
+    #: measured locality (flowrouter.core.measured): None keeps the configured modifiers;
+    #: a mapping of LocalityMapping's fields (possibly empty: the defaults) turns it on
+    locality_mapping: LocalityMapping | None = None
     epoch: float = 5.0
     gc_ping_after: int = 3
     gc_delete_after: int = 6
@@ -266,6 +275,11 @@ class NodeConfig:
         for lsid in self.core_lsids:
             if not 0 < lsid < 1 << 32:
                 raise ConfigError(f"core LSID {lsid:#x} must be 1..0xffffffff (0 is reserved)")
+        if isinstance(self.locality_mapping, dict):
+            try:
+                self.locality_mapping = LocalityMapping.from_mapping(self.locality_mapping)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"[measured_locality]: {exc}") from None
         if isinstance(self.quota, dict):
             try:
                 self.quota = QuotaLimits(**self.quota)
@@ -359,6 +373,7 @@ class NodeConfig:
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
                 quota=self.quota, accept_routers=self.accepted_routers(),
+                locality_mapping=self.locality_mapping,
                 endpoint_modifiers=self.endpoint_modifiers,
                 member_notice_interval=self.member_notice_interval,
                 member_refresh=self.member_refresh)
@@ -472,7 +487,7 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
     """A checked NodeConfig from a parsed TOML document; relative key files are looked up
     in *config_dir* (the config file's directory)."""
     _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
-                       "quota"}, "the top level")
+                       "quota", "measured_locality"}, "the top level")
     quota = dict(data.get("quota") or {})
     _check_keys(quota, _QUOTA_KEYS, "[quota]")
     auth = dict(data.get("link_auth") or {})
@@ -498,6 +513,10 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
         kw["accept_routers"] = [str(e) for e in router["accept_routers"]]
     if quota:
         kw["quota"] = quota
+    if "measured_locality" in data:
+        if not isinstance(data["measured_locality"], dict):
+            raise ConfigError("[measured_locality] must be a table")
+        kw["locality_mapping"] = dict(data["measured_locality"])
     kw["core_lsids"] = frozenset(_lsid(v, "[router] core_lsids")
                                  for v in router.get("core_lsids", []))
     if "default_lsid" in router:
