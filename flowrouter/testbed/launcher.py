@@ -134,7 +134,7 @@ class Launcher:
         host, port = self.listen[name]
         params = topo.router_params(name)
         lines = ["[router]", f"name = {_toml_str(name)}",
-                 f'listen = "{host}:{port}"', f'control = "{self.control[name]}"']
+                 f'listen = "{host}:{port}"', f'control = "{self._control_bind(name)}"']
         if name in self._udp:
             lines.append(f'udp = "{host}:{port}"')
         if spec.core_lsids:
@@ -189,19 +189,37 @@ class Launcher:
         return replace(link, delay=0.0)
 
     # ------------------------------------------------------------------ processes
-    async def start_routers(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    # Hooks a multi-host launcher (flowrouter.testbed.netns) overrides: where a router binds
+    # its control port, how its process is started, and where this process reaches it.
+    def _control_bind(self, name: str) -> str:
+        return self.control[name]
+
+    def _router_command(self, name: str, argv: list[str]) -> list[str]:
+        return argv
+
+    def _endpoint_address(self, router: str) -> str:
+        host, port = self.listen[router]
+        return f"{host}:{port}"
+
+    async def _prepare(self) -> None:
+        """Before any router starts: choose listen and control addresses."""
         for r in self.topo.routers:
             self.listen[r.name] = self._address(r.name)
             self.control[r.name] = f"127.0.0.1:{_free_port('127.0.0.1')}"
+
+    async def start_routers(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        await self._prepare()
         env = dict(os.environ)
         for r in self.topo.routers:
             cfg = self.workdir / f"{r.name}.toml"
             cfg.write_text(self.router_config(r.name), encoding="utf-8")
             with (self.workdir / f"{r.name}.log").open("wb") as logf:  # noqa: ASYNC230
                 self.procs[r.name] = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "flowrouter.tools.cli", "--log-level", self.log_level,
-                    "run", "--config", str(cfg), stdout=logf, stderr=logf, env=env,
+                    *self._router_command(r.name, [
+                        sys.executable, "-m", "flowrouter.tools.cli", "--log-level",
+                        self.log_level, "run", "--config", str(cfg)]),
+                    stdout=logf, stderr=logf, env=env,
                     # Own session: a Ctrl-C at the terminal reaches only this launcher,
                     # which then stops every router itself (cleanly, in order).
                     start_new_session=True)
@@ -374,8 +392,7 @@ class Launcher:
             flow = FlowID(creator, lsids[0] if lsids else 0x10, FLOW_LOCAL_ID)
             listeners = {}
             for ep in self.topo.endpoints:
-                host, port = self.listen[ep.router]
-                client = await flowlib.connect([f"{host}:{port}"], name=ep.name,
+                client = await flowlib.connect([self._endpoint_address(ep.router)], name=ep.name,
                                                state_dir=str(self.workdir / "state"))
                 clients[ep.name] = client
                 listeners[ep.name] = await client.listen(flow, [DEFAULT_DATA_BAND],

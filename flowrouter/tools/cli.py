@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve a live dashboard of the overlay here (a bare port: on "
                          "127.0.0.1): graph, link states and rates, fault events, flow tree")
     up.add_argument("--json", action="store_true", help="print the report as JSON")
+    up.add_argument("--netns", action="store_true",
+                    help="as root: each site's routers in its own network namespace, sites "
+                         "joined by veth links (10.77.x.y inside the namespaces only); "
+                         "everything is removed at the end")
 
     from flowrouter.tools import keygen
 
@@ -280,9 +284,17 @@ def _up(args: argparse.Namespace) -> int:
     from flowrouter.testbed.launcher import Launcher, summarize
     from flowrouter.testbed.topology import TopologyError, load
 
+    launcher_class: Any = Launcher
+    if args.netns:
+        from flowrouter.testbed import netns
+
+        why = netns.unavailable()
+        if why:
+            raise console.UsageError(why)
+        launcher_class = netns.NetnsLauncher
     try:
         topo = load(args.topology)
-        launcher = Launcher(topo, scenario=args.scenario, duration=args.duration,
+        launcher = launcher_class(topo, scenario=args.scenario, duration=args.duration,
                             rate=args.rate, size=args.size, view=not args.quiet,
                             workdir=args.workdir, base_port=args.base_port,
                             log_level=args.router_log_level,
@@ -290,6 +302,8 @@ def _up(args: argparse.Namespace) -> int:
                             if args.web.isdigit() else args.web)
     except (TopologyError, KeyError) as exc:
         raise console.UsageError(str(exc).strip("'\"")) from None
+    except RuntimeError as exc:  # NetnsError: the plan cannot be built
+        raise console.UsageError(str(exc)) from None
     interrupted: list[int] = []
 
     async def go() -> Any:
@@ -308,6 +322,9 @@ def _up(args: argparse.Namespace) -> int:
         report = asyncio.run(go())
     except RuntimeError as exc:
         raise console.RuntimeFailure(str(exc)) from None
+    finally:
+        if args.netns:  # whatever happened inside the run: no namespace outlives it
+            launcher.cleanup()
     print(json.dumps(asdict(report)) if args.json else summarize(report), flush=True)
     return console.EXIT_INTERRUPTED if signal.SIGINT in interrupted else 0
 
