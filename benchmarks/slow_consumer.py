@@ -100,7 +100,8 @@ async def one_run(n: int, size: int, stuck: bool, flow_no: int, **limits: int
         out = {"seconds": elapsed, "rate": n / elapsed if complete else 0.0,
                "complete": complete,
                "dropped_slow": counters["drop.slow-consumer"],
-               "credit_paused": counters["credit.paused"]}
+               "credit_paused": counters["credit.paused"],
+               "not_draining": counters["credit.not-draining"]}
         for _, w, _ in [*rx, *([stuck_ep] if stuck_ep else [])]:
             w.close()
         tx.close()

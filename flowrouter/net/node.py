@@ -71,6 +71,8 @@ class RouterNode:
         self._dirty: list[LinkOutput] = []
         #: bytes from each input link waiting in output queues, and who is paused for it
         self._pending_in: dict[int, int] = {}
+        #: inputs paused for credit -> the timer that looks again for outputs not draining
+        self._paused_at: dict[int, asyncio.TimerHandle | None] = {}
         #: emulation per peer name (from config and the control interface)
         self._emulation: dict[str, Emulation] = {
             name: emu for name, emu in config.emulation.items()}
@@ -219,6 +221,9 @@ class RouterNode:
     def _unregister(self, link_id: int) -> None:
         self._links.pop(link_id, None)
         self._pending_in.pop(link_id, None)
+        timer = self._paused_at.pop(link_id, None)
+        if timer is not None:
+            timer.cancel()
         self._link_state_changed()
 
     def _flush(self) -> None:
@@ -234,6 +239,11 @@ class RouterNode:
         if pending > self.config.link_credit:
             link = self._links.get(origin)
             if link is not None and getattr(link, "reading", False):
+                self._paused_at[origin] = None
+                self._unblock(origin)
+                if self._pending_in.get(origin, 0) <= self.config.link_credit // 2:
+                    self._paused_at.pop(origin, None)  # it was only an output not draining
+                    return
                 self.core.counters["credit.paused"] += 1
                 link.set_reading(False)
                 self.core.input_paused(origin, True, self.now())
@@ -248,9 +258,54 @@ class RouterNode:
             self._pending_in[origin] = pending
         if pending <= self.config.link_credit // 2:
             link = self._links.get(origin)
+            timer = self._paused_at.pop(origin, None)
+            if timer is not None:
+                timer.cancel()
             if link is not None and not getattr(link, "reading", True):
                 link.set_reading(True)
                 self.core.input_paused(origin, False, self.now())
+
+    def _unblock(self, origin: int) -> None:
+        """Outputs that do not drain hold no credit (slow consumers hurt only themselves).
+
+        Called for an input paused (or about to be) for credit. An output is *not draining*
+        when its transport has pushed back (paused) and it has sent nothing for a tenth of
+        slow_consumer_stall, while a sibling fed by the same input is draining (it takes the
+        input's frames, or just sent some). If such outputs keep the input paused (the
+        draining ones hold under an eighth of its credit), their frames stop holding credit
+        at once (bounded by slow_consumer_bytes, then dropped and counted). A lone receiver,
+        or receivers behind together, still push back on the input; one that stops for a
+        moment while its siblings keep up may lag by up to slow_consumer_bytes before it
+        loses frames. If an output is not idle long enough yet, a timer looks again."""
+        now, cfg = self.now(), self.config
+        idle_for = cfg.slow_consumer_stall / 10
+        stalled: list[LinkOutput] = []
+        wait: float | None = None
+        for out in self._backlogged:
+            if not out.paused or out.stuck or origin not in out.held:
+                continue
+            idle = now - out.slow.last_progress
+            if idle >= idle_for:
+                stalled.append(out)
+            else:
+                wait = idle_for - idle if wait is None else min(wait, idle_for - idle)
+        held = sum(out.held[origin] for out in stalled)
+        if stalled and self._pending_in.get(origin, 0) - held <= cfg.link_credit // 8 and any(
+                link.out is not None and link.out.fed == origin and link.out not in stalled
+                and (not link.out.paused or now - link.out.slow.last_progress < idle_for)
+                for link in self._links.values()):
+            for out in stalled:
+                self.core.counters["credit.not-draining"] += 1
+                out._become_stuck()
+        elif wait is not None and origin in self._paused_at and self._loop is not None:
+            timer = self._paused_at[origin]
+            if timer is None:
+                self._paused_at[origin] = self._loop.call_later(wait, self._recheck, origin)
+
+    def _recheck(self, origin: int) -> None:
+        if origin in self._paused_at:
+            self._paused_at[origin] = None
+            self._unblock(origin)
 
     def _apply_emulation(self) -> None:
         """Give every up link the emulation configured for its peer (by name)."""

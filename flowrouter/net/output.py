@@ -40,7 +40,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
-                 "rng", "batch", "slow", "stuck")
+                 "rng", "batch", "slow", "stuck", "held", "fed")
 
     def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -62,6 +62,25 @@ class LinkOutput:
         self.slow = SlowConsumerPolicy(cfg.slow_consumer_bytes, cfg.slow_consumer_grace,
                                        cfg.slow_consumer_stall)
         self.stuck = False
+        #: input link -> credit bytes its frames waiting here hold (see RouterNode._unblock)
+        self.held: dict[int, int] = {}
+        #: the input link whose frames this output last wrote (RouterNode._unblock's evidence
+        #: that a sibling fed by the same input is draining)
+        self.fed = 0
+
+    def _take(self, origin: int, size: int) -> None:
+        if origin:
+            self.held[origin] = self.held.get(origin, 0) + size
+            self.node._credit_take(origin, size)
+
+    def _give(self, origin: int, size: int) -> None:
+        if origin:
+            left = self.held.get(origin, 0) - size
+            if left > 0:
+                self.held[origin] = left
+            else:
+                self.held.pop(origin, None)
+            self.node._credit_release(origin, size)
 
     def _new_queue(self, now: float, **shaping: Any) -> OutputQueue:
         node = self.node
@@ -90,7 +109,7 @@ class LinkOutput:
     def _requeue(self, old: OutputQueue) -> None:
         now = self.node.now()
         while (fr := old.pop(now)) is not None:
-            self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+            self._give(fr[2], len(fr[0]) + len(fr[1]))
             self.send(fr[0], fr[1])
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
@@ -102,6 +121,7 @@ class LinkOutput:
                 return
         elif self.queue is None and not self.paused:
             node = self.node
+            self.fed = node._rx_link
             if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
@@ -126,7 +146,7 @@ class LinkOutput:
         # receiver never makes its input wait (slow consumers hurt only themselves).
         origin = node._rx_link if not self.stuck else 0
         dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
-        node._credit_take(origin, len(header) + len(payload))
+        self._take(origin, len(header) + len(payload))
         if dropped:
             self._dropped(dropped, now)
             if self.queue is None:  # closed as a slow consumer
@@ -138,6 +158,7 @@ class LinkOutput:
         if (self.emu is None and self.queue is None and not self.paused
                 and self.write_many is not None):
             node = self.node
+            self.fed = node._rx_link
             if node._batching and len(frames) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
@@ -166,7 +187,7 @@ class LinkOutput:
         node = self.node
         kind = node._drop_kind
         for _, n, org in dropped:
-            node._credit_release(org, n)
+            self._give(org, n)
         node.core.counters["drop." + kind] += len(dropped)
         link = node.core.links.get(self.link_id)
         desc = link.describe() if link else f"link {self.link_id}"
@@ -203,6 +224,7 @@ class LinkOutput:
         if self.stuck:
             return
         self.stuck = True
+        self.held = {}
         if self.queue is not None:
             for org, n in self.queue.forget_origins().items():
                 self.node._credit_release(org, n)
@@ -226,16 +248,23 @@ class LinkOutput:
         node = self.node
         now = node.now()
         sent = False
+        waiting = node._paused_at  # inputs paused for credit
+        freed: set[int] = set()  # which of them this output just gave credit back to
         while not self.paused:
             fr = q.pop(now)
             if fr is None:
                 break
             sent = True
-            node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+            if fr[2] in waiting:
+                freed.add(fr[2])
+                self.fed = fr[2]
+            self._give(fr[2], len(fr[0]) + len(fr[1]))
             self.write(fr[0], fr[1])
         if sent or q.empty():
             self.slow.progress(q.bytes, now)
             self.stuck = False  # moving again: its new frames may hold credit
+        for origin in freed:  # is an output that does not move what still holds them back?
+            node._unblock(origin)
         if q.empty() and not q.shaped:
             self.queue = None  # back to the fast path
             node._backlogged.discard(self)
@@ -258,7 +287,7 @@ class LinkOutput:
         if q is not None:
             now = self.node.now()
             while (fr := q.pop(now)) is not None:
-                self.node._credit_release(fr[2], len(fr[0]) + len(fr[1]))
+                self._give(fr[2], len(fr[0]) + len(fr[1]))
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"paused": self.paused, "stuck": self.stuck}
