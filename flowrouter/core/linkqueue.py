@@ -236,6 +236,18 @@ class OutputQueue:
             candidates.append(max(0.0, self._delayed[0][0] - now))
         return min(candidates) if candidates else None
 
+    def origins(self) -> dict[int, int]:
+        """Input link -> bytes of the waiting frames that came from it (the credit an output
+        that moves again takes back)."""
+        held: dict[int, int] = {}
+        frames = [*self.ctl, *(fr for _, fr in self.adm), *(fr for _, _, _, fr in self._delayed)]
+        for q in self.flows.values():
+            frames.extend(q)
+        for fr in frames:
+            if fr[2]:
+                held[fr[2]] = held.get(fr[2], 0) + len(fr[0]) + len(fr[1])
+        return held
+
     def forget_origins(self) -> dict[int, int]:
         """Detach every waiting frame from the input link it came from; returns origin ->
         bytes, the credit the caller must give back (a stuck output holds none)."""

@@ -69,12 +69,12 @@ class LinkOutput:
         self.fed = 0
 
     def _take(self, origin: int, size: int) -> None:
-        if origin:
+        if origin and not self.stuck:
             self.held[origin] = self.held.get(origin, 0) + size
             self.node._credit_take(origin, size)
 
     def _give(self, origin: int, size: int) -> None:
-        if origin:
+        if origin and not self.stuck:
             left = self.held.get(origin, 0) - size
             if left > 0:
                 self.held[origin] = left
@@ -143,8 +143,9 @@ class LinkOutput:
             return
         # A frame holds its input's credit (pushing back on a sender faster than its
         # receivers), unless this output is stuck: then it holds none, and one stuck
-        # receiver never makes its input wait (slow consumers hurt only themselves).
-        origin = node._rx_link if not self.stuck else 0
+        # receiver never makes its input wait (slow consumers hurt only themselves); if it
+        # moves again, its frames take their credit back (_drain).
+        origin = node._rx_link
         dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
         self._take(origin, len(header) + len(payload))
         if dropped:
@@ -223,11 +224,10 @@ class LinkOutput:
         """Give back the credit this output's waiting frames hold."""
         if self.stuck:
             return
+        held, self.held = self.held, {}
         self.stuck = True
-        self.held = {}
-        if self.queue is not None:
-            for org, n in self.queue.forget_origins().items():
-                self.node._credit_release(org, n)
+        for org, n in held.items():
+            self.node._credit_release(org, n)
 
     def flush(self) -> None:
         batch, self.batch = self.batch, None
@@ -262,7 +262,10 @@ class LinkOutput:
             self.write(fr[0], fr[1])
         if sent or q.empty():
             self.slow.progress(q.bytes, now)
-            self.stuck = False  # moving again: its new frames may hold credit
+            if self.stuck:  # moving again: its frames hold credit again, so that a receiver
+                self.stuck = False  # only briefly behind pushes back before it overflows
+                for org, n in q.origins().items():
+                    self._take(org, n)
         for origin in freed:  # is an output that does not move what still holds them back?
             node._unblock(origin)
         if q.empty() and not q.shaped:
