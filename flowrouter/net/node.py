@@ -278,7 +278,7 @@ class RouterNode:
         moment while its siblings keep up may lag by up to slow_consumer_bytes before it
         loses frames. If an output is not idle long enough yet, a timer looks again."""
         now, cfg = self.now(), self.config
-        idle_for = cfg.slow_consumer_stall / 10
+        idle_for = cfg.slow_consumer_stall / 5
         stalled: list[LinkOutput] = []
         wait: float | None = None
         for out in self._backlogged:
