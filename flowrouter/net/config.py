@@ -201,7 +201,8 @@ class NodeConfig:
     #: and the seconds it may stay over that before it is closed
     slow_consumer_bytes: int = 2 * 1024 * 1024
     slow_consumer_grace: float = 10.0
-    #: seconds an output may hold frames without sending any before it holds no credit
+    #: seconds an output may hold frames without sending any before it holds no credit (a
+    #: fifth of it if a sibling fed by the same input drains meanwhile: RouterNode._unblock)
     slow_consumer_stall: float = 0.5
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0

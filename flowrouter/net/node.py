@@ -269,8 +269,8 @@ class RouterNode:
         """Outputs that do not drain hold no credit (slow consumers hurt only themselves).
 
         Called for an input paused (or about to be) for credit. An output is *not draining*
-        when its transport has pushed back (paused) and it has sent nothing for a tenth of
-        slow_consumer_stall, while a sibling fed by the same input is draining (it takes the
+        when its transport has pushed back (paused) and it has sent nothing for a fifth of
+        slow_consumer_stall (a tenth lost healthy receivers' frames under load), while a sibling fed by the same input is draining (it takes the
         input's frames, or just sent some). If such outputs keep the input paused (the
         draining ones hold under an eighth of its credit), their frames stop holding credit
         at once (bounded by slow_consumer_bytes, then dropped and counted). A lone receiver,
