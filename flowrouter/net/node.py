@@ -270,13 +270,14 @@ class RouterNode:
 
         Called for an input paused (or about to be) for credit. An output is *not draining*
         when its transport has pushed back (paused) and it has sent nothing for a fifth of
-        slow_consumer_stall (a tenth lost healthy receivers' frames under load), while a sibling fed by the same input is draining (it takes the
-        input's frames, or just sent some). If such outputs keep the input paused (the
-        draining ones hold under an eighth of its credit), their frames stop holding credit
-        at once (bounded by slow_consumer_bytes, then dropped and counted). A lone receiver,
-        or receivers behind together, still push back on the input; one that stops for a
-        moment while its siblings keep up may lag by up to slow_consumer_bytes before it
-        loses frames. If an output is not idle long enough yet, a timer looks again."""
+        slow_consumer_stall (a tenth lost healthy receivers' frames under load), while a
+        sibling fed by the same input is draining (it takes the input's frames, or just sent
+        some). If such outputs keep the input paused (the draining ones hold under an eighth
+        of its credit), their frames stop holding credit at once (bounded by
+        slow_consumer_bytes, then dropped and counted). A lone receiver, or receivers behind
+        together, still push back on the input; one that stops for a moment while its
+        siblings keep up may lag by up to slow_consumer_bytes before it loses frames. If an
+        output is not idle long enough yet, a timer looks again."""
         now, cfg = self.now(), self.config
         idle_for = cfg.slow_consumer_stall / 5
         stalled: list[LinkOutput] = []
