@@ -30,7 +30,7 @@ from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_addre
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, UdpLink
-from flowrouter.net.output import LinkOutput
+from flowrouter.net.output import LinkOutput, unblock
 from flowrouter.wire.control import Role
 from flowrouter.wire.header import UDP_MAX_PAYLOAD, MalformedFrame, split_datagram
 from flowrouter.wire.linkauth import SecureStream
@@ -266,47 +266,8 @@ class RouterNode:
                 self.core.input_paused(origin, False, self.now())
 
     def _unblock(self, origin: int) -> None:
-        """Outputs that do not drain hold no credit (slow consumers hurt only themselves).
-
-        Called for an input paused (or about to be) for credit. An output is *not draining*
-        when its transport has pushed back (paused) and it has sent nothing for a fifth of
-        slow_consumer_stall (a tenth lost healthy receivers' frames under load), while a
-        sibling fed by the same input is draining (it takes the input's frames, or just sent
-        some). If such outputs keep the input paused (the draining ones hold under an eighth
-        of its credit), their frames stop holding credit at once (bounded by
-        slow_consumer_bytes, then dropped and counted). A lone receiver, or receivers behind
-        together, still push back on the input; one that stops for a moment while its
-        siblings keep up may lag by up to slow_consumer_bytes before it loses frames. If an
-        output is not idle long enough yet, a timer looks again."""
-        now, cfg = self.now(), self.config
-        idle_for = cfg.slow_consumer_stall / 5
-        stalled: list[LinkOutput] = []
-        wait: float | None = None
-        for out in self._backlogged:
-            if not out.paused or out.stuck or origin not in out.held:
-                continue
-            idle = now - out.slow.last_progress
-            if idle >= idle_for:
-                stalled.append(out)
-            else:
-                wait = idle_for - idle if wait is None else min(wait, idle_for - idle)
-        held = sum(out.held[origin] for out in stalled)
-        if stalled and self._pending_in.get(origin, 0) - held <= cfg.link_credit // 8 and any(
-                link.out is not None and link.out.fed == origin and link.out not in stalled
-                and (not link.out.paused or now - link.out.slow.last_progress < idle_for)
-                for link in self._links.values()):
-            for out in stalled:
-                self.core.counters["credit.not-draining"] += 1
-                out._become_stuck()
-        elif wait is not None and origin in self._paused_at and self._loop is not None:
-            timer = self._paused_at[origin]
-            if timer is None:
-                self._paused_at[origin] = self._loop.call_later(wait, self._recheck, origin)
-
-    def _recheck(self, origin: int) -> None:
-        if origin in self._paused_at:
-            self._paused_at[origin] = None
-            self._unblock(origin)
+        """Outputs not draining give back *origin*'s credit (flowrouter.net.output.unblock)."""
+        unblock(self, origin)
 
     def _apply_emulation(self) -> None:
         """Give every up link the emulation configured for its peer (by name)."""

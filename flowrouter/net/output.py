@@ -5,7 +5,8 @@ the transport pushes back or the link is shaped: a fair, bounded
 :class:`~flowrouter.core.linkqueue.OutputQueue` (control first, deficit round robin between
 flows, drops from the longest flow queue, counted and announced), input credits, the
 slow-consumer policy (an output that cannot keep up holds no credit and is closed after a
-grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`), and link emulation
+grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`; :func:`unblock`: one
+that is not draining holds none at once), and link emulation
 (bandwidth, delay, loss, administrative down).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and :mod:`flowrouter.net.config`;
@@ -300,3 +301,49 @@ class LinkOutput:
         if self.emu is not None:
             out["emulation"] = self.emu.describe()
         return out
+
+
+def unblock(node: RouterNode, origin: int) -> None:
+    """Outputs that do not drain hold no credit (slow consumers hurt only themselves).
+
+    Called for an input paused (or about to be) for credit. An output is *not draining*
+    when its transport has pushed back (paused) and it has sent nothing for a fifth of
+    slow_consumer_stall (a tenth lost healthy receivers' frames under load), while a
+    sibling fed by the same input is draining (it takes the input's frames, or just sent
+    some). If such outputs keep the input paused (the draining ones hold under an eighth
+    of its credit), their frames stop holding credit at once (bounded by
+    slow_consumer_bytes, then dropped and counted). A lone receiver, or receivers behind
+    together, still push back on the input; one that stops for a moment while its
+    siblings keep up may lag by up to slow_consumer_bytes before it loses frames. If an
+    output is not idle long enough yet, a timer looks again."""
+    now, cfg = node.now(), node.config
+    idle_for = cfg.slow_consumer_stall / 5
+    stalled: list[LinkOutput] = []
+    wait: float | None = None
+    for out in node._backlogged:
+        if not out.paused or out.stuck or origin not in out.held:
+            continue
+        idle = now - out.slow.last_progress
+        if idle >= idle_for:
+            stalled.append(out)
+        else:
+            wait = idle_for - idle if wait is None else min(wait, idle_for - idle)
+    held = sum(out.held[origin] for out in stalled)
+    if stalled and node._pending_in.get(origin, 0) - held <= cfg.link_credit // 8 and any(
+            link.out is not None and link.out.fed == origin and link.out not in stalled
+            and (not link.out.paused or now - link.out.slow.last_progress < idle_for)
+            for link in node._links.values()):
+        for out in stalled:
+            node.core.counters["credit.not-draining"] += 1
+            out._become_stuck()
+    elif wait is not None and origin in node._paused_at and node._loop is not None:
+        timer = node._paused_at[origin]
+        if timer is None:
+            node._paused_at[origin] = node._loop.call_later(wait, _recheck, node, origin)
+
+
+def _recheck(node: RouterNode, origin: int) -> None:
+    """The timer unblock set: look again at an input still paused for credit."""
+    if origin in node._paused_at:
+        node._paused_at[origin] = None
+        unblock(node, origin)
