@@ -75,25 +75,34 @@ class LamportOrdering(SiteCore):
         return None
 
     def _deps_ok(self, msg: Msg, now: float) -> bool:
+        """Every dependency of *msg* is delivered or skipped. One still missing after
+        ``dependency_timeout`` is skipped (bounded latency beats a dependency nobody can
+        give us), and then the next one is looked at: each of them, not only the first, must
+        be settled. A dependency this site holds but has not delivered yet (waiting in
+        order, or among the late messages) is never passed by: it can be given, so *msg*
+        waits for it whatever the time-out."""
         dep = self._missing_dep(msg)
+        key = (msg.origin, msg.seq)
         while dep is not None:
             o, s = dep
             st = self.streams[o]
-            key = (msg.origin, msg.seq)
             since = self._dep_wait.setdefault(key, now)
-            if now - since >= self.cfg.dependency_timeout:
-                # bounded latency beats a dependency nobody can give us
+            if now - since >= self.cfg.dependency_timeout and s > st.contiguous:
                 self.counters["dependency.skipped"] += 1
-                if s > st.contiguous:
-                    self._skip(o, st, s, now, reason="dependency")
-                break
+                self._skip(o, st, s, now, reason="dependency")
+                dep = self._missing_dep(msg)
+                continue
+            if s <= st.contiguous:
+                # held, not delivered yet: it goes first (the time-out does not apply)
+                self.counters["dependency.waits"] += 1
+                return False
             if s > st.known_high:
                 st.known_high = s
             if st.contiguous < s:
                 self._want_nack(st, now, hint=True)
             self.counters["dependency.waits"] += 1
             return False
-        self._dep_wait.pop((msg.origin, msg.seq), None)
+        self._dep_wait.pop(key, None)
         return True
 
     def _deliverable(self, now: float) -> None:
