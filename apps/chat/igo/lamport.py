@@ -66,44 +66,52 @@ class LamportOrdering(SiteCore):
                     best = k
         return best
 
-    def _missing_dep(self, msg: Msg) -> tuple[int, int] | None:
+    def _deps_ok(self, msg: Msg, now: float) -> bool:
+        """Every causal dependency of *msg* is settled here (delivered or skipped).
+
+        * One still missing is asked for; after ``dependency_timeout`` it is skipped
+          (bounded latency beats a dependency nobody can give us). Each missing dependency
+          is looked at, not only the first: skipping one and passing the others would show
+          them later, after the message that answers them.
+        * One this site holds but has not delivered yet (waiting in order or among the late
+          messages) is never passed: it goes first, whatever the time-out. Only a held
+          message with a smaller Lamport time can be a cause; one with a larger time is a
+          restarted origin's new stream reusing the numbers the dependency meant.
+        * Our own messages' dependencies were settled when we sent them (a peer restart
+          renumbers its stream under them)."""
+        if msg.origin == self.me:
+            return True
+        key = (msg.origin, msg.seq)
+        ok = True
         for o, s in enumerate(msg.deps):
             if o == msg.origin or o == self.me:
                 continue
-            if s > self.streams[o].settled:
-                return o, s
-        return None
-
-    def _deps_ok(self, msg: Msg, now: float) -> bool:
-        """Every dependency of *msg* is delivered or skipped. One still missing after
-        ``dependency_timeout`` is skipped (bounded latency beats a dependency nobody can
-        give us), and then the next one is looked at: each of them, not only the first, must
-        be settled. A dependency this site holds but has not delivered yet (waiting in
-        order, or among the late messages) is never passed by: it can be given, so *msg*
-        waits for it whatever the time-out."""
-        dep = self._missing_dep(msg)
-        key = (msg.origin, msg.seq)
-        while dep is not None:
-            o, s = dep
             st = self.streams[o]
-            since = self._dep_wait.setdefault(key, now)
-            if now - since >= self.cfg.dependency_timeout and s > st.contiguous:
+            if s <= st.settled:
+                continue
+            timed_out = now - self._dep_wait.setdefault(key, now) >= self.cfg.dependency_timeout
+            if s > st.contiguous and timed_out:
                 self.counters["dependency.skipped"] += 1
                 self._skip(o, st, s, now, reason="dependency")
-                dep = self._missing_dep(msg)
-                continue
+                if s <= st.settled:
+                    continue
             if s <= st.contiguous:
-                # held, not delivered yet: it goes first (the time-out does not apply)
-                self.counters["dependency.waits"] += 1
-                return False
+                held = self._ready.get((o, s))
+                if held is not None and held.lamport >= msg.lamport:
+                    continue  # not what the sender had delivered (see above)
+                if held is None and timed_out:
+                    continue  # nothing left to wait for
+                ok = False
+                continue
             if s > st.known_high:
                 st.known_high = s
-            if st.contiguous < s:
-                self._want_nack(st, now, hint=True)
+            self._want_nack(st, now, hint=True)
+            ok = False
+        if ok:
+            self._dep_wait.pop(key, None)
+        else:
             self.counters["dependency.waits"] += 1
-            return False
-        self._dep_wait.pop(key, None)
-        return True
+        return ok
 
     def _deliverable(self, now: float) -> None:
         if self.mode == "leader":
@@ -127,7 +135,13 @@ class LamportOrdering(SiteCore):
                 break
             if stability and not self._stable(msg, now):
                 break
-            if not self._deps_ok(msg, now):
+            ok = self._deps_ok(msg, now)
+            if heap[0] != (t, o, s):
+                # skipping a timed-out dependency let messages buffered beyond it into the
+                # heap, some with smaller keys: they come first (popping now would take one
+                # of them out unseen, never to be delivered)
+                continue
+            if not ok:
                 break
             heapq.heappop(heap)
             del self._ready[(o, s)]
