@@ -96,7 +96,8 @@ class LamportOrdering(SiteCore):
                 if s <= st.settled:
                     continue
             if s <= st.contiguous:
-                held = self._ready.get((o, s))
+                # the first of o's messages not settled here (FIFO: the rest follow it)
+                held = self._ready.get((o, st.settled + 1))
                 if held is not None and held.lamport >= msg.lamport:
                     continue  # not what the sender had delivered (see above)
                 if held is None and timed_out:
