@@ -99,3 +99,44 @@ def test_cli_up_netns(tmp_path: Path) -> None:
     assert code == 0, err
     assert "carol" in out and "delivered" in out
     assert netns.remaining_namespaces(f"fn-{pid}") == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(int(pid))
+    return found
+
+
+@needs_netns
+def test_cli_ctrl_c_removes_everything(tmp_path: Path) -> None:
+    import signal
+
+    async def go() -> tuple[int | None, str, int]:
+        proc = await asyncio.create_subprocess_exec(
+            "python3", "-m", "flowrouter.tools.cli", "up",
+            str(ROOT / "topologies" / "two-site.toml"), "--netns", "--duration", "60",
+            "--rate", "5", "--workdir", str(tmp_path), cwd=str(ROOT),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        assert proc.stdout is not None
+        while True:  # interrupt once the overlay runs (routers in both namespaces)
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            assert line, "up ended before the overlay came up"
+            if line.startswith(b"overlay "):
+                break
+        assert len(netns.remaining_namespaces(f"fn-{proc.pid}")) == 2
+        assert _processes_mentioning(str(tmp_path))  # the routers run
+        proc.send_signal(signal.SIGINT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode, out.decode(), proc.pid
+
+    code, out, pid = asyncio.run(go())
+    assert code == 130, out
+    assert netns.remaining_namespaces(f"fn-{pid}") == []
+    assert _processes_mentioning(str(tmp_path)) == []
