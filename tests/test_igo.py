@@ -438,12 +438,16 @@ def test_a_restarted_peer_is_resynchronised() -> None:
        jitter=st.sampled_from([0.0, 0.05, 0.3]), mode=st.sampled_from(["all-to-all", "hasten"]),
        n=st.integers(2, 4))
 def test_property_global_order_while_connected(seed, loss, jitter, mode, n) -> None:
+    # "Connected" must hold for the whole run: at 20% loss three heartbeats in a row go missing
+    # now and then, a peer is (rightly) suspected, and IGO then delivers what waits as late.
+    # Ten missed heartbeats make a false suspicion practically impossible here.
     sites = tuple("abcd"[:n])
-    net = LoopNet(IGOConfig(sites=sites, mode=mode), seed=seed, delay=0.01, jitter=jitter,
-                  loss=loss)
+    cfg = IGOConfig(sites=sites, mode=mode, missed_heartbeats=10, disconnect_interval=60.0)
+    net = LoopNet(cfg, seed=seed, delay=0.01, jitter=jitter, loss=loss)
     chatter(net, sites, stop=12, seed=seed, mean_gap=0.3)
     net.run_until(70)
     assert_complete(net)
+    assert not any(c.new == "S2" for s in sites for c in net.states(s))  # the premise held
     ref = net.order(sites[0])
     for s in sites:
         assert net.order(s) == ref
