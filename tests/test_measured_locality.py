@@ -297,3 +297,102 @@ def test_router_config_turns_measured_locality_on_and_checks_it() -> None:
         config_from_dict({"router": {"name": "r"}, "measured_locality": {"delay": 1}})
     with pytest.raises(ConfigError, match="measured_locality.*delay_unit"):
         config_from_dict({"router": {"name": "r"}, "measured_locality": {"delay_unit": -1}})
+
+
+def test_busy_rate_measures_capacity_not_utilisation() -> None:
+    """BusyRate counts only bytes written while the output was backlogged, over busy time."""
+    from flowrouter.core.measured import BusyRate
+
+    r = BusyRate(min_busy=0.05)
+    r.wrote(10_000)  # not backlogged: a light load says nothing about capacity
+    r.backlog(False, 0.0)
+    assert r.sample(1.0) is None
+    r.backlog(True, 1.0)  # frames wait from t=1.0
+    r.wrote(1250)
+    r.backlog(True, 1.05)
+    r.wrote(1250)
+    r.backlog(False, 1.1)  # 2500 B over 0.1 s busy
+    r.wrote(99_999)  # idle again: not counted
+    assert r.sample(5.0) == pytest.approx(200_000)
+    assert r.sample(6.0) is None
+
+
+def test_rate_limited_link_on_loopback_routers_gets_bandwidth_modifier() -> None:
+    """edge -> core over loopback, measured locality on. Kept busy while unlimited, the
+    edge's link toward the core measures loopback speed (bandwidth modifier small, or none);
+    then the link emulator limits it to 1 Mbit/s and, kept busy again, its bandwidth modifier
+    grows (log2(1e9 / 1e6) ~ 10 units); a message with bandwidth budget 5 that crossed
+    before is now dropped for locality."""
+    import asyncio
+
+    import flowlib
+    from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
+    from flowrouter.net.runtime import RouterNode
+
+    from .rawep import run, within
+
+    mapping = LocalityMapping(alpha=0.5, min_samples=2, hold=0.1)
+
+    async def main() -> None:
+        core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", tick_interval=0.05,
+                                     accept_routers=["edge@127.0.0.1"],
+                                     core_lsids=frozenset({0x10}), default_lsid=0x10))
+        await core.start()
+        edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", tick_interval=0.05,
+                                     peers=[PeerConfig("%s:%d" % core.tcp_address, "core")]))
+        await edge.start()
+        for node in (core, edge):
+            node.core.p.locality_mapping = mapping
+        clients = []
+        try:
+            await within(edge.wait_routes(0x10))
+
+            def measured() -> dict[str, object]:
+                for lk in edge.core.status()["links"]:
+                    if lk["peer"] == "core":
+                        return {**lk.get("measured", {}), "modifiers": lk["modifiers"]}
+                return {}
+
+            rx = await flowlib.connect(["%s:%d" % core.tcp_address], name="rx")
+            tx = await flowlib.connect(["%s:%d" % edge.tcp_address], name="tx")
+            clients += [rx, tx]
+            flow = await rx.create()
+            lst = await rx.listen(flow, 32)
+            await tx.advertise(flow)
+            await tx.send(flow, b"near", band=32, locality=(flowlib.Locality.BANDWIDTH, 5))
+            assert (await within(lst.get())).payload == b"near"
+            blob = bytes(1000)
+
+            async def busy_until(pred: object, timeout: float = 30.0) -> None:
+                async def pump() -> None:
+                    while not pred():  # type: ignore[operator]
+                        for _ in range(50):
+                            await tx.send(flow, blob, band=32)
+                        await asyncio.sleep(0.01)
+                await asyncio.wait_for(pump(), timeout)
+
+            for _ in range(40):  # unlimited and busy: loopback speed (or never backlogged)
+                for _ in range(50):
+                    await tx.send(flow, blob, band=32)
+                await asyncio.sleep(0.01)
+            unlimited = measured()
+            assert (unlimited.get("bandwidth_modifier") or 0) < 5, unlimited
+            edge.set_emulation("core", Emulation(bandwidth=1e6))
+            await busy_until(lambda: (measured().get("bandwidth_modifier") or 0) >= 7)
+            m = measured()
+            assert 5e5 < m["throughput_bps"] < 2e6, m  # type: ignore[operator]
+            before = edge.core.counters["drop.locality"]
+            await tx.send(flow, b"far", band=32, locality=(flowlib.Locality.BANDWIDTH, 5))
+
+            async def dropped() -> None:
+                while edge.core.counters["drop.locality"] == before:
+                    await asyncio.sleep(0.02)
+            await within(dropped())
+            assert edge.core.counters["drop.locality"] == before + 1
+            assert m["modifiers"]["bandwidth"] >= 7, m  # type: ignore[index]
+        finally:
+            for c in clients:
+                await c.close()
+            await edge.stop()
+            await core.stop()
+    run(main())

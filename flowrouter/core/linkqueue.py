@@ -87,6 +87,13 @@ class OutputQueue:
     def shaped(self) -> bool:
         return self.bucket is not None or self.delay > 0
 
+    @property
+    def backlogged(self) -> bool:
+        """Frames past their (emulated) propagation delay still wait: for the rate limit or
+        a transport that pushed back. Measured throughput counts only such time, so a frame
+        merely held for its delay does not make the link look slow."""
+        return bool(self.ctl or self.adm or self.active)
+
     def __len__(self) -> int:
         return (len(self.ctl) + len(self.adm) + sum(len(q) for q in self.flows.values())
                 + len(self._delayed))

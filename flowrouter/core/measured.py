@@ -115,6 +115,50 @@ class _Tracker:
         return True
 
 
+class BusyRate:
+    """Throughput of a link as measured locality means it: the send rate achieved while the
+    link's output was backlogged (frames ready to go waited for the link: its rate limit or
+    a transport that paused writing). Bytes written per second of such busy time estimate
+    what the link can carry (its capacity), not how much was offered (its utilisation): an
+    idle or lightly used link gives no sample at all and keeps its modifier.
+
+    Sans-I/O: the shell reports bytes written and when the backlog starts and ends, with
+    the time passed in; :meth:`sample` gives bits/s once ``min_busy`` seconds of busy time
+    were seen (then starts over), else None (the time so far is kept)."""
+
+    __slots__ = ("since", "busy", "bytes", "min_busy")
+
+    def __init__(self, min_busy: float = 0.05) -> None:
+        self.since: float | None = None  #: when the current backlog began
+        self.busy = 0.0  #: finished busy seconds not yet sampled
+        self.bytes = 0  #: bytes written during busy time not yet sampled
+        self.min_busy = min_busy
+
+    def wrote(self, size: int) -> None:
+        """Bytes written; counted only while backlogged (they had waited for the link)."""
+        if self.since is not None:
+            self.bytes += size
+
+    def backlog(self, waiting: bool, now: float) -> None:
+        """Whether frames are still waiting after a write attempt."""
+        if waiting and self.since is None:
+            self.since = now
+        elif not waiting and self.since is not None:
+            self.busy += now - self.since
+            self.since = None
+
+    def sample(self, now: float) -> float | None:
+        """Bits/s over the busy time since the last sample, once there is enough of it."""
+        busy = self.busy + (now - self.since if self.since is not None else 0.0)
+        if busy < self.min_busy or self.bytes <= 0:
+            return None
+        bps = self.bytes * 8 / busy
+        self.busy, self.bytes = 0.0, 0
+        if self.since is not None:
+            self.since = now
+        return bps
+
+
 class LinkMeter:
     """Measurements of one link and the delay/bandwidth modifiers they give."""
 

@@ -454,6 +454,8 @@ class RouterNode:
             now = self.now()
             self.execute(self.core.tick(now))
             self._check_progress(now)
+            if self.core.p.locality_mapping is not None:
+                self._measure_throughput(now)
             idle = self.config.udp_idle_timeout
             for addr, link in list(self._udp_links.items()):
                 if now - link.last_rx > idle:
@@ -464,6 +466,14 @@ class RouterNode:
                     self._unregister(link.link_id)
                     if link.peer is not None:
                         self._redial(link.peer)
+
+    def _measure_throughput(self, now: float) -> None:
+        """Feed each link's send rate while backlogged (flowrouter.core.measured.BusyRate:
+        an estimate of its capacity) to measured locality."""
+        for lid, link in list(self._links.items()):
+            bps = link.out.rate.sample(now) if link.out is not None else None
+            if bps is not None:
+                self.core.measure_throughput(lid, bps, now)
 
     def _check_progress(self, now: float) -> None:
         """Outputs that stopped moving give back their credit (and are closed as slow

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.linkqueue import OutputQueue, SlowConsumerPolicy
+from flowrouter.core.measured import BusyRate
 from flowrouter.net.config import Emulation
 from flowrouter.wire.header import HEADER_SIZE
 
@@ -41,7 +42,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
-                 "rng", "batch", "slow", "stuck", "held", "fed")
+                 "rng", "batch", "slow", "stuck", "held", "fed", "rate")
 
     def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -68,6 +69,9 @@ class LinkOutput:
         #: the input link whose frames this output last wrote (RouterNode._unblock's evidence
         #: that a sibling fed by the same input is draining)
         self.fed = 0
+        #: measured locality: the send rate while backlogged (capacity, not utilisation);
+        #: the node's tick turns it into Router.measure_throughput samples
+        self.rate = BusyRate()
 
     def _take(self, origin: int, size: int) -> None:
         if origin and not self.stuck:
@@ -259,8 +263,11 @@ class LinkOutput:
             if fr[2] in waiting:
                 freed.add(fr[2])
                 self.fed = fr[2]
-            self._give(fr[2], len(fr[0]) + len(fr[1]))
+            size = len(fr[0]) + len(fr[1])
+            self._give(fr[2], size)
+            self.rate.wrote(size)
             self.write(fr[0], fr[1])
+        self.rate.backlog(q.backlogged, now)
         if sent or q.empty():
             self.slow.progress(q.bytes, now)
             if self.stuck:  # moving again: its frames hold credit again, so that a receiver
