@@ -215,6 +215,50 @@ def test_sim_liveness_echo_drives_the_delay_modifier() -> None:
     assert eb.payloads(flow) == [b"near", b"far"] and ec.payloads(flow) == [b"near"]
 
 
+def test_sim_busy_rate_limited_link_gets_bandwidth_modifier() -> None:
+    """a (core) - b - c, measured locality on; b-c serialises at 1 Mbit/s, a-b is unlimited.
+    Kept busy (a burst from a), b's bandwidth modifier for b-c follows the wire's rate
+    (log2(1e9 / 1e6) ~ 10 units) while a-b keeps its configured one, and a message with
+    bandwidth budget 5 reaches b's endpoint but no longer c's; before, it did."""
+    from flowrouter.testbed.sim.network import SimNetwork
+    from flowrouter.wire.flowid import FlowID
+    from flowrouter.wire.header import Locality
+
+    flow = FlowID(0xBEEF, 0x10, 3)
+    net = SimNetwork(seed=1)
+    for name, routes in (("a", {}), ("b", {0x10: "a"}), ("c", {0x10: "b"})):
+        net.add_router(name, core_lsids=[0x10] if name == "a" else [], routes=routes)
+        net.routers[name].p.locality_mapping = LocalityMapping(min_samples=2, hold=0.1)
+    net.add_link("a", "b", delay=0.002)
+    net.add_link("b", "c", delay=0.002, bandwidth=1e6)
+    src = net.add_endpoint("src", "a")
+    eb = net.add_endpoint("eb", "b")
+    ec = net.add_endpoint("ec", "c")
+    net.run_until(1.0)
+    eb.join(flow, 32)
+    ec.join(flow, 32)
+    net.run_until(5.0)
+
+    def row(router: str, peer: str) -> dict[str, object]:
+        rows = [lk for lk in net.routers[router].status()["links"] if lk["peer"] == peer]
+        return {**rows[0].get("measured", {}), "modifiers": rows[0]["modifiers"]}
+
+    src.send(flow, 32, b"near", locality=(Locality.BANDWIDTH, 5))
+    net.run_until(6.0)
+    assert ec.payloads(flow) == [b"near"]
+    for _ in range(250):  # 250 kB: 2 s of the 1 Mbit/s wire
+        src.send(flow, 32, bytes(1000))
+    net.run_until(9.0)
+    r = row("b", "c")
+    assert r["bandwidth_modifier"] == 10 and r["modifiers"]["bandwidth"] == 10, r  # type: ignore[index]
+    assert r["throughput_bps"] == 1e6
+    assert row("b", "a").get("bandwidth_modifier") is None
+    assert row("b", "a")["modifiers"]["bandwidth"] == 0  # type: ignore[index]
+    src.send(flow, 32, b"far", locality=(Locality.BANDWIDTH, 5))
+    net.run_until(12.0)
+    assert eb.payloads(flow)[-1] == b"far" and ec.payloads(flow)[-1] != b"far"
+
+
 # ---------------------------------------------------------------------- real routers
 def test_emulated_slow_link_on_loopback_routers() -> None:
     """edge -> core over loopback, measured locality on, ECHOs every 0.2 s. The link

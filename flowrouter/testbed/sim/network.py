@@ -113,6 +113,8 @@ class RouterNode:
             self.apply(acts)
 
     def tick(self, now: float) -> None:
+        if self.router.p.locality_mapping is not None:
+            self._measure_throughput(now)
         try:
             acts = self.router.tick(now)
         except Exception as exc:  # noqa: BLE001
@@ -120,6 +122,14 @@ class RouterNode:
             return
         if acts:
             self.apply(acts)
+
+    def _measure_throughput(self, now: float) -> None:
+        """Measured locality's throughput (flowrouter.core.measured.BusyRate: the send rate
+        while backlogged, an estimate of capacity): a simulated wire that still has frames
+        to serialise at a tick is backlogged, and sends at exactly its bandwidth."""
+        for lid, out in self.ports.items():
+            if out.bandwidth and out.busy_until > now:
+                self.router.measure_throughput(lid, out.bandwidth, now)
 
     def _call(self, what: str, fn: Callable[..., list[Any]], *args: Any, **kw: Any
               ) -> list[Any]:
