@@ -3,10 +3,11 @@
 Seed 002 section 3.3: the bandwidth and delay modifiers "may be automatically tuned at flow
 routers to reflect current network conditions". This module is the sans-I/O part of that: a
 :class:`LinkMeter` per link takes RTT samples (from the link liveness echo) and throughput
-samples (bits per second over a busy period: :class:`BusyRate`) with the time passed in, smooths them, and maps
-them through a configurable :class:`LocalityMapping` to modifier units, with hysteresis so a
-value hovering at a unit boundary does not make the modifier (and the locality-limited
-traffic that depends on it) flap. Geography is never measured: it stays configured.
+samples (bits per second over a busy period: :class:`BusyRate`) with the time passed in,
+smooths them, and maps them through a configurable :class:`LocalityMapping` to modifier
+units, with hysteresis so a value hovering at a unit boundary does not make the modifier
+(and the locality-limited traffic that depends on it) flap. Geography is never
+measured: it stays configured.
 
 Mapping (both configurable):
 
