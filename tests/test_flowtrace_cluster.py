@@ -149,11 +149,8 @@ def test_standalone_cluster_gives_the_same_tables_as_local_mode(standalone, tmp_
     traces = tmp_path / "traces"
     assert cli.main(["synth", "--routers", "12", "--flows", "40", "--duration", "60",
                      "--out", str(traces), "--yes", "-q"]) == 0
-    t0 = time.monotonic()
     local = _tables("local[2]", traces, tmp_path / "local")
-    t1 = time.monotonic()
     cluster = _tables(standalone, traces, tmp_path / "cluster")
-    print(f"local {t1 - t0:.0f} s, cluster {time.monotonic() - t1:.0f} s")
     assert len(local) >= 10, sorted(local)
     assert sum(len(t["rows"]) for t in local.values()) > 50
     assert sorted(cluster) == sorted(local)
