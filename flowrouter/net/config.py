@@ -96,6 +96,19 @@ from flowrouter.core.measured import LocalityMapping
 from flowrouter.core.quotas import QuotaLimits
 from flowrouter.core.router import RouterParams
 from flowrouter.core.tables import Modifiers
+from flowrouter.net.configtables import (
+    address,
+    check_keys,
+    gc_table,
+    limit,
+    link_auth_table,
+    listen,
+    measured_locality_table,
+    parse_lsid,
+    quota_table,
+    text,
+    trace_table,
+)
 
 # A bad config value and a bad address are one kind of operator error: one class, two names.
 from flowrouter.wire.address import AddressError as ConfigError
@@ -382,101 +395,34 @@ class NodeConfig:
             raise ConfigError(str(exc)) from None
 
 
-_QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
-
-
-def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: "
-                          f"{', '.join(sorted(allowed))}")
-
-
-def _lsid(value: Any, where: str) -> int:
-    try:
-        lsid = int(value, 0) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {value!r} is not an LSID (use e.g. 16 or 0x10)") from None
-    if not 0 < lsid < 1 << 32:
-        raise ConfigError(f"{where}: LSID {value!r} must be 1..0xffffffff")
-    return lsid
-
-
-def _number(value: Any, where: str, kind: type, lo: float, hi: float) -> Any:
-    """*value* as an int (or float) within lo..hi, else a ConfigError naming *where*."""
-    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok:
-        what = "an integer" if kind is int else "a number"
-        raise ConfigError(f"{where} must be {what}, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{where} must be within {lo:{'d' if kind is int else 'g'}}.."
-                          f"{hi:{'d' if kind is int else 'g'}}, got {value!r}")
-    return kind(value)
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{where} must be a string, got {value!r}")
-    return value
-
-
-def _flag(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where} must be true or false, got {value!r}")
-    return value
-
-
-def _address(value: Any, where: str) -> str | None:
-    """An address string; "" disables the listener."""
-    text = _text(value, where)
-    if text:
-        parse_address(text, where)
-    return text or None
-
-
-def _listen(value: Any, where: str) -> Any:
-    """One address or a list of them (a router on several interfaces)."""
-    if isinstance(value, list):
-        if not value:
-            raise ConfigError(f"{where} must not be an empty list (use \"\" for no listener)")
-        return [_address(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return _address(value, where)
-
-
-def _limit(kind: type, lo: float, hi: float) -> Any:
-    return lambda v, where: _number(v, where, kind, lo, hi)
-
-
 #: [router] keys that map 1:1 onto NodeConfig fields, each with its type and range check
 _ROUTER_CHECKS: dict[str, Any] = {
-    "name": _text, "listen": _listen, "router_listen": _listen, "app_listen": _listen,
-    "udp": _address, "control": _address,
-    "http": lambda v, where: v if v in ("auto", "off") else _address(v, where),
-    "node_id": _limit(int, 1, (1 << 64) - 1),
-    "max_payload": _limit(int, 1, 0xFFFFFFFF),
-    "max_link_buffer": _limit(int, 1024, 1 << 40),
-    "link_credit": _limit(int, 1024, 1 << 40),
-    "max_flows_per_endpoint": _limit(int, 1, 1 << 32),
-    "join_timeout": _limit(float, 0.001, 3600.0),
-    "max_flows": _limit(int, 1, 1 << 40),
-    "tick_interval": _limit(float, 0.001, 60.0),
-    "reconnect_min": _limit(float, 0.001, 3600.0),
-    "reconnect_max": _limit(float, 0.001, 86400.0),
-    "udp_idle_timeout": _limit(float, 0.01, 86400.0),
-    "slow_consumer_bytes": _limit(int, 1024, 1 << 40),
-    "slow_consumer_grace": _limit(float, 0.001, 86400.0),
-    "slow_consumer_stall": _limit(float, 0.001, 86400.0),
-    "frame_timeout": _limit(float, 0.001, 86400.0),
-    "control_token": lambda v, where: _text(v, where) or None,
-    "member_notice_interval": _limit(float, 0.001, 3600.0),
-    "member_refresh": _limit(float, 0.001, 86400.0),
+    "name": text, "listen": listen, "router_listen": listen, "app_listen": listen,
+    "udp": address, "control": address,
+    "http": lambda v, where: v if v in ("auto", "off") else address(v, where),
+    "node_id": limit(int, 1, (1 << 64) - 1),
+    "max_payload": limit(int, 1, 0xFFFFFFFF),
+    "max_link_buffer": limit(int, 1024, 1 << 40),
+    "link_credit": limit(int, 1024, 1 << 40),
+    "max_flows_per_endpoint": limit(int, 1, 1 << 32),
+    "join_timeout": limit(float, 0.001, 3600.0),
+    "max_flows": limit(int, 1, 1 << 40),
+    "tick_interval": limit(float, 0.001, 60.0),
+    "reconnect_min": limit(float, 0.001, 3600.0),
+    "reconnect_max": limit(float, 0.001, 86400.0),
+    "udp_idle_timeout": limit(float, 0.01, 86400.0),
+    "slow_consumer_bytes": limit(int, 1024, 1 << 40),
+    "slow_consumer_grace": limit(float, 0.001, 86400.0),
+    "slow_consumer_stall": limit(float, 0.001, 86400.0),
+    "frame_timeout": limit(float, 0.001, 86400.0),
+    "control_token": lambda v, where: text(v, where) or None,
+    "member_notice_interval": limit(float, 0.001, 3600.0),
+    "member_refresh": limit(float, 0.001, 86400.0),
 }
 
 
 _ROUTER_KEYS = set(_ROUTER_CHECKS) | {"core_lsids", "default_lsid", "endpoint_locality",
                                       "accept_routers"}
-_GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
-            "refresh_interval", "hold_factor", "max_refresh_rate"}
 _PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
 
@@ -487,16 +433,10 @@ def _as_list(value: Any) -> list[str]:
 def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> NodeConfig:
     """A checked NodeConfig from a parsed TOML document; relative key files are looked up
     in *config_dir* (the config file's directory)."""
-    _check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
+    check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
                        "quota", "measured_locality"}, "the top level")
-    quota = dict(data.get("quota") or {})
-    _check_keys(quota, _QUOTA_KEYS, "[quota]")
-    auth = dict(data.get("link_auth") or {})
-    _check_keys(auth, {"key_id", "encrypt", "require_endpoints", "keys"}, "[link_auth]")
-    trace = dict(data.get("trace") or {})
-    _check_keys(trace, {"dir", "sample", "rotate_bytes"}, "[trace]")
     router = dict(data.get("router") or {})
-    _check_keys(router, _ROUTER_KEYS, "[router]")
+    check_keys(router, _ROUTER_KEYS, "[router]")
     if "name" not in router:
         raise ConfigError("[router] needs a name")
     kw: dict[str, Any] = {"config_dir": config_dir}
@@ -512,47 +452,30 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
         if not isinstance(router["accept_routers"], list):
             raise ConfigError('[router] accept_routers must be a list of "name@host"')
         kw["accept_routers"] = [str(e) for e in router["accept_routers"]]
-    if quota:
-        kw["quota"] = quota
-    if "measured_locality" in data:
-        if not isinstance(data["measured_locality"], dict):
-            raise ConfigError("[measured_locality] must be a table")
-        kw["locality_mapping"] = dict(data["measured_locality"])
-    kw["core_lsids"] = frozenset(_lsid(v, "[router] core_lsids")
+    for section in (quota_table, measured_locality_table, gc_table, link_auth_table,
+                    trace_table):
+        kw.update(section(data))
+    kw["core_lsids"] = frozenset(parse_lsid(v, "[router] core_lsids")
                                  for v in router.get("core_lsids", []))
     if "default_lsid" in router:
-        kw["default_lsid"] = _lsid(router["default_lsid"], "[router] default_lsid")
+        kw["default_lsid"] = parse_lsid(router["default_lsid"], "[router] default_lsid")
     try:
         kw["endpoint_modifiers"] = Modifiers.from_mapping(router.get("endpoint_locality"))
     except ValueError as exc:
         raise ConfigError(f"[router] endpoint_locality: {exc}") from None
-    gc = dict(data.get("gc") or {})
-    _check_keys(gc, _GC_KEYS, "[gc]")
-    if "epoch" in gc:
-        kw["epoch"] = _number(gc["epoch"], "[gc] epoch", float, 0.001, 86400.0)
-    if "ping_after" in gc:
-        kw["gc_ping_after"] = _number(gc["ping_after"], "[gc] ping_after", int, 1, 10_000)
-    if "delete_after" in gc:
-        kw["gc_delete_after"] = _number(gc["delete_after"], "[gc] delete_after", int, 1,
-                                        10_000)
-    for key, top in (("liveness_interval", 3600.0), ("dead_after", 86400.0),
-                     ("refresh_interval", 86400.0), ("hold_factor", 1000.0),
-                     ("max_refresh_rate", 1e9)):
-        if key in gc:
-            kw[key] = _number(gc[key], f"[gc] {key}", float, 0.001, top)
     peers = []
     for i, peer in enumerate(data.get("peer") or []):
         where = f"[[peer]] #{i + 1}"
         if not isinstance(peer, dict):
             raise ConfigError(f"{where} must be a table")
-        _check_keys(peer, _PEER_KEYS, where)
+        check_keys(peer, _PEER_KEYS, where)
         if "address" not in peer:
             raise ConfigError(f"{where} needs an address")
-        _text(peer["address"], f"{where} address")
+        text(peer["address"], f"{where} address")
         if "name" in peer:
-            _text(peer["name"], f"{where} name")
+            text(peer["name"], f"{where} name")
         if "transport" in peer:
-            _text(peer["transport"], f"{where} transport")
+            text(peer["transport"], f"{where} transport")
         try:
             mods = Modifiers.from_mapping(peer.get("locality"))
             emu = Emulation.from_mapping({k: peer[k] for k in ("bandwidth", "delay", "loss")
@@ -570,33 +493,10 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
             raise ConfigError(f"{where} needs a peer (the neighbour's router name)")
         emulation[str(table["peer"])] = Emulation.from_mapping(table, where)
     kw["emulation"] = emulation
-    if auth:
-        keys = auth.get("keys") or {}
-        if not isinstance(keys, dict) or not keys:
-            raise ConfigError("[link_auth] needs at least one key in [link_auth.keys]")
-        kw["link_keys"] = {str(k): str(v) for k, v in keys.items()}
-        if "key_id" in auth:
-            if auth["key_id"] not in keys:
-                raise ConfigError(f"[link_auth] key_id {auth['key_id']!r} is not one of "
-                                  f"[link_auth.keys] {sorted(keys)}")
-            kw["link_key_id"] = str(auth["key_id"])
-        kw["link_encrypt"] = _flag(auth.get("encrypt", False), "[link_auth] encrypt")
-        kw["link_auth_endpoints"] = _flag(auth.get("require_endpoints", False),
-                                          "[link_auth] require_endpoints")
-    if "dir" in trace:
-        kw["trace_dir"] = _text(trace["dir"], "[trace] dir")
-    if "sample" in trace:
-        sample = trace["sample"]
-        if not isinstance(sample, (int, float)) or not 0 <= sample <= 1:
-            raise ConfigError(f"[trace] sample must be a fraction 0..1, got {sample!r}")
-        kw["trace_sample"] = float(sample)
-    if "rotate_bytes" in trace:
-        kw["trace_rotate_bytes"] = _number(trace["rotate_bytes"], "[trace] rotate_bytes", int,
-                                           4096, 1 << 40)
     routes = dict(data.get("routes") or {})
     if "default" in routes:
         kw["default_route"] = str(routes.pop("default"))
-    kw["routes"] = {_lsid(k, f"[routes] {k}"): str(v) for k, v in routes.items()}
+    kw["routes"] = {parse_lsid(k, f"[routes] {k}"): str(v) for k, v in routes.items()}
     try:
         return NodeConfig(**kw)
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,162 @@
+"""The router config's value checks and its self-contained tables: ``[quota]``, ``[gc]``,
+``[measured_locality]``, ``[link_auth]`` and ``[trace]``.
+
+Each ``*_table`` function takes the parsed TOML document and returns the
+:class:`~flowrouter.net.config.NodeConfig` keyword arguments that table sets, after checking
+every key's type and range (a :class:`ConfigError` names the table and the key). The key
+reference for all tables is :mod:`flowrouter.net.config`'s docstring; this module only
+parses. May import :mod:`flowrouter.wire` and the standard library.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrouter.wire.address import AddressError as ConfigError
+from flowrouter.wire.address import parse_address
+
+QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
+GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
+           "refresh_interval", "hold_factor", "max_refresh_rate"}
+LINK_AUTH_KEYS = {"key_id", "encrypt", "require_endpoints", "keys"}
+TRACE_KEYS = {"dir", "sample", "rotate_bytes"}
+
+
+def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(unknown)} in {where}; allowed: "
+                          f"{', '.join(sorted(allowed))}")
+
+
+def parse_lsid(value: Any, where: str) -> int:
+    try:
+        out = int(value, 0) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {value!r} is not an LSID (use e.g. 16 or 0x10)") from None
+    if not 0 < out < 1 << 32:
+        raise ConfigError(f"{where}: LSID {value!r} must be 1..0xffffffff")
+    return out
+
+
+def number(value: Any, where: str, kind: type, lo: float, hi: float) -> Any:
+    """*value* as an int (or float) within lo..hi, else a ConfigError naming *where*."""
+    ok = isinstance(value, int) if kind is int else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{where} must be {what}, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where} must be within {lo:{'d' if kind is int else 'g'}}.."
+                          f"{hi:{'d' if kind is int else 'g'}}, got {value!r}")
+    return kind(value)
+
+
+def text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def address(value: Any, where: str) -> str | None:
+    """An address string; "" disables the listener."""
+    out = text(value, where)
+    if out:
+        parse_address(out, where)
+    return out or None
+
+
+def listen(value: Any, where: str) -> Any:
+    """One address or a list of them (a router on several interfaces)."""
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{where} must not be an empty list (use \"\" for no listener)")
+        return [address(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return address(value, where)
+
+
+def limit(kind: type, lo: float, hi: float) -> Any:
+    return lambda v, where: number(v, where, kind, lo, hi)
+
+
+def _table(data: dict[str, Any], name: str, allowed: set[str] | None) -> dict[str, Any]:
+    table = data.get(name) or {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    if allowed is not None:
+        check_keys(table, allowed, f"[{name}]")
+    return dict(table)
+
+
+def quota_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[quota]``: limits per principal (checked by QuotaLimits when NodeConfig is built)."""
+    quota = _table(data, "quota", QUOTA_KEYS)
+    return {"quota": quota} if quota else {}
+
+
+def measured_locality_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[measured_locality]``: present (even empty) turns measured modifiers on."""
+    if "measured_locality" not in data:
+        return {}
+    return {"locality_mapping": _table(data, "measured_locality", None)}
+
+
+def gc_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[gc]``: soft-state timers and the (ignored) seed GC thresholds."""
+    gc = _table(data, "gc", GC_KEYS)
+    kw: dict[str, Any] = {}
+    if "epoch" in gc:
+        kw["epoch"] = number(gc["epoch"], "[gc] epoch", float, 0.001, 86400.0)
+    if "ping_after" in gc:
+        kw["gc_ping_after"] = number(gc["ping_after"], "[gc] ping_after", int, 1, 10_000)
+    if "delete_after" in gc:
+        kw["gc_delete_after"] = number(gc["delete_after"], "[gc] delete_after", int, 1,
+                                       10_000)
+    for key, top in (("liveness_interval", 3600.0), ("dead_after", 86400.0),
+                     ("refresh_interval", 86400.0), ("hold_factor", 1000.0),
+                     ("max_refresh_rate", 1e9)):
+        if key in gc:
+            kw[key] = number(gc[key], f"[gc] {key}", float, 0.001, top)
+    return kw
+
+
+def link_auth_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[link_auth]``: the key ring, the key this router proves itself with, encryption."""
+    auth = _table(data, "link_auth", LINK_AUTH_KEYS)
+    if not auth:
+        return {}
+    keys = auth.get("keys") or {}
+    if not isinstance(keys, dict) or not keys:
+        raise ConfigError("[link_auth] needs at least one key in [link_auth.keys]")
+    kw: dict[str, Any] = {"link_keys": {str(k): str(v) for k, v in keys.items()}}
+    if "key_id" in auth:
+        if auth["key_id"] not in keys:
+            raise ConfigError(f"[link_auth] key_id {auth['key_id']!r} is not one of "
+                              f"[link_auth.keys] {sorted(keys)}")
+        kw["link_key_id"] = str(auth["key_id"])
+    kw["link_encrypt"] = flag(auth.get("encrypt", False), "[link_auth] encrypt")
+    kw["link_auth_endpoints"] = flag(auth.get("require_endpoints", False),
+                                     "[link_auth] require_endpoints")
+    return kw
+
+
+def trace_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[trace]``: where trace records go, how many, when files rotate."""
+    trace = _table(data, "trace", TRACE_KEYS)
+    kw: dict[str, Any] = {}
+    if "dir" in trace:
+        kw["trace_dir"] = text(trace["dir"], "[trace] dir")
+    if "sample" in trace:
+        sample = trace["sample"]
+        if not isinstance(sample, (int, float)) or not 0 <= sample <= 1:
+            raise ConfigError(f"[trace] sample must be a fraction 0..1, got {sample!r}")
+        kw["trace_sample"] = float(sample)
+    if "rotate_bytes" in trace:
+        kw["trace_rotate_bytes"] = number(trace["rotate_bytes"], "[trace] rotate_bytes", int,
+                                          4096, 1 << 40)
+    return kw
