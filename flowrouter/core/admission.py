@@ -2,7 +2,8 @@
 
 Creators' signed flow policies (gossiped to every router neighbour), the first-hop
 capability check of an application's join and data, revocation and expiry, and the
-alerts (counted, logged, kept for the status query, told to the flow) when a limit trips.
+alerts (counted, logged, kept for the status query, told to the flow on band 17) when a
+limit trips.
 The token formats themselves are :mod:`flowrouter.wire.capabilities`.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
@@ -117,9 +118,23 @@ class Admission(RouterState):
         if refusal is None:
             return []
         self.counters[f"refused.{refusal.kind}"] += 1
-        out = self.alert(refusal.kind, refusal.text, now)
+        out = self.refusal_alert(refusal.kind, refusal.text, refusal.limit, now, key)
         return out + [self._control(link.link_id, key, C.JoinAck(
             msg.req_id, C.JoinStatus.LIMIT, refusal.text))]
+
+    def refusal_alert(self, kind: str, detail: str, limit: str, now: float, key: bytes
+                      ) -> list[Action]:
+        """A join of flow *key* was refused over a quota: alert, and tell the flow.
+
+        Who hears what: the refused application gets the JoinAck(LIMIT) with *detail*; the
+        flow's members listening on band 17 get a Fault(LIMIT) that names the router and the
+        *limit* but not the refused principal (its name or address stays in the log and the
+        status query, for the operator). The refused peer chooses the flow, so beyond the
+        per-(kind, flow) rate limit at most ``[quota] flow_notices`` different flows per
+        kind and alert interval are told (and logged); the rest are only counted.
+        """
+        notice = f"router {self.p.name} refused a join of this flow: {limit}"
+        return self.alert(kind, detail, now, key, notice=notice, budget=True)
 
     def _may_send(self, link: Link, key: bytes, header: memoryview | bytes, band: int,
                   now: float) -> bool:
@@ -128,13 +143,18 @@ class Admission(RouterState):
                 and cap.locality_ok(header[OFF_LOC_TYPE], header[OFF_LOC_VALUE])
                 and cap.expiry > now + self.wall_offset)
 
-    def alert(self, kind: str, detail: str, now: float, key: bytes | None = None
-              ) -> list[Action]:
+    def alert(self, kind: str, detail: str, now: float, key: bytes | None = None, *,
+              notice: str | None = None, budget: bool = False) -> list[Action]:
         """A limit tripped: count it, log it, keep it for the status query, and tell the
-        affected flow's members on the fault band. Rate-limited per (kind, flow)."""
+        affected flow's members on the fault band (*notice*, else *detail*). Rate-limited
+        per (kind, flow); with *budget* (the flow was chosen by whoever tripped the limit)
+        also to ``flow_notices`` flows per kind and alert interval."""
         self.counters[f"alerts.{kind}"] += 1
         last = self._alerted.get((kind, key))
         if last is not None and now - last < self.p.alert_interval:
+            return []
+        if budget and key is not None and not self._notice_allowed(kind, now):
+            self.counters["alerts.unannounced"] += 1
             return []
         if len(self._alerted) > 10_000:
             self._alerted.clear()
@@ -144,7 +164,7 @@ class Admission(RouterState):
                             "flow": flow_text(key) if key else None})
         if key is None:
             return []
-        fault = C.Fault(C.FaultKind.LIMIT, self.p.name, detail, {"limit": kind})
+        fault = C.Fault(C.FaultKind.LIMIT, self.p.name, notice or detail, {"limit": kind})
         entry = self.flows.get(key)
         if entry is not None:
             return self._emit_fault(key, entry, fault)
@@ -157,3 +177,13 @@ class Admission(RouterState):
         self.counters["faults.sent"] += 1
         return [Send(out_link, pack_header(key, len(body), BAND_FAULT, 0, 0, DEFAULT_TTL),
                      body)]
+
+    def _notice_allowed(self, kind: str, now: float) -> bool:
+        """One more flow may hear about limit *kind* in this alert interval (and takes it)."""
+        start, used = self._notice_window.get(kind, (now, 0))
+        if now - start >= self.p.alert_interval:
+            start, used = now, 0
+        if used >= self.trust.limits.flow_notices:
+            return False
+        self._notice_window[kind] = (start, used + 1)
+        return True

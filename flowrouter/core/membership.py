@@ -68,8 +68,10 @@ class Membership(RouterState):
             self.counters["refused.endpoint-quota"] += 1
             if not entry.down and not entry.sib:
                 self._remove_entry(key, entry, "refused", now)
-            alerts = self.alert("endpoint-quota", f"{link.describe()} holds "
-                                f"{len(link.dependent)} flows, the per-application limit", now)
+            alerts = self.refusal_alert(
+                "endpoint-quota", f"{link.describe()} holds {len(link.dependent)} flows, "
+                "the per-application limit", f"an application connection already holds the "
+                f"{self.p.max_flows_per_endpoint} flows it may", now, key)
             return alerts + [self._control(lid, key, C.JoinAck(
                 msg.req_id, C.JoinStatus.LIMIT, f"this application already holds "
                 f"{self.p.max_flows_per_endpoint} flows at router {self.p.name}"))]

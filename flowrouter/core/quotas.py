@@ -15,6 +15,9 @@ bounds them). Three limits, each explicit and configurable (``[quota]`` in the r
   changes one principal may send, a token bucket;
 * ``connections_per_host`` — application connections from one source host at once.
 
+``flow_notices`` bounds how many refused joins of different flows a limit tells those flows'
+members about (a fault on band 17) per alert interval.
+
 The router refuses what is over a limit, counts it (``refused.<limit>``) and raises an alert;
 :meth:`PrincipalQuotas.status` is what the status query shows.
 """
@@ -33,11 +36,17 @@ class QuotaLimits:
     joins_per_second: float = 500.0
     join_burst: int = 1000
     connections_per_host: int = 256
+    #: refused joins of different flows told to those flows' members on band 17, per limit
+    #: and alert interval (the refused peer picks the flow: without a bound, a flood of
+    #: joins to made-up flows would become a flood of fault notices and log lines)
+    flow_notices: int = 16
 
     def __post_init__(self) -> None:
         if self.flows < 1 or self.join_burst < 1 or self.connections_per_host < 1:
             raise ValueError("quota limits (flows, join_burst, connections_per_host) must be "
                              "at least 1")
+        if self.flow_notices < 0:
+            raise ValueError("quota flow_notices must be >= 0 (0: no notices on band 17)")
         if self.joins_per_second <= 0:
             raise ValueError("quota joins_per_second must be positive")
 

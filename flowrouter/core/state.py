@@ -72,6 +72,8 @@ class RouterState:
         #: recent tripped limits, newest last (shown by the status query)
         self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
         self._alerted: dict[tuple[str, bytes | None], float] = {}
+        #: limit kind -> (start of its alert interval, flows told in it): Admission.alert
+        self._notice_window: dict[str, tuple[float, int]] = {}
         #: flow policies in force (capabilities.PolicyStore) and their raw records, which
         #: are gossiped to every router neighbour; ``_policies_active`` keeps the data path
         #: at one test while no flow is protected
@@ -166,4 +168,7 @@ class RouterState:
         def _withdraw(self, link: Link, key: bytes, why: str,  # admission
                       now: float) -> list[Action]: ...
         def alert(self, kind: str, detail: str, now: float,  # admission
-                  key: bytes | None = None) -> list[Action]: ...
+                  key: bytes | None = None, *, notice: str | None = None,
+                  budget: bool = False) -> list[Action]: ...
+        def refusal_alert(self, kind: str, detail: str, limit: str,  # admission
+                          now: float, key: bytes) -> list[Action]: ...

@@ -31,13 +31,16 @@ __all__ = ["Refusal", "TrustBoundary"]
 
 class Refusal:
     """Why something was refused: ``kind`` is the counter and alert key, ``text`` the line
-    the peer and the log get."""
+    the peer and the log get, ``limit`` the limit alone, without who tripped it (what the
+    members of a flow are told on its fault band: they learn that and which limit held,
+    never the refused principal's name or address)."""
 
-    __slots__ = ("kind", "text")
+    __slots__ = ("kind", "limit", "text")
 
-    def __init__(self, kind: str, text: str) -> None:
+    def __init__(self, kind: str, text: str, limit: str = "") -> None:
         self.kind = kind
         self.text = text
+        self.limit = limit or kind
 
     def __repr__(self) -> str:
         return f"Refusal({self.kind!r}, {self.text!r})"
@@ -102,14 +105,16 @@ class TrustBoundary:
             return None
         lim = self.limits
         if not self.quotas.admit_join(principal, now):
-            return Refusal("join-rate", f"{principal} sends joins faster than "
-                           f"{lim.joins_per_second:g}/s (burst {lim.join_burst})")
+            rate = f"{lim.joins_per_second:g}/s (burst {lim.join_burst})"
+            return Refusal("join-rate", f"{principal} sends joins faster than {rate}",
+                           f"a principal sent joins faster than {rate}")
         if key in link.dependent:
             return None
         held = self.flows_held(principal, links)
         if held >= lim.flows:
             return Refusal("principal-flows", f"{principal} already holds {held} flows at "
-                           f"this router (the limit is {lim.flows})")
+                           f"this router (the limit is {lim.flows})",
+                           f"a principal already holds the {lim.flows} flows it may")
         return None
 
     def flows_held(self, principal: str, links: dict[int, Link]) -> int:

@@ -36,6 +36,8 @@ Example (every key optional except ``router.name``)::
     joins_per_second = 500.0      # sustained joins (token bucket) ...
     join_burst = 1000             # ... and the burst allowed
     connections_per_host = 256    # application connections from one host at once
+    flow_notices = 16             # refused joins of different flows told to their members
+                                  #   (Fault LIMIT, band 17) per limit and 5 s; 0: none
 
     [gc]                          # soft state (DESIGN.md section 14)
     liveness_interval = 1.0       # an ECHO on every link this often

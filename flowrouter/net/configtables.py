@@ -15,7 +15,12 @@ from typing import Any
 from flowrouter.wire.address import AddressError as ConfigError
 from flowrouter.wire.address import parse_address
 
-QUOTA_KEYS = {"flows", "joins_per_second", "join_burst", "connections_per_host"}
+#: [quota] keys, each with its type and range (QuotaLimits checks how they relate)
+QUOTA_RANGES: dict[str, tuple[type, float, float]] = {
+    "flows": (int, 1, 1 << 40), "joins_per_second": (float, 0.001, 1e9),
+    "join_burst": (int, 1, 1 << 40), "connections_per_host": (int, 1, 1 << 32),
+    "flow_notices": (int, 0, 1 << 20)}
+QUOTA_KEYS = set(QUOTA_RANGES)
 GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
            "refresh_interval", "hold_factor", "max_refresh_rate"}
 LINK_AUTH_KEYS = {"key_id", "encrypt", "require_endpoints", "keys"}
@@ -96,7 +101,9 @@ def _table(data: dict[str, Any], name: str, allowed: set[str] | None) -> dict[st
 def quota_table(data: dict[str, Any]) -> dict[str, Any]:
     """``[quota]``: limits per principal (checked by QuotaLimits when NodeConfig is built)."""
     quota = _table(data, "quota", QUOTA_KEYS)
-    return {"quota": quota} if quota else {}
+    checked = {key: number(value, f"[quota] {key}", *QUOTA_RANGES[key])
+               for key, value in quota.items()}
+    return {"quota": checked} if checked else {}
 
 
 def measured_locality_table(data: dict[str, Any]) -> dict[str, Any]:

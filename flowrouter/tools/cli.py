@@ -271,11 +271,34 @@ def format_status(st: dict[str, Any]) -> str:
                      f"down {down}{'' if f['joined'] else '  (joining)'}")
     if len(st["flows"]) > 200:
         lines.append(f"  ... {len(st['flows']) - 200} more (use --json)")
+    lines += _format_limits(st)
     lines.append("")
     lines.append("COUNTERS")
     for k, v in st["counters"].items():
         lines.append(f"  {k:<32} {v}")
     return "\n".join(lines)
+
+
+def _format_limits(st: dict[str, Any]) -> list[str]:
+    """The QUOTA and ALERTS sections of ``flowrouter status``: the limits per principal, each
+    principal's use, and the newest tripped limits (a flow's members also got those with a
+    flow as a fault on band 17)."""
+    lines: list[str] = []
+    quota = st.get("quota")
+    if quota:
+        lim = quota["limits"]
+        lines += ["", f"QUOTA per principal: {lim['flows']} flows, {lim['joins_per_second']:g} "
+                  f"joins/s (burst {lim['join_burst']}), {lim['connections_per_host']} "
+                  f"connections per host; {lim.get('flow_notices', '-')} flow notices per "
+                  "limit and alert interval"]
+        for name, use in quota["principals"].items():
+            lines.append(f"  {name:<40} links {use['links']:>4}  flows {use.get('flows', '-')}")
+    alerts = st.get("alerts") or []
+    lines += ["", f"ALERTS ({len(alerts)} kept, newest last; those with a flow also went to "
+              "its members on band 17)"]
+    for a in alerts[-20:]:
+        lines.append(f"  {a['t']:>10.3f}s  {a['kind']:<22} {a['flow'] or '-'}  {a['detail']}")
+    return lines
 
 
 def _up(args: argparse.Namespace) -> int:
