@@ -134,7 +134,7 @@ def test_the_same_message_missed_by_two_sites_is_resent_once_multicast() -> None
     a.submit(b"x", 1.0)
     a.submit(b"y", 1.1)
     for req in (1, 2):  # b and c ask for seq 1
-        nk = encode_nack(room_tag(cfg), req, Nack(0, 0, 0, ((1, 1),)))
+        nk = encode_nack(room_tag(cfg), req, Nack(0, 0, 0, ((1, 1),), inc=1))
         a.on_message(BAND_REPAIR, nk, 1.2)
     out = [x for x in a.tick(1.3) if isinstance(x, Send) and x.kind.startswith("repair")]
     assert [(x.band, x.kind) for x in out] == [(cfg.data_band, "repair-multicast")]
@@ -145,7 +145,7 @@ def test_a_destination_too_far_behind_is_dropped_not_served() -> None:
     a = SiteOrdering(cfg, "a", 0.0, incarnation=1)
     for i in range(30):
         a.submit(b"m%d" % i, 1.0 + i * 0.01)
-    nk = encode_nack(room_tag(cfg), 1, Nack(0, 0, 0, ((1, 30),)))
+    nk = encode_nack(room_tag(cfg), 1, Nack(0, 0, 0, ((1, 30),), inc=1))
     out = a.on_message(BAND_REPAIR, nk, 2.0) + a.tick(2.1)
     kinds = [x.kind for x in out if isinstance(x, Send)]
     assert "gone" in kinds
@@ -361,7 +361,7 @@ def test_malformed_input_is_counted_never_fatal() -> None:
     cfg = IGOConfig(sites=ABC, mode="leader", leader="c")
     a = SiteOrdering(cfg, "a", 0.0, incarnation=1)
     tag = room_tag(cfg)
-    good = encode_data(tag, 1, DataMsg(1, 9, 1, 0, 0.5, 0, (0, 0, 0), b"hi"))
+    good = encode_data(tag, 1, DataMsg(1, 9, 1, 0, 0.5, 0, ((0, 3, 1), (2, 4, 1)), b"hi"))
     a.tick(0.5)  # initial membership and first heartbeat
     cases = {
         "short": b"IG",
@@ -370,7 +370,8 @@ def test_malformed_input_is_counted_never_fatal() -> None:
         "kind": good[:3] + b"\x63" + good[4:],
         "index": good[:8] + b"\x09" + good[9:],
         "truncated": good[:15],
-        "deps": encode_data(tag, 1, DataMsg(1, 9, 1, 0, 0.5, 0, (0, 0), b"x")),
+        "deps": encode_data(tag, 1, DataMsg(1, 9, 1, 0, 0.5, 0, ((7, 1, 1),), b"x")),
+        "incarnation": encode_data(tag, 1, DataMsg(1, 0, 1, 0, 0.5, 0, (), b"x")),
         "seq": encode_data(tag, 1, DataMsg(1, 9, 0, 0, 0.5, 0, (), b"x")),
         "range": encode_nack(tag, 1, Nack(0, 1, 0, ((5, 2),))),
         "length": encode_heartbeat(tag, 1, Heartbeat(9, 0, 0, 0, 0, 0, (0, 0, 0))) + b"!",
@@ -382,6 +383,10 @@ def test_malformed_input_is_counted_never_fatal() -> None:
                             else (BAND_REPAIR if reason == "range" else BAND_HEARTBEAT),
                             payload, 1.0) == []
         assert a.counters[f"malformed.{reason}"] == 1, reason
+    # the wire format before incarnations named streams (version 1) is refused, counted apart
+    assert a.on_message(cfg.data_band, good[:2] + b"\x01" + good[3:], 1.0) == []
+    assert a.counters["refused.old-version"] == 1 and a.status()["counters"][
+        "refused.old-version"] == 1
     a.on_message(BAND_HEARTBEAT, good, 1.0)  # data on the heartbeat band
     assert a.counters["malformed.band"] == 1
     a.on_message(BAND_ORDER, _order_from(tag, 1), 1.0)  # ORDER from a non-leader
@@ -408,14 +413,14 @@ def test_malformed_input_is_counted_never_fatal() -> None:
 
 def _order_from(tag: int, tx: int) -> bytes:
     from apps.chat.igo import Order, encode_order
-    return encode_order(tag, tx, Order(1, 0, 1, ((0, 1, 0),)))
+    return encode_order(tag, tx, Order(1, 0, 1, ((0, 1, 1, 0),)))
 
 
 def test_decode_rejects_what_encode_never_makes() -> None:
     tag = 5
     with pytest.raises(ProtocolError):
         decode(b"IG\x01\x03" + struct.pack("!I", tag) + b"\x00" + b"\x00\x00\x00\x00", tag, 3)
-    m = DataMsg(2, 7, 3, 44, 1.25, 1, (1, 2, 3), b"payload")
+    m = DataMsg(2, 7, 3, 44, 1.25, 1, ((0, 5, 1), (1, 6, 2), (1, 9, 3)), b"payload")
     assert decode(encode_data(tag, 2, m), tag, 3) == (1, 2, m)
 
 
@@ -424,7 +429,8 @@ def test_a_restarted_peer_is_resynchronised() -> None:
     net = LoopNet(cfg, delay=0.01)
     chatter(net, ["a", "b"], stop=40)
     net.run_until(20)
-    net.sites["b"] = SiteOrdering(cfg, "b", net.now, incarnation=777)  # b restarts
+    # b restarts (a later run: a larger incarnation)
+    net.sites["b"] = SiteOrdering(cfg, "b", net.now, incarnation=1777)
     net.run_until(45)
     assert net.sites["a"].counters["peer.restarted"] == 1
     assert net.sites["a"].peer_state("b") is PeerState.S1

@@ -57,7 +57,9 @@ def test_every_missing_dependency_is_settled_before_a_timed_out_message() -> Non
 
     def data(tx: int, origin: int, seq: int, lamport: int, deps: tuple[int, ...],
              now: float) -> None:
-        frame = encode_data(tag, tx, DataMsg(origin, INC[origin], seq, lamport, now, 0, deps,
+        # deps: per site, the seq its sender had delivered (0: none), of each one's run INC
+        vector = tuple((o, INC[o], s) for o, s in enumerate(deps) if s)
+        frame = encode_data(tag, tx, DataMsg(origin, INC[origin], seq, lamport, now, 0, vector,
                                              b"x"))
         out.extend(_delivered(d, d.on_message(cfg.data_band, frame, now)))
 
@@ -83,12 +85,15 @@ def test_every_missing_dependency_is_settled_before_a_timed_out_message() -> Non
     assert d.counters["data.after-skip"] == 1
 
 
-@pytest.mark.parametrize("seed", [11, 13, 18])
+@pytest.mark.parametrize("seed", [5, 11, 18])
 def test_seed003_test5_hub_keeps_causal_order(seed: int) -> None:
     """Seed 003's test 5 (hasten, A2 partitions) on the hub location service: the
     overloaded hub makes dependencies time out at commonwe, which delivered metropol's
-    replies before their causes (seed 11: metropol#50 before republic#32; seed 13 also
-    needs a held, undelivered dependency to be waited for). About 1 s each."""
+    replies before their causes (seed 11: metropol#50 before republic#32). Under wire
+    version 1 seed 13 needed a held, undelivered dependency to be waited for; version 2's
+    frames (incarnations in dependencies) are larger, the timings moved, and seed 11 now
+    takes that path while seed 13 no longer times out at all (seed 5 does, once). About
+    1 s each."""
     from apps.chat.experiment import causal_check, run_sim, select
 
     res = run_sim(select("5")[0], duration=90.0, seed=seed, ls="hub")

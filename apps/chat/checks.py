@@ -5,7 +5,7 @@ same attributes) and returns a list of human-readable violations (empty = proper
 tests can ``assert not violations`` and the experiment summary can count them.
 
 * :func:`fifo_violations` — every site delivers each origin's messages in sequence order, at
-  most once;
+  most once (per incarnation of the origin, when deliveries carry one);
 * :func:`order_violations` — the messages a site delivered *in order* (not flagged late) follow
   the ordering rule: increasing ``(lamport, origin)`` in the all-to-all modes, increasing leader
   order number in leader mode; so any two sites agree on the relative order of the in-order
@@ -33,19 +33,22 @@ def _key(d: Any) -> Key:
 
 
 def fifo_violations(logs: Mapping[str, Sequence[Any]]) -> list[str]:
+    """Per stream: an origin's run (``incarnation``, if the records carry one: a restarted
+    site numbers its messages from 1 again)."""
     out = []
     for site, log in logs.items():
-        last: dict[str, int] = {}
-        seen: set[Key] = set()
+        last: dict[tuple[str, int], int] = {}
+        seen: set[tuple[str, int, int]] = set()
         for d in log:
-            k = _key(d)
+            run = (d.origin, getattr(d, "incarnation", 0))
+            k = (*run, d.seq)
             if k in seen:
                 out.append(f"{site}: {d.origin}#{d.seq} delivered twice")
                 continue
             seen.add(k)
-            if d.seq <= last.get(d.origin, 0) and not d.late:
-                out.append(f"{site}: {d.origin}#{d.seq} after #{last[d.origin]}")
-            last[d.origin] = max(last.get(d.origin, 0), d.seq)
+            if d.seq <= last.get(run, 0) and not d.late:
+                out.append(f"{site}: {d.origin}#{d.seq} after #{last[run]}")
+            last[run] = max(last.get(run, 0), d.seq)
     return out
 
 

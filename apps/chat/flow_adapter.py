@@ -28,7 +28,16 @@ from typing import Any
 import flowlib
 from flowlib import FlowClient, FlowError, FlowID
 
-from .igo import Deliver, Delivery, IGOConfig, MembershipChange, Send, SiteOrdering, StateChange
+from .igo import (
+    Deliver,
+    Delivery,
+    IGOConfig,
+    MembershipChange,
+    Send,
+    SiteOrdering,
+    StateChange,
+    new_incarnation,
+)
 
 log = logging.getLogger("apps.chat.flow")
 
@@ -45,7 +54,11 @@ class FlowSite:
         self.site = site
         self.tick_interval = tick
         self.clock_origin = clock_origin
-        self.ordering = SiteOrdering(config, site, self.now(), incarnation=incarnation)
+        # this run's incarnation: from the wall clock (not self.now(), which may be relative
+        # to a shared origin), so a restarted server's is larger than its last run's
+        self.ordering = SiteOrdering(config, site, self.now(),
+                                     incarnation=incarnation if incarnation is not None
+                                     else new_incarnation(time.time()))
         #: every delivery (keep=None) or the last *keep* ones
         self.deliveries: deque[Delivery] | list[Delivery] = \
             [] if keep is None else deque(maxlen=keep)

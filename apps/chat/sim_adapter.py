@@ -15,6 +15,7 @@ optional callbacks). The clock is the simulator's, so send and delivery times ar
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,16 @@ from flowrouter.testbed.sim import Delivery as SimDelivery
 from flowrouter.testbed.sim import SimEndpoint, SimNetwork
 from flowrouter.wire.flowid import FlowID
 
-from .igo import Deliver, Delivery, IGOConfig, MembershipChange, Send, SiteOrdering, StateChange
+from .igo import (
+    Deliver,
+    Delivery,
+    IGOConfig,
+    MembershipChange,
+    Send,
+    SiteOrdering,
+    StateChange,
+    new_incarnation,
+)
 
 
 class SimSite:
@@ -36,9 +46,12 @@ class SimSite:
         self.flow = flow if isinstance(flow, FlowID) else FlowID.parse(flow)
         self.site = site
         self.tick_interval = tick
+        # default incarnation: from the virtual start time (a site started again later gets
+        # a larger one, as a restart must) and the site's name (deterministic: not hash(),
+        # which differs from process to process)
         self.ordering = SiteOrdering(config, site, net.now,
                                      incarnation=incarnation if incarnation is not None
-                                     else (hash(site) & 0x7FFFFFFF) or 1)
+                                     else new_incarnation(net.now, zlib.crc32(site.encode())))
         self.deliveries: list[Delivery] = []
         self.events: list[MembershipChange | StateChange] = []
         self.on_deliver = on_deliver

@@ -114,6 +114,7 @@ from flowrouter.wire.bands import BAND_HEARTBEAT, BAND_ORDER, BAND_REPAIR
 
 from .actions import Action, Deliver, Delivery, MembershipChange, PeerState, Send, StateChange
 from .config import MODES, IGOConfig, default_config, room_tag
+from .core import new_incarnation
 from .site import SiteOrdering
 from .wire import (
     DataMsg,
@@ -135,5 +136,5 @@ __all__ = [
     "StateChange", "PeerState", "ProtocolError", "MODES", "decode", "encode_data",
     "DataMsg", "Heartbeat", "Nack", "Gone", "Order", "room_tag", "Action", "default_config",
     "encode_gone", "encode_heartbeat", "encode_nack", "encode_order", "BAND_HEARTBEAT",
-    "BAND_ORDER", "BAND_REPAIR",
+    "BAND_ORDER", "BAND_REPAIR", "new_incarnation",
 ]

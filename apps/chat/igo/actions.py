@@ -22,6 +22,8 @@ class Delivery:
     late: bool  #: delivered out of the order its ordering rule would give (reconciled)
     local: bool  #: leader mode: delivered while cut off from the leader (intra-site order)
     payload: bytes
+    incarnation: int = 0  #: the origin's run the message belongs to: (origin, incarnation,
+    #: seq) names a message; seq alone does not once a site has restarted
 
     @property
     def latency(self) -> float:

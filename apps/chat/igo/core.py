@@ -25,6 +25,7 @@ from .wire import (
     K_NACK,
     K_ORDER,
     KIND_NAMES,
+    MAX_INCARNATION,
     MAX_NACK_NUMBERS,
     DataMsg,
     Gone,
@@ -39,6 +40,21 @@ if TYPE_CHECKING:
     from .states import PeerEvent
 
 
+#: earlier incarnations of each origin kept (their undelivered messages, settled positions,
+#: repair history); an older one is forgotten (dependencies on it count as met)
+RETIRED_KEPT = 2
+
+
+def new_incarnation(wall_time: float, salt: int | None = None) -> int:
+    """An incarnation id for a site starting at *wall_time* (seconds): the time in
+    milliseconds shifted left 16 bits, plus 16 bits of *salt* (default random). Later runs
+    of a site get larger ids, which is how receivers tell a restart from a stale frame of an
+    earlier run; the low bits keep two sites (or runs) starting in one millisecond apart."""
+    ms = max(0, int(wall_time * 1000))
+    low = secrets.randbits(16) if salt is None else salt & 0xFFFF
+    return ((ms << 16) | low) & MAX_INCARNATION or 1
+
+
 class SiteCore:
     """The state of one site and its action plumbing; each part of :class:`~apps.chat.igo.site.
     SiteOrdering` is a subclass adding one concern's methods."""
@@ -50,7 +66,11 @@ class SiteCore:
         self.me = config.index(site)
         self.n = len(config.sites)
         self.tag = room_tag(config)
-        self.inc = incarnation if incarnation is not None else (secrets.randbits(32) or 1)
+        if incarnation is None:
+            incarnation = new_incarnation(now)
+        if not 0 < incarnation <= MAX_INCARNATION:
+            raise ValueError(f"incarnation must be 1..2**64-1, got {incarnation}")
+        self.inc = incarnation
         self.started = now
         self.mode = config.mode
         self.leader = (config.index(config.leader) if config.mode == "leader"
@@ -59,27 +79,33 @@ class SiteCore:
         self.counters: Counter[str] = Counter()
         self.clock = 0  #: Lamport clock: the next own message gets this time
         self.seq = 0  #: last own sequence number
-        self.streams = [Stream() for _ in range(self.n)]
+        #: per origin, the stream of its current (newest known) incarnation ...
+        self.streams = [Stream(i) for i in range(self.n)]
+        #: ... and of earlier ones still referred to (oldest first, at most RETIRED_KEPT)
+        self.retired: dict[int, list[Stream]] = {}
         own = self.streams[self.me]
         own.inc = self.inc
         own.synced = True
         self.peers = {i: PeerRecord(i, s) for i, s in enumerate(config.sites) if i != self.me}
         self.state = PeerState.S1  #: overall: S1 / S2 / S3
         self._members: tuple[str, ...] = ()
-        self._heap: list[tuple[int, int, int]] = []  #: (lamport, origin, seq) ready to order
-        #: (lamport, origin, seq) of late messages, released in key order (see lamport.py)
-        self._late_heap: list[tuple[int, int, int]] = []
+        #: (lamport, origin, incarnation, seq) of messages ready to order
+        self._heap: list[tuple[int, int, int, int]] = []
+        #: the same for late messages, released in key order (see lamport.py)
+        self._late_heap: list[tuple[int, int, int, int]] = []
         self._late_waiting: Counter[int] = Counter()  #: origin -> messages in _late_heap
-        self._ready: dict[tuple[int, int], Msg] = {}
+        self._ready: dict[tuple[int, int, int], Msg] = {}  #: (origin, incarnation, seq)
         self._last_key: tuple[int, int] = (-1, -1)  #: last delivered (lamport, origin)
-        self._dep_wait: dict[tuple[int, int], float] = {}
+        self._dep_wait: dict[tuple[int, int, int], float] = {}
         self._next_hb = now
         self._last_hb = float("-inf")
         self._acks_changed = False
         self._urgent_hb = False
-        self._repairs: dict[tuple[int, int], set[int]] = {}  #: (stream, number) -> requesters
+        #: (origin or STREAM_ORDER, incarnation, number) -> requesters
+        self._repairs: dict[tuple[int, int, int], set[int]] = {}
         self._repair_due: float | None = None
-        self._low_repairs: deque[tuple[int, int, int]] = deque()  #: (stream, seq, requester)
+        #: (origin, incarnation, seq, requester)
+        self._low_repairs: deque[tuple[int, int, int, int]] = deque()
         self._repair_bucket = TokenBucket(config.repair_rate, config.repair_rate, now)
         self._low_bucket = TokenBucket(config.long_term_rate, 1.0, now)
         self._lt_bucket = TokenBucket(config.long_term_rate, 1.0, now)
@@ -88,19 +114,20 @@ class SiteCore:
                                 if config.display_rate else None)
         # --- leader mode
         self.g_high = 0  #: leader: last order number assigned
-        self._order_log: dict[int, tuple[int, int, int]] = {}  #: leader: g -> entry
+        self._order_log: dict[int, tuple[int, int, int, int]] = {}  #: leader: g -> entry
         self._order_log_first = 1
-        self._order_out: list[tuple[int, int, int]] = []
+        self._order_out: list[tuple[int, int, int, int]] = []
         self._order_out_first = 0
         self.next_g = 1  #: site: next order number to deliver
-        self._orders: dict[int, tuple[int, int, int]] = {}  #: received, not yet delivered
+        #: g -> (origin, incarnation, seq, flags): received, not yet delivered
+        self._orders: dict[int, tuple[int, int, int, int]] = {}
         self._order_synced = False
         self._order_nack_due: float | None = None
         self._awaiting_order: dict[int, Msg] = {}  #: own messages not yet ordered/delivered
         self._local_delivered: set[int] = set()  #: own seqs delivered while cut off
         self._leader_view = 0
         self._leader_inc = 0
-        self._fetch_due: dict[tuple[int, int], float] = {}
+        self._fetch_due: dict[tuple[int, int, int], float] = {}  #: (origin, inc, seq)
         self._draining = False
         self.deliveries = 0
         self._out: list[Action] = []
@@ -123,6 +150,24 @@ class SiteCore:
                 d = self._display.popleft()
                 self._out.append(Deliver(replace(d, delivery_time=now)))
         out, self._out = self._out, []
+        return out
+
+    def _stream(self, o: int, inc: int) -> Stream | None:
+        """The stream of origin *o*'s incarnation *inc*, current or retired (None: unknown
+        here, or forgotten)."""
+        st = self.streams[o]
+        if st.inc == inc:
+            return st
+        for old in self.retired.get(o, ()):
+            if old.inc == inc:
+                return old
+        return None
+
+    def _all_streams(self) -> list[Stream]:
+        """Every stream kept: the current one of each origin, then the retired ones."""
+        out = list(self.streams)
+        for olds in self.retired.values():
+            out.extend(olds)
         return out
 
     def _check_band(self, kind: int, band: int, msg: Any) -> None:
@@ -169,12 +214,14 @@ class SiteCore:
 
         def _incarnation(self, p: PeerRecord, st: Stream, inc: int, now: float) -> bool: ...
 
+        def _expire_retired(self, now: float) -> None: ...
+
         def _keep(self, st: Stream, msg: Msg) -> None: ...
 
         @staticmethod
         def _held_from(st: Stream) -> int: ...
 
-        def _holds(self, p: PeerRecord, o: int, first: int) -> bool: ...
+        def _holds(self, p: PeerRecord, o: int, first: int, inc: int) -> bool: ...
 
         def _on_data(self, tx: int, d: DataMsg, now: float) -> None: ...
 
@@ -195,7 +242,7 @@ class SiteCore:
         def _missing(self, st: Stream, above: int = 0, limit: int = MAX_NACK_NUMBERS
                      ) -> list[tuple[int, int]]: ...
 
-        def _choose_target(self, o: int, first: int, now: float,
+        def _choose_target(self, st: Stream, first: int, now: float,
                            tries: int) -> int | None: ...
 
         def _nacks(self, now: float) -> None: ...
@@ -250,7 +297,7 @@ class SiteCore:
 
         def _drain_orders_loop(self, now: float) -> None: ...
 
-        def _fetch_for_order(self, o: int, s: int, now: float) -> None: ...
+        def _fetch_for_order(self, o: int, inc: int, s: int, now: float) -> None: ...
 
         def _order_nack(self, now: float) -> None: ...
 

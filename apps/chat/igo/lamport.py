@@ -28,7 +28,7 @@ class LamportOrdering(SiteCore):
 
     def _accept(self, msg: Msg, now: float, refill: bool = False) -> None:
         """A message whose FIFO predecessors are all in: hand it to the ordering rule."""
-        key = (msg.origin, msg.seq)
+        key = (msg.origin, msg.inc, msg.seq)
         if self.mode == "leader":
             if self.is_leader:
                 self._ready[key] = msg
@@ -42,7 +42,7 @@ class LamportOrdering(SiteCore):
                 self._ready[key] = msg
             return
         self._ready[key] = msg
-        heapq.heappush(self._heap, (msg.lamport, msg.origin, msg.seq))
+        heapq.heappush(self._heap, (msg.lamport, msg.origin, msg.inc, msg.seq))
 
     def _lamport_ok(self, t: int, o: int) -> bool:
         for p in self.peers.values():
@@ -69,35 +69,50 @@ class LamportOrdering(SiteCore):
     def _deps_ok(self, msg: Msg, now: float) -> bool:
         """Every causal dependency of *msg* is settled here (delivered or skipped).
 
+        A dependency names a stream, ``(origin, incarnation)``, and a sequence number in it;
+        it is looked up in that stream only (current or retired, see incarnations.py), so
+        one on a peer's earlier run never waits for, or skips, its new run's numbers.
+
         * One still missing is asked for; after ``dependency_timeout`` it is skipped
           (bounded latency beats a dependency nobody can give us). Each missing dependency
           is looked at, not only the first: skipping one and passing the others would show
           them later, after the message that answers them.
         * One this site holds but has not delivered yet (waiting in order or among the late
-          messages) is never passed: it goes first, whatever the time-out. Only a held
-          message with a smaller Lamport time can be a cause; one with a larger time is a
-          restarted origin's new stream reusing the numbers the dependency meant.
-        * Our own messages' dependencies were settled when we sent them (a peer restart
-          renumbers its stream under them)."""
+          messages) is never passed: it goes first, whatever the time-out. (A held message
+          with a larger Lamport time than *msg* cannot be its cause: not waited for.)
+        * One on a run of the origin this site does not track: an earlier run (forgotten, or
+          before we knew the site) is met (``dependency.forgotten``); a newer run not heard
+          of yet is waited for, then given up (``dependency.lost``) after the time-out.
+        * Our own messages' dependencies were settled when we sent them."""
         if msg.origin == self.me:
             return True
-        key = (msg.origin, msg.seq)
+        key = (msg.origin, msg.inc, msg.seq)
         ok = True
-        for o, s in enumerate(msg.deps):
-            if o == msg.origin or o == self.me:
+        forgotten = lost = 0
+        for o, inc, s in msg.deps:
+            if o == msg.origin and inc == msg.inc or o == self.me and inc == self.inc:
                 continue
-            st = self.streams[o]
+            st = self._stream(o, inc)
+            timed_out = now - self._dep_wait.setdefault(key, now) >= self.cfg.dependency_timeout
+            if st is None:
+                if inc < (self.inc if o == self.me else self.streams[o].inc):
+                    forgotten += 1
+                elif timed_out:
+                    lost += 1
+                else:
+                    ok = False
+                continue
             if s <= st.settled:
                 continue
-            timed_out = now - self._dep_wait.setdefault(key, now) >= self.cfg.dependency_timeout
             if s > st.contiguous and timed_out:
                 self.counters["dependency.skipped"] += 1
                 self._skip(o, st, s, now, reason="dependency")
                 if s <= st.settled:
                     continue
             if s <= st.contiguous:
-                # the first of o's messages not settled here (FIFO: the rest follow it)
-                held = self._ready.get((o, st.settled + 1))
+                # the first of the stream's messages not settled here (FIFO: the rest
+                # follow it)
+                held = self._ready.get((o, st.inc, st.settled + 1))
                 if held is not None and held.lamport >= msg.lamport:
                     continue  # not what the sender had delivered (see above)
                 if held is None and timed_out:
@@ -110,6 +125,10 @@ class LamportOrdering(SiteCore):
             ok = False
         if ok:
             self._dep_wait.pop(key, None)
+            if forgotten:
+                self.counters["dependency.forgotten"] += forgotten
+            if lost:
+                self.counters["dependency.lost"] += lost
         else:
             self.counters["dependency.waits"] += 1
         return ok
@@ -120,16 +139,16 @@ class LamportOrdering(SiteCore):
         heap = self._heap
         stability = self.cfg.stability
         while heap:
-            t, o, s = heap[0]
-            msg = self._ready.get((o, s))
-            if msg is None:  # dropped (peer restarted)
+            t, o, inc, s = heap[0]
+            msg = self._ready.get((o, inc, s))
+            if msg is None:  # dropped (an incarnation forgotten)
                 heapq.heappop(heap)
                 continue
             if (t, o) < self._last_key or self._late_waiting[o] or self._after_late(msg):
                 # late, or after a late message it must follow (FIFO, causal order):
                 # released in key order by _deliver_late
                 heapq.heappop(heap)
-                heapq.heappush(self._late_heap, (t, o, s))
+                heapq.heappush(self._late_heap, (t, o, inc, s))
                 self._late_waiting[o] += 1
                 continue
             if not self._lamport_ok(t, o):
@@ -137,7 +156,7 @@ class LamportOrdering(SiteCore):
             if stability and not self._stable(msg, now):
                 break
             ok = self._deps_ok(msg, now)
-            if heap[0] != (t, o, s):
+            if heap[0] != (t, o, inc, s):
                 # skipping a timed-out dependency let messages buffered beyond it into the
                 # heap, some with smaller keys: they come first (popping now would take one
                 # of them out unseen, never to be delivered)
@@ -145,18 +164,18 @@ class LamportOrdering(SiteCore):
             if not ok:
                 break
             heapq.heappop(heap)
-            del self._ready[(o, s)]
+            del self._ready[(o, inc, s)]
             self._last_key = (t, o)
             self._deliver(msg, now, late=False, gseq=None, local=False)
         self._deliver_late(now)
 
     def _after_late(self, msg: Msg) -> bool:
         """*msg* depends on a message we hold that waits among the late ones."""
-        for o, s in enumerate(msg.deps):
+        for o, inc, s in msg.deps:
             if o == msg.origin or o == self.me or not self._late_waiting[o]:
                 continue
-            st = self.streams[o]
-            if st.settled < s <= st.contiguous:
+            st = self._stream(o, inc)
+            if st is not None and st.settled < s <= st.contiguous:
                 return True
         return False
 
@@ -174,22 +193,22 @@ class LamportOrdering(SiteCore):
     def _deliver_late(self, now: float) -> None:
         heap = self._late_heap
         while heap:
-            t, o, s = heap[0]
-            msg = self._ready.get((o, s))
-            if msg is None:  # dropped (peer restarted)
+            t, o, inc, s = heap[0]
+            msg = self._ready.get((o, inc, s))
+            if msg is None:  # dropped (an incarnation forgotten)
                 heapq.heappop(heap)
                 continue
             if not self._late_ok(t, o) or not self._deps_ok(msg, now):
                 break
             heapq.heappop(heap)
             self._late_waiting[o] -= 1
-            del self._ready[(o, s)]
+            del self._ready[(o, inc, s)]
             self._deliver(msg, now, late=True, gseq=None, local=False)
 
     def _deliver(self, msg: Msg, now: float, *, late: bool, gseq: int | None,
                  local: bool) -> None:
-        st = self.streams[msg.origin]
-        if msg.seq > st.settled:
+        st = self._stream(msg.origin, msg.inc)
+        if st is not None and msg.seq > st.settled:
             st.delivered.add(msg.seq)
             self._settle(st)
         self.deliveries += 1
@@ -200,7 +219,7 @@ class LamportOrdering(SiteCore):
         if local:
             self.counters["delivered.local"] += 1
         d = Delivery(self.site, self.cfg.sites[msg.origin], msg.seq, msg.lamport, gseq,
-                     msg.send_time, now, late, local, msg.payload)
+                     msg.send_time, now, late, local, msg.payload, msg.inc)
         if self._display_bucket is not None:
             self._display.append(d)
         else:

@@ -11,7 +11,7 @@ from flowrouter.wire.bands import (
 
 from .actions import PeerState, Send
 from .core import SiteCore
-from .records import Msg, seq_ranges
+from .records import Msg, Stream, seq_ranges
 from .states import PeerEvent
 from .wire import (
     F_LATE,
@@ -42,7 +42,7 @@ class LeaderOrdering(SiteCore):
                 flags |= F_LATE
         self.g_high += 1
         g = self.g_high
-        entry = (o, msg.seq, flags)
+        entry = (o, msg.inc, msg.seq, flags)
         self._order_log[g] = entry
         while len(self._order_log) > self.cfg.history_size:
             self._order_log.pop(self._order_log_first, None)
@@ -51,7 +51,7 @@ class LeaderOrdering(SiteCore):
             self._order_out_first = g
         self._order_out.append(entry)
         self.counters["order.assigned"] += 1
-        del self._ready[(o, msg.seq)]
+        del self._ready[(o, msg.inc, msg.seq)]
         self._deliver(msg, now, late=bool(flags & F_LATE), gseq=g, local=False)
 
     def _flush_orders(self) -> None:
@@ -73,8 +73,8 @@ class LeaderOrdering(SiteCore):
         for lo, hi in n.ranges:
             hi = min(hi, self.g_high)
             if lo < self._order_log_first:
-                self._emit(Send(self.cfg.inbox_band(tx), encode_gone(
-                    self.tag, self.me, Gone(tx, STREAM_ORDER, self._order_log_first)), "gone"))
+                self._emit(Send(self.cfg.inbox_band(tx), encode_gone(self.tag, self.me, Gone(
+                    tx, STREAM_ORDER, self._order_log_first, self.inc)), "gone"))
                 lo = self._order_log_first
             if lo > hi:
                 continue
@@ -162,9 +162,12 @@ class LeaderOrdering(SiteCore):
     def _drain_orders_loop(self, now: float) -> None:
         while self.next_g in self._orders:
             g = self.next_g
-            o, s, fl = self._orders[g]
+            o, inc, s, fl = self._orders[g]
             late = bool(fl & F_LATE)
-            if o == self.me:
+            if o == self.me and inc != self.inc:
+                # a message of an earlier run of ours: we keep nothing of it
+                self.counters["order.own-earlier-run"] += 1
+            elif o == self.me:
                 # the leader orders our messages in FIFO order: any older one still waiting
                 # was skipped by it (e.g. it restarted) and will never be ordered
                 for old in [q for q in self._awaiting_order if q < s]:
@@ -182,48 +185,50 @@ class LeaderOrdering(SiteCore):
                     else:
                         self._deliver(msg, now, late=late, gseq=g, local=False)
             else:
-                st = self.streams[o]
-                msg = self._ready.pop((o, s), None) or st.pending.get(s) or st.store.get(s)
+                st = self._stream(o, inc)
+                msg = self._ready.pop((o, inc, s), None) or (
+                    st.pending.get(s) or st.store.get(s) if st is not None else None)
                 if msg is None:
-                    self._fetch_for_order(o, s, now)
+                    self._fetch_for_order(o, inc, s, now)
                     return
                 self._deliver(msg, now, late=late, gseq=g, local=False)
             del self._orders[g]
-            self._fetch_due.pop((o, s), None)
+            self._fetch_due.pop((o, inc, s), None)
             self.next_g += 1
         if (self._orders and min(self._orders) > self.next_g
                 and self._order_nack_due is None):
             self._order_nack_due = now + self.cfg.nack_delay
 
-    def _fetch_for_order(self, o: int, s: int, now: float) -> None:
+    def _fetch_for_order(self, o: int, inc: int, s: int, now: float) -> None:
         """ORDER entries name messages we lack: ask the leader (it holds everything it
-        ordered), or another holder, for all of them at once (per origin, as ranges)."""
-        due = self._fetch_due.get((o, s))
+        ordered), or another holder, for all of them at once (per stream, as ranges)."""
+        due = self._fetch_due.get((o, inc, s))
         if due is not None and due > now:
             return
-        want: dict[int, list[int]] = {}
+        want: dict[tuple[int, int], list[int]] = {}
         for g in sorted(self._orders)[:MAX_NACK_NUMBERS]:
-            eo, es, _ = self._orders[g]
-            if eo == self.me or (eo, es) in self._ready:
+            eo, einc, es, _ = self._orders[g]
+            if eo == self.me or (eo, einc, es) in self._ready:
                 continue
-            est = self.streams[eo]
-            if es in est.pending or es in est.store:
+            est = self._stream(eo, einc)
+            if est is not None and (es in est.pending or es in est.store):
                 continue
-            d = self._fetch_due.get((eo, es))
+            d = self._fetch_due.get((eo, einc, es))
             if d is not None and d > now:
                 continue
-            want.setdefault(eo, []).append(es)
+            want.setdefault((eo, einc), []).append(es)
         lp = self.peers[self.leader]  # type: ignore[index]
-        for eo, seqs in want.items():
+        for (eo, einc), seqs in want.items():
+            est = self._stream(eo, einc) or Stream(eo, einc)
             target = self.leader if self._reachable(lp, now) \
-                else self._choose_target(eo, seqs[0], now, 0)
+                else self._choose_target(est, seqs[0], now, 0)
             if target is None:
                 self.counters["nack.no-target"] += 1
                 continue
             for q in seqs:
-                self._fetch_due[(eo, q)] = now + self.cfg.nack_retry
+                self._fetch_due[(eo, einc, q)] = now + self.cfg.nack_retry
             self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
-                target, eo, 0, tuple(seq_ranges(seqs)[:MAX_RANGES]))), "nack"))
+                target, eo, 0, tuple(seq_ranges(seqs)[:MAX_RANGES]), einc)), "nack"))
             self.counters["sent.nack"] += 1
 
     def _order_nack(self, now: float) -> None:
@@ -239,7 +244,7 @@ class LeaderOrdering(SiteCore):
             return
         ranges = seq_ranges(missing[:MAX_NACK_NUMBERS])[:MAX_RANGES]
         self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
-            self.leader, STREAM_ORDER, 0, tuple(ranges))), "nack"))
+            self.leader, STREAM_ORDER, 0, tuple(ranges), self._leader_inc)), "nack"))
         self.counters["sent.nack-order"] += 1
         self._order_nack_due = now + self.cfg.nack_retry
 
@@ -253,8 +258,8 @@ class LeaderOrdering(SiteCore):
         for k in old:
             del self._ready[k]
         n = len(old)
-        for o, st in enumerate(self.streams):
-            if o == self.me or not st.pending:
+        for st in self._all_streams():
+            if st is self.streams[self.me] or not st.pending:
                 continue
             stale = [q for q, m in st.pending.items() if m.rx < limit]
             for q in stale:

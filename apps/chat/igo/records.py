@@ -13,26 +13,34 @@ class Msg:
     __slots__ = ("origin", "inc", "seq", "lamport", "send_time", "deps", "payload", "rx")
 
     def __init__(self, origin: int, inc: int, seq: int, lamport: int, send_time: float,
-                 deps: tuple[int, ...], payload: bytes, rx: float) -> None:
+                 deps: tuple[tuple[int, int, int], ...], payload: bytes, rx: float) -> None:
         self.origin = origin
         self.inc = inc
         self.seq = seq
         self.lamport = lamport
         self.send_time = send_time
-        self.deps = deps
+        self.deps = deps  #: (origin, incarnation, seq) entries: what its sender had delivered
         self.payload = payload
         self.rx = rx
 
 
 class Stream:
-    """What this site knows about one origin's sequence of messages."""
+    """What this site knows about one origin's sequence of messages in one of its
+    incarnations (runs): ``(origin, inc)`` names the stream, never the origin alone."""
 
-    __slots__ = ("inc", "contiguous", "pending", "known_high", "bound", "hb_high", "hb_clock",
-                 "delivered", "settled", "skipped", "store", "store_order", "nack_due",
-                 "nack_tries", "lt_wanted", "synced", "asked_high", "asked_at", "progress_at")
+    __slots__ = ("origin", "retired_at", "successor", "inc", "contiguous", "pending",
+                 "known_high", "bound", "hb_high", "hb_clock", "delivered", "settled", "skipped",
+                 "store", "store_order", "nack_due", "nack_tries", "lt_wanted", "synced",
+                 "asked_high", "asked_at", "progress_at")
 
-    def __init__(self, inc: int = 0) -> None:
-        self.inc = inc
+    def __init__(self, origin: int, inc: int = 0) -> None:
+        self.origin = origin
+        self.inc = inc  #: 0 until the first frame of the origin names its incarnation
+        #: when a newer incarnation of the origin replaced this stream (None: current)
+        self.retired_at: float | None = None
+        #: this stream replaced an earlier incarnation: it begins at 1 and all of it is
+        #: wanted (a restart is not a long-term reconnect of the same stream)
+        self.successor = False
         self.contiguous = 0  #: every seq <= this was received or skipped
         self.pending: dict[int, Msg] = {}  #: received beyond a gap
         self.known_high = 0  #: highest seq known to exist
@@ -55,7 +63,7 @@ class Stream:
 
 class PeerRecord:
     __slots__ = ("idx", "name", "state", "reconciling", "last_heard", "since", "acks", "view",
-                 "g", "inc", "frontier", "held_from")
+                 "g", "inc", "frontier", "held_from", "ack_incs")
 
     def __init__(self, idx: int, name: str) -> None:
         self.idx = idx
@@ -70,6 +78,7 @@ class PeerRecord:
         self.inc = 0
         self.frontier: tuple[int, int] = (0, 0)
         self.held_from: tuple[int, ...] = ()
+        self.ack_incs: tuple[int, ...] = ()  #: per origin: the stream acks/held_from are about
 
 
 class TokenBucket:

@@ -53,13 +53,22 @@ class Repairs(SiteCore):
             total += s - lo
         return out
 
-    def _choose_target(self, o: int, first: int, now: float,
+    def _choose_target(self, st: Stream, first: int, now: float,
                        tries: int) -> int | None:
+        """Whom to ask for *st*'s message *first*: its origin while reachable (for its
+        current run only: a restarted origin keeps nothing of its earlier run), else a
+        reachable holder (by its acknowledgements of that very run); for a retired run no
+        site may say it holds it, so any reachable site is asked in turn."""
+        o = st.origin
+        current = st is self.streams[o]
         cands = []
-        if o in self.peers and self._reachable(self.peers[o], now):
+        if current and o in self.peers and self._reachable(self.peers[o], now):
             cands.append(o)
         holders = [p.idx for p in self.peers.values()
-                   if p.idx != o and self._reachable(p, now) and self._holds(p, o, first)]
+                   if p.idx != o and self._reachable(p, now) and self._holds(p, o, first, st.inc)]
+        if not holders and not current:
+            holders = [p.idx for p in self.peers.values()
+                       if p.idx != o and self._reachable(p, now)]
         cands += sorted(holders, key=lambda i: (i != self.leader, i))
         if not cands:
             return None
@@ -72,8 +81,9 @@ class Repairs(SiteCore):
         next holder. Repairs trickling in over a slow link are progress, so a long
         reconciliation is never requested twice."""
         cfg = self.cfg
-        for o, st in enumerate(self.streams):
-            if o == self.me or st.nack_due is None or st.nack_due > now:
+        for st in self._all_streams():
+            o = st.origin
+            if st is self.streams[self.me] or st.nack_due is None or st.nack_due > now:
                 continue
             timeout = cfg.nack_retry * (1.0 + 0.5 * min(st.nack_tries, 2))
             last = max(st.asked_at, st.progress_at)
@@ -87,13 +97,14 @@ class Repairs(SiteCore):
             if stale and st.asked_at > float("-inf"):
                 st.nack_tries += 1
                 self.counters["nack.retry"] += 1
-            target = self._choose_target(o, ranges[0][0], now, st.nack_tries)
+            target = self._choose_target(st, ranges[0][0], now, st.nack_tries)
             if target is None:
                 self.counters["nack.no-target"] += 1
                 st.nack_due = now + cfg.nack_retry
                 continue
             self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me,
-                                                     Nack(target, o, 0, tuple(ranges))),
+                                                     Nack(target, o, 0, tuple(ranges),
+                                                          st.inc)),
                             "nack"))
             self.counters["sent.nack"] += 1
             st.asked_high = max(st.asked_high, ranges[-1][1])
@@ -111,8 +122,18 @@ class Repairs(SiteCore):
             self._answer_order_nack(tx, n, now)
             return
         o = n.stream
-        st = self.streams[o]
-        high = self.seq if o == self.me else st.contiguous
+        found = self._stream(o, n.inc)
+        if found is None:
+            # a run we do not hold: an earlier run of ours (the restart lost it: the
+            # requester must skip what it asked), or a run of another origin unknown here
+            # (the requester asks another holder)
+            self.counters["repair.unknown-incarnation"] += 1
+            low = max(hi for _, hi in n.ranges) + 1 if o == self.me else 1
+            self._emit(Send(self.cfg.inbox_band(tx), encode_gone(
+                self.tag, self.me, Gone(tx, o, low, n.inc)), "gone"))
+            return
+        st = found
+        high = self.seq if st is self.streams[self.me] else st.contiguous
         low_priority = bool(n.flags & F_LOW)
         floor = st.store_order[0] if st.store_order else high + 1
         if not low_priority:
@@ -128,16 +149,16 @@ class Repairs(SiteCore):
                     continue
                 if low_priority:
                     if len(self._low_repairs) < self.cfg.max_lag:
-                        self._low_repairs.append((o, s, tx))
+                        self._low_repairs.append((o, st.inc, s, tx))
                 else:
-                    self._repairs.setdefault((o, s), set()).add(tx)
+                    self._repairs.setdefault((o, st.inc, s), set()).add(tx)
                 queued += 1
         if gone:
             low = max(floor, 1)
             # everything we cannot give below `low`: the requester must skip it
             self.counters["repair.gone"] += 1
             self._emit(Send(self.cfg.inbox_band(tx),
-                            encode_gone(self.tag, self.me, Gone(tx, o, low)), "gone"))
+                            encode_gone(self.tag, self.me, Gone(tx, o, low, st.inc)), "gone"))
         if queued and self._repair_due is None:
             self._repair_due = now + self.cfg.repair_coalesce
         self.counters["repair.requested"] += queued
@@ -149,8 +170,9 @@ class Repairs(SiteCore):
                 if not self._repair_bucket.take(now):
                     break
                 who = self._repairs.pop(key)
-                o, s = key
-                msg = self.streams[o].store.get(s)
+                o, inc, s = key
+                st = self._stream(o, inc)
+                msg = st.store.get(s) if st is not None else None
                 if msg is None:
                     continue
                 band = cfg.inbox_band(next(iter(who))) if len(who) == 1 else cfg.data_band
@@ -160,8 +182,9 @@ class Repairs(SiteCore):
             self._repair_due = now if self._repairs else None
         if not self._repairs:
             while self._low_repairs and self._low_bucket.take(now):
-                o, s, requester = self._low_repairs.popleft()
-                msg = self.streams[o].store.get(s)
+                o, inc, s, requester = self._low_repairs.popleft()
+                st = self._stream(o, inc)
+                msg = st.store.get(s) if st is not None else None
                 if msg is not None:
                     self._emit(Send(cfg.inbox_band(requester),
                                     self._encode_msg(msg, F_RESEND | F_LOW),
@@ -172,6 +195,9 @@ class Repairs(SiteCore):
         if g.requester != self.me:
             return
         if g.stream == STREAM_ORDER:
+            if g.inc != self._leader_inc:  # about another run of the leader's numbering
+                self.counters["order.gone-other-run"] += 1
+                return
             if self.next_g < g.low:
                 self.counters["order.gone"] += g.low - self.next_g
                 for k in [k for k in self._orders if k < g.low]:
@@ -179,8 +205,13 @@ class Repairs(SiteCore):
                 self.next_g = g.low
                 self._drain_orders(now)
             return
-        st = self.streams[g.stream]
+        found = self._stream(g.stream, g.inc)
         self.counters["repair.gone-received"] += 1
+        if found is None:
+            self.counters["repair.gone-unknown-incarnation"] += 1
+            return
+        st = found
+        retired = st is not self.streams[g.stream]
         if tx != g.stream:
             # a holder that no longer has them: ask someone else (the origin decides gaps)
             self.counters["repair.gone-holder"] += 1
@@ -189,7 +220,9 @@ class Repairs(SiteCore):
             st.nack_due = now
             return
         if g.low - 1 > st.contiguous:
-            self._skip(g.stream, st, g.low - 1, now, reason="gone")
+            # from the origin about its earlier run: its restart lost these (declared lost)
+            self._skip(g.stream, st, g.low - 1, now,
+                       reason="restart-lost" if retired else "gone")
         for r in st.lt_wanted:  # a low-priority fetch it cannot serve: stop asking
             if r[0] < g.low:
                 r[0] = min(g.low, r[1] + 1)
@@ -199,16 +232,18 @@ class Repairs(SiteCore):
     def _long_term(self, now: float) -> None:
         if not self.cfg.long_term_reconcile:
             return
-        for o, st in enumerate(self.streams):
-            if o == self.me or not st.lt_wanted:
+        for st in self._all_streams():
+            o = st.origin
+            if st is self.streams[self.me] or not st.lt_wanted:
                 continue
             r = st.lt_wanted[0]
-            target = self._choose_target(o, r[0], now, 0)
+            target = self._choose_target(st, r[0], now, 0)
             if target is None or not self._lt_bucket.take(now):
                 continue
             hi = min(r[1], r[0] + 4)
             self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me,
-                                                     Nack(target, o, F_LOW, ((r[0], hi),))),
+                                                     Nack(target, o, F_LOW, ((r[0], hi),),
+                                                          st.inc)),
                             "nack-low"))
             self.counters["sent.nack-low"] += 1
             r[0] = hi + 1

@@ -13,6 +13,7 @@ from flowrouter.wire.bands import (
 )
 
 from .actions import Action, PeerState, Send
+from .incarnations import Incarnations
 from .lamport import LamportOrdering
 from .leader import LeaderOrdering
 from .records import Msg
@@ -28,17 +29,20 @@ from .wire import (
     K_NACK,
     KIND_NAMES,
     ForeignFrame,
+    OldVersion,
     ProtocolError,
     decode,
 )
 
 
-class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
+class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrdering,
                    StabilityTracking, LeaderOrdering):
     """The IGO state machine of one site. See the module documentation.
 
     *incarnation* tells this run of the site from earlier ones (a restarted site starts its
-    sequence numbers again); default random. All methods take the current time in seconds
+    sequence numbers again); it must grow from run to run (default
+    :func:`~apps.chat.igo.core.new_incarnation` of *now*, so *now* should be wall-clock
+    time, or pass one made from it). All methods take the current time in seconds
     (any monotonic clock shared in meaning with the other sites' send times: virtual time in
     the simulator, ``time.time()`` on real hosts) and return a list of actions.
     """
@@ -58,9 +62,7 @@ class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
         seq = self.seq
         t = self.clock
         self.clock += 1
-        deps = tuple(seq - 1 if i == self.me else self.streams[i].settled
-                     for i in range(self.n))
-        msg = Msg(self.me, self.inc, seq, t, now, deps, bytes(payload), now)
+        msg = Msg(self.me, self.inc, seq, t, now, self._dependencies(), bytes(payload), now)
         own = self.streams[self.me]
         own.contiguous = own.known_high = seq
         own.bound = self.clock
@@ -70,6 +72,19 @@ class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
         self._accept(msg, now)
         return self._finish(now)
 
+    def _dependencies(self) -> tuple[tuple[int, int, int], ...]:
+        """What this site has delivered, per stream ``(origin, incarnation, seq)``: each
+        peer's current stream and, while kept, its last earlier run (a restart does not
+        erase what we showed of the old one). Own messages are ordered by FIFO already."""
+        deps = []
+        for o in range(self.n):
+            if o == self.me:
+                continue
+            for st in self.retired.get(o, [])[-1:] + [self.streams[o]]:
+                if st.inc and st.settled:
+                    deps.append((o, st.inc, st.settled))
+        return tuple(deps)
+
     def on_message(self, band: int, payload: bytes | memoryview, now: float) -> list[Action]:
         """A frame received on the room flow (any band this site listens to)."""
         self._begin(now)
@@ -78,6 +93,9 @@ class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
             self._check_band(kind, band, msg)
         except ForeignFrame:
             self.counters["foreign"] += 1
+            return self._finish(now)
+        except OldVersion:
+            self.counters["refused.old-version"] += 1
             return self._finish(now)
         except ProtocolError as exc:
             if band == BAND_HEARTBEAT and bytes(payload[:2]) == b"HB":
@@ -111,6 +129,7 @@ class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
         self._begin(now)
         cfg = self.cfg
         self._detect_silence(now)
+        self._expire_retired(now)
         # heartbeats (and acknowledgement beats for stability tracking)
         if now >= self._next_hb or self._urgent_hb and now - self._last_hb >= 0.25:
             self._send_heartbeat(now, 0)
@@ -135,6 +154,10 @@ class SiteOrdering(PeerStates, FifoTransport, Repairs, LamportOrdering,
                                "known_high": self.streams[p.idx].known_high,
                                "delivered": self.streams[p.idx].settled}
                       for p in self.peers.values()},
+            "retired": {self.cfg.sites[o]: [{"incarnation": st.inc, "delivered": st.settled,
+                                             "missing": st.known_high - st.contiguous}
+                                            for st in olds]
+                        for o, olds in self.retired.items() if olds},
             "waiting": len(self._heap) + len(self._late_heap) + len(self._orders),
             "deliveries": self.deliveries,
             "counters": dict(sorted(self.counters.items())),

@@ -5,7 +5,7 @@ flowrouter.wire and the other IGO modules."""
 from __future__ import annotations
 
 from .core import SiteCore
-from .records import Msg
+from .records import Msg, PeerRecord
 
 
 class StabilityTracking(SiteCore):
@@ -21,12 +21,12 @@ class StabilityTracking(SiteCore):
         for p in self.peers.values():
             if not self._in_ordering(p):
                 continue
-            if len(p.acks) != self.n or p.frontier <= key:
+            if len(p.acks) != self.n or len(p.ack_incs) != self.n or p.frontier <= key:
                 return False
-            if p.idx != msg.origin and p.acks[msg.origin] < msg.seq:
+            if p.idx != msg.origin and not self._acknowledged(p, msg):
                 return False
             for o, a in enumerate(p.acks):
-                if a > need.get(o, 0):
+                if p.ack_incs[o] == self.streams[o].inc and a > need.get(o, 0):
                     need[o] = a
         for o, a in need.items():
             if o == self.me:
@@ -38,3 +38,11 @@ class StabilityTracking(SiteCore):
                 self._want_nack(st, now)
                 return False
         return True
+
+    @staticmethod
+    def _acknowledged(p: PeerRecord, msg: Msg) -> bool:
+        """Peer *p*'s acknowledgements cover *msg*: they are about its run and reach it, or
+        about a later run of its origin (p moved on: it settled the earlier run; an
+        approximation, acknowledgements carry each origin's current run only)."""
+        inc = p.ack_incs[msg.origin]
+        return inc > msg.inc or inc == msg.inc and p.acks[msg.origin] >= msg.seq

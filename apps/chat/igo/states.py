@@ -8,7 +8,8 @@ Seed 003 Figure 10, per peer site::
     UNKNOWN --CONTACT--> S1            UNKNOWN --SILENT--> S3 (never heard at start-up)
     S1 --SILENT (detect_after)--> S2   S2 --RECONCILED (every message it sent is here)--> S1
     S2 --LONG_SILENCE (disconnect_interval)--> S3       S3 --CONTACT--> S1 (no reconciliation)
-    S1/S2/S3 --RESTARTED (new incarnation)--> S3 (then CONTACT, like a long-term reconnect)
+    S1/S2/S3 --RESTARTED (new incarnation)--> S3 (then CONTACT: a new stream, fetched from 1;
+    the earlier run's stream is retired, see incarnations.py)
 
 While in S2 a peer heard again is *reconciling* (a flag of S2: repairs under way).
 """
@@ -16,7 +17,6 @@ While in S2 a peer heard again is *reconciling* (a flag of S2: repairs under way
 from __future__ import annotations
 
 import enum
-import heapq
 
 from flowrouter.wire.bands import (
     BAND_HEARTBEAT,
@@ -80,8 +80,18 @@ class PeerStates(SiteCore):
 
     def _first_contact(self, p: PeerRecord, st: Stream, upto: int,
                        now: float) -> None:
-        """Unknown / long-term disconnected peer heard: resume its stream at *upto*."""
-        if p.state is PeerState.S3:
+        """Unknown / long-term disconnected peer heard: resume its stream at *upto*.
+
+        A *successor* stream (the peer restarted: a new incarnation) is not resumed but
+        fetched from its start, bounded by ``max_lag``: all of it is new conversation."""
+        if st.successor:
+            self.counters["restart.contact"] += 1
+            if 0 < upto - st.contiguous <= self.cfg.max_lag:
+                self.counters["restart.fetch"] += 1
+                st.known_high = max(st.known_high, upto)
+                upto = st.contiguous
+                self._want_nack(st, now, immediate=True)
+        elif p.state is PeerState.S3:
             self.counters["reconnect.long-term"] += 1
             # without transitive connectivity a site we still reach may have received what
             # this one said meanwhile: that part of the conversation was ours, fetch it
@@ -89,7 +99,7 @@ class PeerStates(SiteCore):
             held = max((q.acks[p.idx] for q in self.peers.values()
                         if q is not p and q.state is PeerState.S1 and q.since <= p.since
                         and self._reachable(q, now)
-                        and self._holds(q, p.idx, st.contiguous + 1)), default=0)
+                        and self._holds(q, p.idx, st.contiguous + 1, st.inc)), default=0)
             if self.cfg.stability and upto > st.contiguous:
                 # stability tracking promises connected sites the same sequence, and our
                 # acknowledgements cannot tell "skipped" from "have": reconcile instead
@@ -215,7 +225,8 @@ class PeerStates(SiteCore):
                      for i in range(self.n))
         g = self.g_high if self.is_leader else self.next_g - 1
         hb = Heartbeat(self.inc, self.clock, self.seq, self._view_bits(), g, flags, acks,
-                       self._frontier(), tuple(self._held_from(st) for st in self.streams))
+                       self._frontier(), tuple(self._held_from(st) for st in self.streams),
+                       tuple(st.inc for st in self.streams))
         self._emit(Send(BAND_HEARTBEAT, encode_heartbeat(self.tag, self.me, hb), "heartbeat"))
         self.counters["sent.heartbeat"] += 1
         self._last_hb = now
@@ -232,6 +243,7 @@ class PeerStates(SiteCore):
         self.clock = max(self.clock, hb.lamport)
         p.acks = hb.acks
         p.held_from = hb.held_from
+        p.ack_incs = hb.ack_incs
         p.frontier = hb.frontier
         p.view = hb.view
         p.g = hb.g
@@ -250,7 +262,7 @@ class PeerStates(SiteCore):
             if o == self.me:
                 continue
             so = self.streams[o]
-            if so.synced and a > so.known_high and so.inc:
+            if so.synced and a > so.known_high and so.inc and hb.ack_incs[o] == so.inc:
                 so.known_high = a
                 if self._gap_nacks_enabled():
                     self._want_nack(so, now, hint=True)
@@ -265,27 +277,3 @@ class PeerStates(SiteCore):
         if st.known_high > st.contiguous and self._gap_nacks_enabled():
             self._want_nack(st, now, hint=True)
         self._deliverable(now)
-
-    def _incarnation(self, p: PeerRecord, st: Stream, inc: int, now: float) -> bool:
-        """Check a frame's incarnation of peer *p*; a new one restarts its stream."""
-        if st.inc == inc:
-            return True
-        if st.inc == 0:
-            st.inc = inc
-            p.inc = inc
-            return True
-        # the peer restarted: forget its old stream, treat it like a long-term reconnect
-        self.counters["peer.restarted"] += 1
-        new = Stream(inc)
-        self.streams[p.idx] = new
-        st.pending.clear()
-        self._heap = [e for e in self._heap if e[1] != p.idx]
-        heapq.heapify(self._heap)
-        self._late_heap = [e for e in self._late_heap if e[1] != p.idx]
-        heapq.heapify(self._late_heap)
-        self._late_waiting.pop(p.idx, None)
-        for k in [k for k in self._ready if k[0] == p.idx]:
-            del self._ready[k]
-        p.inc = inc
-        self._peer_event(p, PeerEvent.RESTARTED, now)
-        return True

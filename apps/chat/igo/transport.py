@@ -28,23 +28,26 @@ class FifoTransport(SiteCore):
             low = max(low, max(r[1] for r in st.skipped) + 1)
         return low
 
-    def _holds(self, p: PeerRecord, o: int, first: int) -> bool:
-        """Peer *p* said it can resend origin *o*'s message *first*."""
+    def _holds(self, p: PeerRecord, o: int, first: int, inc: int) -> bool:
+        """Peer *p* said it can resend message *first* of origin *o*'s incarnation *inc*."""
         return (len(p.acks) == self.n and len(p.held_from) == self.n
+                and len(p.ack_incs) == self.n and p.ack_incs[o] == inc
                 and p.held_from[o] <= first <= p.acks[o])
 
     def _on_data(self, tx: int, d: DataMsg, now: float) -> None:
         o = d.origin
         if o == self.me:
-            self.counters["data.own-returned"] += 1
+            # our own message returned, or one of an earlier run of ours (we keep nothing of
+            # it: what we said before the restart is history to us)
+            self.counters["data.own-returned" if d.inc == self.inc
+                          else "data.own-earlier-run"] += 1
             if tx != self.me:
                 self._heard(tx, now)
             return
         st = self.streams[o]
-        if tx == o:
+        if tx == o and d.inc >= st.inc:
             p = self.peers[o]
-            if not self._incarnation(p, st, d.inc, now):
-                return
+            self._incarnation(p, st, d.inc, now)  # a newer run: a new stream (restart)
             st = self.streams[o]
             if p.state in (PeerState.UNKNOWN, PeerState.S3) or not st.synced:
                 p.last_heard = now
@@ -54,12 +57,15 @@ class FifoTransport(SiteCore):
                     st.known_high = d.seq
                 self._heard(tx, now)
         else:
-            self._heard(tx, now)
-            if not st.synced:
+            if tx != o:
+                self._heard(tx, now)
+            found = self._stream(o, d.inc)
+            if found is None and not st.synced and tx != o:
                 if self.mode == "leader" and not self.is_leader:
                     # fetched for an ORDER entry: no stream position needed
-                    self._ready[(o, d.seq)] = Msg(o, d.inc, d.seq, d.lamport, d.send_time,
-                                                   tuple(d.deps), d.payload, now)
+                    self._ready[(o, d.inc, d.seq)] = Msg(o, d.inc, d.seq, d.lamport,
+                                                         d.send_time, tuple(d.deps),
+                                                         d.payload, now)
                     self.counters["data.fetched-unsynced"] += 1
                     return
                 # first we hear of this origin is through another site: start its stream
@@ -68,9 +74,16 @@ class FifoTransport(SiteCore):
                 st.inc = d.inc
                 self._skip(o, st, d.seq - 1, now, reason="first-contact")
                 st.synced = True
-            if d.inc != st.inc:
-                self.counters["data.stale-incarnation"] += 1
+                found = st
+            if found is None:
+                # a run of the origin we do not track: an earlier one forgotten (or never
+                # known), or a newer one not heard from the origin itself yet (its stream
+                # starts when it is: fetched from 1 then)
+                self.counters["data.unknown-incarnation"] += 1
                 return
+            if found is not st:
+                self.counters["data.earlier-run"] += 1
+            st = found
         self.clock = max(self.clock, d.lamport + 1)
         msg = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps), d.payload, now)
         if d.flags & F_RESEND:
@@ -78,8 +91,8 @@ class FifoTransport(SiteCore):
         if d.seq <= st.contiguous:
             if self.mode == "leader" and not self.is_leader:
                 # an ORDER entry may name a message our stream skipped: keep it for the drain
-                if (o, d.seq) not in self._ready:
-                    self._ready[(o, d.seq)] = msg
+                if (o, d.inc, d.seq) not in self._ready:
+                    self._ready[(o, d.inc, d.seq)] = msg
                     self.counters["data.kept-for-order"] += 1
                 return
             if self.cfg.long_term_reconcile and self._unskip(st, d.seq):
@@ -102,7 +115,7 @@ class FifoTransport(SiteCore):
         self._advance(o, st, now)
         if st.known_high > st.contiguous and self._gap_nacks_enabled():
             self._want_nack(st, now)
-        if o in self.peers:
+        if o in self.peers and st is self.streams[o]:
             self._check_caught_up(self.peers[o], now)
         self._deliverable(now)
 
