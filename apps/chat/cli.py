@@ -226,7 +226,15 @@ def chat_source(srv: Any) -> Monitored:
         return {"site": srv.site, "room": srv.room, "mode": srv.config.mode,
                 "flow": str(srv.flow), "router_connected": connected(),
                 "clients": len(srv.clients),
-                "listen": "%s:%d" % tuple(srv.address[:2]) if srv.address else None}
+                "listen": "%s:%d" % tuple(srv.address[:2]) if srv.address else None,
+                **ordering_status()}
+
+    def ordering_status() -> dict[str, Any]:
+        o = srv.igo.ordering if srv.igo is not None else None
+        if o is None:
+            return {}
+        st = o.status()  # incarnation, retired runs of restarted peers, protocol counters
+        return {k: st[k] for k in ("incarnation", "retired", "counters")}
 
     def metrics() -> Any:
         from prometheus_client.core import GaugeMetricFamily

@@ -70,6 +70,7 @@ class FlowSite:
         self._listener: flowlib.Listener | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = asyncio.Event()
+        self._old_version_seen = 0
 
     def now(self) -> float:
         return time.time() - self.clock_origin
@@ -117,10 +118,22 @@ class FlowSite:
         try:
             async for msg in self._listener:
                 self._apply(self.ordering.on_message(msg.band, msg.payload, self.now()))
+                self._warn_old_version()
         except FlowError as exc:
             log.warning("site %s: lost the room flow: %s", self.site, exc)
             self.counters["flow.lost"] += 1
             self._call(self.on_lost, exc)
+
+    def _warn_old_version(self) -> None:
+        """One log line for the first frame of an older IGO wire version, then one per
+        thousand (all of them counted in the ordering's ``refused.old-version``)."""
+        n = self.ordering.counters.get("refused.old-version", 0)
+        if n and n != self._old_version_seen and (self._old_version_seen == 0
+                                                   or n % 1000 == 0):
+            log.warning("site %s: refused %d IGO frame(s) of an older wire version (no "
+                        "incarnations); every site server of the room must be upgraded",
+                        self.site, n)
+        self._old_version_seen = n
 
     async def _ticker(self) -> None:
         while True:
