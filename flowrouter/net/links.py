@@ -5,8 +5,9 @@ TCP frames are handed to the core as views into the received buffer and written 
 ``writelines([header, payload])``; the handshake is parsed a frame at a time because, after
 the peer's AUTH, the rest of the stream may be sealed records
 (:class:`~flowrouter.wire.linkauth.SecureStream`). UDP sends use ``socket.sendmsg`` scatter/
-gather; a full socket buffer is a counted drop. Both send through a
-:class:`~flowrouter.net.output.LinkOutput`.
+gather, batched: what the node sends while it handles a read leaves in one batch
+(:mod:`flowrouter.net.udpio`, ``sendmmsg`` when built); a full socket buffer is a counted
+drop. Both send through a :class:`~flowrouter.net.output.LinkOutput`.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
 :mod:`flowrouter.net.output`; the node is only a type here.
@@ -314,7 +315,7 @@ class TcpLink(asyncio.Protocol):
 class UdpLink:
     """One remote UDP address on the node's shared socket."""
 
-    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address", "out")
+    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address", "out", "dest")
 
     def __init__(self, node: RouterNode, addr: tuple[str, int], peer: PeerConfig | None) -> None:
         self.node = node
@@ -324,6 +325,8 @@ class UdpLink:
         self.last_rx = node.now()
         self.address = f"{addr[0]}:{addr[1]}"
         self.out: LinkOutput | None = None
+        #: *addr* as the node's datagram I/O sends to it (flowrouter.net.udpio)
+        self.dest: Any = addr
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -332,16 +335,18 @@ class UdpLink:
         pass  # one socket serves every UDP peer: nothing to pause per link
 
     def _write(self, header: bytes, payload: Any) -> None:
-        sock = self.node._udp_sock
-        if sock is None:
+        self._write_many([header, payload])
+
+    def _write_many(self, buffers: list[Any]) -> None:
+        """Whole frames (a frame may be a header and its payload in two buffers): each
+        becomes a datagram. While the node handles a read they wait for its batch (sent by
+        ``RouterNode._flush``); otherwise they leave now."""
+        node = self.node
+        if node._udp_sock is None:
             return
-        try:
-            sock.sendmsg((header, payload), (), 0, self.addr)
-        except BlockingIOError:
-            self.node.core.counters["drop.link-congested"] += 1
-        except OSError as exc:
-            self.node.core.counters["drop.udp-error"] += 1
-            log.debug("UDP send to %s failed: %s", self.address, exc)
+        node._udp_out.append((self.dest, buffers))
+        if not node._batching:
+            node._udp_send()
 
     def close(self, reason: str) -> None:
         if self.out is not None:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 import time
 from typing import Any
 
-import asyncio_dgram
-
-from flowrouter.core.fastpath import FastPath, engine_choice
+from flowrouter.core.fastpath import STOP_END, FastPath, engine_choice
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
@@ -31,8 +30,9 @@ from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, UdpLink
 from flowrouter.net.output import LinkOutput, unblock
+from flowrouter.net.udpio import io_choice
 from flowrouter.wire.control import Role
-from flowrouter.wire.header import UDP_MAX_PAYLOAD, MalformedFrame, split_datagram
+from flowrouter.wire.header import HEADER_SIZE, UDP_MAX_PAYLOAD, MalformedFrame, split_datagram
 from flowrouter.wire.linkauth import SecureStream
 
 log = logging.getLogger("flowrouter.net.runtime")
@@ -53,9 +53,16 @@ class RouterNode:
         self._next_link = 1
         self._server: asyncio.base_events.Server | None = None
         self._control: asyncio.base_events.Server | None = None
-        self._udp: Any = None  #: an asyncio-dgram stream bound to our own socket
+        #: the UDP socket (non-blocking, read when readable) and its batched datagram I/O
+        #: (flowrouter.net.udpio: recvmmsg/sendmmsg or the Python loops; which one and why
+        #: is in ``udp_io_info``, log and status)
         self._udp_sock: socket.socket | None = None
+        self._udp_io: Any = None
+        self.udp_io_info = ""
         self._udp_links: dict[tuple[str, int], UdpLink] = {}
+        #: datagrams to send, gathered while the node processes a read: (dest, buffers)
+        #: per link batch; ``_flush`` sends them all in one batch
+        self._udp_out: list[tuple[Any, list[Any]]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
@@ -142,11 +149,12 @@ class RouterNode:
             sock = socket.socket(info[0], socket.SOCK_DGRAM)
             sock.setblocking(False)
             sock.bind(info[4])
-            self._udp = await asyncio_dgram.from_socket(sock)
+            io_cls, self.udp_io_info = io_choice()
+            self._udp_io = io_cls(sock)
             self._udp_sock = sock
-            self._spawn(self._udp_loop())
-            log.info("router %s listening for UDP links on %s:%d", cfg.name,
-                     *self._udp.sockname[:2])
+            loop.add_reader(sock.fileno(), self._udp_readable)
+            log.info("router %s listening for UDP links on %s:%d (%s)", cfg.name,
+                     *sock.getsockname()[:2], self.udp_io_info)
         if cfg.control:
             host, port = parse_address(cfg.control, "control")
             secrets = cfg.control_secrets()
@@ -169,8 +177,10 @@ class RouterNode:
                 server.close()
         for link in list(self._links.values()):
             link.close("router stopping")
-        if self._udp is not None:
-            self._udp.close()
+        if self._udp_sock is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._udp_sock.fileno())
+            self._udp_sock.close()
         if self._tracer is not None:
             self._tracer.close()
         if self._tasks:
@@ -195,8 +205,8 @@ class RouterNode:
 
     @property
     def udp_address(self) -> tuple[str, int]:
-        assert self._udp is not None, "this router has no UDP socket"
-        host, port = self._udp.sockname[:2]
+        assert self._udp_sock is not None, "this router has no UDP socket"
+        host, port = self._udp_sock.getsockname()[:2]
         return host, port
 
     @property
@@ -230,6 +240,8 @@ class RouterNode:
         dirty, self._dirty = self._dirty, []
         for out in dirty:
             out.flush()
+        if self._udp_out:
+            self._udp_send()
 
     def _credit_take(self, origin: int, size: int) -> None:
         if not origin:
@@ -362,7 +374,8 @@ class RouterNode:
     def _udp_link(self, addr: tuple[str, int], peer: PeerConfig | None) -> UdpLink:
         link = UdpLink(self, addr, peer)
         link.link_id = self._register(link)
-        link.out = LinkOutput(self, link.link_id, link._write)
+        link.dest = self._udp_io.dest(addr)
+        link.out = LinkOutput(self, link.link_id, link._write, link._write_many)
         self._udp_links[addr] = link
         mods = peer.modifiers if peer else None  # accepted: learnt at HELLO
         actions = self.core.open_link(link.link_id, self.now(), transport="udp",
@@ -373,33 +386,100 @@ class RouterNode:
         self.execute(actions)
         return link
 
-    async def _udp_loop(self) -> None:
-        assert self._udp is not None
+    def _udp_readable(self) -> None:
+        """The UDP socket is readable: take a bounded batch of datagrams, handle them all,
+        then send everything they caused at once (``_flush``)."""
+        try:
+            blob, grams = self._udp_io.recv()
+        except OSError as exc:
+            self.core.counters["drop.udp-error"] += 1
+            log.debug("router %s: UDP receive failed: %s", self.config.name, exc)
+            return
+        if not grams:
+            return
+        self._batching = True
+        try:
+            self._udp_datagrams(memoryview(blob), grams)
+        finally:
+            self._batching = False
+            self._rx_link = 0
+            self._flush()
+
+    def _udp_datagrams(self, view: memoryview,
+                       grams: list[tuple[tuple[str, int], int]]) -> None:
+        """One datagram is one frame of the link of its sender's address (a new address is a
+        new link). Runs of well-formed datagrams from one address go through the forwarding
+        fast path in one call; the core gets every datagram the engine stops at, and each
+        malformed one (which drops its link, as ``split_datagram`` says why)."""
+        core, fast, links = self.core, self.fast, self._udp_links
         max_payload = min(self.config.max_payload, UDP_MAX_PAYLOAD)
-        while True:
-            try:
-                data, addr = await self._udp.recv()
-            except asyncio_dgram.TransportClosed:
-                return
-            peer_addr: tuple[str, int] = (addr[0], addr[1])
-            link = self._udp_links.get(peer_addr)
+        now = self.now()
+        n = len(grams)
+        i = pos = 0
+        while i < n:
+            addr, size = grams[i]
+            link = links.get(addr)
             if link is None:
-                link = self._udp_link(peer_addr, None)
-            link.last_rx = self.now()
+                link = self._udp_link(addr, None)
+            link.last_rx = now
+            link_id = self._rx_link = link.link_id
+            if fast is not None:
+                j, end = i, pos
+                while j < n:  # the run: whole frames from this address, one per datagram
+                    a, sz = grams[j]
+                    if (a != addr or sz < HEADER_SIZE or int.from_bytes(
+                            view[end + 16:end + 20], "big") != sz - HEADER_SIZE):
+                        break
+                    end += sz
+                    j += 1
+                if j > i:
+                    p, stop, outs = fast.forward(link_id, view[:end], pos, max_payload)
+                    ulinks = self._links
+                    for lk, frames, count in outs:
+                        out_link = ulinks.get(lk)
+                        if out_link is not None and out_link.out is not None:
+                            out_link.out.send_frames(frames, count)
+                    while pos < p:  # the datagrams the engine took
+                        pos += grams[i][1]
+                        i += 1
+                    if stop == STOP_END:
+                        self._udp_generation(link)
+                        continue
+                    size = grams[i][1]  # the engine stopped here: the core's datagram
+            end = pos + size
             try:
-                header, payload = split_datagram(data, max_payload)
+                header, payload = split_datagram(view[pos:end], max_payload)
             except MalformedFrame as exc:
-                self.execute(self.core.drop_link(link.link_id, exc, self.now()))
-                continue
-            actions = self.core.receive(link.link_id, header, payload, self.now())
-            if actions:
-                self.execute(actions)
-            if self.core.generation != self._seen_generation:
-                self._link_state_changed()
-                if link.peer is not None and link.peer.address in self._backoff:
-                    lk = self.core.links.get(link.link_id)
-                    if lk is not None and lk.state is LinkState.UP:
-                        self._backoff.pop(link.peer.address, None)  # up: back-off resets
+                self.execute(core.drop_link(link_id, exc, now))
+            else:
+                actions = core.receive(link_id, header, payload, now)
+                if actions:
+                    self.execute(actions)
+            pos = end
+            i += 1
+            self._udp_generation(link)
+
+    def _udp_generation(self, link: UdpLink) -> None:
+        if self.core.generation != self._seen_generation:
+            self._link_state_changed()
+            if link.peer is not None and link.peer.address in self._backoff:
+                lk = self.core.links.get(link.link_id)
+                if lk is not None and lk.state is LinkState.UP:
+                    self._backoff.pop(link.peer.address, None)  # up: back-off resets
+
+    def _udp_send(self) -> None:
+        """Send the gathered datagrams in one batch; a full socket buffer or an error
+        loses a datagram, counted."""
+        items, self._udp_out = self._udp_out, []
+        if self._udp_io is None:
+            return
+        _sent, congested, failed, err = self._udp_io.send(items)
+        if congested:
+            self.core.counters["drop.link-congested"] += congested
+        if failed:
+            self.core.counters["drop.udp-error"] += failed
+            log.debug("router %s: %d UDP datagrams not sent: %s", self.config.name, failed,
+                      os.strerror(err) if err else "?")
 
     # administration (fault schedules) ---------------------------------------------------------
     def set_emulation(self, peer: str, emu: Emulation | None) -> None:
@@ -584,6 +664,9 @@ class RouterNode:
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
-        st["udp"] = "%s:%d" % self.udp_address if self._udp else None
+        st["udp"] = "%s:%d" % self.udp_address if self._udp_sock else None
+        if self._udp_sock is not None:
+            st["udp_io"] = {"io": self.udp_io_info, "native": bool(self._udp_io.native),
+                            "batch": self._udp_io.batch}
         st["listeners"] = self.listeners()
         return st

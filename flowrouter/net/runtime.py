@@ -7,8 +7,11 @@ bytes and time in and actions out:
   :class:`~flowrouter.wire.header.FrameDecoder`; frames are handed to the core as views into the
   received buffer and written with ``writelines([header, payload])``, so a forwarded payload is
   never copied by Python code.
-* UDP links share one socket bound with asyncio-dgram; each remote address is a link. Sends use
-  ``socket.sendmsg`` scatter/gather (again no copy); a full socket buffer is a counted drop.
+* UDP links share one non-blocking socket, drained a bounded batch of datagrams per wake-up;
+  each remote address is a link. Datagrams go through the forwarding fast path like TCP reads,
+  and what a batch sends leaves in one batch (``recvmmsg``/``sendmmsg`` when the optional
+  ``flowrouter.net._udpio`` is built, else Python loops; :mod:`flowrouter.net.udpio`),
+  scatter/gather (no copy); a full socket buffer is a counted drop.
 * Each link's output goes straight to the transport until the transport pushes back (or the
   link is shaped for emulation); then frames wait in an :class:`~flowrouter.core.linkqueue.
   OutputQueue`: control first, data fair between flows (deficit round robin), bounded by
