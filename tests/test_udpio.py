@@ -164,7 +164,9 @@ def test_io_choice_follows_flownet_native() -> None:
     for value in ("0", "twin"):
         cls, why = udpio.io_choice(value)
         assert cls is udpio.PyDatagramIO and f"FLOWNET_NATIVE={value}" in why
-    cls, why = udpio.io_choice("")
+    cls, why = udpio.io_choice("", "py")
+    assert cls is udpio.PyDatagramIO and "FLOWNET_UDP_IO=py" in why
+    cls, why = udpio.io_choice("", "")
     assert cls is (udpio.NativeDatagramIO if NATIVE else udpio.PyDatagramIO)
 
 

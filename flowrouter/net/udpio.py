@@ -16,7 +16,9 @@ Two implementations with the same interface and results:
 
 :func:`io_choice` picks one like :func:`flowrouter.core.fastpath.engine_choice` picks the
 forwarding engine: ``FLOWNET_NATIVE=0`` (or ``twin``) forces the Python loops; otherwise the
-compiled one when it imports. The node reports the choice in its log and status.
+compiled one when it imports. ``FLOWNET_UDP_IO=py`` forces the Python loops for datagram I/O
+alone (the forwarding engine stays as chosen), to measure what the batched system calls buy.
+The node reports the choice in its log and status.
 
 Send results are ``(sent, congested, failed, errno)``: datagrams the kernel took, datagrams
 refused because the socket buffer was full (EAGAIN: the node counts them
@@ -38,6 +40,7 @@ __all__ = ["PyDatagramIO", "NativeDatagramIO", "io_choice", "split_frames", "BAT
            "MAX_DATAGRAM"]
 
 ENV = "FLOWNET_NATIVE"
+IO_ENV = "FLOWNET_UDP_IO"
 #: datagrams taken per wake-up at most: the UDP socket yields to TCP reads and timers
 #: between batches (the kernel keeps the rest for the next wake-up)
 BATCH = 64
@@ -187,11 +190,14 @@ def _native() -> tuple[Any, str]:
     return NativeDatagramIO, NativeDatagramIO.description
 
 
-def io_choice(env: str | None = None) -> tuple[Any, str]:
+def io_choice(env: str | None = None, io_env: str | None = None) -> tuple[Any, str]:
     """(datagram I/O class, one line saying which and why) for this process."""
     value = (os.environ.get(ENV, "") if env is None else env).strip().lower()
     if value in ("0", "no", "off", "false", "twin", "py", "python"):
         return PyDatagramIO, f"{PyDatagramIO.description} ({ENV}={value})"
+    io_value = (os.environ.get(IO_ENV, "") if io_env is None else io_env).strip().lower()
+    if io_value in ("py", "python", "0", "off"):
+        return PyDatagramIO, f"{PyDatagramIO.description} ({IO_ENV}={io_value})"
     cls, why = _native()
     if cls is None:
         return PyDatagramIO, f"{PyDatagramIO.description}: {why}"

@@ -1,0 +1,342 @@
+"""Bulk message rate through routers linked by UDP, with UDP endpoints (issue 16, batched I/O).
+
+The UDP twin of bulk.py: a chain of 1 or 3 ``flowrouter run`` processes whose router links
+are UDP (``--peer NAME=HOST:PORT/udp``); the publisher and the subscriber speak the wire
+protocol over UDP to the first and the last router (HELLO, JOIN, then one frame per
+datagram). The publisher sends one pre-built frame in a loop on a connected UDP socket, as
+fast as it can (``--rate 0``) or paced to ``--rate`` messages per second (bursts every
+millisecond); the subscriber only counts datagrams of the data band.
+
+UDP does not push back: what a router cannot take in time is dropped by the kernel (its
+socket buffer overflows). So each row gives the rate delivered over the measuring window
+(``--warmup`` seconds after the first datagram, ``--duration`` seconds long), the loss over
+the whole run (1 - received / sent), and the CPU seconds of each router per million messages
+*delivered* (user + system, /proc, over the publisher's whole run), and its split: on
+loopback the kernel delivers a datagram into the receiver's socket in the *sender's*
+context, so a router's system time includes its receivers' share of the kernel work.
+
+    python3 benchmarks/udp_bulk.py --sizes 16 256 1024 8192 --hops 1 3 --duration 3 \\
+        --out benchmarks/results/udp_bulk.json
+
+To measure other code (e.g. the version before a change), point ``FLOWNET_BENCH_CODE`` at a
+directory holding its ``flowrouter`` and ``flowlib`` (benchmarks/common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    HOST,
+    LSID,
+    Child,
+    RouterChain,
+    code_info,
+    free_port,
+    log_directory,
+    machine_info,
+    CLK_TCK,
+    say,
+    table,
+    write_json,
+)
+
+DATA_BAND = 32
+HEADER_SIZE = 24
+#: the largest payload a datagram carries (IPv4: 65507 bytes of UDP payload, less a header)
+MAX_SIZE = 65507 - HEADER_SIZE
+
+
+def _frame(key: bytes, band: int, payload: bytes, ttl: int = 32) -> bytes:
+    return key + struct.pack("!IBBBB", len(payload), band, 0, 0, ttl) + payload
+
+
+def udp_attach(addr: str, name: str, key: bytes, mask: int) -> socket.socket:
+    """A UDP socket connected to a router's UDP address, attached as an application that
+    joined *key* with *mask* (HELLO and JOIN repeated until answered: datagrams get lost)."""
+    from flowrouter.wire import control as C
+    from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+
+    host, port = addr.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((HOST, 0))
+    sock.connect((host, int(port)))
+    sock.settimeout(0.5)
+    node_id = int.from_bytes(os.urandom(7), "big") | 1
+    hello = _frame(LINK_LOCAL_FLOW.key, 0, C.Hello(node_id, C.Role.ENDPOINT, name,
+                                                   MAX_SIZE).encode())
+    join = _frame(key, 0, C.Join(1, mask).encode())
+    deadline = time.monotonic() + 20.0
+    step, out = "hello", hello
+    while time.monotonic() < deadline:
+        sock.send(out)
+        try:
+            while True:
+                data = sock.recv(65536)
+                msg = C.decode(data[HEADER_SIZE:]) if data[20] == 0 else None
+                if step == "hello" and isinstance(msg, C.Hello):
+                    step, out = "join", join
+                    sock.send(out)
+                elif step == "join" and isinstance(msg, C.JoinAck) and data[:16] == key:
+                    if msg.status is not C.JoinStatus.OK:
+                        raise ConnectionError(f"join refused: {msg.status.name}")
+                    sock.settimeout(None)
+                    return sock
+                elif isinstance(msg, C.Error):
+                    raise ConnectionError(f"router refused us: {msg.text}")
+        except TimeoutError:
+            continue
+    raise TimeoutError(f"{name}: no answer from the router at {addr}")
+
+
+def worker_publisher(p: dict[str, Any]) -> None:
+    key = bytes.fromhex(p["key"])
+    sock = udp_attach(p["addr"], "udp-pub", key, 1)  # membership band only
+    one = _frame(key, DATA_BAND, bytes(p["size"]))
+    rate = p["rate"]
+    print(json.dumps({"event": "ready"}), flush=True)
+    sys.stdin.readline()  # go
+    sock.setblocking(False)  # the router's answers are never read: nothing may block
+    end = time.monotonic() + p["seconds"]
+    sent = refused = 0
+    send = sock.send
+    if rate:
+        per_ms = max(1, rate // 1000)
+        tick = time.monotonic()
+        while tick < end:
+            for _ in range(per_ms):
+                try:
+                    send(one)
+                    sent += 1
+                except OSError:
+                    refused += 1
+            tick += 0.001
+            pause = tick - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+    else:
+        while time.monotonic() < end:
+            for _ in range(256):
+                try:
+                    send(one)
+                    sent += 1
+                except OSError:
+                    refused += 1
+    print(json.dumps({"event": "result", "sent": sent, "refused": refused}), flush=True)
+    sock.close()
+
+
+def worker_subscriber(p: dict[str, Any]) -> None:
+    key = bytes.fromhex(p["key"])
+    sock = udp_attach(p["addr"], "udp-sub", key, 1 | 1 << DATA_BAND)
+    print(json.dumps({"event": "ready"}), flush=True)
+    warmup, duration = p["warmup"], p["duration"]
+    buf = bytearray(65536)
+    total = win = 0
+    first = w_start = w_end = None
+    sock.settimeout(30.0)
+    try:
+        while True:
+            n = sock.recv_into(buf)
+            if n < HEADER_SIZE or buf[20] != DATA_BAND:
+                continue
+            now = time.monotonic()
+            total += 1
+            if first is None:
+                first = now
+                w_start, w_end = first + warmup, first + warmup + duration
+                sock.settimeout(p["idle"])
+            if w_start <= now < w_end:  # type: ignore[operator]
+                win += 1
+    except (TimeoutError, OSError):
+        pass
+    print(json.dumps({"event": "result", "msgs": total, "msg_rate": win / duration}),
+          flush=True)
+
+
+class UdpChain(RouterChain):
+    """Routers r1 - ... - rN linked by UDP (rN the core of LSID 0x10); ``udp[i]`` is the UDP
+    address of r(i+1). Ready when each router knows the way to the core."""
+
+    async def _start(self) -> None:
+        n = self.n
+        self.listen = [f"{HOST}:{free_port()}" for _ in range(n)]
+        self.control = [f"{HOST}:{free_port()}" for _ in range(n)]
+        self.udp = [f"{HOST}:{_free_udp_port()}" for _ in range(n)]
+        for i in range(n - 1, -1, -1):
+            argv = [sys.executable, "-m", "flowrouter.tools.cli", "--log-level", "warning",
+                    "run", "--name", f"r{i + 1}", "--listen", self.listen[i],
+                    "--udp", self.udp[i], "--control", self.control[i], *self.extra_args]
+            if i == n - 1:
+                argv += ["--core-lsid", hex(LSID)]
+            else:
+                argv += ["--peer", f"r{i + 2}={self.udp[i + 1]}/udp"]
+            if i > 0:
+                argv += ["--accept-router", f"r{i}@{HOST}"]
+            self.procs.insert(0, await Child.start(f"router-r{i + 1}", argv, self.log_dir))
+        deadline = time.monotonic() + 20.0
+        for i in range(n):
+            await self._wait_up(i, deadline)
+
+
+def _user_sys(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far (/proc), zeros if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode()
+    except OSError:
+        return 0.0, 0.0
+    fields = raw[raw.rindex(")") + 2:].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _argv(role: str, **params: Any) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", role, json.dumps(params)]
+
+
+async def _one_rate(chain: UdpChain, size: int, args: argparse.Namespace,
+                    log_dir: Path) -> dict[str, Any]:
+    key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
+    seconds = args.warmup + args.duration + 1.0
+    sub = await Child.start("sub-udp", _argv(
+        "subscriber", addr=chain.udp[-1], key=key, warmup=args.warmup,
+        duration=args.duration, idle=1.0), log_dir)
+    try:
+        await sub.expect("ready", 30)
+        pub = await Child.start("pub-udp", _argv(
+            "publisher", addr=chain.udp[0], size=size, key=key, seconds=seconds,
+            rate=args.rate), log_dir, stdin=True)
+        try:
+            await pub.expect("ready", 30)
+            await asyncio.sleep(0.2)  # the publisher's JOIN reaching the core
+            c0 = await chain.counters()
+            cpu0 = [_user_sys(p.pid) for p in chain.procs]
+            pub.tell("go")
+            await pub.proc.stdin.drain()  # type: ignore[union-attr]
+            if args.profile:
+                await _profile(chain, size, args)
+            sent = await pub.expect("result", seconds + 30)
+            got = await sub.expect("result", 30)
+            cpu1 = [_user_sys(p.pid) for p in chain.procs]
+            c1 = await chain.counters()
+        finally:
+            await pub.stop()
+    finally:
+        await sub.stop()
+    msgs = max(got["msgs"], 1)
+    user = [(b[0] - a[0]) / msgs * 1e6 for a, b in zip(cpu0, cpu1)]
+    system = [(b[1] - a[1]) / msgs * 1e6 for a, b in zip(cpu0, cpu1)]
+    cpu = [u + s for u, s in zip(user, system)]
+    loss = 1.0 - got["msgs"] / sent["sent"] if sent["sent"] else 0.0
+    drops = {k: sum(c.get(k, 0) - b.get(k, 0) for b, c in zip(c0, c1))
+             for k in ("drop.link-congested", "drop.udp-error")}
+    row = {"hops": chain.n, "size": size, "rate_offered": args.rate or None,
+           "msg_rate": got["msg_rate"], "mb_s": got["msg_rate"] * size / 1e6,
+           "sent_msgs": sent["sent"], "recv_msgs": got["msgs"], "loss": loss,
+           "router_drops": drops, "cpu_s_per_M": cpu, "cpu_s_per_M_max": max(cpu),
+           "user_s_per_M": user, "sys_s_per_M": system}
+    say(f"  udp hops={chain.n} {size:>6} B: {got['msg_rate']:>10,.0f} msg/s delivered, "
+        f"loss {loss:6.1%}, cpu s/M msgs (user+sys) "
+        f"{['%.2f+%.2f' % us for us in zip(user, system)]}")
+    return row
+
+
+async def _profile(chain: UdpChain, size: int, args: argparse.Namespace) -> None:
+    """Sample every router with py-spy for the measuring window; save the collapsed stacks
+    and a self-time summary (benchmarks/profile_hotpath.py) in ``--profile``."""
+    from profile_hotpath import summarize_collapsed
+
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    await asyncio.sleep(args.warmup)
+    out_dir = Path(args.profile)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for i, proc in enumerate(chain.procs):
+        out = out_dir / f"{args.label}-{chain.n}hop-{size}B-r{i + 1}.collapsed.txt"
+        spies.append((await asyncio.create_subprocess_exec(
+            spy, "record", "-p", str(proc.pid), "-d", str(max(1, round(args.duration - 1))),
+            "-r", "250", "-f", "raw", "-o", str(out), stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL), out))
+    for spy_proc, out in spies:
+        await spy_proc.wait()
+        if out.exists():
+            summary = summarize_collapsed(out.read_text(), 12)
+            lines = [f"total samples {summary['samples']} (+{summary['waiting_samples']} "
+                     "waiting in epoll)", "self:"]
+            lines += [f"{r['share']:6.1%}  {r['function']}" for r in summary["self"]]
+            lines += ["inclusive:"]
+            lines += [f"{r['share']:6.1%}  {r['function']}" for r in summary["inclusive"]]
+            out.with_name(out.name.replace(".collapsed", "")).write_text("\n".join(lines) + "\n")
+            say(f"  profile: {out}")
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    async with log_directory(args.keep_logs) as log_dir:
+        for hops in args.hops:
+            async with UdpChain(hops, log_dir) as chain:
+                for size in args.sizes:
+                    rows.append(await _one_rate(chain, size, args, log_dir))
+    return {"benchmark": "udp_bulk", "machine": machine_info(), "code": code_info(),
+            "native": os.environ.get("FLOWNET_NATIVE", ""), "rate": args.rate,
+            "warmup": args.warmup, "duration": args.duration, "rows": rows}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256, 1024, 8192])
+    ap.add_argument("--hops", type=int, nargs="+", default=[1, 3])
+    ap.add_argument("--rate", type=int, default=0,
+                    help="messages per second offered (0: as fast as the publisher can)")
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="also sample every router with py-spy during the window (saved here)")
+    ap.add_argument("--label", default="udp", help="file name prefix of the profiles")
+    ap.add_argument("--worker", nargs=2, metavar=("ROLE", "PARAMS"), help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        role, params = args.worker
+        {"publisher": worker_publisher,
+         "subscriber": worker_subscriber}[role](json.loads(params))
+        return 0
+    for size in args.sizes:
+        if not 0 <= size <= MAX_SIZE:
+            raise SystemExit(f"--sizes: {size} does not fit a datagram (at most {MAX_SIZE})")
+    result = asyncio.run(main_async(args))
+    print(table(result["rows"], [("hops", "hops", "d"), ("size", "size", "d"),
+                                 ("msg_rate", "msg/s", ",.0f"), ("loss", "loss", ".1%"),
+                                 ("cpu_s_per_M_max", "cpu s/M (max router)", ".2f")]))
+    write_json(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
