@@ -39,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    CLK_TCK,
     HOST,
     LSID,
     Child,
@@ -47,7 +48,6 @@ from common import (  # noqa: E402
     free_port,
     log_directory,
     machine_info,
-    CLK_TCK,
     say,
     table,
     write_json,
@@ -269,8 +269,7 @@ async def _profile(chain: UdpChain, size: int, args: argparse.Namespace) -> None
     if spy is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
     await asyncio.sleep(args.warmup)
-    out_dir = Path(args.profile)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(args.profile)  # made by main()
     spies = []
     for i, proc in enumerate(chain.procs):
         out = out_dir / f"{args.label}-{chain.n}hop-{size}B-r{i + 1}.collapsed.txt"
@@ -330,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes:
         if not 0 <= size <= MAX_SIZE:
             raise SystemExit(f"--sizes: {size} does not fit a datagram (at most {MAX_SIZE})")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     result = asyncio.run(main_async(args))
     print(table(result["rows"], [("hops", "hops", "d"), ("size", "size", "d"),
                                  ("msg_rate", "msg/s", ",.0f"), ("loss", "loss", ".1%"),
