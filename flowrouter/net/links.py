@@ -342,8 +342,8 @@ class UdpLink:
         becomes a datagram. While the node handles a read they wait for its batch (sent by
         ``RouterNode._flush``); otherwise they leave now."""
         node = self.node
-        if node._udp_sock is None:
-            return
+        if node._udp_io is None:
+            return  # stopped
         node._udp_out.append((self.dest, buffers))
         if not node._batching:
             node._udp_send()

@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import socket
 import time
 from typing import Any
 
-from flowrouter.core.fastpath import STOP_END, FastPath, engine_choice
+from flowrouter.core.fastpath import FastPath, engine_choice
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
+from flowrouter.net import udpbatch
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import CONTROL_LINE_LIMIT
@@ -32,7 +32,7 @@ from flowrouter.net.links import TcpLink, UdpLink
 from flowrouter.net.output import LinkOutput, unblock
 from flowrouter.net.udpio import io_choice
 from flowrouter.wire.control import Role
-from flowrouter.wire.header import HEADER_SIZE, UDP_MAX_PAYLOAD, MalformedFrame, split_datagram
+from flowrouter.wire.header import UDP_MAX_PAYLOAD
 from flowrouter.wire.linkauth import SecureStream
 
 log = logging.getLogger("flowrouter.net.runtime")
@@ -180,6 +180,8 @@ class RouterNode:
         if self._udp_sock is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._udp_sock.fileno())
+            # nothing may be sent on the closed socket's number (the kernel reuses it)
+            self._udp_io, self._udp_out = None, []
             self._udp_sock.close()
         if self._tracer is not None:
             self._tracer.close()
@@ -387,99 +389,10 @@ class RouterNode:
         return link
 
     def _udp_readable(self) -> None:
-        """The UDP socket is readable: take a bounded batch of datagrams, handle them all,
-        then send everything they caused at once (``_flush``)."""
-        try:
-            blob, grams = self._udp_io.recv()
-        except OSError as exc:
-            self.core.counters["drop.udp-error"] += 1
-            log.debug("router %s: UDP receive failed: %s", self.config.name, exc)
-            return
-        if not grams:
-            return
-        self._batching = True
-        try:
-            self._udp_datagrams(memoryview(blob), grams)
-        finally:
-            self._batching = False
-            self._rx_link = 0
-            self._flush()
-
-    def _udp_datagrams(self, view: memoryview,
-                       grams: list[tuple[tuple[str, int], int]]) -> None:
-        """One datagram is one frame of the link of its sender's address (a new address is a
-        new link). Runs of well-formed datagrams from one address go through the forwarding
-        fast path in one call; the core gets every datagram the engine stops at, and each
-        malformed one (which drops its link, as ``split_datagram`` says why)."""
-        core, fast, links = self.core, self.fast, self._udp_links
-        max_payload = min(self.config.max_payload, UDP_MAX_PAYLOAD)
-        now = self.now()
-        n = len(grams)
-        i = pos = 0
-        while i < n:
-            addr, size = grams[i]
-            link = links.get(addr)
-            if link is None:
-                link = self._udp_link(addr, None)
-            link.last_rx = now
-            link_id = self._rx_link = link.link_id
-            if fast is not None:
-                j, end = i, pos
-                while j < n:  # the run: whole frames from this address, one per datagram
-                    a, sz = grams[j]
-                    if (a != addr or sz < HEADER_SIZE or int.from_bytes(
-                            view[end + 16:end + 20], "big") != sz - HEADER_SIZE):
-                        break
-                    end += sz
-                    j += 1
-                if j > i:
-                    p, stop, outs = fast.forward(link_id, view[:end], pos, max_payload)
-                    ulinks = self._links
-                    for lk, frames, count in outs:
-                        out_link = ulinks.get(lk)
-                        if out_link is not None and out_link.out is not None:
-                            out_link.out.send_frames(frames, count)
-                    while pos < p:  # the datagrams the engine took
-                        pos += grams[i][1]
-                        i += 1
-                    if stop == STOP_END:
-                        self._udp_generation(link)
-                        continue
-                    size = grams[i][1]  # the engine stopped here: the core's datagram
-            end = pos + size
-            try:
-                header, payload = split_datagram(view[pos:end], max_payload)
-            except MalformedFrame as exc:
-                self.execute(core.drop_link(link_id, exc, now))
-            else:
-                actions = core.receive(link_id, header, payload, now)
-                if actions:
-                    self.execute(actions)
-            pos = end
-            i += 1
-            self._udp_generation(link)
-
-    def _udp_generation(self, link: UdpLink) -> None:
-        if self.core.generation != self._seen_generation:
-            self._link_state_changed()
-            if link.peer is not None and link.peer.address in self._backoff:
-                lk = self.core.links.get(link.link_id)
-                if lk is not None and lk.state is LinkState.UP:
-                    self._backoff.pop(link.peer.address, None)  # up: back-off resets
+        udpbatch.readable(self)
 
     def _udp_send(self) -> None:
-        """Send the gathered datagrams in one batch; a full socket buffer or an error
-        loses a datagram, counted."""
-        items, self._udp_out = self._udp_out, []
-        if self._udp_io is None:
-            return
-        _sent, congested, failed, err = self._udp_io.send(items)
-        if congested:
-            self.core.counters["drop.link-congested"] += congested
-        if failed:
-            self.core.counters["drop.udp-error"] += failed
-            log.debug("router %s: %d UDP datagrams not sent: %s", self.config.name, failed,
-                      os.strerror(err) if err else "?")
+        udpbatch.send_gathered(self)
 
     # administration (fault schedules) ---------------------------------------------------------
     def set_emulation(self, peer: str, emu: Emulation | None) -> None:
@@ -665,7 +578,7 @@ class RouterNode:
                            else {"engine": None, "why": self.fast_path_info})
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self._udp_sock else None
-        if self._udp_sock is not None:
+        if self._udp_io is not None:
             st["udp_io"] = {"io": self.udp_io_info, "native": bool(self._udp_io.native),
                             "batch": self._udp_io.batch}
         st["listeners"] = self.listeners()
