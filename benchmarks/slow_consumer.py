@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -91,13 +92,19 @@ async def one_run(n: int, size: int, stuck: bool, flow_no: int, **limits: int
 
         try:
             await asyncio.wait_for(asyncio.gather(send(), *(_count(r, n) for r, _, _ in rx)),
-                                   60)
+                                   20)
             complete = 1
         except TimeoutError:  # a healthy receiver lost messages (its own limit tripped)
             complete = 0
         elapsed = loop.time() - t0
         counters = node.core.counters
-        out = {"seconds": elapsed, "rate": n / elapsed if complete else 0.0,
+        # frames dropped at the healthy receivers' outputs
+        healthy_dropped = sum(
+            lk.out.slow.dropped for lid, lk in node._links.items()
+            if lk.out is not None and getattr(node.core.links.get(lid), "peer_name", "")
+            != "stuck")
+        out = {"healthy_dropped": healthy_dropped, "seconds": elapsed,
+               "rate": n / elapsed if complete else 0.0,
                "complete": complete,
                "dropped_slow": counters["drop.slow-consumer"],
                "credit_paused": counters["credit.paused"],
@@ -118,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--slow-consumer-bytes", type=int, help="router limit (default: config's)")
     p.add_argument("--link-credit", type=int, help="router limit (default: config's)")
+    p.add_argument("--max-link-buffer", type=int, help="router limit (default: config's)")
+    p.add_argument("--slow-consumer-idle", type=float,
+                   help="router limit, seconds (default: config's)")
     p.add_argument("--out")
     args = p.parse_args(argv)
     if args.quick:
@@ -129,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         for stuck in order:
             k += 1
             limits = {k2: v for k2, v in (("slow_consumer_bytes", args.slow_consumer_bytes),
-                                          ("link_credit", args.link_credit)) if v}
+                                          ("link_credit", args.link_credit),
+                                          ("max_link_buffer", args.max_link_buffer),
+                                          ("slow_consumer_idle", args.slow_consumer_idle))
+                      if v is not None}
             res = asyncio.run(one_run(args.messages, args.size, stuck, k, **limits))
             runs["stuck" if stuck else "alone"].append(res)
     best = {key: max(v, key=lambda x: x["rate"]) for key, v in runs.items()}
@@ -143,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     print("  every round (msg/s; 0 = a healthy receiver lost messages): alone",
           [round(x["rate"]) for x in runs["alone"]],
           "stuck", [round(x["rate"]) for x in runs["stuck"]])
+    med = {k: statistics.median(x["rate"] for x in v) for k, v in runs.items()}
+    print(f"  medians: alone {med['alone']:.0f}, with a stuck fourth {med['stuck']:.0f} msg/s "
+          f"({med['stuck'] / med['alone']:.0%})")
+    lost = [int(x["healthy_dropped"]) for x in runs["alone"] + runs["stuck"]]
+    print("  frames dropped at healthy receivers' outputs, per round:", lost)
     if args.out:
         Path(args.out).write_text(json.dumps({
             "machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",

@@ -267,6 +267,11 @@ def test_stuck_receiver_does_not_slow_the_others(queue_limit: int) -> None:
             with_stuck = await _fan_out(core, flow, healthy, n, size)
             dropped = core.core.counters["drop.slow-consumer"]
             assert dropped > 0, "the stuck receiver's output should have overflowed"
+            if queue_limit > 256 * 1024:  # it could hold all the input's credit: it was seen
+                # not draining while its siblings drained, and holds none
+                assert core.core.counters["credit.not-draining"] >= 1
+                stuck_outs = [o for o in core._backlogged if o.stuck]
+                assert stuck_outs and all(not o.held for o in stuck_outs)
             paused = core.core.counters["credit.paused"]
             got = await asyncio.get_running_loop().run_in_executor(
                 None, stuck.drain_count, 40)
@@ -365,3 +370,14 @@ def test_half_sent_frames_are_reaped() -> None:
         finally:
             await core.stop()
     run(main())
+
+
+def test_slow_consumer_idle_is_a_checked_config_key() -> None:
+    """How long an output that pushed back may wait before it stops holding credit: 0 (at
+    once) by default, configurable, never negative."""
+    base = {"router": {"name": "r"}}
+    assert config_from_dict(base).slow_consumer_idle == 0.0
+    cfg = config_from_dict({"router": {"name": "r", "slow_consumer_idle": 0.05}})
+    assert cfg.slow_consumer_idle == 0.05
+    with pytest.raises(ConfigError, match="slow_consumer_idle"):
+        config_from_dict({"router": {"name": "r", "slow_consumer_idle": -1}})

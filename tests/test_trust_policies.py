@@ -4,6 +4,8 @@ policy, and the rule that commands changing a router need proof."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flowrouter.core.linkqueue import SlowConsumerPolicy
 from flowrouter.core.quotas import PrincipalQuotas, QuotaLimits, host_of, principal_for
@@ -103,3 +105,63 @@ def test_output_queue_forgets_the_credit_of_waiting_frames() -> None:
     assert q.forget_origins() == {7: 124 + 34, 8: 74}
     assert q.forget_origins() == {}
     assert sorted(fr[2] for fr in iter(lambda: q.pop(0.0), None)) == [0, 0, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push", "pop"]), st.integers(0, 3),
+                          st.integers(0, 2), st.sampled_from([10, 40, 200]),
+                          st.sampled_from([2, 20, 40])), max_size=60),
+       st.sampled_from([300, 2000, 10**6]), st.sampled_from([0.0, 0.01]))
+def test_output_queue_keeps_the_credit_of_waiting_frames_exactly(
+        ops: list[tuple[str, int, int, int, int]], bound: int, delay: float) -> None:
+    """The per-input tally an output that moves again takes back (origins()) always equals
+    what the waiting frames add up to, through pushes, pops, trims and delays."""
+    from flowrouter.core.linkqueue import OutputQueue
+
+    q = OutputQueue(bound, delay=delay)
+    waiting: dict[int, int] = {}  # recomputed from what goes in, out and is dropped
+    now = 0.0
+    for op, origin, flow, size, band in ops:
+        now += 0.005
+        if op == "push":
+            hdr = bytes(20) + bytes([band]) + bytes(3)
+            waiting[origin] = waiting.get(origin, 0) + 24 + size
+            for _, n, org in q.push(bytes([flow]) * 16, hdr, b"p" * size, band < 16, now,
+                                    origin):
+                waiting[org] -= n
+        else:
+            fr = q.pop(now)
+            if fr is not None:
+                waiting[fr[2]] -= len(fr[0]) + len(fr[1])
+        assert q.origins() == {o: n for o, n in waiting.items() if o and n}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([2, 20, 40, 41]),
+                                   st.integers(0, 300)), min_size=1, max_size=12),
+                max_size=8),
+       st.sampled_from([200, 1500, 10**6]), st.sampled_from([0.0, 0.01]),
+       st.integers(0, 2))
+def test_pushing_a_batch_is_pushing_its_frames_one_by_one(
+        batches: list[list[tuple[int, int, int]]], bound: int, delay: float, origin: int
+        ) -> None:
+    """OutputQueue.push_frames (a fast-path batch queued in one pass) drops, keeps and
+    serves exactly what push() frame by frame would."""
+    from flowrouter.core.linkqueue import OutputQueue
+    from flowrouter.wire.header import pack_header
+
+    one, many = OutputQueue(bound, delay=delay), OutputQueue(bound, delay=delay)
+    now = 0.0
+    for batch in batches:
+        now += 0.004
+        frames = [(bytes([f]) * 16, pack_header(bytes([f]) * 16, size, band), b"p" * size)
+                  for f, band, size in batch]
+        dropped_one = []
+        for key, hdr, pl in frames:
+            dropped_one += one.push(key, hdr, pl, hdr[20] < 16, now, origin)
+        dropped_many = many.push_frames(b"".join(h + p for _, h, p in frames), now, origin)
+        assert dropped_many == dropped_one
+        assert (many.bytes, many.origins(), len(many)) == (one.bytes, one.origins(), len(one))
+    now += 1.0
+    served = [(bytes(a[0]), bytes(a[1]), a[2]) for a in iter(lambda: one.pop(now), None)]
+    assert [(bytes(b[0]), bytes(b[1]), b[2]) for b in iter(lambda: many.pop(now), None)] == served

@@ -25,10 +25,13 @@ again, so the runtime only arms a timer when shaping or delay demand one.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Any
 
 Frame = tuple[bytes, Any, int]  #: (header, payload, origin: the input link it came from, 0 local)
+
+_LENGTH = struct.Struct(">I")  #: a frame header's payload length, at offset 16 (wire.header)
 
 
 class TokenBucket:
@@ -64,7 +67,7 @@ class OutputQueue:
     """Waiting frames of one link: control FIFO first, then DRR over per-flow FIFOs."""
 
     __slots__ = ("max_bytes", "quantum", "bytes", "ctl", "adm", "flows", "active", "deficit",
-                 "dropped", "dropped_bytes", "bucket", "delay", "_delayed")
+                 "dropped", "dropped_bytes", "bucket", "delay", "_delayed", "_held")
 
     def __init__(self, max_bytes: int, quantum: int = 16 * 1024,
                  rate: float | None = None, delay: float = 0.0, now: float = 0.0) -> None:
@@ -82,6 +85,17 @@ class OutputQueue:
         self.delay = delay
         #: frames held for the propagation delay: (due time, control?, key, frame)
         self._delayed: deque[tuple[float, bool, bytes, Frame]] = deque()
+        #: input link -> bytes of the waiting frames that came from it, kept as frames come
+        #: and go: an output that moves again asks for it, and may hold thousands of frames
+        self._held: dict[int, int] = {}
+
+    def _unhold(self, origin: int, size: int) -> None:
+        if origin:
+            left = self._held[origin] - size
+            if left:
+                self._held[origin] = left
+            else:
+                del self._held[origin]
 
     @property
     def shaped(self) -> bool:
@@ -115,6 +129,8 @@ class OutputQueue:
         """
         frame = (header, bytes(payload), origin)
         size = len(header) + len(frame[1])
+        if origin:
+            self._held[origin] = self._held.get(origin, 0) + size
         if self.delay > 0:
             self._delayed.append((now + self.delay, control, key, frame))
             self.bytes += size
@@ -122,6 +138,44 @@ class OutputQueue:
         self._enqueue(key, frame, control)
         self.bytes += size
         return self._trim(key, size)
+
+    def push_frames(self, frames: bytes, now: float, origin: int = 0
+                    ) -> list[tuple[bytes, int, int]]:
+        """Queue whole frames laid back to back (what the forwarding fast path gathered for
+        this link from one read): exactly :meth:`push` for each in turn, in one pass. A
+        stuck output takes thousands of frames before it overflows, so each costs little
+        here. Returns what push would have: every frame dropped to make room."""
+        frames = bytes(frames)
+        if origin:
+            self._held[origin] = self._held.get(origin, 0) + len(frames)
+        unpack = _LENGTH.unpack_from
+        flows, active, deficit = self.flows, self.active, self.deficit
+        delay = self.delay
+        dropped: list[tuple[bytes, int, int]] = []
+        pos, n = 0, len(frames)
+        while pos < n:
+            end = pos + 24 + unpack(frames, pos + 16)[0]
+            key = frames[pos:pos + 16]
+            header = frames[pos:pos + 24]
+            frame = (header, frames[pos + 24:end], origin)
+            band = header[20]
+            if delay > 0:
+                self._delayed.append((now + delay, band < 16, key, frame))
+            elif band < 32:
+                self._enqueue(key, frame, band < 16)
+            else:
+                q = flows.get(key)
+                if q is None:
+                    q = flows[key] = deque()
+                if not q:
+                    active.append(key)
+                    deficit.setdefault(key, 0)
+                q.append(frame)
+            self.bytes += end - pos
+            if self.bytes > self.max_bytes:
+                dropped += self._trim(key, end - pos)
+            pos = end
+        return dropped
 
     def _enqueue(self, key: bytes, frame: Frame, control: bool) -> None:
         if control:
@@ -148,6 +202,7 @@ class OutputQueue:
                 k, fr = self.adm.pop()
                 n = len(fr[0]) + len(fr[1])
                 self.bytes -= n
+                self._unhold(fr[2], n)
                 dropped.append((k, n, fr[2]))
                 continue
             if victim is None:  # only control or delayed frames: drop the newest delayed one
@@ -155,6 +210,7 @@ class OutputQueue:
                     _, _, k, fr = self._delayed.pop()
                     n = len(fr[0]) + len(fr[1])
                     self.bytes -= n
+                    self._unhold(fr[2], n)
                     dropped.append((k, n, fr[2]))
                     continue
                 break
@@ -162,6 +218,7 @@ class OutputQueue:
             hdr, pl, origin = q.pop()  # newest of the longest queue
             n = len(hdr) + len(pl)
             self.bytes -= n
+            self._unhold(origin, n)
             dropped.append((victim, n, origin))
             if not q:
                 self.active.remove(victim)
@@ -209,6 +266,8 @@ class OutputQueue:
         if bucket is not None:
             bucket.take(size, now)
         self.bytes -= size
+        if frame[2]:
+            self._unhold(frame[2], size)
         return frame
 
     def _peek_drr(self) -> Frame:
@@ -246,14 +305,7 @@ class OutputQueue:
     def origins(self) -> dict[int, int]:
         """Input link -> bytes of the waiting frames that came from it (the credit an output
         that moves again takes back)."""
-        held: dict[int, int] = {}
-        frames = [*self.ctl, *(fr for _, fr in self.adm), *(fr for _, _, _, fr in self._delayed)]
-        for q in self.flows.values():
-            frames.extend(q)
-        for fr in frames:
-            if fr[2]:
-                held[fr[2]] = held.get(fr[2], 0) + len(fr[0]) + len(fr[1])
-        return held
+        return dict(self._held)
 
     def forget_origins(self) -> dict[int, int]:
         """Detach every waiting frame from the input link it came from; returns origin ->
@@ -271,6 +323,7 @@ class OutputQueue:
         for key, q in self.flows.items():
             self.flows[key] = deque(strip(fr) for fr in q)
         self._delayed = deque((t, c, k, strip(fr)) for t, c, k, fr in self._delayed)
+        self._held = {}
         return held
 
     def stats(self) -> dict[str, int]:

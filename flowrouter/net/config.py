@@ -14,10 +14,11 @@ Example (every key optional except ``router.name``)::
     core_lsids = [0x10]           # this router is the core for these LSIDs
     default_lsid = 0x10           # suggested to endpoints for new flows
     max_payload = 65536
-    max_link_buffer = 4194304     # bytes queued per link before frames are dropped (counted)
-    slow_consumer_bytes = 2097152 # data one output may queue; past it its frames are dropped
+    max_link_buffer = 16777216    # bytes queued per link before frames are dropped (counted)
+    slow_consumer_bytes = 8388608 # data one output may queue; past it its frames are dropped
     slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
     slow_consumer_stall = 0.5     # seconds without progress before an output holds no credit
+    slow_consumer_idle = 0.0      # ... or this long, while a sibling fed by the same input drains
     frame_timeout = 30.0          # seconds a started frame may take to arrive in full
     member_notice_interval = 1.0  # band-19 membership notices: at most one per flow per this
     member_refresh = 30.0         #   many seconds; snapshots of local members this often
@@ -207,18 +208,23 @@ class NodeConfig:
     routes: dict[int, str] = field(default_factory=dict)
     default_route: str | None = None
     max_payload: int = DEFAULT_MAX_PAYLOAD
-    max_link_buffer: int = 4 * 1024 * 1024
+    max_link_buffer: int = 16 * 1024 * 1024
     #: bytes one input link may have waiting in output queues before we stop reading it
     link_credit: int = 1024 * 1024
     #: flows one application link may hold state for (the seed's advertisement flood)
     max_flows_per_endpoint: int = 4096
     #: data bytes one output link may queue before its frames are dropped as a slow consumer,
     #: and the seconds it may stay over that before it is closed
-    slow_consumer_bytes: int = 2 * 1024 * 1024
+    slow_consumer_bytes: int = 8 * 1024 * 1024
     slow_consumer_grace: float = 10.0
     #: seconds an output may hold frames without sending any before it holds no credit (a
     #: fifth of it if a sibling fed by the same input drains meanwhile: RouterNode._unblock)
     slow_consumer_stall: float = 0.5
+    #: seconds an output whose transport pushed back must have sent nothing, while a sibling
+    #: fed by the same input drains, before it holds none of that input's credit (0: at
+    #: once: the fastest output sets the input's pace, the others may lag by up to
+    #: slow_consumer_bytes before they lose frames; flowrouter.net.output.unblock)
+    slow_consumer_idle: float = 0.0
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0
     #: secret for control commands (text, or "file:PATH"); None: commands need proof only
@@ -416,6 +422,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "slow_consumer_bytes": limit(int, 1024, 1 << 40),
     "slow_consumer_grace": limit(float, 0.001, 86400.0),
     "slow_consumer_stall": limit(float, 0.001, 86400.0),
+    "slow_consumer_idle": limit(float, 0.0, 86400.0),
     "frame_timeout": limit(float, 0.001, 86400.0),
     "control_token": lambda v, where: text(v, where) or None,
     "member_notice_interval": limit(float, 0.001, 3600.0),

@@ -139,13 +139,18 @@ class LinkOutput:
                     self.flush()  # keep the link's order
                 self.write(header, payload)
             return
+        if self._queue_frame(header, payload, self.node.now()):
+            self._drain()
+
+    def _queue_frame(self, header: bytes, payload: bytes | memoryview, now: float) -> bool:
+        """Queue one frame (the caller drains); False if the link was just closed as a slow
+        consumer."""
         node = self.node
-        now = node.now()
         q = self.queue
         if q is None:
             q = self.queue = self._new_queue(now)
         elif self.stuck and header[20] >= 16 and self._shed(1, len(header) + len(payload), now):
-            return
+            return True
         # A frame holds its input's credit (pushing back on a sender faster than its
         # receivers), unless this output is stuck: then it holds none, and one stuck
         # receiver never makes its input wait (slow consumers hurt only themselves); if it
@@ -156,8 +161,8 @@ class LinkOutput:
         if dropped:
             self._dropped(dropped, now)
             if self.queue is None:  # closed as a slow consumer
-                return
-        self._drain()
+                return False
+        return True
 
     def send_frames(self, frames: bytes, count: int) -> None:
         """Whole frames the forwarding fast path gathered for this link from one read."""
@@ -178,14 +183,35 @@ class LinkOutput:
             return
         if self.stuck and self._shed(count, len(frames), self.node.now()):
             return
-        # a queue, shaping, emulated loss, a paused transport or a datagram link: the
-        # frames take the ordinary way one by one (credits, fairness, drops all apply)
+        if self.emu is None and (self.queue is not None or self.paused):
+            self._queue_frames(frames)
+            return
+        # emulated loss or shaping, or a datagram link: the frames take the ordinary way
+        # one by one (credits, fairness, drops all apply)
         view = memoryview(frames)
         pos, n = 0, len(view)
         while pos < n:
             end = pos + HEADER_SIZE + int.from_bytes(view[pos + 16:pos + 20], "big")
             self.send(bytes(view[pos:pos + HEADER_SIZE]), view[pos + HEADER_SIZE:end])
             pos = end
+
+    def _queue_frames(self, frames: bytes) -> None:
+        """A forwarding batch for a queue (or a transport that pushed back): queued in one
+        pass (:meth:`OutputQueue.push_frames`), credit taken as :meth:`_queue_frame` does,
+        then one drain."""
+        node = self.node
+        now = node.now()
+        q = self.queue
+        if q is None:
+            q = self.queue = self._new_queue(now)
+        origin = node._rx_link
+        dropped = q.push_frames(frames, now, origin)
+        self._take(origin, len(frames))
+        if dropped:
+            self._dropped(dropped, now)
+            if self.queue is None:  # closed as a slow consumer
+                return
+        self._drain()
 
     def _dropped(self, dropped: list[tuple[bytes, int, int]], now: float) -> None:
         """Frames dropped to keep the queue bounded: count, alert their flows, and handle
@@ -314,17 +340,18 @@ def unblock(node: RouterNode, origin: int) -> None:
     """Outputs that do not drain hold no credit (slow consumers hurt only themselves).
 
     Called for an input paused (or about to be) for credit. An output is *not draining*
-    when its transport has pushed back (paused) and it has sent nothing for a fifth of
-    slow_consumer_stall (a tenth lost healthy receivers' frames under load), while a
-    sibling fed by the same input is draining (it takes the input's frames, or just sent
-    some). If such outputs keep the input paused (the draining ones hold under an eighth
-    of its credit), their frames stop holding credit at once (bounded by
-    slow_consumer_bytes, then dropped and counted). A lone receiver, or receivers behind
-    together, still push back on the input; one that stops for a moment while its
-    siblings keep up may lag by up to slow_consumer_bytes before it loses frames. If an
-    output is not idle long enough yet, a timer looks again."""
+    when its transport has pushed back (paused) and it has sent nothing for
+    ``slow_consumer_idle`` seconds (default 0: at once), while a sibling fed by the same
+    input is draining (its transport takes that input's frames). If such outputs keep the
+    input paused (the draining ones hold under an eighth of its credit), their frames stop
+    holding credit (bounded by slow_consumer_bytes, then dropped and counted): the fastest
+    output of an input sets its pace and the others may lag by up to slow_consumer_bytes.
+    A lone receiver, or receivers all behind together, still push back on the input. (A
+    detection delay would cost the healthy siblings that long at every stuck receiver: with
+    a fifth of the stall time, 100 ms, they got 65-71% of their rate over a 20,000-message
+    burst; BENCHMARKS.md.) If an output is not idle long enough yet, a timer looks again."""
     now, cfg = node.now(), node.config
-    idle_for = cfg.slow_consumer_stall / 5
+    idle_for = cfg.slow_consumer_idle
     stalled: list[LinkOutput] = []
     wait: float | None = None
     for out in node._backlogged:
