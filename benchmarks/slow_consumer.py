@@ -20,13 +20,17 @@ import json
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine_info  # noqa: E402
 from flowrouter.net.config import NodeConfig  # noqa: E402
+from flowrouter.net.control import query_control  # noqa: E402
 from flowrouter.net.runtime import RouterNode  # noqa: E402
 from flowrouter.wire import control as C  # noqa: E402
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID  # noqa: E402
@@ -36,13 +40,14 @@ LSID = 0x10
 BAND = 40
 
 
-async def _endpoint(node: RouterNode, name: str, flow: FlowID | None, rcvbuf: int = 0
+async def _endpoint(address: tuple[str, int], name: str, flow: FlowID | None,
+                    rcvbuf: int = 0
                     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, socket.socket]:
     sock = socket.socket()
     if rcvbuf:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, node.tcp_address)
+    await asyncio.get_running_loop().sock_connect(sock, address)
     reader, writer = await asyncio.open_connection(sock=sock)
     hello = C.Hello(7, C.Role.ENDPOINT, name, 65536).encode()
     writer.write(pack_header(LINK_LOCAL_FLOW.key, len(hello), 0) + hello)
@@ -63,22 +68,113 @@ async def _count(reader: asyncio.StreamReader, n: int) -> None:
         got += sum(1 for h, _ in dec.feed(data) if h[20] == BAND)
 
 
-async def one_run(n: int, size: int, stuck: bool, flow_no: int, **limits: int
-                  ) -> dict[str, float]:
-    node = RouterNode(NodeConfig("bench", listen="127.0.0.1:0", core_lsids=frozenset({LSID}),
-                                 default_lsid=LSID, slow_consumer_grace=600.0,
-                                 **limits))  # type: ignore[arg-type]
-    await node.start()
+class _InProcess:
+    """The router in this process (its event loop also runs the endpoints)."""
+
+    def __init__(self, limits: dict[str, Any]) -> None:
+        self.node = RouterNode(NodeConfig("bench", listen="127.0.0.1:0",
+                                          core_lsids=frozenset({LSID}), default_lsid=LSID,
+                                          slow_consumer_grace=600.0, **limits))
+
+    async def start(self) -> tuple[str, int]:
+        await self.node.start()
+        return self.node.tcp_address
+
+    async def members(self, flow: FlowID) -> int:
+        return len(getattr(self.node.core.flows.get(flow.key), "down", ()))
+
+    async def counters(self) -> tuple[dict[str, int], int]:
+        """The router's counters, and frames dropped at outputs other than the stuck one."""
+        node = self.node
+        healthy = sum(lk.out.slow.dropped for lid, lk in node._links.items()
+                      if lk.out is not None
+                      and getattr(node.core.links.get(lid), "peer_name", "") != "stuck")
+        return dict(node.core.counters), healthy
+
+    async def stop(self) -> None:
+        await self.node.stop()
+
+
+class _OwnProcess:
+    """The router as its own process (``flowrouter run``), as deployed: its CPU is not shared
+    with the endpoints' event loop. Counters come from its control interface."""
+
+    def __init__(self, limits: dict[str, Any]) -> None:
+        self.limits = limits
+        self.proc: asyncio.subprocess.Process | None = None
+        self.control = ""
+        self.tmp = tempfile.TemporaryDirectory(prefix="slowcons-")
+
+    async def start(self) -> tuple[str, int]:
+        port, ctl = _free_port(), _free_port()
+        self.control = f"127.0.0.1:{ctl}"
+        conf = Path(self.tmp.name) / "router.toml"
+        extra = "".join(f"{k} = {v!r}\n" for k, v in self.limits.items())
+        conf.write_text(f'[router]\nname = "bench"\nlisten = "127.0.0.1:{port}"\n'
+                        f'control = "{self.control}"\nhttp = "off"\ncore_lsids = [{LSID}]\n'
+                        f"default_lsid = {LSID}\nslow_consumer_grace = 600.0\n{extra}")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "flowrouter.tools.cli", "--log-level", "error", "run",
+            "--config", str(conf), cwd=str(ROOT))
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                await query_control(self.control, "ping", timeout=1.0)
+                return ("127.0.0.1", port)
+            except ConnectionError:
+                if time.monotonic() > deadline or self.proc.returncode is not None:
+                    raise RuntimeError("the router process did not come up") from None
+                await asyncio.sleep(0.1)
+
+    async def _status(self) -> dict[str, Any]:
+        st: dict[str, Any] = (await query_control(self.control, timeout=10.0))["status"]
+        return st
+
+    async def members(self, flow: FlowID) -> int:
+        st = await self._status()
+        return sum(1 for row in st["links"] if row.get("flows", 0) >= 1
+                   and str(row.get("peer", "")).startswith(("rx", "stuck")))
+
+    async def counters(self) -> tuple[dict[str, int], int]:
+        st = await self._status()
+        healthy = sum(int(row.get("output", {}).get("slow_consumer_dropped", 0))
+                      for row in st["links"] if row.get("peer") != "stuck")
+        return st["counters"], healthy
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.tmp.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def one_run(n: int, size: int, stuck: bool, flow_no: int, own_process: bool = False,
+                  **limits: Any) -> dict[str, float]:
+    router = _OwnProcess(limits) if own_process else _InProcess(limits)
+    address = await router.start()
     try:
         flow = FlowID(0x5C, LSID, flow_no)
-        rx = [await _endpoint(node, f"rx{i}", flow) for i in range(3)]
-        stuck_ep = await _endpoint(node, "stuck", flow, rcvbuf=4096) if stuck else None
+        rx = [await _endpoint(address, f"rx{i}", flow) for i in range(3)]
+        stuck_ep = await _endpoint(address, "stuck", flow, rcvbuf=4096) if stuck else None
         want = 4 if stuck else 3
         deadline = time.monotonic() + 10
-        while len(getattr(node.core.flows.get(flow.key), "down", ())) < want:
+        while await router.members(flow) < want:
             assert time.monotonic() < deadline, "receivers did not join"
             await asyncio.sleep(0.01)
-        _, tx, _ = await _endpoint(node, "tx", None)
+        if own_process:
+            await asyncio.sleep(0.2)  # the joins are answered before the status shows them
+        _, tx, _ = await _endpoint(address, "tx", None)
         blob = pack_header(flow.key, size, BAND) + b"m" * size
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -97,24 +193,19 @@ async def one_run(n: int, size: int, stuck: bool, flow_no: int, **limits: int
         except TimeoutError:  # a healthy receiver lost messages (its own limit tripped)
             complete = 0
         elapsed = loop.time() - t0
-        counters = node.core.counters
-        # frames dropped at the healthy receivers' outputs
-        healthy_dropped = sum(
-            lk.out.slow.dropped for lid, lk in node._links.items()
-            if lk.out is not None and getattr(node.core.links.get(lid), "peer_name", "")
-            != "stuck")
+        counters, healthy_dropped = await router.counters()
         out = {"healthy_dropped": healthy_dropped, "seconds": elapsed,
                "rate": n / elapsed if complete else 0.0,
                "complete": complete,
-               "dropped_slow": counters["drop.slow-consumer"],
-               "credit_paused": counters["credit.paused"],
-               "not_draining": counters["credit.not-draining"]}
+               "dropped_slow": counters.get("drop.slow-consumer", 0),
+               "credit_paused": counters.get("credit.paused", 0),
+               "not_draining": counters.get("credit.not-draining", 0)}
         for _, w, _ in [*rx, *([stuck_ep] if stuck_ep else [])]:
             w.close()
         tx.close()
         return out
     finally:
-        await node.stop()
+        await router.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--router-process", action="store_true",
+                   help="run the router as its own process (flowrouter run), not in the "
+                   "endpoints' event loop")
     p.add_argument("--slow-consumer-bytes", type=int, help="router limit (default: config's)")
     p.add_argument("--link-credit", type=int, help="router limit (default: config's)")
     p.add_argument("--max-link-buffer", type=int, help="router limit (default: config's)")
@@ -143,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                                           ("max_link_buffer", args.max_link_buffer),
                                           ("slow_consumer_idle", args.slow_consumer_idle))
                       if v is not None}
-            res = asyncio.run(one_run(args.messages, args.size, stuck, k, **limits))
+            res = asyncio.run(one_run(args.messages, args.size, stuck, k,
+                                      args.router_process, **limits))
             runs["stuck" if stuck else "alone"].append(res)
     best = {key: max(v, key=lambda x: x["rate"]) for key, v in runs.items()}
     ratio = best["stuck"]["rate"] / best["alone"]["rate"] if best["alone"]["rate"] else 0.0
