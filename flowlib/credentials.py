@@ -59,38 +59,36 @@ def _read(path: str | os.PathLike[str], what: str) -> bytes:
         raise ValueError(f"{what} file {p}: {exc.strerror or exc}") from None
 
 
+def _load_record(source: Any, kind: Any, what: str) -> Any:
+    """A *kind* record (Capability or Policy) from a file path, raw bytes or a *kind*."""
+    from flowrouter.wire.capabilities import CapabilityError
+
+    if isinstance(source, kind):
+        return source
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        where, raw = what, bytes(source)
+    else:
+        where, raw = f"{what} file {Path(source).expanduser()}", _read(source, what)
+    try:
+        return kind.decode(_record_bytes(raw, what))
+    except (CapabilityError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def load_capability(source: Any) -> Any:
     """A :class:`~flowrouter.wire.capabilities.Capability` from a file path, raw bytes or a
     Capability; raises ``ValueError`` naming the file and the problem."""
-    from flowrouter.wire.capabilities import Capability, CapabilityError
+    from flowrouter.wire.capabilities import Capability
 
-    if isinstance(source, Capability):
-        return source
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        where, raw = "capability", bytes(source)
-    else:
-        where, raw = f"capability file {Path(source).expanduser()}", _read(source, "capability")
-    try:
-        return Capability.decode(_record_bytes(raw, "capability"))
-    except (CapabilityError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    return _load_record(source, Capability, "capability")
 
 
 def load_policy(source: Any) -> Any:
     """A :class:`~flowrouter.wire.capabilities.Policy` from a file path, raw bytes or a
     Policy; raises ``ValueError`` naming the file and the problem."""
-    from flowrouter.wire.capabilities import CapabilityError, Policy
+    from flowrouter.wire.capabilities import Policy
 
-    if isinstance(source, Policy):
-        return source
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        where, raw = "policy", bytes(source)
-    else:
-        where, raw = f"policy file {Path(source).expanduser()}", _read(source, "policy")
-    try:
-        return Policy.decode(_record_bytes(raw, "policy"))
-    except (CapabilityError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    return _load_record(source, Policy, "policy")
 
 
 def write_record_file(path: str | os.PathLike[str], record: Any,
