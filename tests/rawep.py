@@ -117,6 +117,30 @@ class RawEndpoint:
 
 
 @contextlib.asynccontextmanager
+async def core_and_edge(core_lsid: int = 0x10, **extra: Any
+                        ) -> AsyncIterator[tuple[RouterNode, RouterNode]]:
+    """Routers ``core`` (the core for *core_lsid*) and ``edge`` (dialling it) on loopback,
+    both suggesting *core_lsid* for new flows; *extra* NodeConfig fields go to both. Yields
+    ``(core, edge)`` once the edge has a route to the core, and stops both after."""
+    core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", accept_routers=["edge@127.0.0.1"],
+                                 core_lsids=frozenset({core_lsid}), default_lsid=core_lsid,
+                                 **extra))
+    await core.start()
+    edge: RouterNode | None = None
+    try:
+        node = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", default_lsid=core_lsid,
+                                     peers=[PeerConfig(addr(core), "core")], **extra))
+        await node.start()
+        edge = node
+        await within(edge.wait_routes(core_lsid))
+        yield core, edge
+    finally:
+        if edge is not None:
+            await edge.stop()
+        await core.stop()
+
+
+@contextlib.asynccontextmanager
 async def chain(n: int = 3, core_lsid: int = 0x10, **extra: object
                 ) -> AsyncIterator[list[RouterNode]]:
     """Routers r1 - r2 - ... - rN on loopback; rN is the core for *core_lsid*."""

@@ -15,7 +15,7 @@ import pytest
 
 import flowlib
 from flowlib.members import MemberView
-from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.config import NodeConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.testbed.sim.network import SimNetwork
 from flowrouter.wire.appmembers import (
@@ -28,7 +28,7 @@ from flowrouter.wire.appmembers import (
 from flowrouter.wire.bands import BAND_APP_MEMBERSHIP, BandMask, mask_of
 from flowrouter.wire.flowid import FlowID
 
-from .rawep import addr, run, within
+from .rawep import addr, core_and_edge, run, within
 
 FLOW = FlowID(0xABCD, 0x10, 7)
 B19 = BAND_APP_MEMBERSHIP
@@ -182,17 +182,7 @@ def test_flowlib_watch_members_on_real_routers(tmp_path: Path) -> None:
     mask) and leave, batched by the routers, through flowlib's public API."""
 
     async def main() -> None:
-        core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", default_lsid=0x10,
-                                     core_lsids=frozenset({0x10}), member_notice_interval=0.2,
-                                     accept_routers=["edge@127.0.0.1"]))
-        await core.start()
-        edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", default_lsid=0x10,
-                                     member_notice_interval=0.2,
-                                     peers=[PeerConfig(address=addr(core), name="core")]))
-        await edge.start()
-        try:
-            await edge.wait_peers_up(1)
-            await edge.wait_routes(0x10)
+        async with core_and_edge(member_notice_interval=0.2) as (core, edge):
             sd = str(tmp_path)
             watcher = await flowlib.connect([addr(edge)], name="watcher", state_dir=sd)
             flow = await watcher.create()
@@ -210,9 +200,6 @@ def test_flowlib_watch_members_on_real_routers(tmp_path: Path) -> None:
             await watch.close()
             await other.close()
             await watcher.close()
-        finally:
-            await edge.stop()
-            await core.stop()
     run(main())
 
 

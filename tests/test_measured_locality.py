@@ -8,12 +8,19 @@ delay-limited message from crossing it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from flowrouter.core.measured import LinkMeter, LocalityMapping
 from flowrouter.core.tables import Modifiers
+
+if TYPE_CHECKING:
+    from flowrouter.net.runtime import RouterNode
+    from flowrouter.wire.flowid import FlowID
 
 
 def feed(meter: LinkMeter, rtt: float, n: int, t0: float, dt: float = 1.0) -> float:
@@ -102,6 +109,30 @@ def test_mapping_is_checked() -> None:
 
 
 # ---------------------------------------------------------------------- in the simulator
+def _sim_abc(flow: FlowID, mapping: LocalityMapping | None, *, bc_bandwidth: float = 0.0,
+             modifiers: Modifiers | None = None) -> tuple[Any, Any, Any, Any]:
+    """a (core for 0x10) - b - c in the simulator, 2 ms one way per link (b-c limited to
+    *bc_bandwidth*, both links configured with *modifiers*), measured locality on with
+    *mapping* (None: left off, for the test to turn on). Endpoints ``src`` on a, ``eb`` on b
+    and ``ec`` on c; eb and ec have joined *flow* on band 32 at t=1. Returns
+    ``(net, src, eb, ec)``."""
+    from flowrouter.testbed.sim.network import SimNetwork
+
+    net = SimNetwork(seed=1)
+    for name, routes in (("a", {}), ("b", {0x10: "a"}), ("c", {0x10: "b"})):
+        net.add_router(name, core_lsids=[0x10] if name == "a" else [], routes=routes)
+        net.routers[name].p.locality_mapping = mapping
+    net.add_link("a", "b", delay=0.002, modifiers=modifiers)
+    net.add_link("b", "c", delay=0.002, bandwidth=bc_bandwidth, modifiers=modifiers)
+    src = net.add_endpoint("src", "a")
+    eb = net.add_endpoint("eb", "b")
+    ec = net.add_endpoint("ec", "c")
+    net.run_until(1.0)
+    eb.join(flow, 32)
+    ec.join(flow, 32)
+    return net, src, eb, ec
+
+
 def test_sim_slow_link_gets_larger_delay_modifier_and_stops_delay_limited_traffic() -> None:
     """a (core) - b - c, measured locality on. Each router is fed RTT samples of its links
     (Router.measure_rtt) taken from the simulated links (2 x one-way delay: what a liveness
@@ -109,23 +140,11 @@ def test_sim_slow_link_gets_larger_delay_modifier_and_stops_delay_limited_traffi
     is slowed (link emulation: 2 ms -> 40 ms one way), b's delay modifier for it grows from
     0 to 8, and a message sent with a delay budget of 5 from a reaches b's endpoint but no
     longer c's."""
-    from flowrouter.testbed.sim.network import SimNetwork
     from flowrouter.wire.flowid import FlowID
     from flowrouter.wire.header import Locality
 
     flow = FlowID(0xBEEF, 0x10, 1)
-    net = SimNetwork(seed=1)
-    net.add_router("a", core_lsids=[0x10])
-    net.add_router("b", routes={0x10: "a"})
-    net.add_router("c", routes={0x10: "b"})
-    net.add_link("a", "b", delay=0.002, modifiers=Modifiers(delay=1))
-    net.add_link("b", "c", delay=0.002, modifiers=Modifiers(delay=1))
-    src = net.add_endpoint("src", "a")
-    eb = net.add_endpoint("eb", "b")
-    ec = net.add_endpoint("ec", "c")
-    net.run_until(1.0)
-    eb.join(flow, 32)
-    ec.join(flow, 32)
+    net, src, eb, ec = _sim_abc(flow, None, modifiers=Modifiers(delay=1))
     for r in net.routers.values():
         r.p.locality_mapping = LocalityMapping()  # measured locality on
 
@@ -177,23 +196,11 @@ def test_sim_liveness_echo_drives_the_delay_modifier() -> None:
     """The same, fed by the routers' own link liveness echoes (ECHO / ECHO_REPLY round
     trips), not by the test: slowing the emulated b-c link raises b's delay modifier for it
     and a delay-limited message stops crossing it."""
-    from flowrouter.testbed.sim.network import SimNetwork
     from flowrouter.wire.flowid import FlowID
     from flowrouter.wire.header import Locality
 
     flow = FlowID(0xBEEF, 0x10, 2)
-    net = SimNetwork(seed=1)
-    for name, routes in (("a", {}), ("b", {0x10: "a"}), ("c", {0x10: "b"})):
-        net.add_router(name, core_lsids=[0x10] if name == "a" else [], routes=routes)
-        net.routers[name].p.locality_mapping = LocalityMapping()
-    net.add_link("a", "b", delay=0.002, modifiers=Modifiers(delay=1))
-    net.add_link("b", "c", delay=0.002, modifiers=Modifiers(delay=1))
-    src = net.add_endpoint("src", "a")
-    eb = net.add_endpoint("eb", "b")
-    ec = net.add_endpoint("ec", "c")
-    net.run_until(1.0)
-    eb.join(flow, 32)
-    ec.join(flow, 32)
+    net, src, eb, ec = _sim_abc(flow, LocalityMapping(), modifiers=Modifiers(delay=1))
     net.run_until(15.0)
 
     def row(router: str, peer: str) -> dict[str, object]:
@@ -220,23 +227,11 @@ def test_sim_busy_rate_limited_link_gets_bandwidth_modifier() -> None:
     Kept busy (a burst from a), b's bandwidth modifier for b-c follows the wire's rate
     (log2(1e9 / 1e6) ~ 10 units) while a-b keeps its configured one, and a message with
     bandwidth budget 5 reaches b's endpoint but no longer c's; before, it did."""
-    from flowrouter.testbed.sim.network import SimNetwork
     from flowrouter.wire.flowid import FlowID
     from flowrouter.wire.header import Locality
 
     flow = FlowID(0xBEEF, 0x10, 3)
-    net = SimNetwork(seed=1)
-    for name, routes in (("a", {}), ("b", {0x10: "a"}), ("c", {0x10: "b"})):
-        net.add_router(name, core_lsids=[0x10] if name == "a" else [], routes=routes)
-        net.routers[name].p.locality_mapping = LocalityMapping(min_samples=2, hold=0.1)
-    net.add_link("a", "b", delay=0.002)
-    net.add_link("b", "c", delay=0.002, bandwidth=1e6)
-    src = net.add_endpoint("src", "a")
-    eb = net.add_endpoint("eb", "b")
-    ec = net.add_endpoint("ec", "c")
-    net.run_until(1.0)
-    eb.join(flow, 32)
-    ec.join(flow, 32)
+    net, src, eb, ec = _sim_abc(flow, LocalityMapping(min_samples=2, hold=0.1), bc_bandwidth=1e6)
     net.run_until(5.0)
 
     def row(router: str, peer: str) -> dict[str, object]:
@@ -260,6 +255,34 @@ def test_sim_busy_rate_limited_link_gets_bandwidth_modifier() -> None:
 
 
 # ---------------------------------------------------------------------- real routers
+@contextlib.asynccontextmanager
+async def _near_message(core: RouterNode, edge: RouterNode, kind: Any, budget: int
+                        ) -> AsyncIterator[tuple[Any, FlowID, Any]]:
+    """Applications ``rx`` on *core* and ``tx`` on *edge*, on a flow rx created and listens
+    to on band 32: yields ``(tx, flow, rx's listener)`` once a message from tx with locality
+    budget (*kind*, *budget*) has reached rx (the "before" of every loopback test here), and
+    closes both applications after."""
+    import flowlib
+
+    from .rawep import addr, within
+
+    clients = []
+    try:
+        rx = await flowlib.connect([addr(core)], name="rx")
+        clients.append(rx)
+        tx = await flowlib.connect([addr(edge)], name="tx")
+        clients.append(tx)
+        flow = await rx.create()
+        lst = await rx.listen(flow, 32)
+        await tx.advertise(flow)
+        await tx.send(flow, b"near", band=32, locality=(kind, budget))
+        assert (await within(lst.get())).payload == b"near"
+        yield tx, flow, lst
+    finally:
+        for c in clients:
+            await c.close()
+
+
 def test_emulated_slow_link_on_loopback_routers() -> None:
     """edge -> core over loopback, measured locality on, ECHOs every 0.2 s. The link
     emulator adds 40 ms one way toward the core: the edge's delay modifier for that link grows
@@ -268,10 +291,9 @@ def test_emulated_slow_link_on_loopback_routers() -> None:
     import asyncio
 
     import flowlib
-    from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
-    from flowrouter.net.runtime import RouterNode
+    from flowrouter.net.config import Emulation
 
-    from .rawep import run, within
+    from .rawep import core_and_edge, run, within
 
     mapping = LocalityMapping(alpha=0.5, min_samples=2, hold=0.2)
 
@@ -282,18 +304,7 @@ def test_emulated_slow_link_on_loopback_routers() -> None:
         await asyncio.wait_for(spin(), timeout)
 
     async def main() -> None:
-        core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", liveness_interval=0.2,
-                                     accept_routers=["edge@127.0.0.1"],
-                                     core_lsids=frozenset({0x10}), default_lsid=0x10))
-        await core.start()
-        edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", liveness_interval=0.2,
-                                     peers=[PeerConfig("%s:%d" % core.tcp_address, "core")]))
-        await edge.start()
-        for node in (core, edge):
-            node.core.p.locality_mapping = mapping
-        clients = []
-        try:
-            await within(edge.wait_routes(0x10))
+        async with core_and_edge(liveness_interval=0.2, locality_mapping=mapping) as (core, edge):
 
             def measured() -> dict[str, object] | None:
                 for lk in edge.core.status()["links"]:
@@ -302,28 +313,16 @@ def test_emulated_slow_link_on_loopback_routers() -> None:
                 return None
 
             await until(lambda: (measured() or {}).get("delay_modifier") == 0)
-            rx = await flowlib.connect(["%s:%d" % core.tcp_address], name="rx")
-            tx = await flowlib.connect(["%s:%d" % edge.tcp_address], name="tx")
-            clients += [rx, tx]
-            flow = await rx.create()
-            lst = await rx.listen(flow, 32)
-            await tx.advertise(flow)
-            await tx.send(flow, b"near", band=32, locality=(flowlib.Locality.DELAY, 2))
-            assert (await within(lst.get())).payload == b"near"
-            edge.set_emulation("core", Emulation(delay=0.040))
-            await until(lambda: ((measured() or {}).get("delay_modifier") or 0) >= 3)
-            m = measured()
-            assert m is not None and m["srtt_ms"] > 30, m  # type: ignore[operator]
-            before = edge.core.counters["drop.locality"]
-            await tx.send(flow, b"far", band=32, locality=(flowlib.Locality.DELAY, 2))
-            await tx.send(flow, b"any", band=32)  # no budget: still crosses (slowly)
-            assert (await within(lst.get())).payload == b"any"
-            assert edge.core.counters["drop.locality"] == before + 1
-        finally:
-            for c in clients:
-                await c.close()
-            await edge.stop()
-            await core.stop()
+            async with _near_message(core, edge, flowlib.Locality.DELAY, 2) as (tx, flow, lst):
+                edge.set_emulation("core", Emulation(delay=0.040))
+                await until(lambda: ((measured() or {}).get("delay_modifier") or 0) >= 3)
+                m = measured()
+                assert m is not None and m["srtt_ms"] > 30, m  # type: ignore[operator]
+                before = edge.core.counters["drop.locality"]
+                await tx.send(flow, b"far", band=32, locality=(flowlib.Locality.DELAY, 2))
+                await tx.send(flow, b"any", band=32)  # no budget: still crosses (slowly)
+                assert (await within(lst.get())).payload == b"any"
+                assert edge.core.counters["drop.locality"] == before + 1
     run(main())
 
 
@@ -370,26 +369,16 @@ def test_rate_limited_link_on_loopback_routers_gets_bandwidth_modifier() -> None
     import asyncio
 
     import flowlib
-    from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
-    from flowrouter.net.runtime import RouterNode
+    from flowrouter.net.config import Emulation
 
-    from .rawep import run, within
+    from .rawep import core_and_edge, run, within
 
     mapping = LocalityMapping(alpha=0.5, min_samples=2, hold=0.1)
 
     async def main() -> None:
-        core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", tick_interval=0.05,
-                                     accept_routers=["edge@127.0.0.1"],
-                                     core_lsids=frozenset({0x10}), default_lsid=0x10))
-        await core.start()
-        edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", tick_interval=0.05,
-                                     peers=[PeerConfig("%s:%d" % core.tcp_address, "core")]))
-        await edge.start()
-        for node in (core, edge):
-            node.core.p.locality_mapping = mapping
-        clients = []
-        try:
-            await within(edge.wait_routes(0x10))
+        async with (core_and_edge(tick_interval=0.05, locality_mapping=mapping)
+                    as (core, edge),
+                    _near_message(core, edge, flowlib.Locality.BANDWIDTH, 5) as (tx, flow, _)):
 
             def measured() -> dict[str, object]:
                 for lk in edge.core.status()["links"]:
@@ -397,14 +386,6 @@ def test_rate_limited_link_on_loopback_routers_gets_bandwidth_modifier() -> None
                         return {**lk.get("measured", {}), "modifiers": lk["modifiers"]}
                 return {}
 
-            rx = await flowlib.connect(["%s:%d" % core.tcp_address], name="rx")
-            tx = await flowlib.connect(["%s:%d" % edge.tcp_address], name="tx")
-            clients += [rx, tx]
-            flow = await rx.create()
-            lst = await rx.listen(flow, 32)
-            await tx.advertise(flow)
-            await tx.send(flow, b"near", band=32, locality=(flowlib.Locality.BANDWIDTH, 5))
-            assert (await within(lst.get())).payload == b"near"
             blob = bytes(1000)
 
             async def busy_until(pred: object, timeout: float = 30.0) -> None:
@@ -434,9 +415,4 @@ def test_rate_limited_link_on_loopback_routers_gets_bandwidth_modifier() -> None
             await within(dropped())
             assert edge.core.counters["drop.locality"] == before + 1
             assert m["modifiers"]["bandwidth"] >= 7, m  # type: ignore[index]
-        finally:
-            for c in clients:
-                await c.close()
-            await edge.stop()
-            await core.stop()
     run(main())
