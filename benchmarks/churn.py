@@ -194,19 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=float, default=0.2,
                    help="seconds after a change searched for disturbance")
     p.add_argument("--settle", type=float, default=1.0)
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    common.add_output_options(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.changes is None:
-        args.changes = 2 if args.quick else 40
-    result = asyncio.run(main_async(args))
-    print_result(result)
-    common.write_json(result, args.out)
-    return 0
+    return common.run_benchmark(build_parser().parse_args(argv), main_async, print_result,
+                                changes=(2, 40))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ field names what happened (``ready``, ``result``, ``error``).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import atexit
 import contextlib
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,28 @@ def write_json(obj: Any, out: str | None) -> None:
         Path(out).write_text(text + "\n")
     else:
         print(text)
+
+
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    """``--keep-logs`` and ``--out``, the same in every benchmark that starts processes."""
+    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    p.add_argument("--out", help="write the JSON here instead of stdout")
+
+
+def run_benchmark(args: argparse.Namespace,
+                  main_async: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+                  show: Callable[[dict[str, Any]], None],
+                  **defaults: tuple[Any, Any]) -> int:
+    """A benchmark script's ``main`` after parsing: each option named in *defaults* that was
+    left unset (None) gets its ``(quick, full)`` value by ``--quick``; then the run, its
+    human summary (*show*, on stderr) and the JSON (:func:`write_json` to ``--out``)."""
+    for name, (quick, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    result = asyncio.run(main_async(args))
+    show(result)
+    write_json(result, args.out)
+    return 0
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:

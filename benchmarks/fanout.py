@@ -18,7 +18,6 @@ message. Messages lost to congestion are visible in the ratio and the drop count
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -136,21 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle", type=float, help="receivers stop after this long with nothing "
                    "new (default 1.5, quick 0.5)")
     p.add_argument("--max-count", type=int, default=5_000_000)
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    common.add_output_options(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.duration is None:
-        args.duration = 0.3 if args.quick else 3.0
-    if args.idle is None:
-        args.idle = 0.5 if args.quick else 1.5
-    result = asyncio.run(main_async(args))
-    print_tables(result)
-    common.write_json(result, args.out)
-    return 0
+    return common.run_benchmark(build_parser().parse_args(argv), main_async, print_tables,
+                                duration=(0.3, 3.0), idle=(0.5, 1.5))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ it and is reported too.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 from pathlib import Path
@@ -152,23 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", type=int, default=64, help="payload bytes (default 64)")
     p.add_argument("--repeat", type=int, help="passes over all configurations; the best "
                    "median is kept (default 3, quick 1)")
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    common.add_output_options(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.rounds is None:
-        args.rounds = 200 if args.quick else 3000
-    if args.warmup is None:
-        args.warmup = 20 if args.quick else 200
-    if args.repeat is None:
-        args.repeat = 1 if args.quick else 3
-    result = asyncio.run(main_async(args))
-    print_tables(result)
-    common.write_json(result, args.out)
-    return 0
+    return common.run_benchmark(build_parser().parse_args(argv), main_async, print_tables,
+                                rounds=(200, 3000), warmup=(20, 200), repeat=(1, 3))
 
 
 if __name__ == "__main__":

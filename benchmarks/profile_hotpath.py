@@ -165,17 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                         "time in system calls such as the socket send() is counted too")
     p.add_argument("--top", type=int, default=15, help="functions listed per table")
     p.add_argument("--keep", metavar="DIR", help="keep the collapsed stacks here")
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    common.add_output_options(p)
     args = p.parse_args(argv)
-    if args.duration is None:
-        args.duration = 2.0 if args.quick else 8.0
-    if args.targets is None:
-        args.targets = ["r2"] if args.quick else list(TARGETS)
-    result = asyncio.run(main_async(args))
-    print_report(result, args.top)
-    common.write_json(result, args.out)
-    return 0
+    return common.run_benchmark(args, main_async, lambda result: print_report(result, args.top),
+                                duration=(2.0, 8.0), targets=(["r2"], list(TARGETS)))
 
 
 if __name__ == "__main__":

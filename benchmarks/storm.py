@@ -130,21 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", type=int, default=256)
     p.add_argument("--idle", type=float, default=0.5,
                    help="the run ends when nothing arrived for this long")
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    common.add_output_options(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.senders is None:
-        args.senders = QUICK_COUNTS if args.quick else DEFAULT_COUNTS
-    if args.duration is None:
-        args.duration = 1.0 if args.quick else 5.0
-    result = asyncio.run(main_async(args))
-    print_result(result)
-    common.write_json(result, args.out)
-    return 0
+    return common.run_benchmark(build_parser().parse_args(argv), main_async, print_result,
+                                senders=(QUICK_COUNTS, DEFAULT_COUNTS), duration=(1.0, 5.0))
 
 
 if __name__ == "__main__":

@@ -299,21 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-nats", action="store_true",
                    help="also measure a 3-node NATS cluster (needs nats-server and nats-py; "
                         "skipped with a message otherwise)")
-    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
-    p.add_argument("--out", help="write the JSON here instead of stdout")
+    common.add_output_options(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.duration is None:
-        args.duration = 0.3 if args.quick else 3.0
-    if args.idle is None:
-        args.idle = 0.4 if args.quick else 1.0
-    result = asyncio.run(main_async(args))
-    print_tables(result)
-    common.write_json(result, args.out)
-    return 0
+    return common.run_benchmark(build_parser().parse_args(argv), main_async, print_tables,
+                                duration=(0.3, 3.0), idle=(0.4, 1.0))
 
 
 if __name__ == "__main__":
