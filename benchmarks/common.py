@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = Path(__file__).resolve().parent
@@ -367,7 +367,31 @@ async def control_query(address: str, cmd: str = "status", timeout: float = 5.0
     return await query_control(address, cmd, timeout)
 
 
-class RouterChain:
+class ProcessGroup:
+    """Child processes started and stopped together. ``async with`` runs :meth:`_start`
+    (stopping whatever did start when it fails) and stops them all after."""
+
+    procs: list[Child]
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)
+
+
+class RouterChain(ProcessGroup):
     """Routers r1 - r2 - ... - rN, each its own ``flowrouter run`` process; rN is the core of
     LSID 0x10. ``listen[i]``/``control[i]`` are the addresses of r(i+1)."""
 
@@ -378,17 +402,6 @@ class RouterChain:
         self.procs: list[Child] = []
         self.listen: list[str] = []
         self.control: list[str] = []
-
-    async def __aenter__(self) -> RouterChain:
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def _start(self) -> None:
         n = self.n
@@ -440,9 +453,6 @@ class RouterChain:
     def sched(self) -> list[tuple[float, float]]:
         return [proc_sched(p.pid) for p in self.procs]
 
-    async def stop(self) -> None:
-        await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)
-
 
 def counter_delta(before: list[dict[str, int]], after: list[dict[str, int]],
                   prefix: str = "drop.") -> dict[str, int]:
@@ -471,7 +481,7 @@ def nats_unavailable() -> str | None:
     return None
 
 
-class NatsCluster:
+class NatsCluster(ProcessGroup):
     """Three nats-server processes clustered on loopback (full mesh of routes)."""
 
     def __init__(self, log_dir: Path, n: int = 3) -> None:
@@ -483,17 +493,6 @@ class NatsCluster:
     @property
     def urls(self) -> list[str]:
         return [f"nats://{HOST}:{p}" for p in self.client_ports]
-
-    async def __aenter__(self) -> NatsCluster:
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def _start(self) -> None:
         exe = shutil.which("nats-server")
@@ -548,9 +547,6 @@ class NatsCluster:
 
     def cpu(self) -> list[float]:
         return [proc_cpu_seconds(p.pid) for p in self.procs]
-
-    async def stop(self) -> None:
-        await asyncio.gather(*(p.stop() for p in self.procs), return_exceptions=True)
 
 
 def median(values: Sequence[float]) -> float:
