@@ -139,6 +139,40 @@ def merge(tallies: list[Tally]) -> dict[str, Any]:
     }
 
 
+async def ready_for_go(p: dict[str, Any]) -> bool:
+    """Tell the parent we are ready, then wait for its ``go`` (False, with an error for the
+    parent, when none comes within ``p["max_time"]``)."""
+    emit("ready")
+    if await wait_for_command("go", p["max_time"]):
+        return True
+    emit("error", error="no 'go' from the parent")
+    return False
+
+
+async def report_sent(p: dict[str, Any], sent: int, nbytes: int, t0: float, t1: float,
+                      cpu0: float, sch0: tuple[float, float]) -> None:
+    """A sender's result for the parent, once what it wrote has left this process (sent in
+    ``t0..t1``, measured from *cpu0*/*sch0*); then wait for the parent's ``exit``."""
+    emit("result", sent=sent, bytes=nbytes, start=t0, end=t1, seconds=t1 - t0,
+         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
+    await wait_for_command("exit", p["max_time"])
+
+
+async def until_idle(p: dict[str, Any], tally: Tally) -> dict[str, Any]:
+    """A single-connection receiver's run: wait (see :func:`watch_idle`) until traffic
+    stopped; the why, CPU and scheduling of the wait, for its result."""
+    cpu0 = cpu()
+    sch0 = sched()
+    why = await watch_idle([tally], p["idle"], p["first_timeout"], p["max_time"])
+    return {"stop": why, "cpu_s": cpu() - cpu0, "sched": sched_since(sch0)}
+
+
+def raw_frame(size: int, fill: bytes) -> bytes:
+    """A frame of *size* bytes of *fill* behind the same 24-byte header a flow frame has
+    (flow key, size, band 32, TTL 32): what the raw-TCP baselines send."""
+    return (bytes(16) + size.to_bytes(4, "big") + bytes([32, 0, 0, 32])) + fill * size
+
+
 # ---------------------------------------------------------------------------- flowlib
 async def flow_recv(p: dict[str, Any]) -> None:
     import flowlib
@@ -202,9 +236,7 @@ async def flow_send(p: dict[str, Any]) -> None:
     client = await flowlib.connect(p["router"], name="sender", timeout=10)
     if p.get("advertise", True):
         await client.advertise(flow, timeout=15)
-    emit("ready")
-    if not await wait_for_command("go", p["max_time"]):
-        emit("error", error="no 'go' from the parent")
+    if not await ready_for_go(p):
         return
     payload = b"\xa5" * p["payload"]
     bands = p.get("bands", [32])
@@ -225,9 +257,7 @@ async def flow_send(p: dict[str, Any]) -> None:
     t1 = time.monotonic()
     # what we wrote has left this process (flowlib has no public flush)
     await _drain_transport(getattr(client, "_transport", None), 10.0)
-    emit("result", sent=i, bytes=i * len(payload), start=t0, end=t1, seconds=t1 - t0,
-         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
-    await wait_for_command("exit", p["max_time"])
+    await report_sent(p, i, i * len(payload), t0, t1, cpu0, sch0)
     with contextlib.suppress(Exception):
         await client.close(timeout=2)
 
@@ -281,9 +311,7 @@ async def flow_ping(p: dict[str, Any]) -> None:
     flow = flowlib.FlowID.parse(p["flow"])
     client = await flowlib.connect(p["router"], name="ping", timeout=10)
     lst = await client.listen(flow, str(p["in_band"]), timeout=15)
-    emit("ready")
-    if not await wait_for_command("go", p["max_time"]):
-        emit("error", error="no 'go' from the parent")
+    if not await ready_for_go(p):
         return
     payload = b"\x5a" * p["payload"]
     out_band = p["out_band"]
@@ -371,12 +399,8 @@ async def raw_recv(p: dict[str, Any]) -> None:
     server = await loop.create_server(lambda: _FrameCounter(tally, done), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     emit("ready", port=port)
-    cpu0 = cpu()
-    sch0 = sched()
-    why = await watch_idle([tally], p["idle"], p["first_timeout"], p["max_time"])
-    emit("result", stop=why, cpu_s=cpu() - cpu0, sched=sched_since(sch0), queue_dropped=0,
-         per_client=[],
-         **tally.as_dict())
+    run = await until_idle(p, tally)
+    emit("result", **run, queue_dropped=0, per_client=[], **tally.as_dict())
     server.close()
 
 
@@ -404,13 +428,10 @@ class _Sender(asyncio.Protocol):
 async def raw_send(p: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     transport, proto = await loop.create_connection(_Sender, "127.0.0.1", p["port"])
-    emit("ready")
-    if not await wait_for_command("go", p["max_time"]):
-        emit("error", error="no 'go' from the parent")
+    if not await ready_for_go(p):
         return
     size = p["payload"]
-    # the same 24-byte header a flow frame has (flow key, size, band 32, TTL 32)
-    frame = (bytes(16) + size.to_bytes(4, "big") + bytes([32, 0, 0, 32])) + b"\xa5" * size
+    frame = raw_frame(size, b"\xa5")
     duration, max_count = p["duration"], p["max_count"]
     write = transport.write
     cpu0 = cpu()
@@ -428,9 +449,7 @@ async def raw_send(p: dict[str, Any]) -> None:
             break
     t1 = time.monotonic()
     await _drain_transport(transport, 10.0)
-    emit("result", sent=i, bytes=i * size, start=t0, end=t1, seconds=t1 - t0,
-         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
-    await wait_for_command("exit", p["max_time"])
+    await report_sent(p, i, i * size, t0, t1, cpu0, sch0)
     transport.close()
 
 
@@ -491,12 +510,9 @@ class _Pinger(asyncio.Protocol):
 async def raw_ping(p: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     transport, proto = await loop.create_connection(_Pinger, "127.0.0.1", p["port"])
-    emit("ready")
-    if not await wait_for_command("go", p["max_time"]):
-        emit("error", error="no 'go' from the parent")
+    if not await ready_for_go(p):
         return
-    size = p["payload"]
-    frame = (bytes(16) + size.to_bytes(4, "big") + bytes([32, 0, 0, 32])) + b"\x5a" * size
+    frame = raw_frame(p["payload"], b"\x5a")
 
     async def rounds(n: int, out: list[int] | None) -> None:
         clock = time.perf_counter_ns
@@ -541,13 +557,9 @@ async def nats_recv(p: dict[str, Any]) -> None:
                              pending_bytes_limit=1 << 30)
     await nc.flush()
     emit("ready")
-    cpu0 = cpu()
-    sch0 = sched()
-    why = await watch_idle([tally], p["idle"], p["first_timeout"], p["max_time"])
-    cpu_s = cpu() - cpu0
-    emit("result", stop=why, cpu_s=cpu_s, sched=sched_since(sch0), queue_dropped=slow[0],
-         per_client=[],
-         errors=errors, **tally.as_dict())
+    run = await until_idle(p, tally)
+    emit("result", **run, queue_dropped=slow[0], per_client=[], errors=errors,
+         **tally.as_dict())
     await sub.unsubscribe()
     with contextlib.suppress(Exception):
         await nc.close()
@@ -557,9 +569,7 @@ async def nats_send(p: dict[str, Any]) -> None:
     import nats
 
     nc = await nats.connect(p["url"], connect_timeout=5, max_reconnect_attempts=0)
-    emit("ready")
-    if not await wait_for_command("go", p["max_time"]):
-        emit("error", error="no 'go' from the parent")
+    if not await ready_for_go(p):
         return
     payload = b"\xa5" * p["payload"]
     subject = p["subject"]
@@ -580,9 +590,7 @@ async def nats_send(p: dict[str, Any]) -> None:
                 await asyncio.sleep(0)  # let the flusher task write
     t1 = time.monotonic()
     await nc.flush(timeout=30)
-    emit("result", sent=i, bytes=i * len(payload), start=t0, end=t1, seconds=t1 - t0,
-         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
-    await wait_for_command("exit", p["max_time"])
+    await report_sent(p, i, i * len(payload), t0, t1, cpu0, sch0)
     with contextlib.suppress(Exception):
         await nc.close()
 
