@@ -52,6 +52,18 @@ def plot(res: RunResult, outdir: Path) -> list[Path]:
         for a, b in res.outages:
             ax.axvspan(a, b, color="0.85", zorder=0)
 
+    def finish(ax: Any, site: str, unit: str) -> None:
+        ax.set_ylabel(f"{site}\n{unit}")
+        ax.legend(fontsize=6, loc="upper left")
+
+    def save(fig: Any, what: str, name: str) -> None:
+        fig.suptitle(f"Test {exp.number} ({exp.mode}, {exp.scenario}): {what}")
+        fig.tight_layout()
+        p = outdir / name
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+
     # 1. sequence numbers vs delivery time: one line per side of the partition (the seed's
     # Figures 27, 29, 32, 33), the whole run and the seed's zoom window side by side
     window = zoom_window(res)
@@ -90,17 +102,11 @@ def plot(res: RunResult, outdir: Path) -> list[Path]:
                     pad = max(2.0, 0.05 * (max(seen) - min(seen)))
                     ax.set_ylim(min(seen) - pad, max(seen) + pad)
                 ax.set_title(f"zoom {window[0]:g}-{window[1]:g} s", fontsize=8)
-            ax.set_ylabel(f"{site}\nseq no.")
-            ax.legend(fontsize=6, loc="upper left")
+            finish(ax, site, "seq no.")
     for ax in axes[-1]:
         ax.set_xlabel("time (s)")
-    fig.suptitle(f"Test {exp.number} ({exp.mode}, {exp.scenario}): sequence numbers of "
-                 "delivered messages, one line per side of the partition")
-    fig.tight_layout()
-    p = outdir / "seq.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
+    save(fig, "sequence numbers of delivered messages, one line per side of the partition",
+         "seq.png")
     # 2. latency vs time
     fig, axes = plt.subplots(len(sites), 1, figsize=(10, 2.2 * len(sites)), sharex=True)
     for ax, site in zip(axes, sites):
@@ -111,15 +117,9 @@ def plot(res: RunResult, outdir: Path) -> list[Path]:
                    label="in order")
         ax.scatter([d.delivery_time for d in log if d.late],
                    [d.latency for d in log if d.late], s=5, color="tab:red", label="late")
-        ax.set_ylabel(f"{site}\nlatency (s)")
-        ax.legend(fontsize=6, loc="upper left")
+        finish(ax, site, "latency (s)")
     axes[-1].set_xlabel("delivery time (s)")
-    fig.suptitle(f"Test {exp.number} ({exp.mode}, {exp.scenario}): message latency")
-    fig.tight_layout()
-    p = outdir / "latency.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
+    save(fig, "message latency", "latency.png")
     # 3. delivery rate (messages/s, 1 s bins, 5 s moving average)
     fig, axes = plt.subplots(len(sites), 1, figsize=(10, 2.0 * len(sites)), sharex=True)
     nb = int(math.ceil(res.duration)) + 1
@@ -133,13 +133,7 @@ def plot(res: RunResult, outdir: Path) -> list[Path]:
         ma = [sum(bins[max(0, i - 4):i + 1]) / min(5, i + 1) for i in range(nb)]
         ax.plot(range(nb), bins, color="0.6", linewidth=0.5, label="per second")
         ax.plot(range(nb), ma, color="tab:blue", linewidth=1.2, label="5 s average")
-        ax.set_ylabel(f"{site}\nmsgs/s")
-        ax.legend(fontsize=6, loc="upper left")
+        finish(ax, site, "msgs/s")
     axes[-1].set_xlabel("time (s)")
-    fig.suptitle(f"Test {exp.number} ({exp.mode}, {exp.scenario}): delivery rate")
-    fig.tight_layout()
-    p = outdir / "rate.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
+    save(fig, "delivery rate", "rate.png")
     return paths
