@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import flowlib
 from flowrouter.wire.bands import BAND_OVERFLOW
@@ -24,6 +24,8 @@ from flowrouter.wire.bands import BAND_OVERFLOW
 from . import protocol as P
 from .protocol import Resolution
 from .viewer_core import Action, SendMsg, Show, Subscribe, ViewerCore
+
+M = TypeVar("M", bound=P.Message)
 
 log = logging.getLogger("flowvideo.viewer")
 
@@ -148,18 +150,26 @@ class Viewer:
                         dropped = 1
                     await self._apply(self.core.on_overflow(dropped, self._now()))
                 continue
-            try:
-                m = P.decode(msg.payload)
-            except P.ProtocolError as exc:
-                self.bad_messages += 1
-                log.debug("bad advert: %s", exc)
-                continue
-            if not isinstance(m, P.Advert):
-                self.bad_messages += 1
+            m = self._decoded(msg.payload, P.Advert, "advert")
+            if m is None:
                 continue
             self.adverts += 1
             self.advert_event.set()
             await self._apply(self.core.on_advert(m, self._now()))
+
+    def _decoded(self, payload: bytes, kind: type[M], what: str) -> M | None:
+        """*payload* as a *kind* message; None, counted in ``bad_messages``, when it does not
+        decode or is another message (its band carries only *kind*)."""
+        try:
+            m = P.decode(payload)
+        except P.ProtocolError as exc:
+            self.bad_messages += 1
+            log.debug("bad %s: %s", what, exc)
+            return None
+        if not isinstance(m, kind):
+            self.bad_messages += 1
+            return None
+        return m
 
     def pause(self) -> None:
         """Stop taking frames off the queue (a stuck display): the queue overflows, and the
@@ -179,16 +189,9 @@ class Viewer:
                 return
             if self._frames_l is not lst:
                 return
-            try:
-                m = P.decode(msg.payload)
-            except P.ProtocolError as exc:
-                self.bad_messages += 1
-                log.debug("bad frame: %s", exc)
-                continue
-            if not isinstance(m, P.Frame):
-                self.bad_messages += 1
-                continue
-            await self._apply(self.core.on_frame(m, self._now()))
+            m = self._decoded(msg.payload, P.Frame, "frame")
+            if m is not None:
+                await self._apply(self.core.on_frame(m, self._now()))
 
     async def _tick(self) -> None:
         assert self.core is not None
