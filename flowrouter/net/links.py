@@ -1,16 +1,21 @@
 """The two kinds of link a router node speaks: TCP (one asyncio Protocol per connection) and
 UDP (one shared socket, a link per remote address).
 
-TCP frames are handed to the core as views into the received buffer and written with
-``writelines([header, payload])``; the handshake is parsed a frame at a time because, after
-the peer's AUTH, the rest of the stream may be sealed records
+A TCP link reads into one reused buffer (a ``BufferedProtocol`` over
+:class:`~flowrouter.net.streamio.RecvBuffer`): with the forwarding fast path on a plain link,
+frames are forwarded from it in place and written with one ``writev`` per output link
+(:func:`~flowrouter.net.streamio.write_gathered`); frames the core gets are copied out first,
+because the core may keep them (queues, traces) and the next read overwrites the buffer. The
+handshake, sealed links and the Python-core path copy each read out whole and split it with
+a :class:`~flowrouter.wire.header.FrameDecoder`, as before. The handshake is parsed a frame
+at a time because, after the peer's AUTH, the rest of the stream may be sealed records
 (:class:`~flowrouter.wire.linkauth.SecureStream`). UDP sends use ``socket.sendmsg`` scatter/
 gather, batched: what the node sends while it handles a read leaves in one batch
 (:mod:`flowrouter.net.udpio`, ``sendmmsg`` when built); a full socket buffer is a counted
 drop. Both send through a :class:`~flowrouter.net.output.LinkOutput`.
 
-May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
-:mod:`flowrouter.net.output`; the node is only a type here.
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
+:mod:`flowrouter.net.output` and :mod:`flowrouter.net.streamio`; the node is only a type here.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
 from flowrouter.net.output import LinkOutput
+from flowrouter.net.streamio import RecvBuffer, write_gathered
 from flowrouter.wire.control import Role
 from flowrouter.wire.header import (
     HEADER_SIZE,
@@ -41,11 +47,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("flowrouter.net.runtime")
 
 
-class TcpLink(asyncio.Protocol):
+class TcpLink(asyncio.BufferedProtocol):
     """One TCP connection to a router or an application (dialled or accepted)."""
 
     __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
-                 "reading", "hs", "secure", "frames_in", "partial_since", "only")
+                 "reading", "hs", "secure", "frames_in", "partial_since", "only", "rx", "fd")
 
     def __init__(self, node: RouterNode, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
@@ -55,7 +61,13 @@ class TcpLink(asyncio.Protocol):
         self.only = only
         self.link_id = 0
         self.transport: asyncio.Transport | None = None
+        #: splits copied-out reads (handshake, sealed links, the Python-core path)
         self.decoder = FrameDecoder(node.config.max_payload)
+        #: what every read goes into; frames are forwarded from it in place
+        self.rx = RecvBuffer()
+        #: the socket's descriptor, when writes may go straight to it (asyncio's selector
+        #: transports, whose socket nothing else writes while their buffer is empty)
+        self.fd = -1
         self.out: LinkOutput | None = None
         self.address = "?"
         self.reading = True
@@ -82,6 +94,8 @@ class TcpLink(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if type(transport).__module__ == "asyncio.selector_events":
+                self.fd = sock.fileno()
         peername = transport.get_extra_info("peername")
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
         self.link_id = node._register(self)
@@ -91,11 +105,32 @@ class TcpLink(asyncio.Protocol):
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
             expected_peer=self.peer.name if self.peer else None))
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.rx.space()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        rx = self.rx
+        rx.filled(nbytes)
+        if self.hs is None and self.secure is None and self.node.fast is not None:
+            before = self.frames_in
+            self._in_place()
+            self._note_partial(before)
+        else:  # copied out: the decoder, the handshake and the core may keep views of it
+            self.data_received(rx.take())
+
+    def _pending(self) -> int:
+        """Bytes of an incomplete frame received so far."""
+        return self.decoder.pending + self.rx.pending
+
     def data_received(self, data: bytes) -> None:
         before = self.frames_in
         self._data(data)
-        pending = self.decoder.pending or (self.secure is not None
-                                           and self.secure.decoder.pending)
+        self._note_partial(before)
+
+    def _note_partial(self, before: int) -> None:
+        """Start or stop the frame progress clock (*before*: frames_in before the read)."""
+        pending = self._pending() or (self.secure is not None
+                                      and self.secure.decoder.pending)
         if not pending:
             if self.partial_since is not None:
                 self.partial_since = None
@@ -152,7 +187,10 @@ class TcpLink(asyncio.Protocol):
                 rest = bytes(buf)
                 self.hs = None
                 node._link_state_changed()
-                if rest:
+                if rest and self.secure is None and node.fast is not None:
+                    self.rx.load(rest)  # the stream goes on in the receive buffer
+                    self._in_place()
+                elif rest:
                     self._data(rest)
                 return
 
@@ -201,10 +239,13 @@ class TcpLink(asyncio.Protocol):
                 whole, pos = self.decoder.complete(view)
                 if whole is not None:
                     self.frames_in += 1
-                    self._fast_pass(whole, 0, max_payload, len(whole))
+                    self._fast_pass(whole, 0, max_payload, len(whole), True)
             while pos < n and link_id in core.links:
-                pos = self._fast_pass(view, pos, max_payload, n)
-                if pos < 0:
+                pos, done = self._fast_pass(view, pos, max_payload, n, True)
+                if done:
+                    if pos < n:
+                        # keeps (copies) the incomplete frame; feed takes any buffer
+                        self.decoder.feed(view[pos:])  # type: ignore[arg-type]
                     break
         except MalformedFrame as exc:
             node.execute(core.drop_link(link_id, exc, node.now()))
@@ -215,9 +256,43 @@ class TcpLink(asyncio.Protocol):
         if core.generation != node._seen_generation:
             node._link_state_changed()
 
-    def _fast_pass(self, view: Any, pos: int, max_payload: int, n: int) -> int:
-        """Forward from *pos*; hand the frame the engine stopped at to the core. Returns
-        where to go on, or -1 when the read is done."""
+    def _in_place(self) -> None:
+        """One read through the fast path, in place in the receive buffer: as
+        :meth:`_fast_frames`, and what is left (an incomplete frame) stays in the buffer."""
+        node = self.node
+        core, link_id, rx = node.core, self.link_id, self.rx
+        max_payload = node.config.max_payload
+        n = rx.end
+        view = rx.view[:n]
+        pos, need = rx.start, HEADER_SIZE
+        node._rx_link = link_id
+        node._batching = True
+        try:
+            while pos < n:
+                if link_id not in core.links:
+                    pos = n  # dropped or closed: the rest is moot
+                    break
+                pos, done = self._fast_pass(view, pos, max_payload, n, False)
+                if done:
+                    break
+            if n - pos >= HEADER_SIZE:  # refuse an oversized frame before gathering it
+                need = HEADER_SIZE + validate_header(view, pos, max_payload)
+        except MalformedFrame as exc:
+            pos = n
+            node.execute(core.drop_link(link_id, exc, node.now()))
+        finally:
+            node._batching = False
+            node._rx_link = 0
+            node._flush()  # before the buffer moves: the writes may point into it
+        rx.keep(pos, need)
+        if core.generation != node._seen_generation:
+            node._link_state_changed()
+
+    def _fast_pass(self, view: Any, pos: int, max_payload: int, n: int, owned: bool
+                   ) -> tuple[int, bool]:
+        """Forward from *pos*; hand the frame the engine stopped at to the core (a copy of
+        it unless *view* is *owned*, not the reused receive buffer). Returns where to go
+        on, and whether the read is done (an incomplete frame may start there)."""
         node = self.node
         links = node._links
         start = pos
@@ -228,29 +303,28 @@ class TcpLink(asyncio.Protocol):
             link = links.get(lk)
             if link is not None and link.out is not None:
                 link.out.send_frames(frames, count)
-        if stop == STOP_END:
-            return -1
-        if stop == STOP_PARTIAL:
-            self.decoder.feed(view[pos:])  # keeps the incomplete frame (checks its header)
-            return -1
+        if stop in (STOP_END, STOP_PARTIAL):
+            return pos, True
         end = pos + HEADER_SIZE + validate_header(view, pos, max_payload)
         if end > n:
-            self.decoder.feed(view[pos:])
-            return -1
-        actions = node.core.receive(self.link_id, view[pos:pos + HEADER_SIZE],
-                                    view[pos + HEADER_SIZE:end], node.now())
+            return pos, True
+        header, payload = view[pos:pos + HEADER_SIZE], view[pos + HEADER_SIZE:end]
+        if not owned:  # the core may keep them (queues, traces); the buffer is reused
+            header, payload = bytes(header), bytes(payload)
+        actions = node.core.receive(self.link_id, header, payload, node.now())
         self.frames_in += 1
         if actions:
             node.execute(actions)
-        return end
+        return end, False
 
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
         reason = f"connection lost: {exc}" if exc else "connection closed by peer"
-        if self.decoder.pending and self.link_id in node.core.links:  # not yet counted
+        pending = self._pending()
+        if pending and self.link_id in node.core.links:  # not yet counted
             node.core.counters["malformed"] += 1
             node.core.counters["malformed.truncated"] += 1
-            reason = f"truncated frame ({self.decoder.pending} bytes of an incomplete frame)"
+            reason = f"truncated frame ({pending} bytes of an incomplete frame)"
             link = node.core.links.get(self.link_id)
             log.warning("%s: malformed input: %s; dropping the link",
                         link.describe() if link else f"link {self.link_id}", reason)
@@ -278,17 +352,17 @@ class TcpLink(asyncio.Protocol):
             if self.secure is not None:  # sealing needs the bytes together anyway
                 transport.write(self.secure.encode(header + bytes(payload)))
             else:
-                transport.writelines((header, payload))
+                write_gathered(transport, self.fd, [header, payload])
 
     def _write_many(self, buffers: list[Any]) -> None:
+        """Write buffers in order; they may point into a receive buffer about to be reused
+        (write_gathered leaves nothing behind that does)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
             if self.secure is not None:
                 transport.write(self.secure.encode(b"".join(buffers)))
-            elif len(buffers) == 1:
-                transport.write(buffers[0])
             else:
-                transport.writelines(buffers)
+                write_gathered(transport, self.fd, buffers)
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
