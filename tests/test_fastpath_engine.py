@@ -93,11 +93,12 @@ def _load(engine, links, flows) -> None:
         engine.set_flow(key, up, down, agg)
 
 
-def _run(engine, in_link: int, data: bytes, fb: int, db: int) -> list:
+def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_BUDGET
+         ) -> list:
     """Forward everything, skipping each frame the engine leaves to the core."""
     pos, calls = 0, []
     while True:
-        res = engine.forward(in_link, data, pos, fb, db, 65536)
+        res = engine.forward(in_link, data, pos, fb, db, 65536, ref_min)
         calls.append(res)
         pos, stop = res[0], res[1]
         if stop in (STOP_END, STOP_PARTIAL):
@@ -110,8 +111,8 @@ def _run(engine, in_link: int, data: bytes, fb: int, db: int) -> list:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario(), st.booleans())
-def test_compiled_engine_matches_the_python_twin(sc, budgets: bool) -> None:
+@given(scenario(), st.booleans(), st.sampled_from([NO_BUDGET, 0, 1, 16, 100, 1000, 65536]))
+def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int) -> None:
     links, flows, frames, (cut, fb, db) = sc
     native = native_engine()
     twin = fastpath_py.Engine()
@@ -122,8 +123,46 @@ def test_compiled_engine_matches_the_python_twin(sc, budgets: bool) -> None:
         data = data[:-min(cut, len(data))]  # an incomplete last frame
     for in_link in {lk for lk, *_ in links} | {5}:
         args = (fb, db) if budgets else (NO_BUDGET, NO_BUDGET)
-        assert _run(native, in_link, data, *args) == _run(twin, in_link, data, *args)
+        got = _run(native, in_link, data, *args, ref_min)
+        assert got == _run(twin, in_link, data, *args, ref_min)
+        if ref_min != NO_BUDGET:  # the same bytes leave as without references
+            plain = _run(twin, in_link, data, *args)
+            assert [[(lk, _joined(out), k) for lk, out, k in c[2]] for c in got] == \
+                [c[2] for c in plain]
+            assert [c[:2] + c[3:] for c in got] == [c[:2] + c[3:] for c in plain]
     assert native.sizes() == twin.sizes()
+
+
+def _joined(out) -> bytes:  # type: ignore[no-untyped-def]
+    return out if type(out) is bytes else b"".join(out)
+
+
+def test_large_payloads_leave_as_views_of_the_input() -> None:
+    """Above ref_min a payload is not copied: the output holds the rewritten header (per
+    TTL and locality, as for copies) and a view of the received bytes."""
+    for eng in (fastpath_py.Engine(), native_engine()):
+        key = _key(1)
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        eng.set_link(2, True, 65536, (0, 0, 2, 0))
+        eng.set_link(3, False, 65536, (0, 0, 0, 0))
+        eng.set_flow(key, 2, [(1, 1 << 40), (3, 1 << 40)], 1 << 40)
+        big = bytes(range(256)) * 40
+        data = bytearray(key + struct.pack("!IBBBB", len(big), 40, 2, 3, 9) + big
+                         + key + struct.pack("!IBBBB", 2, 40, 0, 0, 9) + b"de")
+        pos, stop, outs, _t, counts = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET, 65536,
+                                                  1000)
+        assert (pos, stop) == (len(data), STOP_END) and counts[0] == 4
+        (l2, p2, n2), (l3, p3, n3) = sorted(outs, key=lambda o: o[0])
+        assert (l2, n2, l3, n3) == (2, 2, 3, 2)
+        assert [bytes(p) for p in p2] == [
+            key + struct.pack("!IBBBB", len(big), 40, 2, 1, 8), big,
+            key + struct.pack("!IBBBB", 2, 40, 0, 0, 8) + b"de"]
+        assert [bytes(p) for p in p3] == [
+            key + struct.pack("!IBBBB", len(big), 40, 2, 3, 8), big,
+            key + struct.pack("!IBBBB", 2, 40, 0, 0, 8) + b"de"]
+        data[24:28] = b"XXXX"  # a view, not a copy
+        assert bytes(p2[1][:4]) == bytes(p3[1][:4]) == b"XXXX"
+        del p2, p3, outs
 
 
 def test_forwarding_rewrites_ttl_and_locality_per_link() -> None:

@@ -12,7 +12,7 @@
 
 /* ------------------------------------------------------------------ forwarding */
 static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, int lt,
-                     int left, int ttl) {
+                     int left, int ttl, int ref) {
     if (e->ncopies == e->copies_cap) {
         Py_ssize_t cap = e->copies_cap ? e->copies_cap * 2 : 1024;
         Copy *nc = PyMem_Realloc(e->copies, (size_t)cap * sizeof(Copy));
@@ -27,8 +27,10 @@ static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, 
     c->lt = (uint8_t)lt;
     c->left = (uint8_t)left;
     c->ttl = (uint8_t)ttl;
+    c->ref = (uint8_t)ref;
     Link *l = &e->links[slot];
-    l->len += HEADER + (Py_ssize_t)size;
+    l->len += HEADER + (ref ? 0 : (Py_ssize_t)size);
+    l->nrefs += ref;
     l->frames++;
     if (!l->dirty) {
         if (e->ndirty == e->dirty_cap) {
@@ -46,15 +48,28 @@ static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, 
 
 #define MAX_TARGETS_STACK 64
 
+/* Append data[lo:hi] (a memoryview slice) to list; 0 or -1 */
+static int append_slice(PyObject *list, PyObject *mv, Py_ssize_t lo, Py_ssize_t hi) {
+    PyObject *piece = PySequence_GetSlice(mv, lo, hi);
+    if (!piece) return -1;
+    int rc = PyList_Append(list, piece);
+    Py_DECREF(piece);
+    return rc;
+}
+
 static PyObject *Engine_forward(Engine *e, PyObject *args) {
     long in_id;
+    PyObject *data;
     Py_buffer view;
     Py_ssize_t pos;
     long long fwd_budget, drop_budget;
     unsigned long max_in;
-    if (!PyArg_ParseTuple(args, "ly*nLLk", &in_id, &view, &pos, &fwd_budget, &drop_budget,
-                          &max_in))
+    Py_ssize_t ref_min = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "lOnLLk|n", &in_id, &data, &pos, &fwd_budget, &drop_budget,
+                          &max_in, &ref_min))
         return NULL;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *inview = NULL; /* a memoryview of data, made for the first reference */
     const uint8_t *d = view.buf;
     Py_ssize_t n = view.len;
     long long counts[9] = {0};
@@ -192,7 +207,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             f->mark = serial;
         }
         for (Py_ssize_t i = 0; i < nsend; i++) {
-            if (plan_copy(e, slots[i], pos, size, lt, lefts[i], out_ttl) < 0) {
+            if (plan_copy(e, slots[i], pos, size, lt, lefts[i], out_ttl,
+                          (Py_ssize_t)size >= ref_min) < 0) {
                 failed = 1;
                 break;
             }
@@ -203,14 +219,30 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
 done:
     if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(lefts); }
     /* make each link's bytes object at its final size, then copy every planned frame
-     * into it in arrival order (and forget the plan even on failure) */
+     * into it in arrival order (and forget the plan even on failure). A link with frames
+     * passed by reference gets a list of pieces instead: views of its bytes object (the
+     * copied frames and headers) alternating with views of the input (the payloads). */
     if (!failed) outputs = PyList_New(e->ndirty);
     for (Py_ssize_t i = 0; i < e->ndirty && outputs; i++) {
         Link *l = &e->links[e->dirty[i]];
         PyObject *b = PyBytes_FromStringAndSize(NULL, l->len);
-        PyObject *t = b ? Py_BuildValue("(lNl)", l->id, b, l->frames) : NULL;
+        PyObject *t = NULL;
+        if (b && l->nrefs) {
+            l->bview = PyMemoryView_FromObject(b);
+            l->pieces = l->bview ? PyList_New(0) : NULL;
+            if (l->pieces) {
+                l->bytes = b;
+                Py_INCREF(l->pieces);
+                t = Py_BuildValue("(lNl)", l->id, l->pieces, l->frames);
+            } else {
+                Py_DECREF(b);
+            }
+        } else if (b) {
+            t = Py_BuildValue("(lNl)", l->id, b, l->frames);
+        }
         if (!t) { Py_CLEAR(outputs); failed = 1; break; }
         l->wp = PyBytes_AS_STRING(b);
+        l->prev = 0;
         PyList_SET_ITEM(outputs, i, t);
     }
     if (outputs) {
@@ -222,17 +254,41 @@ done:
             w[21] = (char)c->lt;
             w[22] = (char)c->left;
             w[23] = (char)c->ttl;
-            memcpy(w + HEADER, d + c->src + HEADER, c->size);
-            l->wp = w + HEADER + c->size;
+            if (!c->ref) {
+                memcpy(w + HEADER, d + c->src + HEADER, c->size);
+                l->wp = w + HEADER + c->size;
+                continue;
+            }
+            l->wp = w + HEADER;
+            Py_ssize_t at = l->wp - PyBytes_AS_STRING(l->bytes);
+            if (!inview) inview = PyMemoryView_FromObject(data);
+            if (!inview || append_slice(l->pieces, l->bview, l->prev, at) < 0
+                    || append_slice(l->pieces, inview, c->src + HEADER,
+                                    c->src + HEADER + (Py_ssize_t)c->size) < 0) {
+                Py_CLEAR(outputs);
+                failed = 1;
+                break;
+            }
+            l->prev = at;
         }
     }
     for (Py_ssize_t i = 0; i < e->ndirty; i++) {
         Link *l = &e->links[e->dirty[i]];
+        if (l->pieces && outputs && l->prev < l->len
+                && append_slice(l->pieces, l->bview, l->prev, l->len) < 0) {
+            Py_CLEAR(outputs);
+            failed = 1;
+        }
+        Py_CLEAR(l->pieces);
+        Py_CLEAR(l->bview);
+        Py_CLEAR(l->bytes);
         l->len = 0;
         l->frames = 0;
         l->dirty = 0;
+        l->nrefs = 0;
         l->wp = NULL;
     }
+    Py_XDECREF(inview);
     e->ncopies = 0;
     if (e->copies_cap > 65536) { /* do not keep a huge plan after a burst */
         PyMem_Free(e->copies);

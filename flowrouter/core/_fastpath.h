@@ -35,14 +35,23 @@ typedef struct {
     long frames;
     int dirty;
     char *wp;
+    /* frames passed by reference (payload not copied): their count, and while the output
+     * is built: the link's bytes object, a memoryview of it, the list of pieces, and how
+     * much of the bytes the pieces cover so far */
+    Py_ssize_t nrefs;
+    PyObject *bytes, *bview, *pieces;
+    Py_ssize_t prev;
 } Link;
 
 /* One frame copy to one output link, planned in the decision pass and carried out when
- * every link's output size is known, straight into its bytes object (one copy per byte). */
+ * every link's output size is known, straight into its bytes object (one copy per byte).
+ * A large payload (ref_min bytes or more) is not copied: only its rewritten header is, and
+ * the payload goes out as a view into the input. */
 typedef struct {
     Py_ssize_t slot, src;
     uint32_t size;
     uint8_t lt, left, ttl;
+    uint8_t ref; /* the payload is passed as a view into the input, not copied */
 } Copy;
 
 typedef struct {

@@ -78,6 +78,7 @@ PyObject *Engine_set_link(Engine *e, PyObject *args) {
         l->len = 0;
         l->frames = 0;
         l->dirty = 0;
+        l->nrefs = 0;
         if (e->lmap_cap < 4 * e->nlinks || e->lmap_cap == 0) {
             Py_ssize_t cap = 64;
             while (cap < 4 * e->nlinks) cap *= 2;

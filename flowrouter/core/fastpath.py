@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 __all__ = ["FastPath", "engine_choice", "new_engine", "STOP_END", "STOP_PARTIAL", "STOP_SLOW"]
 
 ENV = "FLOWNET_NATIVE"
+#: payloads this large are not copied by the engine: they leave as views of the received
+#: buffer, written with the rewritten header in one writev (copying 64 KiB costs more than
+#: the few Python objects a view takes; below this the copy is cheaper)
+REF_MIN = 8192
 _NO_BUDGET = 1 << 62
 
 
@@ -131,13 +135,16 @@ class FastPath:
         return True
 
     # ------------------------------------------------------------------ forwarding
-    def forward(self, link_id: int, data: Any, pos: int, max_payload: int
-                ) -> tuple[int, int, list[tuple[int, bytes, int]]]:
+    def forward(self, link_id: int, data: Any, pos: int, max_payload: int,
+                ref_min: int = REF_MIN) -> tuple[int, int, list[tuple[int, Any, int]]]:
         """Forward the frames of *data* from *pos* on that the engine may decide alone.
 
         Returns ``(pos, stop, outputs)``: where it stopped and why (``STOP_END``: all done;
         ``STOP_PARTIAL``: an incomplete frame starts at *pos*; ``STOP_SLOW``: the frame at
-        *pos* is the core's), and ``[(link, frames, count)]`` to write, in order. Counters,
+        *pos* is the core's), and ``[(link, frames, count)]`` to write, in order: *frames*
+        is bytes, or a list of buffers including views of *data* for payloads of *ref_min*
+        bytes or more (see :mod:`flowrouter.core.fastpath_py`), which must be written (or
+        copied) before *data*'s buffer is reused. Counters,
         per-link transmit counts and trace sampling are brought up to date, exactly as the
         core would have for the same frames. (The engines also report which flows' downstream
         links sent data; soft state no longer counts data as a refresh, so that is unused.)
@@ -151,13 +158,13 @@ class FastPath:
         counters = r.counters
         links = r.links
         stats = self.stats
-        outputs: list[tuple[int, bytes, int]] = []
+        outputs: list[tuple[int, Any, int]] = []
         at, attempts = -1, 0
         while True:
             stats["calls"] += 1
             fb, db = (tr.fwd_left, tr.drop_left) if tracing else (_NO_BUDGET, _NO_BUDGET)
             pos, stop, outs, _touched, counts = eng.forward(link_id, data, pos, fb, db,
-                                                           max_payload)
+                                                           max_payload, ref_min)
             if outs:
                 outputs += outs
                 for lk, _buf, n in outs:

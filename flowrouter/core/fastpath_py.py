@@ -7,7 +7,7 @@ decide nothing the core would not: :mod:`flowrouter.core.fastpath` keeps the mir
 with the core's tables and hands every frame they stop at to the core. The equivalence tests
 feed both engines and the core the same tables and frames and demand the same output.
 
-``forward(link, data, pos, fwd_budget, drop_budget, max_payload)`` returns
+``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min)`` returns
 ``(pos, stop, outputs, touched, counts)``:
 
 * ``pos`` — where forwarding stopped; ``stop`` says why (the ``STOP_*`` codes below): the
@@ -15,8 +15,14 @@ feed both engines and the core the same tables and frames and demand the same ou
   is for the core (``STOP_SLOW``: control bands, link-local frames, invalid headers, a trace
   sample due), or the mirror lacks its flow or one of its links (``STOP_MISS_FLOW``,
   ``STOP_MISS_LINK``). No side effect of the frame at ``pos`` has happened;
-* ``outputs`` — ``[(link, bytes, frames)]``: each output link's frames, headers rewritten
-  (one header per distinct TTL and locality), in arrival order;
+* ``outputs`` — ``[(link, out, frames)]``: each output link's frames, headers rewritten
+  (one header per distinct TTL and locality), in arrival order. ``out`` is one ``bytes``
+  object, unless a payload of ``ref_min`` bytes or more (default: none) went to that link:
+  such payloads are not copied, and ``out`` is then a list of buffers to write in order,
+  alternately the copied bytes up to and including such a frame's header and a view of its
+  payload in ``data``, then the copied bytes after the last one, if any (the compiled engine
+  gives the copied runs as views of one bytes object). Views of ``data`` are only valid
+  while ``data`` is: the caller must write them before it reuses ``data``'s buffer;
 * ``touched`` — keys of flows whose downstream link ``link`` sent traffic (the core notes
   the epoch of traffic on them);
 * ``counts`` — ``COUNT_NAMES`` in order, then the forward and drop decisions taken (the
@@ -27,6 +33,8 @@ Imports: nothing from this project (it must stay a drop-in twin of the C module)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 STOP_END = 0
 STOP_PARTIAL = 1
@@ -96,12 +104,13 @@ class Engine:
 
     # ------------------------------------------------------------------ forwarding
     def forward(self, link: int, data: bytes | bytearray | memoryview, pos: int,
-                fwd_budget: int, drop_budget: int, max_payload: int
-                ) -> tuple[int, int, list[tuple[int, bytes, int]], list[bytes], tuple[int, ...]]:
+                fwd_budget: int, drop_budget: int, max_payload: int, ref_min: int = 1 << 62
+                ) -> tuple[int, int, list[tuple[int, Any, int]], list[bytes], tuple[int, ...]]:
         data = memoryview(data)
         n = len(data)
         links, flows = self._links, self._flows
-        bufs: dict[int, list[bytes]] = {}
+        #: per link: copied frames (bytes) and, for payloads passed on, (header, start, end)
+        bufs: dict[int, list[Any]] = {}
         touched: dict[bytes, None] = {}
         counts = [0] * 9
         stop = STOP_END
@@ -201,14 +210,36 @@ class Engine:
                 counts[0] += len(plan)
             if is_down:
                 touched[key] = None
-            payload = bytes(data[pos + _HEADER:end])
+            ref = size >= ref_min
+            payload = b"" if ref else bytes(data[pos + _HEADER:end])
             headers: dict[int, bytes] = {}
             for t, left in plan:
                 hdr = headers.get(left)
                 if hdr is None:
                     hdr = headers[left] = (key + size.to_bytes(4, "big")
                                            + bytes((band, lt, left, out_ttl)))
-                bufs.setdefault(t, []).append(hdr + payload)
+                bufs.setdefault(t, []).append((hdr, pos + _HEADER, end) if ref
+                                              else hdr + payload)
             pos = end
-        outputs = [(t, b"".join(frames), len(frames)) for t, frames in bufs.items()]
+        outputs = [(t, _pieces(data, frames), len(frames)) for t, frames in bufs.items()]
         return pos, stop, outputs, list(touched), tuple(counts)
+
+
+def _pieces(data: memoryview, frames: list[Any]) -> Any:
+    """One link's output: bytes, or the list of buffers described in the module docstring."""
+    if all(type(f) is bytes for f in frames):
+        return b"".join(frames)
+    pieces: list[Any] = []
+    run = bytearray()
+    for f in frames:
+        if type(f) is bytes:
+            run += f
+            continue
+        hdr, start, end = f
+        run += hdr
+        pieces.append(bytes(run))
+        pieces.append(data[start:end])
+        run = bytearray()
+    if run:
+        pieces.append(bytes(run))
+    return pieces

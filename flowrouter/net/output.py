@@ -164,13 +164,26 @@ class LinkOutput:
                 return False
         return True
 
-    def send_frames(self, frames: bytes, count: int) -> None:
-        """Whole frames the forwarding fast path gathered for this link from one read."""
+    def send_frames(self, frames: Any, count: int) -> None:
+        """Whole frames the forwarding fast path gathered for this link from one read: bytes,
+        or a list of buffers that may point into the received buffer (written with the
+        read's batch, before that buffer is reused; copied if they must wait)."""
         if (self.emu is None and self.queue is None and not self.paused
                 and self.write_many is not None):
             node = self.node
             self.fed = node._rx_link
-            if node._batching and len(frames) < BATCH_MAX:
+            if type(frames) is list:
+                if node._batching:
+                    batch = self.batch
+                    if batch is None:
+                        batch = self.batch = []
+                        node._dirty.append(self)
+                    batch += frames
+                else:
+                    if self.batch:
+                        self.flush()
+                    self.write_many(frames)
+            elif node._batching and len(frames) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
                     batch = self.batch = []
@@ -181,6 +194,8 @@ class LinkOutput:
                     self.flush()
                 self.write_many([frames])
             return
+        if type(frames) is list:
+            frames = b"".join(frames)  # owned: these frames may wait
         if self.stuck and self._shed(count, len(frames), self.node.now()):
             return
         if self.emu is None and (self.queue is not None or self.paused):
