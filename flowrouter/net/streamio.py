@@ -145,8 +145,6 @@ def write_gathered(transport: Any, fd: int, buffers: list[Any]) -> None:
             return
     # owned copies: some transports keep what they are given (uvloop holds the buffers of
     # a deferred write, asyncio 3.12+ queues views), and this buffer is about to be reused
-    owned = [b if type(b) is bytes else bytes(b) for b in buffers]
-    if len(owned) == 1:
-        transport.write(owned[0])
-    else:
-        transport.writelines(owned)
+    # (one write each: asyncio 3.11's writelines would join them, copying them once more)
+    for b in buffers:
+        transport.write(b if type(b) is bytes else bytes(b))
