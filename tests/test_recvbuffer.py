@@ -209,3 +209,17 @@ def test_gathered_write_leaves_nothing_pointing_into_the_buffer() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_receive_buffer_waits_for_the_whole_frame_it_keeps() -> None:
+    rx = RecvBuffer(initial=256, most=256)
+    assert not rx.waiting
+    rx.filled(30)
+    rx.keep(10, 100)  # a 100-byte frame starts at 10; 20 bytes of it are in
+    assert rx.waiting and rx.need == 100
+    rx.filled(79)
+    assert rx.waiting
+    rx.filled(1)
+    assert not rx.waiting
+    rx.keep(rx.end, 24)  # all consumed
+    assert rx.pending == 0 and not rx.waiting

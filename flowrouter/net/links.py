@@ -112,6 +112,8 @@ class TcpLink(asyncio.BufferedProtocol):
         rx = self.rx
         rx.filled(nbytes)
         if self.hs is None and self.secure is None and self.node.fast is not None:
+            if rx.waiting:
+                return  # the frame kept is still incomplete (its clock runs on)
             before = self.frames_in
             self._in_place()
             self._note_partial(before)

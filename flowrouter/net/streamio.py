@@ -37,7 +37,7 @@ class RecvBuffer:
     ``start`` and reports where it stopped with :meth:`keep` (which may move or reallocate
     the kept bytes: no view into the buffer may be held across it)."""
 
-    __slots__ = ("buf", "view", "start", "end", "most", "_grow")
+    __slots__ = ("buf", "view", "start", "end", "most", "need", "_grow")
 
     def __init__(self, initial: int = RECV_INITIAL, most: int = RECV_MAX) -> None:
         self.buf = bytearray(initial)
@@ -45,12 +45,20 @@ class RecvBuffer:
         self.start = 0
         self.end = 0
         self.most = max(most, initial)
+        #: bytes the frame at ``start`` needs in all, as told to :meth:`keep` (0: unknown)
+        self.need = 0
         self._grow = False  #: the last read filled all the room it was offered
 
     @property
     def pending(self) -> int:
         """Bytes received and not consumed (an incomplete frame)."""
         return self.end - self.start
+
+    @property
+    def waiting(self) -> bool:
+        """The frame kept at ``start`` is still incomplete: nothing to do yet (a large frame
+        arriving in many small reads is looked at once, when whole)."""
+        return self.end - self.start < self.need
 
     def space(self) -> memoryview:
         """Where the next read goes (never empty)."""
@@ -64,13 +72,13 @@ class RecvBuffer:
     def take(self) -> bytes:
         """An owned copy of the unconsumed bytes; the buffer is empty afterwards."""
         data = bytes(self.view[self.start:self.end])
-        self.start = self.end = 0
+        self.start = self.end = self.need = 0
         self._regrow(0)
         return data
 
     def load(self, data: bytes | bytearray | memoryview) -> None:
         """Start over with *data* as the unconsumed bytes (a stream changing hands)."""
-        self.start = self.end = 0
+        self.start = self.end = self.need = 0
         if len(data) > len(self.buf):
             self._realloc(len(data), 0)
         self.view[:len(data)] = data
@@ -81,6 +89,7 @@ class RecvBuffer:
         in all (or at least that many, when its header is not in yet). Makes sure the frame
         will fit and that a useful read fits behind it."""
         have = self.end - pos
+        self.need = need if have > 0 else 0
         if have <= 0:
             self.start = self.end = 0
             self._regrow(0)
