@@ -59,14 +59,19 @@ def _fifo_per_run(log) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["all-to-all", "hasten"])
-def test_a_peer_restarting_mid_conversation_loses_and_repeats_nothing(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "leader"), [("all-to-all", None), ("hasten", None),
+                                              ("leader", "a"), ("leader", "b")])
+def test_a_peer_restarting_mid_conversation_loses_and_repeats_nothing(mode: str,
+                                                                      leader: str | None
+                                                                      ) -> None:
     """b restarts at t=20 while a, b and c chat (its new run reuses numbers 1, 2, ... of
     the old one, with frames of the old run still in flight). a and c deliver every message
     of both runs of b exactly once, in FIFO order per run, in the same order as each other
     and never before a cause; the restarted b delivers everything a and c say afterwards;
-    nothing is skipped or declared lost."""
-    cfg = IGOConfig(sites=("a", "b", "c"), mode=mode)
+    nothing is skipped or declared lost. In leader mode with b the leader, its new run
+    numbers the order from 1 again: a and c follow it from 1, passing over what they
+    delivered already."""
+    cfg = IGOConfig(sites=("a", "b", "c"), mode=mode, leader=leader)
     net = LoopNet(cfg, seed=3, delay=0.05, jitter=0.05)
     rng = random.Random(1)
     past: dict[MsgId, set[MsgId]] = {}  #: message -> what its sender had delivered then
@@ -109,6 +114,8 @@ def test_a_peer_restarting_mid_conversation_loses_and_repeats_nothing(mode: str)
         assert not any(k.startswith(("skipped.", "dependency.lost")) for k in site.counters), \
             site.counters
         assert not site._ready and not site.retired[1][0].pending
+        if leader == "b":
+            assert site.counters["leader.restarted"] == 1
     # the restarted b: everything a and c said after it restarted, once each, in order
     after = {(s, runs[s][0].inc, q) for (s, t, q) in net.send_log if s != "b" and t > 20.0}
     got = _ids(logs["b-new"])
@@ -118,13 +125,16 @@ def test_a_peer_restarting_mid_conversation_loses_and_repeats_nothing(mode: str)
     # the late ones among themselves (the new run's first messages, sent before b heard
     # anybody, carry small Lamport times: they come late, flagged, everywhere alike);
     # the restarted b agrees with them on what it shares
-    in_order = {n: [m for m, d in zip(_ids(logs[n]), logs[n]) if not d.late]
+    in_order = {n: [m for m, d in zip(_ids(logs[n]), logs[n]) if not (d.late or d.local)]
                 for n in ("a", "c", "b-new")}
     assert in_order["a"] == in_order["c"]
     late = {n: [m for m, d in zip(_ids(logs[n]), logs[n]) if d.late] for n in ("a", "c")}
     assert late["a"] == late["c"]
     assert all(m[:2] == ("b", new_b.inc) for m in late["a"]), late["a"]
-    shared = set(in_order["a"]) & set(in_order["b-new"])
+    # (on what was said after it restarted: the history it fetched at start-up a leader b
+    # orders again, after its own first messages, while a and c showed it long ago)
+    since = after | {m for m in everything if m[:2] == ("b", new_b.inc)}
+    shared = set(in_order["a"]) & set(in_order["b-new"]) & since
     assert [m for m in in_order["a"] if m in shared] == \
         [m for m in in_order["b-new"] if m in shared]
     # causal order, always

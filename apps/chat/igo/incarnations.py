@@ -24,7 +24,13 @@ A frame of an *older* run than the current one (delayed in the network) never re
 anything: DATA goes to its retired stream if kept (``data.earlier-run``), anything else is
 counted (``stale-incarnation``) and ignored. The new run's stream starts at 1 and is fetched
 from its beginning (bounded by ``max_lag``), like a short-term reconnect: a restart is a new
-stream, not a long-term reconnect of the old one, so nothing of the new run is skipped."""
+stream, not a long-term reconnect of the old one, so nothing of the new run is skipped.
+
+Leader mode: a restarted *leader* begins a new order stream too (its order numbers start
+again at 1). Sites follow it from 1 instead of resuming at its current number, and pass
+over entries naming messages they delivered under the old run's numbers (the new leader
+orders the history it fetched at start-up again), so nothing is shown twice and nothing the
+old run left unordered is lost."""
 
 from __future__ import annotations
 
@@ -59,6 +65,8 @@ class Incarnations(SiteCore):
         # acknowledgement vectors the peer sent in its earlier run no longer describe it
         p.acks = p.held_from = p.ack_incs = ()
         self._peer_event(p, PeerEvent.RESTARTED, now)
+        if self.mode == "leader" and p.idx == self.leader and not self.is_leader:
+            self._leader_restarted(inc)  # after RESTARTED: being cut off resets the order
         return True
 
     def _retire(self, st: Stream, now: float) -> None:

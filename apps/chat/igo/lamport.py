@@ -32,7 +32,7 @@ class LamportOrdering(SiteCore):
         if self.mode == "leader":
             if self.is_leader:
                 self._ready[key] = msg
-                self._leader_assign(msg, now)
+                self._leader_assign_ready(now)
             elif msg.origin == self.me:
                 self._awaiting_order[msg.seq] = msg
                 lp = self.peers[self.leader]  # type: ignore[index]
@@ -135,6 +135,8 @@ class LamportOrdering(SiteCore):
 
     def _deliverable(self, now: float) -> None:
         if self.mode == "leader":
+            if self.is_leader and self._ready:
+                self._leader_assign_ready(now)  # dependency time-outs
             return
         heap = self._heap
         stability = self.cfg.stability

@@ -32,6 +32,27 @@ from .wire import (
 class LeaderOrdering(SiteCore):
     """Leader-based ordering (a part of SiteOrdering)."""
 
+    def _leader_assign_ready(self, now: float) -> None:
+        """The leader numbers each stream's next message once its causal dependencies are
+        settled here (delivered, or given up as :meth:`_deps_ok` does), so an answer is
+        never numbered before its question, not even when the leader fetches everybody's
+        history at start-up (a restarted leader) and the answers' stream comes back
+        first."""
+        if self._assigning:
+            return
+        self._assigning = True
+        try:
+            while True:
+                before = (len(self._ready), self.g_high)
+                for st in self._all_streams():
+                    msg = self._ready.get((st.origin, st.inc, st.settled + 1))
+                    if msg is not None and self._deps_ok(msg, now):
+                        self._leader_assign(msg, now)
+                if (len(self._ready), self.g_high) == before:
+                    return
+        finally:
+            self._assigning = False
+
     def _leader_assign(self, msg: Msg, now: float) -> None:
         """The leader orders a message whose FIFO predecessors are all ordered."""
         o = msg.origin
@@ -92,10 +113,11 @@ class LeaderOrdering(SiteCore):
         if self.is_leader:
             return
         p = self.peers[tx]
+        if self._leader_inc and o.inc < self._leader_inc:
+            self.counters["order.earlier-run"] += 1  # delayed, of the leader's earlier run
+            return
         if self._leader_inc and o.inc != self._leader_inc:
-            self.counters["leader.restarted"] += 1
-            self._orders.clear()
-            self._order_synced = False
+            self._leader_restarted(o.inc)
         self._leader_inc = o.inc
         self._leader_view = o.view
         if p.state in (PeerState.UNKNOWN, PeerState.S3):
@@ -114,6 +136,32 @@ class LeaderOrdering(SiteCore):
             self.g_high = last
         self._drain_orders(now)
         self._update_membership(now)
+
+    def _leader_restarted(self, inc: int) -> None:
+        """The leader is a new run (incarnation *inc*): its order numbers start again at 1,
+        a new order stream. Follow it from its start (all of it is wanted: the new leader
+        orders, from its start, what it fetched of everybody's history and whatever the
+        old run left unordered); entries naming messages delivered under the old run's
+        numbers are passed over (``order.already-delivered``)."""
+        if inc == self._leader_inc:
+            return
+        self.counters["leader.restarted"] += 1
+        self._leader_inc = inc
+        self._orders.clear()
+        self._fetch_due.clear()
+        self.next_g = 1
+        self.g_high = 0
+        self._order_synced = True
+        self._order_nack_due = None
+
+    def _was_delivered(self, o: int, inc: int, s: int) -> bool:
+        """Message *s* of stream (o, inc) was delivered here (not merely skipped)."""
+        st = self._stream(o, inc)
+        if st is None:
+            return False
+        if s in st.delivered:
+            return True
+        return s <= st.settled and not any(r[0] <= s <= r[1] for r in st.skipped)
 
     def _leader_seen_g(self, g: int, now: float) -> None:
         """The leader has assigned up to *g* (from its heartbeat or an ORDER record)."""
@@ -178,12 +226,17 @@ class LeaderOrdering(SiteCore):
                 if s in self._local_delivered:
                     self._local_delivered.discard(s)
                     self.counters["order.own-already-delivered"] += 1
+                elif msg is None and self._was_delivered(o, inc, s):
+                    self.counters["order.already-delivered"] += 1  # the leader restarted
                 else:
                     msg = msg or self.streams[self.me].store.get(s)
                     if msg is None:
                         self.counters["order.own-unknown"] += 1
                     else:
                         self._deliver(msg, now, late=late, gseq=g, local=False)
+            elif self._was_delivered(o, inc, s):
+                self.counters["order.already-delivered"] += 1  # the leader restarted
+                self._ready.pop((o, inc, s), None)
             else:
                 st = self._stream(o, inc)
                 msg = self._ready.pop((o, inc, s), None) or (
