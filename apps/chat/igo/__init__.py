@@ -63,8 +63,18 @@ site silent for ``missed_heartbeats`` intervals (3, i.e. 6 s) is disconnected.
 any is in S3, else S1. Reconnecting from S2 reconciles (the gap is repaired, so there are **no
 gaps in per-site sequence numbers**); reconnecting from S3 does not: the stream resumes at the
 site's current sequence number and the skipped ones are a visible gap (or, with
-``long_term_reconcile``, fetched later at a low rate, see below). A restarted site (new
-incarnation number) is treated like a long-term reconnect.
+``long_term_reconcile``, fetched later at a low rate, see below).
+
+**Restarts: streams are (site, incarnation).** A restarted site starts its sequence numbers
+and Lamport clock again; each run has an *incarnation* (growing from run to run, see
+:func:`new_incarnation`) carried in every frame and in every reference to a message
+(dependencies, acknowledgements, NACK, GONE, ORDER entries: wire version 2; version 1 is
+refused and counted). A newer run of a peer gets a new stream, fetched from 1; the old run's
+stream is *retired*: what this site holds of it is still delivered, what it lacks is asked
+of the other sites and declared lost (counted) after ``dependency_timeout``; a dependency is
+looked up in the run it names only, so an old run's time-out never skips a message of the
+new run (see :mod:`.incarnations`). A restarted leader starts a new order stream, which
+sites follow from 1.
 
 **Modes** [4.3.3-4.3.5]:
 
@@ -88,11 +98,14 @@ incarnation number) is treated like a long-term reconnect.
   changes that). The leader's view (the sites in S1 at the leader) is carried in its ORDER
   records and heartbeats and is the membership shown by every site connected to it.
 
-**Causal order, always.** Each message carries a dependency vector: per origin, the highest
-sequence number its sender had delivered when it sent it. A message is never delivered before
-its dependencies (or before they are known to be skipped), so replies never precede their
-questions even among late, reconciled messages (a dependency on a message this site lacks
-fetches it from a holder; one that cannot be had within ``dependency_timeout`` is skipped).
+**Causal order, always.** Each message carries a dependency vector: per stream (origin and
+incarnation), the highest sequence number its sender had delivered when it sent it. A
+message is never delivered before its dependencies (or before they are known to be skipped),
+so replies never precede their questions even among late, reconciled messages (a dependency
+on a message this site lacks fetches it from a holder; one that cannot be had within
+``dependency_timeout`` is skipped).
+In leader mode the leader numbers a message only once its dependencies are settled there, so
+the order every site follows is causal too.
 
 Beyond the seed (its chapter 7):
 
