@@ -104,8 +104,10 @@ class CommandGuard:
         if auth is None:
             if self.loopback:
                 return None
+            where = ("this router requires it (control_token is set)"
+                     if is_loopback(self.bind_host) else "the interface is not on loopback")
             return self._refuse(f"command {cmd!r} changes the router and needs proof (a "
-                                "control token or a link key) on a non-loopback interface")
+                                f"control token or a link key): {where}")
         if not isinstance(auth, dict):
             return self._refuse("malformed auth (expected an object)")
         kid, when, nonce, mac = (auth.get("key_id"), auth.get("time"), auth.get("nonce"),
@@ -120,7 +122,8 @@ class CommandGuard:
             return self._refuse(f"auth time is {now - when:+.0f}s off (window "
                                 f"{self.window:.0f}s); check the clocks")
         if not hmac.compare_digest(_mac(secret, request, when, nonce), mac):
-            return self._refuse("bad proof")
+            what = "control token" if kid == TOKEN_ID else f"link key {kid!r}"
+            return self._refuse(f"bad proof (the {what} does not match this router's)")
         tag = f"{kid}/{nonce}"
         if tag in self._seen:
             return self._refuse("replayed command")

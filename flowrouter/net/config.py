@@ -22,7 +22,8 @@ Example (every key optional except ``router.name``)::
     frame_timeout = 30.0          # seconds a started frame may take to arrive in full
     member_notice_interval = 1.0  # band-19 membership notices: at most one per flow per this
     member_refresh = 30.0         #   many seconds; snapshots of local members this often
-    control_token = "file:/etc/flownet/control.token"  # commands need proof (see below)
+    control_token = "file:/etc/flownet/control.token"  # commands need proof (see below;
+                                  #   `flowrouter ctl --token-file` signs them)
     # routers this one accepts links from without link keys, besides its peers: "name@host"
     # ("*@host": any router name from that host, for hosts you control)
     accept_routers = ["r3@10.0.0.3"]

@@ -31,6 +31,18 @@ CONTROL_LINE_LIMIT = 64 * 1024
 #: longest reply a client accepts (a status with a large flow table is long)
 CONTROL_REPLY_LIMIT = 256 * 1024 * 1024
 
+#: every command the interface accepts: its arguments and what it does (the one list the
+#: server's error replies and ``flowrouter ctl --help`` show). Those in
+#: commandauth.READ_ONLY_COMMANDS are served to anyone; the others need proof.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "status": ("", "links, flows, LS routes, quotas, alerts and counters (read-only)"),
+    "ping": ("", "the router's name (read-only)"),
+    "link": ("peer=NAME up=true|false", "take the link to router NAME administratively "
+             "down (closed, not re-dialled) or up again"),
+    "emulate": ("peer=NAME [bandwidth=BPS] [delay=S] [loss=P] [down=true|false]",
+                "emulate a slow, far, lossy or cut link toward router NAME (all zero: off)"),
+}
+
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
 
@@ -61,8 +73,8 @@ def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
         return {"ok": False, "error": f"{cmd}: router {node.config.name} has no peer named "
                 f"{req['peer']!r} (known: {', '.join(peer_names(node)) or 'none'})"}
     if cmd == "emulate":
-        emu = Emulation.from_mapping({k: v for k, v in req.items() if k != "cmd"},
-                                     "emulate")
+        emu = Emulation.from_mapping({k: v for k, v in req.items()
+                                      if k not in ("cmd", "auth")}, "emulate")
         node.set_emulation(str(req["peer"]), emu)
         return {"ok": True, "emulation": emu.describe()}
     if cmd == "link":
@@ -70,10 +82,9 @@ def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
         if not isinstance(up, bool):
             raise ValueError('"up" must be true or false')
         return {"ok": True, "closed": node.set_link(str(req["peer"]), up)}
-    return {"ok": False, "error": "unknown or malformed command; send one JSON line: "
-            '{"cmd": "status"}, {"cmd": "ping"}, {"cmd": "link", "peer": NAME, '
-            '"up": BOOL} or {"cmd": "emulate", "peer": NAME, "bandwidth": BPS, '
-            '"delay": S, "loss": P, "down": BOOL}'}
+    return {"ok": False, "error": f"unknown or malformed command {cmd!r}; send one JSON line "
+            '{"cmd": CMD, ARG: VALUE, ...}, CMD one of: '
+            + "; ".join(f"{name} {args}".strip() for name, (args, _) in COMMANDS.items())}
 
 async def serve_client(node: RouterNode, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:

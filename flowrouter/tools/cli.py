@@ -165,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "joined by veth links (10.77.x.y inside the namespaces only); "
                          "everything is removed at the end")
 
-    from flowrouter.tools import keygen
+    from flowrouter.tools import ctl, keygen
 
+    ctl.add_parser(sub)
     keygen.add_parser(sub)
 
     sim = sub.add_parser("sim", help="run a topology in the deterministic simulator",
@@ -418,6 +419,10 @@ def _main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_demo(args.count))
     if args.command == "up":
         return _up(args)
+    if args.command == "ctl":
+        from flowrouter.tools import ctl
+
+        return ctl.run(args)
     if args.command == "keygen":
         from flowrouter.tools import keygen
 
