@@ -47,7 +47,8 @@ class Links(RouterState):
             auth = self.links[link_id].auth = LinkAuthenticator(
                 self.p.keyring, my_name=self.p.name, my_role=C.Role.ROUTER,
                 key_id=self.p.auth_key_id, encrypt=self.p.auth_encrypt,
-                replay_cache=self._replay, require_endpoints=self.p.auth_endpoints)
+                replay_cache=self._replay, require_endpoints=self.p.auth_endpoints,
+                rekey_records=self.p.auth_rekey_records)
             creds = auth.hello_credentials()
         hello = C.Hello(self.p.node_id, C.Role.ROUTER, self.p.name, self.p.max_payload,
                         self.default_lsid(), creds,

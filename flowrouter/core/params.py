@@ -12,6 +12,7 @@ from typing import Any
 from flowrouter.core.tables import Modifiers
 from flowrouter.wire import control as C
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
+from flowrouter.wire.linkrecords import DEFAULT_REKEY_RECORDS
 
 
 @dataclass(slots=True)
@@ -56,6 +57,9 @@ class RouterParams:
     auth_key_id: str | None = None
     auth_encrypt: bool = False  #: ask for encrypted links (TCP; on if either side asks)
     auth_endpoints: bool = False
+    #: records a sealed link sends under one key before it moves to the next (rekeying by
+    #: time is the daemon's: flowrouter.net.linksecurity)
+    auth_rekey_records: int = DEFAULT_REKEY_RECORDS
     handshake_timeout: float = 10.0
     #: limits per principal (flowrouter.core.quotas.QuotaLimits; None: the defaults)
     quota: Any = None

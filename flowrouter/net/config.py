@@ -69,6 +69,9 @@ Example (every key optional except ``router.name``)::
     key_id = "site-2026"          # the key this router proves itself with
     encrypt = false               # seal TCP links with ChaCha20-Poly1305 after the handshake
     require_endpoints = false     # applications must authenticate too
+    rekey_records = 16777216      # an encrypted link moves to a new key after this many
+    rekey_seconds = 300.0         #   records it sent, and after this many seconds (the
+                                  #   first that comes; both directions, each on its own)
     [link_auth.keys]              # key id -> "hex:..." | "base64:..." | "file:PATH"
     site-2026 = "hex:00112233..."
 
@@ -118,6 +121,7 @@ from flowrouter.net.configtables import (
 from flowrouter.wire.address import AddressError as ConfigError
 from flowrouter.wire.address import parse_address
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
+from flowrouter.wire.linkrecords import DEFAULT_REKEY_INTERVAL, DEFAULT_REKEY_RECORDS, SEQ_MASK
 
 
 def node_id_for(name: str) -> int:
@@ -264,6 +268,9 @@ class NodeConfig:
     link_key_id: str | None = None
     link_encrypt: bool = False
     link_auth_endpoints: bool = False
+    #: sealed links move to a new key after this many records, and this many seconds
+    link_rekey_records: int = DEFAULT_REKEY_RECORDS
+    link_rekey_seconds: float = DEFAULT_REKEY_INTERVAL
     config_dir: str | None = None  #: where relative key files are looked up
     trace_dir: str | None = None  #: write trace records here (None: no tracing)
     trace_sample: float = 0.01
@@ -319,6 +326,9 @@ class NodeConfig:
                               "must be positive")
         if self.frame_timeout <= 0:
             raise ConfigError("frame_timeout must be positive")
+        if not 0 < self.link_rekey_records <= SEQ_MASK or not self.link_rekey_seconds > 0:
+            raise ConfigError(f"link rekey_records must be 1..{SEQ_MASK} and rekey_seconds "
+                              "positive")
         self.params()  # validates the GC thresholds
 
     def accepted_routers(self) -> frozenset[tuple[str, str]]:
@@ -385,6 +395,7 @@ class NodeConfig:
             return RouterParams(
                 keyring=self.keyring(), auth_key_id=self.link_key_id,
                 auth_encrypt=self.link_encrypt, auth_endpoints=self.link_auth_endpoints,
+                auth_rekey_records=self.link_rekey_records,
                 name=self.name, node_id=self.node_id or node_id_for(self.name),
                 max_payload=self.max_payload, core_lsids=frozenset(self.core_lsids),
                 default_lsid=self.default_lsid, routes=dict(self.routes),

@@ -14,6 +14,7 @@ from typing import Any
 
 from flowrouter.wire.address import AddressError as ConfigError
 from flowrouter.wire.address import parse_address
+from flowrouter.wire.linkrecords import SEQ_MASK
 
 #: [quota] keys, each with its type and range (QuotaLimits checks how they relate)
 QUOTA_RANGES: dict[str, tuple[type, float, float]] = {
@@ -23,7 +24,10 @@ QUOTA_RANGES: dict[str, tuple[type, float, float]] = {
 QUOTA_KEYS = set(QUOTA_RANGES)
 GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
            "refresh_interval", "hold_factor", "max_refresh_rate"}
-LINK_AUTH_KEYS = {"key_id", "encrypt", "require_endpoints", "keys"}
+LINK_AUTH_KEYS = {"key_id", "encrypt", "require_endpoints", "keys", "rekey_records",
+                  "rekey_seconds"}
+#: shortest rekey interval accepted: shorter buys nothing and burns key generations
+MIN_REKEY_SECONDS = 0.01
 TRACE_KEYS = {"dir", "sample", "rotate_bytes"}
 
 
@@ -149,6 +153,12 @@ def link_auth_table(data: dict[str, Any]) -> dict[str, Any]:
     kw["link_encrypt"] = flag(auth.get("encrypt", False), "[link_auth] encrypt")
     kw["link_auth_endpoints"] = flag(auth.get("require_endpoints", False),
                                      "[link_auth] require_endpoints")
+    if "rekey_records" in auth:
+        kw["link_rekey_records"] = number(auth["rekey_records"], "[link_auth] rekey_records",
+                                          int, 1, SEQ_MASK)
+    if "rekey_seconds" in auth:
+        kw["link_rekey_seconds"] = number(auth["rekey_seconds"], "[link_auth] rekey_seconds",
+                                          float, MIN_REKEY_SECONDS, 365 * 86400.0)
     return kw
 
 

@@ -29,11 +29,11 @@ from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_addre
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, UdpLink
+from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.output import LinkOutput, unblock
 from flowrouter.net.udpio import io_choice
 from flowrouter.wire.control import Role
 from flowrouter.wire.header import UDP_MAX_PAYLOAD
-from flowrouter.wire.linkauth import SecureStream
 
 log = logging.getLogger("flowrouter.net.runtime")
 
@@ -318,8 +318,9 @@ class RouterNode:
                 link.send(action.header, action.payload)
             elif type(action) is Secure:
                 if isinstance(link, TcpLink):
-                    # the clock moves it to new keys now and then (forward secrecy)
-                    link.secure = SecureStream(action.cipher, clock=self.now)
+                    # new keys every so many records and seconds (forward secrecy)
+                    link.secure = sealed_stream(action.cipher, self.now, self.config,
+                                                self.core.counters)
             elif type(action) is Close:
                 link.close(action.reason)
                 if isinstance(link, UdpLink):
@@ -582,4 +583,5 @@ class RouterNode:
             st["udp_io"] = {"io": self.udp_io_info, "native": bool(self._udp_io.native),
                             "batch": self._udp_io.batch}
         st["listeners"] = self.listeners()
+        st["link_auth"] = link_auth_status(self.config, self._links)
         return st

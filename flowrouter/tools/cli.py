@@ -23,6 +23,10 @@ examples:
 
 Flags given on the command line override the same settings from --config.
 The config file format is documented in the README ("Configuring a router").
+Locking a router down (README "Security"): [link_auth] keys, encrypt, rekey_records and
+rekey_seconds; [quota] limits per principal (flows, joins_per_second, join_burst,
+connections_per_host, flow_notices); [router] control_token, then commands are sent with
+'flowrouter ctl --token-file FILE'.
 """
 
 
@@ -115,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="show a running router's links, flows and counters",
                         description="Ask a running router (its --control address) for its "
-                                    "link table, flow table, LS routes and counters.")
+                                    "link table, LS routes, flow table, quotas per principal, "
+                                    "tripped limits (alerts), link security (rekeying) and "
+                                    "counters.")
     st.add_argument("--control", required=True, metavar="HOST:PORT",
                     help="the router's control address")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -273,6 +279,16 @@ def format_status(st: dict[str, Any]) -> str:
     if len(st["flows"]) > 200:
         lines.append(f"  ... {len(st['flows']) - 200} more (use --json)")
     lines += _format_limits(st)
+    auth = st.get("link_auth")
+    if auth:
+        lines += ["", f"LINK SECURITY: key {auth['key_id']} (of {len(auth['key_ids'])}), "
+                  f"{'encrypt' if auth['encrypt'] else 'authenticate only'}"
+                  f"{', applications must authenticate' if auth['require_endpoints'] else ''}; "
+                  f"sealed links rekey every {auth['rekey_records']} records or "
+                  f"{auth['rekey_seconds']:g} s"]
+        for lid, c in auth["sealed_links"].items():
+            lines.append(f"  link {lid:>4}  records sent {c['records_sent']}  key generation "
+                         f"sent {c['tx_generation']} received {c['rx_generation']}")
     lines.append("")
     lines.append("COUNTERS")
     for k, v in st["counters"].items():

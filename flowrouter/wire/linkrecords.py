@@ -11,10 +11,13 @@ anti-replay window). On TCP each record is length-prefixed::
 The counter's top 16 bits are the *key generation*, the low 48 bits the record number within
 it. A sender moves to the next generation after ``rekey_records`` records, or when its owner
 calls :meth:`LinkCipher.rekey` (:class:`SecureStream` does so every ``rekey_interval``
-seconds of its clock). The next key is ``HMAC-SHA256(key, b"flownet-link-v2 rekey")`` and the
-old key is forgotten, so a key taken from a running router's memory opens only what was sealed
-since the last update. A receiver follows the generation it sees, one step at a time on
-streams, and commits the new key only after a record under it authenticates.
+seconds of its clock). After the last generation (65,535 updates: 227 days at one update
+every 5 minutes) the sender keeps its last key instead of failing the link; a new handshake
+(the link re-dialled) starts a fresh series. The next key is
+``HMAC-SHA256(key, b"flownet-link-v2 rekey")`` and the old key is forgotten, so a key taken
+from a running router's memory opens only what was sealed since the last update. A receiver
+follows the generation it sees, one step at a time on streams, and commits the new key only
+after a record under it authenticates.
 
 The plaintext of the records is the ordinary frame stream, so records need not line up with
 frames (a runtime may seal a whole ``writelines`` batch as one record).
@@ -82,7 +85,7 @@ class LinkCipher:
     WINDOW = 64
 
     __slots__ = ("_rx", "_rx_bits", "_rx_gen", "_rx_key", "_rx_next", "_sent", "_tx",
-                 "_tx_ctr", "_tx_key", "ordered", "rekey_records")
+                 "_tx_ctr", "_tx_key", "on_rekey", "ordered", "rekey_records")
 
     def __init__(self, send_key: bytes, recv_key: bytes, ordered: bool = True,
                  rekey_records: int = DEFAULT_REKEY_RECORDS) -> None:
@@ -99,6 +102,9 @@ class LinkCipher:
         self._rx_bits = 0  #: unordered: bit i set = counter (_rx_next - 1 - i) seen
         self.ordered = ordered
         self.rekey_records = rekey_records
+        #: called with "sent" / "received" each time a direction moves to a new key (the
+        #: owner counts them); None: nobody is told
+        self.on_rekey: Callable[[str], None] | None = None
 
     @property
     def sent(self) -> int:
@@ -108,6 +114,12 @@ class LinkCipher:
     @property
     def tx_generation(self) -> int:
         return self._tx_ctr >> GEN_SHIFT
+
+    @property
+    def can_rekey(self) -> bool:
+        """False once every key generation is used: the last key then stays in use (for up
+        to 2^48 records) rather than the link failing; a new handshake starts over."""
+        return self._tx_ctr >> GEN_SHIFT < MAX_GENERATION
 
     @property
     def rx_generation(self) -> int:
@@ -121,10 +133,16 @@ class LinkCipher:
         self._tx_key = next_key(self._tx_key)
         self._tx = ChaCha20Poly1305(self._tx_key)
         self._tx_ctr = gen << GEN_SHIFT
+        if self.on_rekey is not None:
+            self.on_rekey("sent")
 
     def seal(self, frame: bytes | bytearray | memoryview) -> bytes:
-        if self._tx_ctr & SEQ_MASK >= self.rekey_records:
+        seq = self._tx_ctr & SEQ_MASK
+        if seq >= self.rekey_records and self.can_rekey:
             self.rekey()
+        elif seq == SEQ_MASK:
+            raise CipherError("exhausted", "every record number of the last key is used; "
+                                           "reconnect")
         ctr = self._tx_ctr
         self._tx_ctr = ctr + 1
         self._sent += 1
@@ -167,6 +185,8 @@ class LinkCipher:
             raise CipherError("bad-tag", "record failed authentication") from None
         if new_key is not None:  # the peer moved on: so do we, and the old key is gone
             self._rx_key, self._rx, self._rx_gen = new_key, aead, gen
+            if self.on_rekey is not None:
+                self.on_rekey("received")
         if self.ordered or ctr >= self._rx_next:
             shift = ctr + 1 - self._rx_next
             self._rx_bits = ((self._rx_bits << shift) | 1) & ((1 << self.WINDOW) - 1) \
@@ -254,7 +274,7 @@ class SecureStream:
         clock = self._clock
         if clock is not None:
             now = clock()
-            if now - self._rekeyed_at >= self.rekey_interval:
+            if now - self._rekeyed_at >= self.rekey_interval and self.cipher.can_rekey:
                 self.cipher.rekey()
                 self._rekeyed_at = now
         return self.cipher.seal_record(plain)
