@@ -2,11 +2,12 @@
 
 ``{"cmd": "status"}`` returns the link table, flow table, LS routes and counters
 (``flowrouter status`` prints them); ``ping``, ``link`` (administrative down/up) and
-``emulate`` (bandwidth, delay, loss) act on a running node. :func:`query_control` is the
-client every tool uses. Bad requests get a one-line error reply, never a dropped server.
-Status is served to anyone the interface is bound for; commands that change the router pass
-the node's :class:`~flowrouter.net.commandauth.CommandGuard` first (proof by token or link
-key), and :func:`query_control` signs them when given a token or key.
+``emulate`` (bandwidth, delay, loss) act on a running node; :data:`COMMANDS` is the list
+(``flowrouter ctl -h`` shows it). :func:`query_control` is the client every tool uses. Bad
+requests get a one-line error reply, never a dropped server. Status is served to anyone the
+interface is bound for; commands that change the router pass the node's
+:class:`~flowrouter.net.commandauth.CommandGuard` first (proof by token or link key), and
+:func:`query_control` signs them when given a token or key.
 
 May import :mod:`flowrouter.net.config`, :mod:`flowrouter.net.commandauth` and
 :mod:`flowrouter.wire`; the node is only a type.
