@@ -69,6 +69,20 @@ class Sending(Failover):
             raise MessageTooLarge(size, self.max_payload)
         return data
 
+    def _checked(self, flow: FlowID | str, payload: bytes | bytearray | memoryview, band: int,
+                 locality: LocalitySpec, ttl: int
+                 ) -> tuple[FlowID, bytes | bytearray | memoryview, int, int, int]:
+        """A send's arguments checked, before anything is sent: ``(flow, payload, size,
+        locality type, locality value)``. Raises as ``send``/``send_nowait`` document."""
+        flow = check_flow(flow)
+        check_data_band(band)
+        loc_type, loc_value = check_locality(locality)
+        check_ttl(ttl)
+        payload, size = check_payload(payload)
+        if size > self.max_message_size:
+            raise MessageTooLarge(size, self.max_message_size, "max_message_size")
+        return flow, payload, size, loc_type, loc_value
+
     def _new_msg_id(self) -> int:
         msg_id = self._next_msg_id
         self._next_msg_id = (msg_id + 1) & 0xFFFFFFFF
@@ -108,13 +122,8 @@ class Sending(Failover):
         :class:`~flowlib.errors.MessageTooLarge` and sends nothing. During a failover this
         raises :class:`~flowlib.errors.FailoverInProgress` (nothing is sent).
         """
-        flow = check_flow(flow)
-        check_data_band(band)
-        loc_type, loc_value = check_locality(locality)
-        check_ttl(ttl)
-        payload, size = check_payload(payload)
-        if size > self.max_message_size:
-            raise MessageTooLarge(size, self.max_message_size, "max_message_size")
+        flow, payload, size, loc_type, loc_value = self._checked(flow, payload, band,
+                                                                 locality, ttl)
         self._check_open()
         plan = self._plan(payload, size, fragment)
         self._write(flow.key, payload, size, plan, band, loc_type, loc_value, ttl)
@@ -132,13 +141,8 @@ class Sending(Failover):
         :class:`~flowlib.errors.ConnectionLost`. A fragmented message cut by a failover is
         sent again whole on the new router.
         """
-        flow = check_flow(flow)
-        check_data_band(band)
-        loc_type, loc_value = check_locality(locality)
-        check_ttl(ttl)
-        payload, size = check_payload(payload)
-        if size > self.max_message_size:
-            raise MessageTooLarge(size, self.max_message_size, "max_message_size")
+        flow, payload, size, loc_type, loc_value = self._checked(flow, payload, band,
+                                                                 locality, ttl)
         if not self._up or self._closing:
             await self._ready(self.failover_send_timeout)
         plan = self._plan(payload, size, fragment)
