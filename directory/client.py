@@ -189,6 +189,16 @@ class _Found:
         self.ring = min(self.ring, ring)
 
 
+def directory_lsid(flow_client: FlowClient, lsid: int | None) -> int:
+    """The LSID whose directory flow to use: *lsid*, else the one *flow_client*'s router
+    suggests; FlowError when there is neither (members and clients alike need one)."""
+    lsid = lsid if lsid is not None else flow_client.default_lsid
+    if not lsid:
+        raise FlowError(f"router {flow_client.router_name!r} suggests no LSID, so the "
+                        "directory flow is unknown; pass its LSID (lsid=, flowdir --lsid)")
+    return lsid
+
+
 class DirectoryClient:
     """Register, look up, list, watch and remove directory entries over one flow client.
 
@@ -201,13 +211,8 @@ class DirectoryClient:
     def __init__(self, flow_client: FlowClient, *, lsid: int | None = None,
                  owner: str | None = None, owns_client: bool = False) -> None:
         self.flow_client = flow_client
-        lsid = lsid if lsid is not None else flow_client.default_lsid
-        if not lsid:
-            raise FlowError(f"router {flow_client.router_name!r} suggests no LSID, so the "
-                            "directory flow is unknown; pass its LSID "
-                            "(lsid=, flowdir --lsid)")
-        self.lsid = lsid
-        self.flow = P.directory_flow(lsid)
+        self.lsid = directory_lsid(flow_client, lsid)
+        self.flow = P.directory_flow(self.lsid)
         self.owner = owner if owner is not None else flow_client.name
         P.check_text(self.owner, "owner", empty_ok=True)
         self.stats: Counter[str] = Counter()

@@ -28,6 +28,7 @@ import flowlib
 from flowlib import FlowClient, FlowError, FlowID, Listener, Message
 
 from . import protocol as P
+from .client import directory_lsid
 
 log = logging.getLogger("directory.member")
 
@@ -146,13 +147,8 @@ class DirectoryMember:
                  sync: bool = True, sync_window: float = 1.0, owns_client: bool = False
                  ) -> None:
         self.client = flow_client
-        lsid = lsid if lsid is not None else flow_client.default_lsid
-        if not lsid:
-            raise FlowError(f"router {flow_client.router_name!r} suggests no LSID, so the "
-                            "directory flow is unknown; pass its LSID "
-                            "(lsid=, flowdir --lsid)")
-        self.lsid = lsid
-        self.flow = P.directory_flow(lsid)
+        self.lsid = directory_lsid(flow_client, lsid)
+        self.flow = P.directory_flow(self.lsid)
         self.name = name or f"member-{secrets.token_hex(3)}@{flow_client.router_name}"
         P.check_text(self.name, "member name")
         self.store = store if store is not None else EntryStore(clock)
