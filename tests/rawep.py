@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from flowrouter.net.config import NodeConfig, PeerConfig
@@ -114,6 +114,19 @@ class RawEndpoint:
         self._task.cancel()
         with contextlib.suppress(BaseException):
             await self._task
+
+
+async def router(name: str, peers: Sequence[RouterNode] = (), core: bool = False,
+                 listen: str = "127.0.0.1:0", lsid: int = 0x10) -> RouterNode:
+    """A started loopback router *name* dialling *peers*: the core for *lsid* if *core*, and
+    suggesting *lsid* for new flows; it accepts any loopback router (the routers created
+    after it dial it)."""
+    node = RouterNode(NodeConfig(
+        name, listen=listen, core_lsids=frozenset({lsid}) if core else frozenset(),
+        default_lsid=lsid, peers=[PeerConfig(addr(p), p.config.name) for p in peers],
+        accept_routers=["*@127.0.0.1"]))
+    await node.start()
+    return node
 
 
 @contextlib.asynccontextmanager

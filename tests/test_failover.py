@@ -21,13 +21,12 @@ import pytest
 import flowlib
 from flowlib import ConnectionLost, FailoverInProgress, FaultKind, FlowID, ListenerClosed, Message
 from flowlib.queue import Listener
-from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
 from flowrouter.wire.header import HEADER_SIZE, parse_header
 
-from .rawep import addr, get, run
+from .rawep import addr, get, router, run
 from .test_flowlib import FakeRouter, free_port
 
 T = TypeVar("T")
@@ -44,16 +43,6 @@ async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
         while not pred():
             await asyncio.sleep(0)
     await asyncio.wait_for(spin(), timeout)
-
-
-async def router(name: str, peers: list[RouterNode] = (), core: bool = False,  # type: ignore
-                 listen: str = "127.0.0.1:0") -> RouterNode:
-    node = RouterNode(NodeConfig(
-        name, listen=listen, core_lsids=frozenset({LSID}) if core else frozenset(),
-        default_lsid=LSID, peers=[PeerConfig(addr(p), p.config.name) for p in peers],
-        accept_routers=["*@127.0.0.1"]))  # routers created later dial this one
-    await node.start()
-    return node
 
 
 @contextlib.asynccontextmanager

@@ -27,10 +27,9 @@ from apps.video.sources import PatternSource
 from apps.video.streamer import Streamer
 from apps.video.streamer_core import RateChanged, StreamConfig
 from apps.video.viewer import Viewer
-from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 
-from .rawep import addr, run
+from .rawep import addr, router, run
 
 LSID = 0x10
 HIGH, MID, LOW = Resolution(240, 180), Resolution(120, 90), Resolution(48, 36)
@@ -47,16 +46,6 @@ async def until(pred: Callable[[], bool], timeout: float = 20.0, what: str = "")
         await asyncio.wait_for(spin(), timeout)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what or pred}") from None
-
-
-async def router(name: str, peers: list[RouterNode] = (), core: bool = False  # type: ignore
-                 ) -> RouterNode:
-    node = RouterNode(NodeConfig(
-        name, listen="127.0.0.1:0", core_lsids=frozenset({LSID}) if core else frozenset(),
-        default_lsid=LSID, peers=[PeerConfig(addr(p), p.config.name) for p in peers],
-        accept_routers=["*@127.0.0.1"]))  # routers created later dial this one
-    await node.start()
-    return node
 
 
 @contextlib.asynccontextmanager
