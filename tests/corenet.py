@@ -34,6 +34,11 @@ def flow(lsid: int, local: int = 1, creator: int = CREATOR) -> FlowID:
     return FlowID(creator, lsid, local)
 
 
+def bits(*bands: int) -> int:
+    """The band mask holding *bands*."""
+    return mask_of(list(bands))
+
+
 def key_of(f: FlowID | bytes) -> bytes:
     return f if isinstance(f, bytes) else f.key
 
@@ -382,6 +387,9 @@ class CoreNet:
 
 # ---------------------------------------------------------------- stock topologies
 LSID = 0x10
+#: fast soft state: echo every 0.5 s, dead after 1.5 s, a digest round a second, hold 3 s
+SOFT: dict[str, Any] = dict(liveness_interval=0.5, dead_after=1.5, refresh_interval=1.0,
+                            hold_factor=3.0)
 
 
 def chain(n: int = 3, core: int = 1, **defaults: Any) -> CoreNet:

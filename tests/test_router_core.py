@@ -13,16 +13,11 @@ from flowrouter.wire.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP, mask_of
 from flowrouter.wire.header import Locality, pack_header
 
 try:  # tests/ as a package or as a plain directory on sys.path
-    from .corenet import LINK_KEY, LSID, CoreNet, chain, flow, star
+    from .corenet import LINK_KEY, LSID, SOFT, CoreNet, bits, chain, flow, star
 except ImportError:
-    from corenet import LINK_KEY, LSID, CoreNet, chain, flow, star
+    from corenet import LINK_KEY, LSID, SOFT, CoreNet, bits, chain, flow, star
 
 F = flow(LSID)
-SOFT = dict(liveness_interval=0.5, dead_after=1.5, refresh_interval=1.0, hold_factor=3.0)
-
-
-def bits(*bands: int) -> int:
-    return mask_of(list(bands))
 
 
 def diamond(**defaults) -> CoreNet:

@@ -8,20 +8,14 @@ import pytest
 from flowrouter.core.router import Router, RouterParams
 from flowrouter.core.timers import TimerWheel
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_FAULT, mask_of
+from flowrouter.wire.bands import BAND_FAULT
 
 try:  # tests/ as a package or as a plain directory on sys.path
-    from .corenet import LSID, CoreNet, chain, flow
+    from .corenet import LSID, SOFT, CoreNet, bits, chain, flow
 except ImportError:
-    from corenet import LSID, CoreNet, chain, flow
+    from corenet import LSID, SOFT, CoreNet, bits, chain, flow
 
 F = flow(LSID)
-#: fast soft state: echo every 0.5 s, dead after 1.5 s, a digest round a second, hold 3 s
-SOFT = dict(liveness_interval=0.5, dead_after=1.5, refresh_interval=1.0, hold_factor=3.0)
-
-
-def bits(*bands: int) -> int:
-    return mask_of(list(bands))
 
 
 def lose(kind: type, src: str | None = None):
