@@ -133,16 +133,20 @@ async def router(name: str, peers: Sequence[RouterNode] = (), core: bool = False
 async def core_and_edge(core_lsid: int = 0x10, **extra: Any
                         ) -> AsyncIterator[tuple[RouterNode, RouterNode]]:
     """Routers ``core`` (the core for *core_lsid*) and ``edge`` (dialling it) on loopback,
-    both suggesting *core_lsid* for new flows; *extra* NodeConfig fields go to both. Yields
+    both suggesting *core_lsid* for new flows; *extra* NodeConfig fields go to both (the
+    core accepts the edge as a router besides any ``accept_routers`` given). Yields
     ``(core, edge)`` once the edge has a route to the core, and stops both after."""
-    core = RouterNode(NodeConfig("core", listen="127.0.0.1:0", accept_routers=["edge@127.0.0.1"],
+    accept = list(extra.pop("accept_routers", ()))
+    core = RouterNode(NodeConfig("core", listen="127.0.0.1:0",
+                                 accept_routers=["edge@127.0.0.1", *accept],
                                  core_lsids=frozenset({core_lsid}), default_lsid=core_lsid,
                                  **extra))
     await core.start()
     edge: RouterNode | None = None
     try:
         node = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", default_lsid=core_lsid,
-                                     peers=[PeerConfig(addr(core), "core")], **extra))
+                                     peers=[PeerConfig(addr(core), "core")],
+                                     accept_routers=accept, **extra))
         await node.start()
         edge = node
         await within(edge.wait_routes(core_lsid))

@@ -20,7 +20,7 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire.control import Role
 
-from .rawep import addr, get, run
+from .rawep import addr, core_and_edge, get, run
 
 LSID = 0x10
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,76 +95,64 @@ def test_a_hung_router_is_routed_around_and_rejoins_after_sigcont(tmp_path: Path
     fails over to edge, and core and edge drop their links to it within dead_after + 1 s;
     after SIGCONT it comes back and the tree still delivers."""
     async def main() -> None:
-        opts = dict(listen="127.0.0.1:0", tick_interval=0.05, accept_routers=ACCEPT,
-                    **LIVENESS)
-        core = RouterNode(NodeConfig("core", core_lsids=frozenset({LSID}), **opts))
-        await core.start()
-        edge = RouterNode(NodeConfig("edge", peers=[PeerConfig(addr(core), "core")], **opts))
-        await edge.start()
-        hung_port, hung_ctl = free_port(), free_port()
-        proc = _router_process(tmp_path, "hung", hung_port, hung_ctl,
-                               [("core", addr(core)), ("edge", addr(edge))])
-        try:
-            await until(lambda: peer_up(core, "hung") and peer_up(edge, "hung"), 30)
-            app = await flowlib.connect([f"127.0.0.1:{hung_port}", addr(edge)], name="app",
-                                        state_dir=str(tmp_path / "s1"), **LIVENESS)
-            sender = await flowlib.connect(addr(core), name="sender",
-                                           state_dir=str(tmp_path / "s2"))
-            flow = FlowID(0xABC, LSID, 1)
-            lst = await app.listen(flow, [32])
-            sender.send_nowait(flow, b"before")
-            assert (await get(lst)).payload == b"before"
-            assert app.router_name == "hung"
+        async with core_and_edge(LSID, tick_interval=0.05, accept_routers=ACCEPT,
+                                 **LIVENESS) as (core, edge):
+            hung_port, hung_ctl = free_port(), free_port()
+            proc = _router_process(tmp_path, "hung", hung_port, hung_ctl,
+                                   [("core", addr(core)), ("edge", addr(edge))])
+            try:
+                await until(lambda: peer_up(core, "hung") and peer_up(edge, "hung"), 30)
+                app = await flowlib.connect([f"127.0.0.1:{hung_port}", addr(edge)], name="app",
+                                            state_dir=str(tmp_path / "s1"), **LIVENESS)
+                sender = await flowlib.connect(addr(core), name="sender",
+                                               state_dir=str(tmp_path / "s2"))
+                flow = FlowID(0xABC, LSID, 1)
+                lst = await app.listen(flow, [32])
+                sender.send_nowait(flow, b"before")
+                assert (await get(lst)).payload == b"before"
+                assert app.router_name == "hung"
 
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            proc.send_signal(signal.SIGSTOP)  # hung: its kernel still holds the sockets
-            await until(lambda: not peer_up(core, "hung") and not peer_up(edge, "hung"))
-            noticed = loop.time() - t0
-            await until(lambda: app.failovers == 1 and app.router_name == "edge")
-            failed_over = loop.time() - t0
-            bound = LIVENESS["dead_after"] + 1.0 + 0.5  # + one echo interval of phase
-            assert noticed <= bound, f"neighbours noticed after {noticed:.2f}s"
-            assert failed_over <= bound, f"the application failed over after {failed_over:.2f}s"
-            assert core.core.counters["liveness.dead"] >= 1
-            assert app.counters["liveness.dead"] == 1
-            sender.send_nowait(flow, b"around")  # core -> edge -> app, not via hung
-            assert (await get(lst)).payload == b"around"
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                proc.send_signal(signal.SIGSTOP)  # hung: its kernel still holds the sockets
+                await until(lambda: not peer_up(core, "hung") and not peer_up(edge, "hung"))
+                noticed = loop.time() - t0
+                await until(lambda: app.failovers == 1 and app.router_name == "edge")
+                failed_over = loop.time() - t0
+                bound = LIVENESS["dead_after"] + 1.0 + 0.5  # + one echo interval of phase
+                assert noticed <= bound, f"neighbours noticed after {noticed:.2f}s"
+                assert failed_over <= bound, f"the application failed over after {failed_over:.2f}s"
+                assert core.core.counters["liveness.dead"] >= 1
+                assert app.counters["liveness.dead"] == 1
+                sender.send_nowait(flow, b"around")  # core -> edge -> app, not via hung
+                assert (await get(lst)).payload == b"around"
 
-            proc.send_signal(signal.SIGCONT)
-            await until(lambda: peer_up(core, "hung") and peer_up(edge, "hung"), 30)
-            st = (await query_control(f"127.0.0.1:{hung_ctl}", timeout=5.0))["status"]
-            assert not any(k.startswith("malformed") for k in st["counters"])
-            assert sum(1 for lk in st["links"] if lk["role"] == "router"
-                       and lk["state"] == "up") == 2
-            sender.send_nowait(flow, b"after")
-            assert (await get(lst)).payload == b"after"
-            await app.close()
-            await sender.close()
-        finally:
-            if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            await edge.stop()
-            await core.stop()
+                await until(lambda: peer_up(core, "hung") and peer_up(edge, "hung"), 30)
+                st = (await query_control(f"127.0.0.1:{hung_ctl}", timeout=5.0))["status"]
+                assert not any(k.startswith("malformed") for k in st["counters"])
+                assert sum(1 for lk in st["links"] if lk["role"] == "router"
+                           and lk["state"] == "up") == 2
+                sender.send_nowait(flow, b"after")
+                assert (await get(lst)).payload == b"after"
+                await app.close()
+                await sender.close()
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
+                    try:
+                        proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
     run(main(), timeout=120)
 
 
 def test_router_liveness_and_rtt_show_in_status() -> None:
     async def main() -> None:
-        opts = dict(listen="127.0.0.1:0", tick_interval=0.05, accept_routers=ACCEPT,
-                    **LIVENESS)
-        core = RouterNode(NodeConfig("core", core_lsids=frozenset({LSID}), **opts))
-        await core.start()
-        edge = RouterNode(NodeConfig("edge", peers=[PeerConfig(addr(core), "core")], **opts))
-        await edge.start()
-        try:
-            await edge.wait_peers_up(1)
+        async with core_and_edge(LSID, tick_interval=0.05, accept_routers=ACCEPT,
+                                 **LIVENESS) as (core, edge):
             app = await flowlib.connect(addr(edge), name="app", **LIVENESS)
             await until(lambda: app.rtt is not None and all(
                 lk.rtt is not None for lk in edge.core.links.values()))
@@ -174,8 +162,5 @@ def test_router_liveness_and_rtt_show_in_status() -> None:
             assert all(r["silent_s"] is not None for r in rows)
             assert edge.links_up(Role.ENDPOINT) == 1
             await app.close()
-        finally:
-            await edge.stop()
-            await core.stop()
     run(main())
 
