@@ -112,6 +112,17 @@ class Parser(ScheduleParser):
         params = self.params(r_t, p + ("router",), "[defaults.router]")
         return Defaults(link_d, ep_d, RouterDefaults(host, port, params))
 
+    def rate_delay(self, tbl: dict[str, Any], path: tuple[Any, ...], what: str,
+                   bandwidth: float, delay: float) -> tuple[float, float]:
+        """A link's or endpoint's ``bandwidth`` and ``delay`` from *tbl*, else the defaults."""
+        if "bandwidth" in tbl:
+            bandwidth = self.number(tbl["bandwidth"], path + ("bandwidth",),
+                                    f"{what} bandwidth (bits/s)", bandwidth=True)
+        if "delay" in tbl:
+            delay = self.number(tbl["delay"], path + ("delay",), f"{what} delay (seconds)",
+                                time=True)
+        return bandwidth, delay
+
     def link_values(self, tbl: dict[str, Any], path: tuple[Any, ...], what: str,
                     transport: str, bandwidth: float, delay: float, loss: float,
                     mods: Modifiers, queue_limit: int
@@ -121,12 +132,7 @@ class Parser(ScheduleParser):
             if transport not in TRANSPORTS:
                 raise self.fail(path + ("transport",), f"{what}: transport must be one of "
                                 f"{', '.join(TRANSPORTS)}, got {transport!r}")
-        if "bandwidth" in tbl:
-            bandwidth = self.number(tbl["bandwidth"], path + ("bandwidth",),
-                                    f"{what} bandwidth (bits/s)", bandwidth=True)
-        if "delay" in tbl:
-            delay = self.number(tbl["delay"], path + ("delay",), f"{what} delay (seconds)",
-                                time=True)
+        bandwidth, delay = self.rate_delay(tbl, path, what, bandwidth, delay)
         if "loss" in tbl:
             loss = self.number(tbl["loss"], path + ("loss",), f"{what} loss probability",
                                hi=1.0)
@@ -140,12 +146,7 @@ class Parser(ScheduleParser):
     def endpoint_values(self, tbl: dict[str, Any], path: tuple[Any, ...], what: str,
                         bandwidth: float, delay: float, mods: Modifiers
                         ) -> tuple[float, float, Modifiers]:
-        if "bandwidth" in tbl:
-            bandwidth = self.number(tbl["bandwidth"], path + ("bandwidth",),
-                                    f"{what} bandwidth (bits/s)", bandwidth=True)
-        if "delay" in tbl:
-            delay = self.number(tbl["delay"], path + ("delay",), f"{what} delay (seconds)",
-                                time=True)
+        bandwidth, delay = self.rate_delay(tbl, path, what, bandwidth, delay)
         if "modifiers" in tbl:
             mods = self.modifiers(tbl["modifiers"], path + ("modifiers",), what, mods)
         return bandwidth, delay, mods
