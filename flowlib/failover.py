@@ -203,15 +203,8 @@ class Failover(Receiving):
                 gap_ms = (loop.time() - t0) * 1000
                 self._answer_carried(key, ack)
                 self.counters["failover.rejoined"] += 1
-                self._local_notice(fs, BAND_FAULT, failover_fault(
-                    self.name,
-                    f"router {event.old_router} ({event.old_address}) lost ({event.reason}); "
-                    f"failed over to router {event.new_router} ({event.new_address}); flow "
-                    f"{fs.flow} resumed after a {gap_ms:.1f} ms gap",
-                    state="resumed", flow=fs.flow, old=event.old_router,
-                    old_address=event.old_address, new=event.new_router,
-                    new_address=event.new_address, reason=event.reason,
-                    reconnect_ms=f"{event.reconnect_ms:.1f}", gap_ms=f"{gap_ms:.1f}"))
+                self._notice_rejoin(fs, event, gap_ms, "resumed",
+                                    f"; flow {fs.flow} resumed after a {gap_ms:.1f} ms gap")
                 return
             if ack is not None:
                 last = ack
@@ -228,12 +221,20 @@ class Failover(Receiving):
         log.warning("flow %s: could not re-join at router %r after the failover: %s", fs.flow,
                     self.router_name, why)
         self._answer_carried(key, last or C.JoinAck(0, C.JoinStatus.TIMEOUT, why))
+        self._notice_rejoin(fs, event, gap_ms, "rejoin-failed",
+                            f", but flow {fs.flow} could not be re-joined there: {why}",
+                            error=why)
+
+    def _notice_rejoin(self, fs: FlowState, event: FailoverEvent, gap_ms: float, state: str,
+                       outcome: str, **extra: object) -> None:
+        """Tell *fs*'s listeners (a FAILOVER fault on the fault band) how the failover
+        *event* went for their flow: *state* and the detail's *outcome*, with the event's
+        fields."""
         self._local_notice(fs, BAND_FAULT, failover_fault(
             self.name,
             f"router {event.old_router} ({event.old_address}) lost ({event.reason}); failed "
-            f"over to router {event.new_router} ({event.new_address}), but flow {fs.flow} "
-            f"could not be re-joined there: {why}",
-            state="rejoin-failed", flow=fs.flow, old=event.old_router,
+            f"over to router {event.new_router} ({event.new_address}){outcome}",
+            state=state, flow=fs.flow, old=event.old_router,
             old_address=event.old_address, new=event.new_router,
             new_address=event.new_address, reason=event.reason,
-            reconnect_ms=f"{event.reconnect_ms:.1f}", gap_ms=f"{gap_ms:.1f}", error=why))
+            reconnect_ms=f"{event.reconnect_ms:.1f}", gap_ms=f"{gap_ms:.1f}", **extra))
