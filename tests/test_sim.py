@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,13 +253,18 @@ def test_frames_in_flight_are_lost_and_routers_see_close_then_open() -> None:
     assert b.payloads(FLOW) == [b"a|after"]
 
 
-def test_serialisation_queues_frames_fifo() -> None:
+def slow_pair() -> tuple[SimNetwork, Any, Any]:
+    """r1 (the core) - r2 over an 80 kbit/s, 100 ms link: a 1000-byte frame takes 0.1 s to
+    serialise. Endpoint ``a`` on r1, ``b`` on r2: returns ``(net, a, b)``."""
     net = SimNetwork(seed=0)
     net.add_router("r1", core_lsids=[0x10])
     net.add_router("r2")
     net.add_link("r1", "r2", bandwidth=80_000, delay=0.1)
-    a = net.add_endpoint("a", "r1")
-    b = net.add_endpoint("b", "r2")
+    return net, net.add_endpoint("a", "r1"), net.add_endpoint("b", "r2")
+
+
+def test_serialisation_queues_frames_fifo() -> None:
+    net, a, b = slow_pair()
     join_all(net)
     net.run_until(5.0)
     for k in range(4):
@@ -273,12 +279,7 @@ def test_administration_bands_overtake_queued_data() -> None:
     """As a router's output queue does (core.linkqueue), a repair request or heartbeat
     (bands 16..31) is served ahead of data queued on a slow link: it waits only for its own
     serialisation, and data sent after it is pushed back by as much."""
-    net = SimNetwork(seed=0)
-    net.add_router("r1", core_lsids=[0x10])
-    net.add_router("r2")
-    net.add_link("r1", "r2", bandwidth=80_000, delay=0.1)
-    a = net.add_endpoint("a", "r1")
-    b = net.add_endpoint("b", "r2")
+    net, a, b = slow_pair()
     for ep in (a, b):
         ep.join(FLOW, [20, 32])
     net.run_until(5.0)
