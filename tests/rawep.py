@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from flowrouter.core.tables import Modifiers
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire import control as C
@@ -158,14 +159,16 @@ async def core_and_edge(core_lsid: int = 0x10, **extra: Any
 
 
 @contextlib.asynccontextmanager
-async def chain(n: int = 3, core_lsid: int = 0x10, **extra: object
+async def chain(n: int = 3, core_lsid: int = 0x10, *, geography: int = 0, **extra: object
                 ) -> AsyncIterator[list[RouterNode]]:
-    """Routers r1 - r2 - ... - rN on loopback; rN is the core for *core_lsid*."""
+    """Routers r1 - r2 - ... - rN on loopback; rN is the core for *core_lsid*. Each ri dials
+    r(i+1), and that direction costs *geography*; *extra* NodeConfig fields go to all."""
     nodes: list[RouterNode] = []
     try:
         prev: RouterNode | None = None
         for i in range(n, 0, -1):
-            peers = [PeerConfig("%s:%d" % prev.tcp_address, prev.config.name)] if prev else []
+            peers = [PeerConfig("%s:%d" % prev.tcp_address, prev.config.name,
+                                modifiers=Modifiers(geography=geography))] if prev else []
             # r(i-1) dials this one: without link keys it must be listed to be a router
             accept = [f"r{i - 1}@127.0.0.1"] if i > 1 else []
             cfg = NodeConfig(f"r{i}", listen="127.0.0.1:0", peers=peers,

@@ -10,7 +10,7 @@ import fnmatch
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -32,13 +32,11 @@ from directory import (
 )
 from directory import protocol as P
 from directory.cli import main as flowdir_main
-from flowrouter.core.tables import Modifiers
-from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import Locality
 
-from .rawep import within
+from .rawep import chain, within
 
 LSID = 0x10
 REPO = Path(__file__).resolve().parents[1]
@@ -49,32 +47,12 @@ def addr(node: RouterNode) -> str:
     return "%s:%d" % node.tcp_address
 
 
-@contextlib.asynccontextmanager
-async def overlay(n: int, geography: int = 0) -> AsyncIterator[list[RouterNode]]:
+def overlay(n: int, geography: int = 0) -> contextlib.AbstractAsyncContextManager[
+        list[RouterNode]]:
     """Routers r1 - ... - rN on loopback, rN the core of LSID 0x10, every router suggesting
     that LSID. Each ri dials r(i+1) and that direction costs *geography* (the way queries
     travel toward the core)."""
-    nodes: list[RouterNode] = []
-    try:
-        prev: RouterNode | None = None
-        for i in range(n, 0, -1):
-            peers = ([PeerConfig(addr(prev), prev.config.name, modifiers=Modifiers(
-                geography=geography))] if prev else [])
-            node = RouterNode(NodeConfig(f"r{i}", listen="127.0.0.1:0", peers=peers,
-                                         accept_routers=[f"r{i - 1}@127.0.0.1"] if i > 1
-                                         else [],
-                                         default_lsid=LSID,
-                                         core_lsids=frozenset({LSID}) if i == n
-                                         else frozenset()))
-            await node.start()
-            nodes.insert(0, node)
-            prev = node
-        for node in nodes:
-            await within(node.wait_routes(LSID))
-        yield nodes
-    finally:
-        for node in nodes:
-            await node.stop()
+    return chain(n, LSID, geography=geography, default_lsid=LSID)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]] | Callable[[], bool],
