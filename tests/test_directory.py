@@ -36,15 +36,11 @@ from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import Locality
 
-from .rawep import chain, within
+from .rawep import addr, chain, within
 
 LSID = 0x10
 REPO = Path(__file__).resolve().parents[1]
 FAST = {"window": 0.25, "settle": 0.05}
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
 
 
 def overlay(n: int, geography: int = 0) -> contextlib.AbstractAsyncContextManager[

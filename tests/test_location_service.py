@@ -22,13 +22,9 @@ from flowrouter.wire.flowid import FlowID
 from location_service import LocationServiceConfig, flows_of, lookup, member_config
 from location_service.service import main as flowls_main
 
-from .rawep import RawEndpoint, within
+from .rawep import RawEndpoint, addr, within
 
 LSID = 0x10
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
 
 
 async def _overlay() -> tuple[list[RouterNode], list[RouterNode]]:

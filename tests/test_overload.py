@@ -13,7 +13,7 @@ from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT
 
-from .rawep import RawEndpoint, within
+from .rawep import RawEndpoint, addr, within
 
 A, B, Z = b"A" * 16, b"B" * 16, b"Z" * 16
 HDR = b"h" * 24
@@ -118,10 +118,6 @@ async def _pair(edge_extra: dict[str, object], emu: Emulation | None = None
     await edge.start()
     await within(edge.wait_routes(0x10))
     return edge, core
-
-
-def addr(node: RouterNode) -> str:
-    return "%s:%d" % node.tcp_address
 
 
 async def _flood_vs_polite(edge_extra: dict[str, object]) -> tuple[RouterNode, list[int],
