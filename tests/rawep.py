@@ -131,6 +131,28 @@ async def router(name: str, peers: Sequence[RouterNode] = (), core: bool = False
 
 
 @contextlib.asynccontextmanager
+async def mesh(dials: dict[str, Sequence[str]], lsid: int = 0x10
+               ) -> AsyncIterator[list[RouterNode]]:
+    """Loopback routers (see :func:`router`) named by *dials*'s keys, started in that order,
+    each dialling the earlier routers its value names; the first is the core for *lsid*.
+    Yields them in that order once all their links are up and each has a route to the core;
+    stops them, last first, after."""
+    nodes: dict[str, RouterNode] = {}
+    try:
+        for name, peers in dials.items():
+            nodes[name] = await router(name, [nodes[p] for p in peers], core=not nodes,
+                                       lsid=lsid)
+        for name, node in nodes.items():
+            await node.wait_peers_up(len(dials[name])
+                                     + sum(name in peers for peers in dials.values()))
+            await node.wait_routes(lsid)
+        yield list(nodes.values())
+    finally:
+        for node in reversed(list(nodes.values())):
+            await node.stop()
+
+
+@contextlib.asynccontextmanager
 async def core_and_edge(core_lsid: int = 0x10, **extra: Any
                         ) -> AsyncIterator[tuple[RouterNode, RouterNode]]:
     """Routers ``core`` (the core for *core_lsid*) and ``edge`` (dialling it) on loopback,

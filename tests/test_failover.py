@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -26,7 +26,7 @@ from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
 from flowrouter.wire.header import HEADER_SIZE, parse_header
 
-from .rawep import addr, get, router, run
+from .rawep import addr, get, mesh, router, run
 from .test_flowlib import FakeRouter, free_port
 
 T = TypeVar("T")
@@ -45,26 +45,11 @@ async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
     await asyncio.wait_for(spin(), timeout)
 
 
-@contextlib.asynccontextmanager
-async def overlay() -> AsyncIterator[list[RouterNode]]:
+def overlay() -> contextlib.AbstractAsyncContextManager[list[RouterNode]]:
     """Five routers: r0 is the core; r1 and r2 hang off it; r3 and r4 are each linked to both
     r1 and r2, so every router but the core has a second way up."""
-    nodes: list[RouterNode] = []
-    try:
-        r0 = await router("r0", core=True)
-        nodes.append(r0)
-        r1 = await router("r1", [r0])
-        r2 = await router("r2", [r0])
-        nodes += [r1, r2]
-        nodes.append(await router("r3", [r1, r2]))
-        nodes.append(await router("r4", [r1, r2]))
-        for node, links in zip(nodes, (2, 3, 3, 2, 2)):
-            await node.wait_peers_up(links)
-            await node.wait_routes(LSID)
-        yield nodes
-    finally:
-        for node in reversed(nodes):
-            await node.stop()
+    return mesh({"r0": [], "r1": ["r0"], "r2": ["r0"], "r3": ["r1", "r2"],
+                 "r4": ["r1", "r2"]}, LSID)
 
 
 class Collector:

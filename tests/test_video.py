@@ -29,7 +29,7 @@ from apps.video.streamer_core import RateChanged, StreamConfig
 from apps.video.viewer import Viewer
 from flowrouter.net.runtime import RouterNode
 
-from .rawep import addr, router, run
+from .rawep import addr, mesh, run
 
 LSID = 0x10
 HIGH, MID, LOW = Resolution(240, 180), Resolution(120, 90), Resolution(48, 36)
@@ -48,21 +48,9 @@ async def until(pred: Callable[[], bool], timeout: float = 20.0, what: str = "")
         raise AssertionError(f"timed out waiting for {what or pred}") from None
 
 
-@contextlib.asynccontextmanager
-async def star() -> AsyncIterator[list[RouterNode]]:
+def star() -> contextlib.AbstractAsyncContextManager[list[RouterNode]]:
     """r0 is the core; r1 and r2 hang off it."""
-    nodes: list[RouterNode] = []
-    try:
-        nodes.append(await router("r0", core=True))
-        nodes.append(await router("r1", [nodes[0]]))
-        nodes.append(await router("r2", [nodes[0]]))
-        for node, links in zip(nodes, (2, 1, 1)):
-            await node.wait_peers_up(links)
-            await node.wait_routes(LSID)
-        yield nodes
-    finally:
-        for node in reversed(nodes):
-            await node.stop()
+    return mesh({"r0": [], "r1": ["r0"], "r2": ["r0"]}, LSID)
 
 
 def config(**kw: object) -> StreamConfig:
