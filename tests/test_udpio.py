@@ -296,3 +296,28 @@ def test_malformed_datagrams_in_a_batch_drop_only_their_link() -> None:
             bad.close()
             await core.stop()
     run(main())
+
+
+def test_udp_socket_buffer_is_a_checked_config_key() -> None:
+    from flowrouter.net.config import ConfigError, config_from_dict
+
+    cfg = config_from_dict({"router": {"name": "x", "udp_socket_buffer": 1 << 20}})
+    assert cfg.udp_socket_buffer == 1 << 20
+    assert config_from_dict({"router": {"name": "x"}}).udp_socket_buffer == 4 << 20
+    with pytest.raises(ConfigError, match="udp_socket_buffer"):
+        config_from_dict({"router": {"name": "x", "udp_socket_buffer": -1}})
+
+
+def test_status_reports_the_udp_socket_buffers() -> None:
+    async def main() -> None:
+        small = 64 * 1024
+        node = RouterNode(NodeConfig("sb", listen="", udp="127.0.0.1:0",
+                                     udp_socket_buffer=small))
+        await node.start()
+        try:
+            io = node.status()["udp_io"]
+            # Linux doubles what it is asked for (bookkeeping), within rmem_max
+            assert 0 < io["rcvbuf"] <= 2 * small and 0 < io["sndbuf"] <= 2 * small
+        finally:
+            await node.stop()
+    run(main())

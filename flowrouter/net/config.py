@@ -256,6 +256,10 @@ class NodeConfig:
     reconnect_min: float = 0.1
     reconnect_max: float = 5.0
     udp_idle_timeout: float = 30.0
+    #: receive and send buffer asked of the kernel for the UDP socket (0: its default;
+    #: Linux caps it at net.core.rmem_max / wmem_max): what arrives while the router waits
+    #: for a CPU must fit, or the kernel drops it
+    udp_socket_buffer: int = 4 << 20
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     #: application membership notices on band 19 (flowrouter.core.appmembers): seconds
     #: between a flow's notices (0: off) and between snapshots of local members
@@ -431,6 +435,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "reconnect_min": limit(float, 0.001, 3600.0),
     "reconnect_max": limit(float, 0.001, 86400.0),
     "udp_idle_timeout": limit(float, 0.01, 86400.0),
+    "udp_socket_buffer": limit(int, 0, 1 << 30),
     "slow_consumer_bytes": limit(int, 1024, 1 << 40),
     "slow_consumer_grace": limit(float, 0.001, 86400.0),
     "slow_consumer_stall": limit(float, 0.001, 86400.0),

@@ -149,12 +149,19 @@ class RouterNode:
             sock = socket.socket(info[0], socket.SOCK_DGRAM)
             sock.setblocking(False)
             sock.bind(info[4])
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF) if cfg.udp_socket_buffer else ():
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, cfg.udp_socket_buffer)
+                except OSError as exc:
+                    log.warning("router %s: UDP socket buffer of %d bytes refused: %s",
+                                cfg.name, cfg.udp_socket_buffer, exc)
             io_cls, self.udp_io_info = io_choice()
             self._udp_io = io_cls(sock)
             self._udp_sock = sock
             loop.add_reader(sock.fileno(), self._udp_readable)
-            log.info("router %s listening for UDP links on %s:%d (%s)", cfg.name,
-                     *sock.getsockname()[:2], self.udp_io_info)
+            log.info("router %s listening for UDP links on %s:%d (%s; receive buffer %d "
+                     "bytes)", cfg.name, *sock.getsockname()[:2], self.udp_io_info,
+                     sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
         if cfg.control:
             host, port = parse_address(cfg.control, "control")
             secrets = cfg.control_secrets()
@@ -579,9 +586,12 @@ class RouterNode:
                            else {"engine": None, "why": self.fast_path_info})
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self._udp_sock else None
-        if self._udp_io is not None:
+        sock = self._udp_sock
+        if self._udp_io is not None and sock is not None:
             st["udp_io"] = {"io": self.udp_io_info, "native": bool(self._udp_io.native),
-                            "batch": self._udp_io.batch}
+                            "batch": self._udp_io.batch,
+                            "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+                            "sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)}
         st["listeners"] = self.listeners()
         st["link_auth"] = link_auth_status(self.config, self._links)
         return st
