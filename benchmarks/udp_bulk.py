@@ -293,12 +293,18 @@ async def _profile(chain: UdpChain, size: int, args: argparse.Namespace) -> None
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     async with log_directory(args.keep_logs) as log_dir:
+        extra: list[str] = []
+        if args.udp_buffer is not None:  # [router] udp_socket_buffer, through a config file
+            conf = log_dir / "udp-buffer.toml"
+            conf.write_text(f"[router]\nname = \"r\"\nudp_socket_buffer = {args.udp_buffer}\n")
+            extra = ["--config", str(conf)]
         for hops in args.hops:
-            async with UdpChain(hops, log_dir) as chain:
+            async with UdpChain(hops, log_dir, extra) as chain:
                 for size in args.sizes:
                     rows.append(await _one_rate(chain, size, args, log_dir))
     return {"benchmark": "udp_bulk", "machine": machine_info(), "code": code_info(),
             "native": os.environ.get("FLOWNET_NATIVE", ""), "rate": args.rate,
+            "udp_buffer": args.udp_buffer,
             "warmup": args.warmup, "duration": args.duration, "rows": rows}
 
 
@@ -312,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--udp-buffer", type=int, metavar="BYTES",
+                    help="the routers' [router] udp_socket_buffer (default: theirs)")
     ap.add_argument("--profile", metavar="DIR",
                     help="also sample every router with py-spy during the window (saved here)")
     ap.add_argument("--label", default="udp", help="file name prefix of the profiles")
