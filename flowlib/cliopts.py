@@ -19,12 +19,14 @@ and the wire layer of flowrouter.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from flowrouter.wire.address import parse_address
 
 from .credentials import load_capability, load_policy, parse_link_key
+
+T = TypeVar("T")
 
 DEFAULT_ROUTER = "127.0.0.1:7000"
 
@@ -41,25 +43,22 @@ def _router_list(text: str) -> list[str]:
     return routers
 
 
-def _link_key(text: str) -> tuple[str, str]:
-    try:
-        return parse_link_key(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def argtype(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """*parse* as an argparse ``type``: the ValueError it raises becomes argparse's error
+    (its message shown with the flag), not argparse's generic "invalid value"."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__
+    return convert
 
 
-def _capability(text: str) -> Any:
-    try:
-        return load_capability(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _policy(text: str) -> Any:
-    try:
-        return load_policy(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+#: ``--link-key ID:SECRET`` checked (see :func:`flowlib.credentials.parse_link_key`)
+link_key_arg = argtype(parse_link_key)
+_capability = argtype(load_capability)
+_policy = argtype(load_policy)
 
 
 def add_connection_options(parser: argparse.ArgumentParser | Any, *,
@@ -79,7 +78,7 @@ def add_connection_options(parser: argparse.ArgumentParser | Any, *,
                         help="flow router to connect to; repeatable or comma-separated: the "
                              "first that answers is used, the others are failed over to if "
                              f"it dies{default_text}", **kw)
-    parser.add_argument("--link-key", type=_link_key, metavar="ID:SECRET",
+    parser.add_argument("--link-key", type=link_key_arg, metavar="ID:SECRET",
                         help="link key for routers that require applications to "
                              "authenticate; SECRET as in a router config: hex:..., "
                              "base64:... or file:PATH", **kw)
@@ -122,4 +121,5 @@ def publish_policies(client: Any, args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_connection_options", "connect_kwargs", "routers", "publish_policies",
+           "argtype", "link_key_arg",
            "DEFAULT_ROUTER"]

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowlib.credentials import parse_link_key
+from flowlib.cliopts import link_key_arg
 from flowrouter import console
 from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
 from flowrouter.net.runtime import query_control
@@ -71,13 +71,6 @@ async def flows_of(control: str, lsid: int | None = None,
     return out
 
 
-def _link_key(text: str) -> tuple[str, str]:
-    try:
-        return parse_link_key(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _creator_arg(text: str) -> int:
     try:
         return int(text, 16)
@@ -117,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a router (member or not) that dials this one; needed without link "
                           "keys (repeatable)")
     run.add_argument("--epoch", type=float, default=5.0, help="GC epoch seconds")
-    run.add_argument("--link-key", type=_link_key, metavar="ID:SECRET",
+    run.add_argument("--link-key", type=link_key_arg, metavar="ID:SECRET",
                      help="shared link key of an overlay with authenticated links (as "
                           "flowlib's --link-key; SECRET: hex:..., base64:... or file:PATH)")
     run.add_argument("--encrypt", action="store_true",
