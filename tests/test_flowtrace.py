@@ -603,6 +603,31 @@ def test_the_tables_api_returns_dataframes(spark, tmp_path):
     assert max(r["hi"] for r in roles.collect()) == 100_000
 
 
+def test_empty_tables_read_back_with_their_columns(spark, tmp_path):
+    """A quiet trace (one router, nothing collected, no stray clock, no live flow) leaves
+    several tables empty; each is still a Parquet table Spark reads back: zero rows, the
+    columns a full run gives (partition columns last, as a partitioned table reads)."""
+    d = tmp_path / "quiet"
+    d.mkdir()
+    (d / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        rec(0.0, "solo", "link_up", link=1, peer="host", role="endpoint"),
+        snap(5.0, "solo", 0, 1, 0, {}, edge=True),
+        snap(15.0, "solo", 0, 1, 0, {}, edge=True)]))
+    out = tmp_path / "out"
+    job.analyze(spark, [str(d)], str(out), bucket=BUCKET, make_report=False)
+    for name in job.TABLES:
+        spark.read.parquet(str(out / "tables" / name)).schema  # noqa: B018 - must not raise
+    want = {"clock_outliers": ["router", "records", "min_t", "max_t", "fence_lo", "fence_hi",
+                               "run"],
+            "run_points": [c for c in job.POINT_COLUMNS if c != "run"] + ["run"]}
+    for name in ("clock_outliers", "gc_lag", "run_points", "errors"):
+        df = spark.read.parquet(str(out / "tables" / name))
+        assert df.count() == 0, name
+        if name in want:
+            assert df.columns == want[name], name
+    assert spark.read.parquet(str(out / "tables" / "gc_lag")).columns[-2:] == ["run", "router"]
+
+
 def test_the_session_is_on_loopback_without_ui_and_its_chatter_in_a_file(spark):
     conf = spark.sparkContext.getConf()
     assert conf.get("spark.driver.host") == "127.0.0.1"

@@ -103,14 +103,36 @@ class _Tables:
     def write(self, df: Any, name: str, by: Sequence[str] = ("run",), *,
               small: bool = False) -> None:
         """Parquet under base/name, partitioned by the *by* columns it has; a large table is
-        first clustered by run (one set of files per run, not per task)."""
+        first clustered by run (one set of files per run, not per task).
+
+        An empty table is still a table: a partitioned write of no rows leaves a folder with
+        no part file, which ``spark.read.parquet`` refuses (it cannot infer a schema), so an
+        empty table is written unpartitioned as one part file with no rows that carries the
+        schema (the partition columns last, where reading a partitioned table puts them)."""
         by = [c for c in by if c in df.columns]
         if small or not by:
             df = df.coalesce(1)
         elif "run" in by:
             df = df.repartition("run")
+        path = f"{self.base}/{name}"
         w = df.write.mode("overwrite")
-        (w.partitionBy(*by) if by else w).parquet(f"{self.base}/{name}")
+        (w.partitionBy(*by) if by else w).parquet(path)
+        if by and not self._has_parts(path):
+            empty = self.spark.createDataFrame(
+                [], df.select(*[c for c in df.columns if c not in by], *by).schema)
+            empty.coalesce(1).write.mode("overwrite").parquet(path)
+
+    def _has_parts(self, path: str) -> bool:
+        """Whether a written table holds any Parquet part file (through Hadoop's file
+        system API, so any URI the job writes to is looked at the same way)."""
+        jvm = self.spark.sparkContext._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hpath.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())
+        files = fs.listFiles(hpath, True)
+        while files.hasNext():
+            if files.next().getPath().getName().endswith(".parquet"):
+                return True
+        return False
 
     def collect(self, df: Any, name: str, by: Sequence[str] = ("run",)) -> list[dict[str, Any]]:
         """Collect a small table and write the collected rows (one computation, not two)."""
@@ -324,10 +346,9 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
         else:
             summary["fit"][target] = {"model": best.model, "formula": best.formula(),
                                       "runs": best.n, "loo_error": best.loo_error}
-    if points:
-        cols = list(points[0])
-        out.write(spark.createDataFrame([tuple(p[c] for c in cols) for p in points],
-                                        _point_schema(cols)), "run_points", small=True)
+    cols = list(points[0]) if points else list(POINT_COLUMNS)
+    out.write(spark.createDataFrame([tuple(p[c] for c in cols) for p in points],
+                                    _point_schema(cols)), "run_points", small=True)
     out.write(spark.createDataFrame([tuple(r.values()) for r in fit_rows] or [], FIT_SCHEMA),
               "fit", ())
     checked.unpersist()
@@ -351,6 +372,11 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
 FIT_SCHEMA = ("target string, model string, term string, coef double, se double, "
               "ci_lo double, ci_hi double, n long, df long, r2 double, loo_error double, "
               "extrapolation_error double, note string")
+
+
+#: the columns of a run point (:func:`run_points`), for an empty ``run_points`` table
+POINT_COLUMNS = ("run", "bucket", "flows", "members", "routers", "core_entries",
+                 "edge_entries", "transit_entries", "max_entries", "total_entries")
 
 
 def _point_schema(cols: Sequence[str]) -> str:
