@@ -56,32 +56,66 @@ class Links(RouterState):
                         else (0, 0, 0)).encode()
         link = self.links[link_id]
         link.hello_body, link.hello_at = hello, now
-        return [Send(link_id, pack_header(LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)]
+        return [_link_frame(link_id, hello)]
 
     def _repeat_hellos(self, now: float) -> list[Action]:
-        """Datagram links still waiting for the peer's HELLO say theirs again every
-        liveness interval (unauthenticated links only: a proof is not replayed)."""
+        """Datagram links still in their handshake repeat their last handshake messages,
+        unchanged, every liveness interval until the next step arrives: the HELLO while the
+        peer's has not come, and with link authentication the HELLO and our AUTH once it
+        has (the peer may have lost either). The peer recognises a repeat by its bytes
+        (:meth:`LinkAuthenticator.is_repeated_hello`): no proof is ever replayed into a new
+        session, and a lost datagram costs one interval, not a handshake time-out."""
         out: list[Action] = []
         for lid in sorted(self._handshaking):
             lk = self.links[lid]
-            if (lk.transport == "udp" and lk.auth is None and lk.pending_hello is None
-                    and now - lk.hello_at >= self.p.liveness_interval):
-                lk.hello_at = now
+            if (lk.transport != "udp" or not lk.hello_body
+                    or now - lk.hello_at < self.p.liveness_interval):
+                continue
+            lk.hello_at = now
+            if lk.pending_hello is None:
                 self.counters["handshake.hello-repeated"] += 1
-                out.append(Send(lid, pack_header(LINK_KEY, len(lk.hello_body),
-                                                 BAND_MEMBERSHIP), lk.hello_body))
+                out.append(_link_frame(lid, lk.hello_body))
+            elif lk.auth_body:
+                self.counters["handshake.auth-repeated"] += 1
+                out += [_link_frame(lid, lk.hello_body), _link_frame(lid, lk.auth_body)]
         return out
 
-    def _hello_on_up_link(self, link: Link, now: float) -> list[Action]:
+    def _hello_on_up_link(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
         """A HELLO on a link that is up: the peer lost ours (a datagram link) or started
-        over. Unauthenticated: say HELLO again. Authenticated: close, so both sides redo
-        the handshake with fresh proofs on a new link."""
+        over. Unauthenticated: say HELLO again. Authenticated: the very HELLO this link
+        accepted, repeated because the peer lost our AUTH, is answered with our AUTH
+        (:meth:`_answer_repeat`); any other HELLO closes the link, so both sides redo the
+        handshake with fresh proofs on a new link."""
         if link.auth is None and link.hello_body:
             self.counters["handshake.hello-answered"] += 1
-            return [Send(link.link_id, pack_header(LINK_KEY, len(link.hello_body),
-                                                   BAND_MEMBERSHIP), link.hello_body)]
+            return [_link_frame(link.link_id, link.hello_body)]
+        if link.auth is not None and link.auth.is_repeated_hello(msg.name, msg.role,
+                                                                 msg.credentials):
+            return self._answer_repeat(link, now)
         reason = "the peer started its handshake again"
         return self.close_link(link.link_id, now, reason) + [Close(link.link_id, reason)]
+
+    def _auth_on_up_link(self, link: Link, msg: C.Auth, now: float) -> list[Action]:
+        """An AUTH on a link that is up: the one this link accepted, repeated (the peer
+        lost our AUTH), is answered with ours; any other is a protocol error."""
+        if link.auth is not None and link.auth.is_repeated_auth(msg.body):
+            return self._answer_repeat(link, now)
+        raise MalformedFrame("bad-control", "AUTH on a link that is already up")
+
+    def _answer_repeat(self, link: Link, now: float) -> list[Action]:
+        """The peer repeats its handshake: it lacks our AUTH (it has our HELLO, or it
+        could not have proven itself). Answer with the same AUTH as before, while the
+        peer's handshake could still be running (the handshake time-out since this link
+        came up) and at most once per half liveness interval, so two sides that both came
+        up cannot keep answering each other's answers."""
+        p = self.p
+        if (not link.auth_body or now - link.up_at > p.handshake_timeout
+                or now - link.answered_at < p.liveness_interval / 2):
+            self.counters["handshake.repeats-ignored"] += 1
+            return []
+        link.answered_at = now
+        self.counters["handshake.auth-answered"] += 1
+        return [_link_frame(link.link_id, link.auth_body)]
 
     def default_lsid(self) -> int:
         if self.p.default_lsid:
@@ -214,6 +248,17 @@ class Links(RouterState):
             log.warning("%s refused us: %s", link.describe(), msg.text)
             closed = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
             return closed + [Close(link.link_id, "refused by peer")]
+        datagram = link.transport == "udp"
+        if isinstance(msg, C.Auth) and link.pending_hello is None and datagram:
+            # the peer has our HELLO but we lost its own: its AUTH cannot be checked yet;
+            # the peer repeats both (Links._repeat_hellos)
+            self.counters["handshake.early-frames"] += 1
+            return []
+        if (isinstance(msg, C.Hello) and link.pending_hello is not None
+                and link.auth.is_repeated_hello(msg.name, msg.role, msg.credentials)):
+            # a repeat of the HELLO we hold: our own repeats answer it (no new session)
+            self.counters["handshake.repeats-ignored"] += 1
+            return []
         if isinstance(msg, C.Auth) and link.pending_hello is not None:
             try:
                 link.auth.on_peer_auth(msg.body)
@@ -241,9 +286,8 @@ class Links(RouterState):
             except AuthError as exc:
                 return self._refuse(link, exc.reason, str(exc), now)
             link.pending_hello = msg
-            body = C.Auth(proof).encode()
-            return [Send(link.link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP),
-                         body)]
+            link.auth_body = C.Auth(proof).encode()
+            return [_link_frame(link.link_id, link.auth_body)]
         return self._link_up(link, msg, now)
 
     def _refuse(self, link: Link, reason: str, detail: str, now: float) -> list[Action]:
@@ -282,6 +326,7 @@ class Links(RouterState):
         link.peer_node_id = msg.node_id
         link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
         link.state = LinkState.UP
+        link.up_at = now
         self._link_changed(link.link_id)
         self._handshaking.discard(link.link_id)
         self.trust.on_up(link)
@@ -300,3 +345,8 @@ class Links(RouterState):
                                                           BAND_MEMBERSHIP), body))
             return out
         return []
+
+
+def _link_frame(link_id: int, body: bytes) -> Send:
+    """A link-local control frame (HELLO, AUTH, ERROR) carrying *body*."""
+    return Send(link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body)

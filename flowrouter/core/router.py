@@ -99,7 +99,9 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftS
             if isinstance(msg, _SOFT_MESSAGES):
                 return self._on_soft(link, msg, now)
             if isinstance(msg, C.Hello):
-                return self._hello_on_up_link(link, now)
+                return self._hello_on_up_link(link, msg, now)
+            if isinstance(msg, C.Auth):
+                return self._auth_on_up_link(link, msg, now)
             raise MalformedFrame("bad-control", f"{type(msg).__name__} is not a link-local "
                                                 "message")
         if band >= ROUTER_BANDS_END:  # pragma: no cover - guarded by the caller

@@ -152,7 +152,10 @@ class RouterState:
         def _soft_tick(self, now: float) -> list[Action]: ...  # softstate
         def _retry_orphans(self, now: float) -> list[Action]: ...  # lsexchange
         def _repeat_hellos(self, now: float) -> list[Action]: ...  # links
-        def _hello_on_up_link(self, link: Link, now: float) -> list[Action]: ...  # links
+        def _hello_on_up_link(self, link: Link, msg: C.Hello,  # links
+                              now: float) -> list[Action]: ...
+        def _auth_on_up_link(self, link: Link, msg: C.Auth,  # links
+                             now: float) -> list[Action]: ...
         def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership
                         fault: C.Fault) -> list[Action]: ...
         def measure_rtt(self, link_id: int, rtt: float, now: float) -> bool: ...  # links

@@ -95,6 +95,13 @@ class Link:
     #: peer's arrives: a lost first HELLO must not leave the link down for good)
     hello_body: bytes = b""
     hello_at: float = 0.0
+    #: an authenticated UDP link repeats its handshake the same way, AUTH included (the
+    #: frame body, unchanged), and once up answers the peer's repeats with it until the
+    #: handshake time-out has passed since it came up (``up_at``), at most one answer per
+    #: half retry interval (``answered_at``)
+    auth_body: bytes = b""
+    up_at: float = 0.0
+    answered_at: float = float("-inf")
 
     def describe(self) -> str:
         return f"link {self.link_id} ({self.peer_name} via {self.transport} {self.address})"

@@ -16,6 +16,14 @@ The router core (or runtime) drives one :class:`LinkAuthenticator` per link:
    stable ``reason``: ``unknown-key``, ``bad-proof``, ``missing-credentials``, ``replay``,
    ``malformed``, ``version`` (the peer speaks another handshake version) or ``state``.
 
+On a datagram link any handshake message may be lost, so each side repeats its last ones
+unchanged (the same HELLO, the same AUTH) until the next step arrives. A repeat is recognised
+by its bytes (:meth:`~LinkAuthenticator.is_repeated_hello`,
+:meth:`~LinkAuthenticator.is_repeated_auth`) and answered with the same AUTH as before
+(:attr:`~LinkAuthenticator.auth_message`): it starts no new session, consults no replay
+cache and reveals nothing a listener has not seen, while a HELLO with a nonce seen before on
+any other handshake still fails with ``replay``.
+
 As in TLS 1.3's PSK-DHE mode and WireGuard, the pre-shared key *authenticates* and the
 ephemeral exchange *keys* the session: the ephemeral private keys live only for one handshake,
 so someone who records a link and later obtains the site key still cannot open the records.
@@ -299,6 +307,12 @@ class LinkAuthenticator:
             kid, encrypt, nonce, require_endpoints, self.my_ephemeral)
         self._dh: bytes | None = None
         self._keys: tuple[bytes, bytes] | None = None
+        #: what this handshake accepted and answered (credentials, the peer's AUTH, our
+        #: AUTH): a datagram link's lost message is repeated byte for byte, and a repeat is
+        #: recognised by these bytes, never taken for a new session
+        self._peer_creds = b""
+        self._peer_auth = b""
+        self.auth_message = b""
         self.state = "start"
         self.peer: HelloCredentials | None = None
         self.peer_name = ""
@@ -335,13 +349,32 @@ class LinkAuthenticator:
             raise self._fail("malformed", "the peer's ephemeral key is not usable") from None
         self._ephemeral = None  # forward secrecy: the private half is needed no more
         self.peer, self.peer_name, self.peer_role = creds, peer_name, int(peer_role)
+        self._peer_creds = bytes(credentials)
         self.state = "hello-received"
         key = self.keyring.get(self.key_id)
         assert key is not None
         proof = make_proof(key, self.my_nonce, creds.nonce, self.my_name, peer_name,
                            self.my_role, self.key_id, self.my_flags, creds.flags,
                            self.my_ephemeral, creds.ephemeral)
-        return encode_auth(proof)
+        self.auth_message = encode_auth(proof)
+        return self.auth_message
+
+    def is_repeated_hello(self, peer_name: str, peer_role: int, credentials: bytes) -> bool:
+        """Whether this HELLO is, byte for byte, the one this handshake already accepted
+        (a datagram link's peer repeats its HELLO until our answer arrives). A repeat
+        changes nothing: it is answered with :attr:`auth_message` (the same bytes as
+        before, revealing nothing new), and the replay cache is not asked, so the repeat is
+        neither refused as a replay nor ever taken for a second session. Any other HELLO
+        after the first is not a repeat (the caller refuses or restarts the link)."""
+        return (self.state in ("hello-received", "authenticated")
+                and bytes(credentials) == self._peer_creds and peer_name == self.peer_name
+                and int(peer_role) == self.peer_role)
+
+    def is_repeated_auth(self, message: bytes) -> bool:
+        """Whether this AUTH is, byte for byte, the one that authenticated this handshake
+        (the peer lost our AUTH and repeats its own): answered with :attr:`auth_message`,
+        it proves nothing new and changes nothing."""
+        return self.state == "authenticated" and bytes(message) == self._peer_auth
 
     def on_peer_auth(self, message: bytes) -> None:
         """Check the peer's proof; afterwards :attr:`authenticated` is True."""
@@ -364,6 +397,7 @@ class LinkAuthenticator:
         self._keys = derive_session_keys(my_key, key, self.my_nonce, peer.nonce, self._dh,
                                          self.my_ephemeral, peer.ephemeral)
         self._dh = None
+        self._peer_auth = bytes(message)
         self.state = "authenticated"
 
     @property
