@@ -197,7 +197,7 @@ class Connection:
             creds = self._auth.hello_credentials()
         hello = C.Hello(self.node_id, C.Role.ENDPOINT, self.name, self._own_max_payload,
                         0, creds).encode()
-        transport.writelines([pack_header(LINK_KEY, len(hello), BAND_MEMBERSHIP), hello])
+        transport.writelines([C.hello_header(len(hello)), hello])  # announces our features
 
     def _protocol_error(self, link: Link, reason: str) -> None:
         """The router sent something we cannot trust: drop the link, say why."""
@@ -390,10 +390,16 @@ class Connection:
             return
         try:
             msg = C.decode(payload)
+        except C.UnknownControlType:
+            # a newer router's message: counted and ignored (flowrouter.wire.control)
+            self.counters["control.unknown-type"] += 1
+            return
         except MalformedFrame as exc:
             self._protocol_error(link, f"malformed control message: {exc}")
             return
         if link_local:
+            if isinstance(msg, C.Hello):
+                link.router_features = C.hello_features(header)
             self._on_link_control(link, msg)
             return
         hello = self._hello

@@ -51,6 +51,9 @@ class Link(asyncio.Protocol):
         self.decoder = FrameDecoder(client._own_max_payload)
         self.transport: asyncio.Transport | None = None
         self.router_name = ""
+        #: the feature bits of the router's HELLO (flowrouter.wire.control.FEATURES): no
+        #: soft-state message goes to a router that does not announce them
+        self.router_features = 0
         #: the handshake's bytes, parsed one frame at a time: after the router's AUTH the
         #: rest of the stream may be sealed records (None once the handshake is over)
         self.hs: bytearray | None = bytearray()

@@ -6,7 +6,9 @@ of what this client holds (DESIGN.md section 14).
   life; a router silent for ``dead_after`` seconds is hung or cut off (a stopped process
   whose kernel still holds the socket answers TCP, so TCP alone never notices), and the
   link is dropped like a lost one: with failover on, the client moves to the next router.
-  ``rtt`` is the smoothed round trip of the echoes.
+  ``rtt`` is the smoothed round trip of the echoes. A router whose HELLO does not announce
+  the soft-state feature (``flowrouter.wire.control.FEATURE_SOFT_STATE``: one from before
+  these messages) is sent no ECHO and no digest, and is never declared dead for silence.
 * **Refresh.** Every ``refresh_interval`` the client sends its router one digest (chunked,
   spread over the interval) of the flows it listens on or advertises and their band masks.
   The router reconciles its table from it, so a lost JOIN, mask change or LEAVE is repaired
@@ -98,6 +100,8 @@ class SoftState(Sending):
             self._fail(link, f"router {self.router_name!r} silent for {silent:.1f}s: hung or "
                              "unreachable")
             return
+        if not (link.router_features & C.FEATURE_SOFT_STATE or self._router_speaks):
+            return  # a router from before soft state would drop the link on our first ECHO
         if now >= self._echo_due:
             self._echo_due = now + self.liveness_interval
             self._echo_seq = (self._echo_seq + 1) & 0xFFFFFFFF

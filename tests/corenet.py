@@ -161,10 +161,11 @@ class Endpoint:
         self.send_raw(pack_header(key_of(f), len(body), band), body, pump)
 
     def hello(self, role: C.Role = C.Role.ENDPOINT, max_payload: int = 65536,
-              pump: bool = True) -> None:
+              pump: bool = True, features: int = C.FEATURES) -> None:
+        """Say HELLO, announcing *features* (0: a client from before soft state)."""
         self.said_hello = True
-        self.control(LINK_KEY, C.Hello(self.link_id, role, self.name,
-                                       max_payload), pump=pump)
+        body = C.Hello(self.link_id, role, self.name, max_payload).encode()
+        self.send_raw(C.hello_header(len(body), features), body, pump)
 
     def join(self, f: FlowID, bands: Any = "data", flags: int = 0, pump: bool = True) -> int:
         """JOIN with *bands* (anything mask_of takes; a bare int is a raw 128-bit mask)."""
@@ -240,7 +241,7 @@ class CoreNet:
 
     def endpoint(self, name: str, router: str, modifiers: Modifiers | None = None,
                  silent: bool = False, role: C.Role = C.Role.ENDPOINT,
-                 hello: bool = True) -> Endpoint:
+                 hello: bool = True, features: int = C.FEATURES) -> Endpoint:
         lid = next(self._ids)
         ep = Endpoint(self, name, router, lid, silent)
         self.endpoints[name] = ep
@@ -248,7 +249,7 @@ class CoreNet:
         self.apply(router, self.routers[router].open_link(lid, self.now, transport="sim",
                                                           address=name, modifiers=modifiers))
         if hello:
-            ep.hello(role)
+            ep.hello(role, features=features)
         return ep
 
     def link(self, a: str, b: str) -> int:

@@ -54,12 +54,15 @@ class RawEndpoint:
         self._task = asyncio.ensure_future(self._pump())
 
     @classmethod
-    async def connect(cls, node: RouterNode, name: str = "raw", hello: bool = True
-                      ) -> RawEndpoint:
+    async def connect(cls, node: RouterNode, name: str = "raw", hello: bool = True,
+                      features: int = C.FEATURES) -> RawEndpoint:
+        """Connect and say HELLO announcing *features* (0: a client from before soft state,
+        which the router sends no soft-state message)."""
         reader, writer = await within(asyncio.open_connection(*node.tcp_address))
         ep = cls(reader, writer)
         if hello:
-            ep.send_control(LINK_LOCAL_FLOW.key, C.Hello(7, C.Role.ENDPOINT, name, 65536))
+            body = C.Hello(7, C.Role.ENDPOINT, name, 65536).encode()
+            ep.writer.write(C.hello_header(len(body), features) + body)
             hdr, payload = await ep.next_frame()
             assert isinstance(C.decode(payload), C.Hello)
         return ep

@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from flowrouter.wire import control as C
-from flowrouter.wire.header import MalformedFrame
+from flowrouter.wire.bands import BAND_MEMBERSHIP
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+from flowrouter.wire.header import MalformedFrame, pack_header, parse_header
 
 u8 = st.integers(min_value=0, max_value=255)
 u32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
@@ -110,10 +112,26 @@ def test_wrong_version_rejected(msg, version):
 
 
 @pytest.mark.parametrize("mtype", [0, 6, 9, 22, 99, 255])
-def test_unknown_type_rejected(mtype):
-    with pytest.raises(MalformedFrame, match=f"unknown control type {mtype}") as info:
-        C.decode(bytes([C.CONTROL_VERSION, mtype]))
-    assert info.value.reason == "bad-control"
+def test_unknown_type_is_its_own_error(mtype):
+    """A newer peer's message type: receivers count and ignore it (UnknownControlType), so
+    it is told apart from a malformed message (which drops the link)."""
+    with pytest.raises(C.UnknownControlType, match=f"unknown control type {mtype}") as info:
+        C.decode(bytes([C.CONTROL_VERSION, mtype]) + b"anything a newer peer put here")
+    assert info.value.reason == "unknown-type" and info.value.mtype == mtype
+    assert isinstance(info.value, MalformedFrame)  # code that only knows MalformedFrame
+
+
+def test_hello_frames_announce_features_in_the_header():
+    body = C.Hello(1, C.Role.ENDPOINT, "x", 100).encode()
+    hdr = C.hello_header(len(body))
+    assert C.hello_features(hdr) == C.FEATURES and C.FEATURES & C.FEATURE_SOFT_STATE
+    assert hdr[:16] == LINK_LOCAL_FLOW.key and hdr[20] == BAND_MEMBERSHIP
+    assert parse_header(hdr).size == len(body)
+    # a node from before features sends locality NONE, value 0
+    assert C.hello_features(pack_header(LINK_LOCAL_FLOW.key, len(body), 0)) == 0
+    assert C.hello_features(C.hello_header(len(body), 0)) == 0
+    with pytest.raises(ValueError):
+        C.hello_header(len(body), 256)
 
 
 def test_hello_bad_magic_and_role():
@@ -182,7 +200,7 @@ def _decode_or_malformed(raw: bytes) -> None:
     try:
         msg = C.decode(raw)
     except MalformedFrame as exc:
-        assert exc.reason in {"bad-control", "bad-version", "bad-hello"}
+        assert exc.reason in {"bad-control", "bad-version", "bad-hello", "unknown-type"}
         return
     # anything accepted is a well-formed message: it re-encodes and decodes to itself, and
     # (apart from a FAULT whose extra map repeats a key) to exactly the same bytes

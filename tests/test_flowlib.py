@@ -163,27 +163,66 @@ class FakeConn:
     def control(self, key: bytes, band: int, msg: C.ControlMessage) -> None:
         self.write(key, band, msg.encode())
 
-    async def handshake(self, max_payload: int = 65536, default_lsid: int = LSID) -> C.Hello:
+    async def handshake(self, max_payload: int = 65536, default_lsid: int = LSID,
+                        features: int = 0) -> C.Hello:
+        """The router's half of the handshake; its HELLO announces *features* (0, an older
+        router's: the client sends it no soft-state message)."""
         hdr, hello = await self.read_control()
         assert isinstance(hello, C.Hello) and hdr.key == LINK_LOCAL_FLOW.key
-        self.control(LINK_LOCAL_FLOW.key, 0, C.Hello(7, C.Role.ROUTER, "fake", max_payload,
-                                                     default_lsid))
+        self.features = C.hello_features(hdr.pack())
+        self.write(LINK_LOCAL_FLOW.key, 0, C.Hello(7, C.Role.ROUTER, "fake", max_payload,
+                                                   default_lsid).encode(), loc_value=features)
         return hello
 
     def close(self) -> None:
         self.writer.close()
 
 
-async def fake_client(fake: FakeRouter, **kw: Any) -> tuple[flowlib.FlowClient, FakeConn]:
+async def fake_client(fake: FakeRouter, features: int = 0, **kw: Any
+                      ) -> tuple[flowlib.FlowClient, FakeConn]:
     """Connect a client to the fake and do the router's half of the handshake."""
     task = asyncio.ensure_future(flowlib.connect(fake.address, name="app", **kw))
     conn = await fake.accept()
-    hello = await conn.handshake()
+    hello = await conn.handshake(features=features)
     assert hello.role is C.Role.ENDPOINT and hello.name == "app" and hello.max_payload > 0
     return await task, conn
 
 
 # ================================================================== connect / handshake
+def test_no_soft_state_to_a_router_that_does_not_announce_it() -> None:
+    """A router from before soft state (its HELLO announces no features) would drop the link
+    on the first ECHO or digest: the client sends it none and never declares it dead for its
+    silence, while a router that announces them gets both. A control message of a type the
+    client does not know (a newer router's) is counted and ignored."""
+    async def main() -> None:
+        soft = dict(liveness_interval=0.05, dead_after=0.2, refresh_interval=0.05,
+                    request_timeout=5)
+        async with FakeRouter() as fake:
+            for features in (0, C.FEATURES):
+                client, conn = await fake_client(fake, features=features, **soft)
+                assert conn.features & C.FEATURE_SOFT_STATE  # the client announces them
+                async with client:
+                    raw = bytes([C.CONTROL_VERSION, 0xEE]) + b"a newer router's message"
+                    conn.write(LINK_LOCAL_FLOW.key, 0, raw)
+                    loop = asyncio.get_running_loop()
+                    start = loop.time()
+                    while (client.counters["control.unknown-type"] < 1
+                           or loop.time() - start < 0.5):  # ten liveness intervals
+                        await asyncio.sleep(0.05)
+                    flow = await client.create()
+                    task = asyncio.ensure_future(client.listen(flow, "data"))
+                    _, join = await conn.read_join()  # what the client sent before it: soft
+                    conn.control(flow.key, 0, C.JoinAck(join.req_id, C.JoinStatus.OK))
+                    await task
+                    kinds = {type(m) for m in conn.soft}
+                    if features:
+                        assert {C.Echo, C.Refresh} <= kinds
+                    else:
+                        assert not kinds and not client.closed  # silent, yet not dead
+                conn.close()
+    run(main())
+
+
 def test_connect_handshake_and_close() -> None:
     async def main() -> None:
         async with chain(2) as (r0, r1):

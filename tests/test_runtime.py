@@ -166,7 +166,7 @@ BAD_FRAMES = {
     "oversized": pack_header(FLOW.key, 10_000_000, 32),
     "bad-band": HEADER.pack(0xA1, 0x10, 1, 3, 200, 0, 0, 32) + b"abc",
     "bad-locality": HEADER.pack(0xA1, 0x10, 1, 3, 40, 9, 0, 32) + b"abc",
-    "bad-control": pack_header(FLOW.key, 5, 0) + b"\x01\x63zzz",
+    "bad-control": pack_header(FLOW.key, 5, 0) + b"\x01\x0azzz",  # a JOIN cut short
     "garbage": b"\xff" * 64,
 }
 

@@ -8,12 +8,13 @@ import pytest
 from flowrouter.core.router import Router, RouterParams
 from flowrouter.core.timers import TimerWheel
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_FAULT
+from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
+from flowrouter.wire.header import pack_header
 
 try:  # tests/ as a package or as a plain directory on sys.path
-    from .corenet import LSID, SOFT, CoreNet, bits, chain, flow
+    from .corenet import LINK_KEY, LSID, SOFT, CoreNet, bits, chain, flow
 except ImportError:
-    from corenet import LSID, SOFT, CoreNet, bits, chain, flow
+    from corenet import LINK_KEY, LSID, SOFT, CoreNet, bits, chain, flow
 
 F = flow(LSID)
 
@@ -295,3 +296,53 @@ def test_a_mass_expiry_is_spread_over_ticks(monkeypatch):
         per_tick.append(before - len(r.flows))
     assert not r.flows and r.counters["gc.links-collected"] == 500
     assert max(per_tick) == 100 and sum(1 for n in per_tick if n) >= 5
+
+
+# =========================================================================== older peers
+def test_a_peer_that_does_not_announce_soft_state_is_sent_none_of_it():
+    """A node from before soft state drops a link on the first message of a type it does not
+    know, so a peer whose HELLO announces no features gets no ECHO, digest, PRUNE or
+    NOT_ON_TREE; it is never declared dead for its silence, its link stays up, and what it
+    holds lasts the hold time (liveness falls back to the hold time)."""
+    net = CoreNet(**SOFT)
+    trusted = frozenset({("old-r", "old-r"), ("new-r", "new-r")})
+    net.router("r1", core_lsids=frozenset({LSID}), accept_routers=trusted)
+    old_app = net.endpoint("old", "r1", silent=True, features=0)
+    new_app = net.endpoint("new", "r1", silent=True)
+    old_r = net.endpoint("old-r", "r1", role=C.Role.ROUTER, silent=True, features=0)
+    new_r = net.endpoint("new-r", "r1", role=C.Role.ROUTER, silent=True)
+    old_app.join(F, [33])
+    net.run(until=2.0, step=0.25)
+    r1 = net.routers["r1"]
+    assert new_app.msgs(C.Echo) and new_r.msgs(C.Echo) and new_r.msgs(C.Refresh)
+    net.run(until=8.0, step=0.25)  # beyond dead_after (1.5 s) and the hold time (3 s)
+    for peer in (old_app, old_r):
+        assert peer.link_id in r1.links, peer
+        assert not [fr.msg for fr in peer.frames if isinstance(fr.msg, (
+            C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree))], peer
+    assert old_r.msgs(C.LsRoutes)  # what it has always understood it still gets
+    assert new_r.link_id not in r1.links  # the silent new router was declared dead
+    assert r1.counters["liveness.dead"] == 1
+    assert r1.counters["liveness.peer-without-soft-state"] == 2
+    assert F.key not in r1.flows and r1.counters["gc.links-collected"] == 1  # hold time
+    assert r1.counters["refresh.notices-withheld"] >= 1  # the PRUNE it would not understand
+
+
+def test_an_unknown_control_type_is_a_counted_drop_not_a_link_drop():
+    """A newer peer's message type (link-local, on a flow's band, or before its HELLO) is
+    counted and ignored; the link stays up and keeps working."""
+    net = chain(2, **SOFT)
+    e1, e2 = net.endpoint("e1", "r1"), net.endpoint("e2", "r2")
+    e2.join(F, [33])
+    raw = bytes([C.CONTROL_VERSION, 0xEE]) + b"from a newer peer"
+    e1.send_raw(pack_header(LINK_KEY, len(raw), BAND_MEMBERSHIP), raw)
+    e1.send_raw(pack_header(F.key, len(raw), BAND_MEMBERSHIP), raw)
+    early = net.endpoint("early", "r1", hello=False)
+    early.send_raw(pack_header(LINK_KEY, len(raw), BAND_MEMBERSHIP), raw)
+    early.hello()
+    r1 = net.routers["r1"]
+    assert r1.counters["control.unknown-type"] == 3 and r1.counters["malformed"] == 0
+    assert not net.closes and not e1.msgs(C.Error) and not early.msgs(C.Error)
+    assert {e1.link_id, early.link_id} <= set(r1.links)
+    e1.send(F, 33, b"still up")
+    assert e2.payloads(F) == [b"still up"]

@@ -56,7 +56,7 @@ class Links(RouterState):
                         else (0, 0, 0)).encode()
         link = self.links[link_id]
         link.hello_body, link.hello_at = hello, now
-        return [_link_frame(link_id, hello)]
+        return [_hello_frame(link_id, hello)]
 
     def _repeat_hellos(self, now: float) -> list[Action]:
         """Datagram links still in their handshake repeat their last handshake messages,
@@ -74,10 +74,10 @@ class Links(RouterState):
             lk.hello_at = now
             if lk.pending_hello is None:
                 self.counters["handshake.hello-repeated"] += 1
-                out.append(_link_frame(lid, lk.hello_body))
+                out.append(_hello_frame(lid, lk.hello_body))
             elif lk.auth_body:
                 self.counters["handshake.auth-repeated"] += 1
-                out += [_link_frame(lid, lk.hello_body), _link_frame(lid, lk.auth_body)]
+                out += [_hello_frame(lid, lk.hello_body), _link_frame(lid, lk.auth_body)]
         return out
 
     def _hello_on_up_link(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
@@ -88,7 +88,7 @@ class Links(RouterState):
         handshake with fresh proofs on a new link."""
         if link.auth is None and link.hello_body:
             self.counters["handshake.hello-answered"] += 1
-            return [_link_frame(link.link_id, link.hello_body)]
+            return [_hello_frame(link.link_id, link.hello_body)]
         if link.auth is not None and link.auth.is_repeated_hello(msg.name, msg.role,
                                                                  msg.credentials):
             return self._answer_repeat(link, now)
@@ -237,7 +237,10 @@ class Links(RouterState):
                    now: float) -> list[Action]:
         if bytes(header[:16]) != LINK_KEY:
             raise MalformedFrame("no-hello", "first frame on a link must be HELLO")
-        msg = C.decode(payload)
+        try:
+            msg = C.decode(payload)
+        except C.UnknownControlType:
+            return self._unknown_control(link)
         if isinstance(msg, (C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree,
                             C.LsRoutes, C.PolicyMsg)):
             # the peer is up and we missed its HELLO (lost datagram, one-way outage): not
@@ -275,6 +278,7 @@ class Links(RouterState):
                                              f"AUTH), got {type(msg).__name__}")
         if msg.max_payload <= 0:
             raise MalformedFrame("bad-hello", "peer announces a maximum payload of 0")
+        link.features = C.hello_features(header)
         if self.p.keyring is not None and (msg.role is C.Role.ROUTER or self.p.auth_endpoints
                                            or msg.credentials):
             if not msg.credentials:
@@ -289,6 +293,13 @@ class Links(RouterState):
             link.auth_body = C.Auth(proof).encode()
             return [_link_frame(link.link_id, link.auth_body)]
         return self._link_up(link, msg, now)
+
+    def _unknown_control(self, link: Link) -> list[Action]:
+        """A control message of a type we do not know (a newer peer's): counted and
+        ignored, the link stays up (flowrouter.wire.control: forward compatibility)."""
+        self.counters["control.unknown-type"] += 1
+        log.debug("%s: ignored a control message of an unknown type", link.describe())
+        return []
 
     def _refuse(self, link: Link, reason: str, detail: str, now: float) -> list[Action]:
         """Link authentication failed: say why, count it, drop only that link."""
@@ -350,3 +361,8 @@ class Links(RouterState):
 def _link_frame(link_id: int, body: bytes) -> Send:
     """A link-local control frame (HELLO, AUTH, ERROR) carrying *body*."""
     return Send(link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body)
+
+
+def _hello_frame(link_id: int, body: bytes) -> Send:
+    """Our HELLO frame: its header announces the features we speak (wire.control)."""
+    return Send(link_id, C.hello_header(len(body)), body)

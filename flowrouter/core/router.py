@@ -86,7 +86,10 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftS
 
     def _admin(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
                band: int, now: float) -> list[Action]:
-        msg = C.decode(payload)
+        try:
+            msg = C.decode(payload)
+        except C.UnknownControlType:
+            return self._unknown_control(link)
         key = bytes(header[:16])
         if key[8:12] == ZERO_LSID:
             if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:

@@ -13,7 +13,10 @@ How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way 
   is closed exactly like a failed link (faults on band 17, re-graft, LS re-routing), so a
   hung machine (SIGSTOP: its kernel still answers TCP) is found within ``dead_after`` plus
   one interval. An application link is held to the same rule once the application has shown
-  it speaks the protocol (sent an ECHO or ECHO_REPLY); older clients are not cut off. ECHO
+  it speaks the protocol (sent an ECHO or ECHO_REPLY); older clients are not cut off. A peer
+  whose HELLO does not announce the soft-state feature (:data:`~flowrouter.wire.control.
+  FEATURE_SOFT_STATE`: a node from before these messages) is sent none of them: no ECHO,
+  digest, PRUNE or NOT_ON_TREE, no death for silence; its state lasts the hold time. ECHO
   replies give a smoothed RTT per link (``status()``), the input measured locality needs.
   While data flows both ways each side already hears the other, so the probe is spared
   (slow links pay for every frame) except one every ``RTT_EVERY`` intervals for the RTT.
@@ -107,7 +110,10 @@ class SoftState(RouterState):
         gen = self._soft_gen[lid] = self._soft_gen.get(lid, 0) + 1
         link.heard = now
         wheel = self.wheel
-        wheel.schedule((_ECHO, lid, gen), now)  # the first echo at once: an RTT right away
+        if _speaks_soft_state(link):  # the first echo at once: an RTT right away
+            wheel.schedule((_ECHO, lid, gen), now)
+        else:  # a node from before soft state would drop the link on our first ECHO
+            self.counters["liveness.peer-without-soft-state"] += 1
         if link.role is C.Role.ROUTER:
             wheel.schedule((_ROUND, lid, gen), now)
         wheel.schedule((_HOLD, lid, gen), now + self.p.hold)
@@ -280,7 +286,8 @@ class SoftState(RouterState):
             if kind == _ECHO:
                 out += self._echo(link, gen, now)
             elif kind == _ROUND:
-                period = self._start_round(link, now)
+                period = (self._start_round(link, now) if _speaks_soft_state(link)
+                          else self.p.refresh_interval)
                 self.wheel.schedule(item, now + period)
                 # the LS route vector is soft state too: sent on change, repeated here so a
                 # lost update cannot leave a neighbour with a stale route
@@ -416,6 +423,9 @@ class SoftState(RouterState):
             link = self.links.get(lid)
             if link is None or link.state is not LinkState.UP:
                 continue
+            if not _speaks_soft_state(link):
+                self.counters["refresh.notices-withheld"] += 1
+                continue
             ordered = sorted(keys)
             per = C.keys_capacity(link.max_payload)
             cls = C.Prune if mtype == C.MsgType.PRUNE else C.NotOnTree
@@ -436,6 +446,13 @@ class SoftState(RouterState):
                 "silent_s": None if now is None or link.state is not LinkState.UP
                 else round(max(0.0, now - link.heard), 3),
                 "hold_s": link.hold or self.p.hold}
+
+
+def _speaks_soft_state(link: Link) -> bool:
+    """The peer announced the soft-state messages in its HELLO (wire.control features) or
+    has sent one itself; no other peer is sent any (a node from before them would drop the
+    link): it is never declared dead for silence, and what it holds lasts the hold time."""
+    return bool(link.features & C.FEATURE_SOFT_STATE) or link.speaks_liveness
 
 
 def _link_msg(link_id: int, msg: C.ControlMessage) -> Send:

@@ -154,6 +154,7 @@ class RouterState:
         def _repeat_hellos(self, now: float) -> list[Action]: ...  # links
         def _hello_on_up_link(self, link: Link, msg: C.Hello,  # links
                               now: float) -> list[Action]: ...
+        def _unknown_control(self, link: Link) -> list[Action]: ...  # links
         def _auth_on_up_link(self, link: Link, msg: C.Auth,  # links
                              now: float) -> list[Action]: ...
         def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership

@@ -86,6 +86,9 @@ class Link:
     last_rtt: float | None = None
     echo_seq: int = 0
     speaks_liveness: bool = False
+    #: the feature bits the peer's HELLO announced (flowrouter.wire.control.FEATURES): a
+    #: peer without FEATURE_SOFT_STATE is sent no soft-state message
+    features: int = 0
     hold: float | None = None
     round_done_at: float = 0.0
     #: flows for which this link is a downstream link (its hold-time sweep has work only

@@ -24,7 +24,25 @@ neighbour rather than per flow:
   is downstream) or forgets the branch (if it is upstream).
 
 A decoder that meets anything unexpected raises :class:`~flowrouter.wire.header.MalformedFrame`; the
-router then drops the offending link (never itself).
+router then drops the offending link (never itself). One exception, for forward
+compatibility: a message of a type this code does not know (a newer peer's) raises
+:class:`UnknownControlType`, which receivers count (``control.unknown-type``) and ignore
+instead of dropping the link.
+
+Features (what a peer speaks beyond the base protocol)
+------------------------------------------------------
+The soft-state messages came after the first release without a new control version, and a
+node from before them drops a link on the first message of a type it does not know. Such a
+node cannot be told anything new in a HELLO either: its decoder refuses any byte it does
+not expect (a longer HELLO, another version). The one place it ignores is the HELLO frame's
+header: link-local frames are never forwarded, so their locality fields mean nothing, and
+every node has always sent its HELLO with locality type NONE and value 0. A HELLO frame's
+locality value byte therefore carries the sender's **feature bits** (:func:`hello_header`,
+:func:`hello_features`): 0 from a node that predates them, :data:`FEATURES` from this code.
+A node sends a peer only the messages of the features that peer announced:
+:data:`FEATURE_SOFT_STATE` covers ECHO, ECHO_REPLY, REFRESH, PRUNE and NOT_ON_TREE, so a peer
+that does not announce it gets none of them (its liveness falls back to the hold time) and
+the link stays up.
 """
 
 from __future__ import annotations
@@ -33,10 +51,45 @@ import enum
 import struct
 from dataclasses import dataclass, field
 
-from flowrouter.wire.header import MalformedFrame
+from flowrouter.wire.bands import BAND_MEMBERSHIP
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+from flowrouter.wire.header import (
+    OFF_LOC_TYPE,
+    OFF_LOC_VALUE,
+    Locality,
+    MalformedFrame,
+    pack_header,
+)
 
 CONTROL_VERSION = 1
 PROTOCOL_MAGIC = b"FLOW"
+
+#: feature bit: the soft-state messages (ECHO, ECHO_REPLY, REFRESH, PRUNE, NOT_ON_TREE)
+FEATURE_SOFT_STATE = 0x01
+#: the features this code speaks (what its HELLO frames announce)
+FEATURES = FEATURE_SOFT_STATE
+
+
+def hello_header(size: int, features: int = FEATURES) -> bytes:
+    """The header of a HELLO frame of *size* payload bytes announcing *features* (in the
+    locality value byte, with locality type NONE: see the module docs)."""
+    if not 0 <= features <= 0xFF:
+        raise ValueError(f"feature bits must fit a byte, got {features!r}")
+    return pack_header(LINK_LOCAL_FLOW.key, size, BAND_MEMBERSHIP, Locality.NONE, features)
+
+
+def hello_features(header: bytes | memoryview) -> int:
+    """The feature bits a HELLO frame's header announces (0: a node from before them)."""
+    return header[OFF_LOC_VALUE] if header[OFF_LOC_TYPE] == Locality.NONE else 0
+
+
+class UnknownControlType(MalformedFrame):
+    """A control message of a type this code does not know: a newer peer's. Receivers count
+    it and ignore it (the link stays up); see the module docs."""
+
+    def __init__(self, mtype: int) -> None:
+        super().__init__("unknown-type", f"unknown control type {mtype}")
+        self.mtype = mtype
 
 
 class Role(enum.IntEnum):
@@ -421,7 +474,7 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     try:
         t = MsgType(mtype)
     except ValueError:
-        raise MalformedFrame("bad-control", f"unknown control type {mtype}") from None
+        raise UnknownControlType(mtype) from None
     r = _Reader(payload, t.name)
     msg: ControlMessage
     if t is MsgType.HELLO:

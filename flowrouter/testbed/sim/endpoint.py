@@ -131,7 +131,7 @@ class SimEndpoint:
         self._out = out
         self.counters["connects"] += 1
         hello = C.Hello(self.node_id, C.Role.ENDPOINT, self.name, self.max_payload).encode()
-        out.transmit(pack_header(_LINK_KEY, len(hello), BAND_MEMBERSHIP), hello)
+        out.transmit(C.hello_header(len(hello)), hello)  # announces soft state (it echoes)
         for flow in list(self.wanted):
             self._send_join(flow)
         self._refresh_gen += 1
