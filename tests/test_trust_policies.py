@@ -138,15 +138,16 @@ def test_output_queue_keeps_the_credit_of_waiting_frames_exactly(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([2, 20, 40, 41]),
-                                   st.integers(0, 300)), min_size=1, max_size=12),
+                                   st.integers(0, 300) | st.just(9000)),
+                         min_size=1, max_size=12),
                 max_size=8),
-       st.sampled_from([200, 1500, 10**6]), st.sampled_from([0.0, 0.01]),
+       st.sampled_from([200, 1500, 20000, 10**6]), st.sampled_from([0.0, 0.01]),
        st.integers(0, 2))
 def test_pushing_a_batch_is_pushing_its_frames_one_by_one(
         batches: list[list[tuple[int, int, int]]], bound: int, delay: float, origin: int
         ) -> None:
     """OutputQueue.push_frames (a fast-path batch queued in one pass) drops, keeps and
-    serves exactly what push() frame by frame would."""
+    serves exactly what push() frame by frame would (large payloads wait as views)."""
     from flowrouter.core.linkqueue import OutputQueue
     from flowrouter.wire.header import pack_header
 

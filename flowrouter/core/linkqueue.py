@@ -32,6 +32,8 @@ from typing import Any
 Frame = tuple[bytes, Any, int]  #: (header, payload, origin: the input link it came from, 0 local)
 
 _LENGTH = struct.Struct(">I")  #: a frame header's payload length, at offset 16 (wire.header)
+#: payloads of a batch larger than this wait as views of it, not copies (push_frames)
+VIEW_MIN = 8192
 
 
 class TokenBucket:
@@ -144,8 +146,13 @@ class OutputQueue:
         """Queue whole frames laid back to back (what the forwarding fast path gathered for
         this link from one read): exactly :meth:`push` for each in turn, in one pass. A
         stuck output takes thousands of frames before it overflows, so each costs little
-        here. Returns what push would have: every frame dropped to make room."""
+        here. Returns what push would have: every frame dropped to make room.
+
+        *frames* is owned by the queue from here on (nobody writes to it again), so large
+        payloads wait as views of it rather than copies; a view pins the whole batch, so
+        small ones, which a copy costs little, are copied."""
         frames = bytes(frames)
+        view = memoryview(frames)
         if origin:
             self._held[origin] = self._held.get(origin, 0) + len(frames)
         unpack = _LENGTH.unpack_from
@@ -157,7 +164,8 @@ class OutputQueue:
             end = pos + 24 + unpack(frames, pos + 16)[0]
             key = frames[pos:pos + 16]
             header = frames[pos:pos + 24]
-            frame = (header, frames[pos + 24:end], origin)
+            frame = (header, view[pos + 24:end] if end - pos > VIEW_MIN
+                     else frames[pos + 24:end], origin)
             band = header[20]
             if delay > 0:
                 self._delayed.append((now + delay, band < 16, key, frame))
