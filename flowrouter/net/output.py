@@ -286,6 +286,12 @@ class LinkOutput:
     def resume(self) -> None:
         self.paused = False
         self._drain()
+        # Its transport takes frames again: if the input it was fed by is paused for credit,
+        # this is a sibling draining, and an output that is not may be holding that input
+        # (with no queue of its own here, _drain gave no credit back and looked at nothing).
+        fed = self.fed
+        if fed and not self.paused and fed in self.node._paused_at:
+            self.node._unblock(fed)
 
     def _drain(self) -> None:
         q = self.queue
