@@ -222,8 +222,9 @@ class NodeConfig:
     #: and the seconds it may stay over that before it is closed
     slow_consumer_bytes: int = 8 * 1024 * 1024
     slow_consumer_grace: float = 10.0
-    #: seconds an output may hold frames without sending any before it holds no credit (a
-    #: fifth of it if a sibling fed by the same input drains meanwhile: RouterNode._unblock)
+    #: seconds an output may hold frames without sending any before it holds no credit
+    #: (at once, or after slow_consumer_idle, if a sibling fed by the same input drains
+    #: meanwhile: flowrouter.net.output.unblock)
     slow_consumer_stall: float = 0.5
     #: seconds an output whose transport pushed back must have sent nothing, while a sibling
     #: fed by the same input drains, before it holds none of that input's credit (0: at

@@ -19,9 +19,10 @@ bytes and time in and actions out:
   ``drop.link-congested`` and announced on the flow's fault band. Each input link has a credit
   (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
   neighbour, so TCP pushes back on the sender that causes the congestion and only on it. An
-  output that stops moving for ``slow_consumer_stall`` seconds (a fifth of that while a
-  sibling fed by the same input drains) gives its credit back: one stuck receiver never
-  holds an input for longer. Such a *slow consumer* loses its own frames
+  output whose transport pushed back while a sibling fed by the same input drains gives its
+  credit back at once (after ``slow_consumer_idle``, default 0), and one that stops moving
+  for ``slow_consumer_stall`` seconds does in any case: one stuck receiver never holds an
+  input. Such a *slow consumer* loses its own frames
   past ``slow_consumer_bytes`` (``drop.slow-consumer``) and is closed after
   ``slow_consumer_grace`` seconds over it, with a fault notice on band 17.
 * A frame that has started must arrive in full within ``frame_timeout`` seconds
