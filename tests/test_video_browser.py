@@ -150,6 +150,15 @@ class WebDriver:
     def script(self, js: str) -> Any:
         return self.cmd("POST", "/execute/sync", {"script": js, "args": []})
 
+    def painted(self) -> None:
+        """Return once the picture now in the page is decoded and a frame with it painted
+        (the page's own promise and animation frames, not a guess at how long it takes)."""
+        self.cmd("POST", "/execute/async", {"script": (
+            "const done = arguments[arguments.length - 1];"
+            "document.getElementById('pic').decode().catch(() => null).then(() =>"
+            " requestAnimationFrame(() => requestAnimationFrame(() => done(true))));"),
+            "args": []})
+
     def screenshot(self) -> Image.Image:
         return Image.open(io.BytesIO(base64.b64decode(self.cmd("GET", "/screenshot"))))
 
@@ -208,7 +217,7 @@ def test_chromium_shows_the_screen_stream_at_the_picked_resolution(
                     seen = feed.seq
                     await until(lambda feed=feed, seen=seen: feed.seq >= seen + 3, 30,
                                 "new pictures")
-                    await asyncio.sleep(0.3)  # let the browser paint the last one
+                    await asyncio.to_thread(driver.painted)  # the last one is on screen
                     shot = await asyncio.to_thread(picture, driver)
                     shot.save(tmp_path / f"shot-{i}.png")
                     shots.append(shot)
