@@ -16,6 +16,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 _cache: list[ModuleType | None] = []
@@ -66,3 +67,16 @@ def _build() -> ModuleType | None:
     # the router's engine_choice() imports it by name: the session's routers use it too
     sys.modules["flowrouter.core._fastpath"] = mod
     return mod
+
+
+def use_engine(engine: str, monkeypatch: Any) -> None:
+    """Run the test on *engine*: ``native`` (the compiled one; skipped where it cannot be
+    had), or a ``FLOWNET_NATIVE`` value (``twin``, ``0``)."""
+    import pytest
+
+    if engine == "native":
+        if native_module() is None:
+            pytest.skip("the compiled engine is not available")
+        monkeypatch.delenv("FLOWNET_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("FLOWNET_NATIVE", engine)

@@ -16,7 +16,7 @@ from flowrouter.tools.cli import format_status
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import pack_header
-from tests.fastpath_support import compiler_present, native_module
+from tests.fastpath_support import compiler_present, native_module, use_engine
 
 from .rawep import RawEndpoint, chain
 
@@ -56,12 +56,7 @@ def test_python_path_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("engine", ["native", "twin", "0"])
 def test_mixed_stream_split_across_reads_arrives_whole_and_in_order(
         engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if engine == "native":
-        if native_module() is None:
-            pytest.skip("the compiled engine is not available")
-        monkeypatch.delenv("FLOWNET_NATIVE", raising=False)
-    else:
-        monkeypatch.setenv("FLOWNET_NATIVE", engine)
+    use_engine(engine, monkeypatch)
 
     async def main() -> None:
         async with chain(3) as nodes:

@@ -19,21 +19,12 @@ from flowrouter.net.streamio import RecvBuffer, write_gathered
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import HEADER_SIZE, pack_header
-from tests.fastpath_support import native_module
+from tests.fastpath_support import use_engine
 
 from .rawep import RawEndpoint, chain, run
 
 FLOW = FlowID(0xB3, 0x10, 9)
 ENGINES = ["native", "twin", "0"]
-
-
-def _engine(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if engine == "native":
-        if native_module() is None:
-            pytest.skip("the compiled engine is not available")
-        monkeypatch.delenv("FLOWNET_NATIVE", raising=False)
-    else:
-        monkeypatch.setenv("FLOWNET_NATIVE", engine)
 
 
 def _inject(link: TcpLink, data: bytes) -> None:
@@ -80,7 +71,7 @@ async def _pair(nodes):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("engine", ENGINES)
 def test_frames_split_at_every_position_arrive_whole(
         engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    _engine(engine, monkeypatch)
+    use_engine(engine, monkeypatch)
 
     async def main() -> None:
         async with chain(1) as nodes:
@@ -120,7 +111,7 @@ def test_queued_frames_survive_the_buffer_being_reused(
         engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """B's output is paused, so A's frames wait in B's queue while A's link reads on into
     the same buffer: what B finally gets must be what A sent, not later reads' bytes."""
-    _engine(engine, monkeypatch)
+    use_engine(engine, monkeypatch)
 
     async def main() -> None:
         async with chain(1) as nodes:
