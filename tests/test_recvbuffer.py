@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from flowrouter.net.links import TcpLink
-from flowrouter.net.streamio import RecvBuffer, write_gathered
+from flowrouter.net.streamio import SHRINK_AFTER, RecvBuffer, write_gathered
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import HEADER_SIZE, pack_header
@@ -149,6 +149,28 @@ def test_receive_buffer_keeps_grows_and_moves_an_incomplete_frame() -> None:
     rx.keep(rx.end - 3, 500)  # little room behind: moved to the front
     assert rx.start == 0 and rx.pending == 3
     assert rx.take() == bytes(rx.buf[:3]) and rx.pending == 0
+
+
+def test_receive_buffer_grows_while_reads_fill_it_and_shrinks_when_they_stay_small() -> None:
+    rx = RecvBuffer(initial=64, most=256)
+
+    def read(n: int) -> None:
+        rx.filled(n)
+        rx.keep(rx.end, HEADER_SIZE)  # every frame whole: nothing kept
+
+    for _ in range(4):
+        read(len(rx.space()))
+    assert len(rx.buf) == 256  # doubled up to its most, no further
+    for _ in range(SHRINK_AFTER - 1):
+        read(10)
+    assert len(rx.buf) == 256
+    read(64)  # a read of a quarter or more starts the count again
+    for _ in range(SHRINK_AFTER):
+        read(10)
+    assert len(rx.buf) == 128
+    for _ in range(3 * SHRINK_AFTER):
+        read(10)
+    assert len(rx.buf) == 64  # never under its first size
 
 
 def test_gathered_write_leaves_nothing_pointing_into_the_buffer() -> None:

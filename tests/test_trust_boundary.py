@@ -247,7 +247,7 @@ def test_stuck_receiver_does_not_slow_the_others(queue_limit: int) -> None:
     """4 receivers, one stops reading: the other 3 get every message at full rate; the
     stuck one's losses are counted exactly (what it got + drop.slow-consumer = sent). With
     a queue limit over the input's credit the stuck output could hold all of it: it must
-    give it back once it is seen not draining (RouterNode._unblock)."""
+    give it back once it is seen not draining (flowrouter.net.backpressure.unblock)."""
     n, size = 6000, 1024
 
     async def main() -> None:

@@ -15,6 +15,7 @@ Example (every key optional except ``router.name``)::
     default_lsid = 0x10           # suggested to endpoints for new flows
     max_payload = 65536
     max_link_buffer = 16777216    # bytes queued per link before frames are dropped (counted)
+    read_buffer = 1048576         # the largest a TCP link's read buffer grows (64 KiB at first)
     slow_consumer_bytes = 8388608 # data one output may queue; past it its frames are dropped
     slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
     slow_consumer_stall = 0.5     # seconds without progress before an output holds no credit
@@ -224,12 +225,12 @@ class NodeConfig:
     slow_consumer_grace: float = 10.0
     #: seconds an output may hold frames without sending any before it holds no credit
     #: (at once, or after slow_consumer_idle, if a sibling fed by the same input drains
-    #: meanwhile: flowrouter.net.output.unblock)
+    #: meanwhile: flowrouter.net.backpressure.unblock)
     slow_consumer_stall: float = 0.5
     #: seconds an output whose transport pushed back must have sent nothing, while a sibling
     #: fed by the same input drains, before it holds none of that input's credit (0: at
     #: once: the fastest output sets the input's pace, the others may lag by up to
-    #: slow_consumer_bytes before they lose frames; flowrouter.net.output.unblock)
+    #: slow_consumer_bytes before they lose frames; flowrouter.net.backpressure.unblock)
     slow_consumer_idle: float = 0.0
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0
@@ -261,6 +262,11 @@ class NodeConfig:
     #: Linux caps it at net.core.rmem_max / wmem_max): what arrives while the router waits
     #: for a CPU must fit, or the kernel drops it
     udp_socket_buffer: int = 4 << 20
+    #: the largest a TCP link's read buffer grows while reads fill it (it starts at 64 KiB
+    #: and shrinks back when reads stay small; a frame larger than this still fits): larger
+    #: reads mean fewer system calls, wake-ups and passes per message (1 MiB instead of
+    #: 256 KiB cut a router's CPU per 64 KiB message by a quarter; BENCHMARKS.md)
+    read_buffer: int = 1 << 20
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     #: application membership notices on band 19 (flowrouter.core.appmembers): seconds
     #: between a flow's notices (0: off) and between snapshots of local members
@@ -437,6 +443,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "reconnect_max": limit(float, 0.001, 86400.0),
     "udp_idle_timeout": limit(float, 0.01, 86400.0),
     "udp_socket_buffer": limit(int, 0, 1 << 30),
+    "read_buffer": limit(int, 64 * 1024, 1 << 30),
     "slow_consumer_bytes": limit(int, 1024, 1 << 40),
     "slow_consumer_grace": limit(float, 0.001, 86400.0),
     "slow_consumer_stall": limit(float, 0.001, 86400.0),

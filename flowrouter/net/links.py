@@ -64,7 +64,7 @@ class TcpLink(asyncio.BufferedProtocol):
         #: splits copied-out reads (handshake, sealed links, the Python-core path)
         self.decoder = FrameDecoder(node.config.max_payload)
         #: what every read goes into; frames are forwarded from it in place
-        self.rx = RecvBuffer()
+        self.rx = RecvBuffer(most=node.config.read_buffer)
         #: the socket's descriptor, when writes may go straight to it (asyncio's selector
         #: transports, whose socket nothing else writes while their buffer is empty)
         self.fd = -1

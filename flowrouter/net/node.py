@@ -24,13 +24,14 @@ from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
 from flowrouter.net import udpbatch
+from flowrouter.net.backpressure import check_holds, forget, unblock
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, UdpLink
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
-from flowrouter.net.output import LinkOutput, unblock
+from flowrouter.net.output import LinkOutput
 from flowrouter.net.udpio import io_choice
 from flowrouter.wire.control import Role
 from flowrouter.wire.header import UDP_MAX_PAYLOAD
@@ -80,6 +81,8 @@ class RouterNode:
         self._pending_in: dict[int, int] = {}
         #: inputs paused for credit -> the timer that looks again for outputs not draining
         self._paused_at: dict[int, asyncio.TimerHandle | None] = {}
+        #: inputs held while every output they feed pushes back -> (holders, since when)
+        self._held: dict[int, tuple[set[LinkOutput], float]] = {}
         #: emulation per peer name (from config and the control interface)
         self._emulation: dict[str, Emulation] = {
             name: emu for name, emu in config.emulation.items()}
@@ -243,6 +246,7 @@ class RouterNode:
         timer = self._paused_at.pop(link_id, None)
         if timer is not None:
             timer.cancel()
+        forget(self, link_id)
         self._link_state_changed()
 
     def _flush(self) -> None:
@@ -261,7 +265,7 @@ class RouterNode:
             link = self._links.get(origin)
             if link is not None and getattr(link, "reading", False):
                 self._paused_at[origin] = None
-                self._unblock(origin)
+                unblock(self, origin)
                 if self._pending_in.get(origin, 0) <= self.config.link_credit // 2:
                     self._paused_at.pop(origin, None)  # it was only an output not draining
                     return
@@ -282,13 +286,10 @@ class RouterNode:
             timer = self._paused_at.pop(origin, None)
             if timer is not None:
                 timer.cancel()
-            if link is not None and not getattr(link, "reading", True):
+            if (link is not None and not getattr(link, "reading", True)
+                    and origin not in self._held):
                 link.set_reading(True)
                 self.core.input_paused(origin, False, self.now())
-
-    def _unblock(self, origin: int) -> None:
-        """Outputs not draining give back *origin*'s credit (flowrouter.net.output.unblock)."""
-        unblock(self, origin)
 
     def _apply_emulation(self) -> None:
         """Give every up link the emulation configured for its peer (by name)."""
@@ -479,6 +480,7 @@ class RouterNode:
     def _check_progress(self, now: float) -> None:
         """Outputs that stopped moving give back their credit (and are closed as slow
         consumers after the grace time); frames that stopped arriving close their link."""
+        check_holds(self, now)
         for out in list(self._backlogged):
             if out.slow.expired(now):
                 self._close_slow_consumer(out)

@@ -5,12 +5,12 @@ the transport pushes back or the link is shaped: a fair, bounded
 :class:`~flowrouter.core.linkqueue.OutputQueue` (control first, deficit round robin between
 flows, drops from the longest flow queue, counted and announced), input credits, the
 slow-consumer policy (an output that cannot keep up holds no credit and is closed after a
-grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`; :func:`unblock`: one
-that is not draining holds none at once), and link emulation
-(bandwidth, delay, loss, administrative down).
+grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`), and link emulation
+(bandwidth, delay, loss, administrative down). Which input stops reading when an output
+pushes back is :mod:`flowrouter.net.backpressure`'s.
 
-May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and :mod:`flowrouter.net.config`;
-the node it serves is only a type here.
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
+:mod:`flowrouter.net.backpressure`; the node it serves is only a type here.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.linkqueue import OutputQueue, SlowConsumerPolicy
 from flowrouter.core.measured import BusyRate
+from flowrouter.net.backpressure import hold, release, unblock
 from flowrouter.net.config import Emulation
 from flowrouter.wire.header import HEADER_SIZE
 
@@ -64,9 +65,9 @@ class LinkOutput:
         self.slow = SlowConsumerPolicy(cfg.slow_consumer_bytes, cfg.slow_consumer_grace,
                                        cfg.slow_consumer_stall)
         self.stuck = False
-        #: input link -> credit bytes its frames waiting here hold (see RouterNode._unblock)
+        #: input link -> credit bytes its frames waiting here hold (backpressure.unblock)
         self.held: dict[int, int] = {}
-        #: the input link whose frames this output last wrote (RouterNode._unblock's evidence
+        #: the input link whose frames this output last wrote (backpressure.unblock's evidence
         #: that a sibling fed by the same input is draining)
         self.fed = 0
         #: measured locality: the send rate while backlogged (capacity, not utilisation);
@@ -126,7 +127,8 @@ class LinkOutput:
                 return
         elif self.queue is None and not self.paused:
             node = self.node
-            self.fed = node._rx_link
+            if header[20] >= 16:  # forwarded, not the router's own control
+                self.fed = node._rx_link
             if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
@@ -281,17 +283,22 @@ class LinkOutput:
             self.write_many(batch)
 
     def pause(self) -> None:
+        """The transport pushed back (anything it could not write at once is buffered)."""
         self.paused = True
+        hold(self.node, self)
 
     def resume(self) -> None:
         self.paused = False
+        if self.queue is None:
+            self.stuck = False  # it moves again and nothing of it waits to retake credit
+        release(self.node, self)
         self._drain()
         # Its transport takes frames again: if the input it was fed by is paused for credit,
         # this is a sibling draining, and an output that is not may be holding that input
         # (with no queue of its own here, _drain gave no credit back and looked at nothing).
         fed = self.fed
         if fed and not self.paused and fed in self.node._paused_at:
-            self.node._unblock(fed)
+            unblock(self.node, fed)
 
     def _drain(self) -> None:
         q = self.queue
@@ -322,7 +329,7 @@ class LinkOutput:
                 for org, n in q.origins().items():
                     self._take(org, n)
         for origin in freed:  # is an output that does not move what still holds them back?
-            node._unblock(origin)
+            unblock(node, origin)
         if q.empty() and not q.shaped:
             self.queue = None  # back to the fast path
             node._backlogged.discard(self)
@@ -356,49 +363,3 @@ class LinkOutput:
             out["emulation"] = self.emu.describe()
         return out
 
-
-def unblock(node: RouterNode, origin: int) -> None:
-    """Outputs that do not drain hold no credit (slow consumers hurt only themselves).
-
-    Called for an input paused (or about to be) for credit. An output is *not draining*
-    when its transport has pushed back (paused) and it has sent nothing for
-    ``slow_consumer_idle`` seconds (default 0: at once), while a sibling fed by the same
-    input is draining (its transport takes that input's frames). If such outputs keep the
-    input paused (the draining ones hold under an eighth of its credit), their frames stop
-    holding credit (bounded by slow_consumer_bytes, then dropped and counted): the fastest
-    output of an input sets its pace and the others may lag by up to slow_consumer_bytes.
-    A lone receiver, or receivers all behind together, still push back on the input. (A
-    detection delay would cost the healthy siblings that long at every stuck receiver: with
-    a fifth of the stall time, 100 ms, they got 65-71% of their rate over a 20,000-message
-    burst; BENCHMARKS.md.) If an output is not idle long enough yet, a timer looks again."""
-    now, cfg = node.now(), node.config
-    idle_for = cfg.slow_consumer_idle
-    stalled: list[LinkOutput] = []
-    wait: float | None = None
-    for out in node._backlogged:
-        if not out.paused or out.stuck or origin not in out.held:
-            continue
-        idle = now - out.slow.last_progress
-        if idle >= idle_for:
-            stalled.append(out)
-        else:
-            wait = idle_for - idle if wait is None else min(wait, idle_for - idle)
-    held = sum(out.held[origin] for out in stalled)
-    if stalled and node._pending_in.get(origin, 0) - held <= cfg.link_credit // 8 and any(
-            link.out is not None and link.out.fed == origin and link.out not in stalled
-            and (not link.out.paused or now - link.out.slow.last_progress < idle_for)
-            for link in node._links.values()):
-        for out in stalled:
-            node.core.counters["credit.not-draining"] += 1
-            out._become_stuck()
-    elif wait is not None and origin in node._paused_at and node._loop is not None:
-        timer = node._paused_at[origin]
-        if timer is None:
-            node._paused_at[origin] = node._loop.call_later(wait, _recheck, node, origin)
-
-
-def _recheck(node: RouterNode, origin: int) -> None:
-    """The timer unblock set: look again at an input still paused for credit."""
-    if origin in node._paused_at:
-        node._paused_at[origin] = None
-        unblock(node, origin)

@@ -3,10 +3,10 @@
 Everything protocol-shaped happens in :class:`flowrouter.core.router.Router`; this module only moves
 bytes and time in and actions out:
 
-* TCP links (routers and endpoints) use an :class:`asyncio.Protocol` per connection and a
-  :class:`~flowrouter.wire.header.FrameDecoder`; frames are handed to the core as views into the
-  received buffer and written with ``writelines([header, payload])``, so a forwarded payload is
-  never copied by Python code.
+* TCP links (routers and endpoints) read into one reused buffer per connection (an
+  :class:`asyncio.BufferedProtocol`, :mod:`flowrouter.net.streamio`, up to ``read_buffer``
+  bytes a read); the forwarding fast path works in place in it, and each output link gets one
+  gathered ``writev`` per read, so a forwarded payload is never copied by Python code.
 * UDP links share one non-blocking socket, drained a bounded batch of datagrams per wake-up;
   each remote address is a link. Datagrams go through the forwarding fast path like TCP reads,
   and what a batch sends leaves in one batch (``recvmmsg``/``sendmmsg`` when the optional
@@ -16,7 +16,10 @@ bytes and time in and actions out:
   link is shaped for emulation); then frames wait in an :class:`~flowrouter.core.linkqueue.
   OutputQueue`: control first, data fair between flows (deficit round robin), bounded by
   ``max_link_buffer`` with drops taken from the longest flow queue, counted as
-  ``drop.link-congested`` and announced on the flow's fault band. Each input link has a credit
+  ``drop.link-congested`` and announced on the flow's fault band. An input whose outputs have
+  all pushed back stops reading at once (held: its frames wait in the kernel, not copied into
+  queues; :mod:`flowrouter.net.backpressure`) until one moves or ``slow_consumer_stall``
+  passes. Each input link has a credit
   (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
   neighbour, so TCP pushes back on the sender that causes the congestion and only on it. An
   output whose transport pushed back while a sibling fed by the same input drains gives its
@@ -39,6 +42,7 @@ The code lives in one module per concern; this module keeps the historical impor
 * :mod:`flowrouter.net.node` — :class:`RouterNode`, the daemon;
 * :mod:`flowrouter.net.links` — TCP and UDP links;
 * :mod:`flowrouter.net.output` — a link's output: fast path, fair queue, credits, emulation;
+* :mod:`flowrouter.net.backpressure` — which input stops reading when outputs push back;
 * :mod:`flowrouter.net.control` — the control interface and :func:`query_control`.
 
 May import the rest of :mod:`flowrouter.net` (and so everything below it).

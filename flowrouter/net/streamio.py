@@ -22,8 +22,12 @@ from typing import Any
 #: first size of a link's receive buffer; it doubles (up to RECV_MAX) while reads fill it
 RECV_INITIAL = 64 * 1024
 #: largest a receive buffer grows for throughput (a frame larger than this still fits: the
-#: buffer grows to hold one whole frame of the link's largest payload)
-RECV_MAX = 256 * 1024
+#: buffer grows to hold one whole frame of the link's largest payload); the router's
+#: ``read_buffer`` setting
+RECV_MAX = 1024 * 1024
+#: a grown buffer halves once this many reads in a row used under a quarter of it (a link
+#: that was busy once does not keep a large buffer for ever)
+SHRINK_AFTER = 256
 #: move a kept incomplete frame to the front once less than this is free behind it
 MIN_READ = 16 * 1024
 #: at most this many buffers per writev (Linux's IOV_MAX is 1024)
@@ -37,17 +41,19 @@ class RecvBuffer:
     ``start`` and reports where it stopped with :meth:`keep` (which may move or reallocate
     the kept bytes: no view into the buffer may be held across it)."""
 
-    __slots__ = ("buf", "view", "start", "end", "most", "need", "_grow")
+    __slots__ = ("buf", "view", "start", "end", "least", "most", "need", "_grow", "_small")
 
     def __init__(self, initial: int = RECV_INITIAL, most: int = RECV_MAX) -> None:
         self.buf = bytearray(initial)
         self.view = memoryview(self.buf)
         self.start = 0
         self.end = 0
+        self.least = initial
         self.most = max(most, initial)
         #: bytes the frame at ``start`` needs in all, as told to :meth:`keep` (0: unknown)
         self.need = 0
         self._grow = False  #: the last read filled all the room it was offered
+        self._small = 0  #: reads in a row that used under a quarter of the buffer
 
     @property
     def pending(self) -> int:
@@ -67,7 +73,9 @@ class RecvBuffer:
     def filled(self, n: int) -> None:
         """*n* bytes were read into :meth:`space`."""
         self.end += n
-        self._grow = self.end == len(self.buf)
+        size = len(self.buf)
+        self._grow = self.end == size
+        self._small = self._small + 1 if n < size >> 2 else 0
 
     def take(self) -> bytes:
         """An owned copy of the unconsumed bytes; the buffer is empty afterwards."""
@@ -107,6 +115,8 @@ class RecvBuffer:
         size = len(self.buf)
         if self._grow and size < self.most:
             self._realloc(min(size * 2, self.most), have)
+        elif self._small >= SHRINK_AFTER and size > self.least and have <= size >> 2:
+            self._realloc(max(size >> 1, self.least), have)
 
     def _realloc(self, size: int, have: int) -> None:
         """A new buffer of *size* bytes with the *have* unconsumed bytes at its front (a new
@@ -117,6 +127,7 @@ class RecvBuffer:
         self.view = memoryview(new)
         self.start, self.end = 0, have
         self._grow = False
+        self._small = 0
 
 
 def write_gathered(transport: Any, fd: int, buffers: list[Any]) -> None:

@@ -1,0 +1,260 @@
+"""Holding an input whose outputs all pushed back (flowrouter.net.backpressure).
+
+When every output an input feeds has pushed back, the router stops reading that input at
+once: its frames wait in the kernel's socket buffers instead of being copied into queues,
+and TCP pushes back on the sender. It reads again as soon as one of those outputs moves, or
+after ``slow_consumer_stall`` seconds (a hung receiver must not hold its sender for long).
+First the rules on a router's real LinkOutputs with stand-in links, then on real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from typing import Any
+
+from flowrouter.net.backpressure import check_holds
+from flowrouter.net.config import NodeConfig
+from flowrouter.net.output import LinkOutput
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire import control as C
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.header import FrameDecoder, pack_header
+
+from .rawep import RawEndpoint
+
+LSID = 0x10
+
+
+class _Link:
+    """Stands in for a TcpLink: whether it reads, and its output."""
+
+    def __init__(self, node: RouterNode, link_id: int) -> None:
+        self.link_id = link_id
+        self.reading = True
+        self.out = LinkOutput(node, link_id, lambda h, p: None, lambda bufs: None)
+        node._links[link_id] = self  # type: ignore[assignment]
+
+    def set_reading(self, on: bool) -> None:
+        self.reading = on
+
+
+def _node(**extra: Any) -> RouterNode:
+    node = RouterNode(NodeConfig("bp", **extra))
+    node._loop = asyncio.new_event_loop()
+    return node
+
+
+def _fed(out: LinkOutput, origin: int) -> LinkOutput:
+    out.fed = origin
+    return out
+
+
+def test_input_is_held_only_when_every_output_it_feeds_pushed_back() -> None:
+    node = _node()
+    try:
+        src, a, b = (_Link(node, i) for i in (1, 2, 3))
+        _fed(a.out, 1), _fed(b.out, 1)
+        a.out.pause()
+        assert src.reading and not node._held  # b still takes the input's frames
+        b.out.pause()
+        assert not src.reading and node._held[1][0] == {a.out, b.out}
+        assert node.core.counters["credit.held"] == 1
+        a.out.resume()  # the fastest output sets the pace: one moving is enough
+        assert src.reading and not node._held
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_replies_to_the_sender_and_unfed_outputs_do_not_count() -> None:
+    node = _node()
+    try:
+        src, a, idle = (_Link(node, i) for i in (1, 2, 3))
+        src.out.fed = 1  # the router answered the sender on its own link (a JOIN_ACK)
+        idle.out.fed = 9  # fed by another input
+        _fed(a.out, 1).pause()
+        assert not src.reading and 1 in node._held
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_a_held_input_paused_for_credit_waits_for_both() -> None:
+    node = _node()
+    try:
+        src, a = _Link(node, 1), _Link(node, 2)
+        _fed(a.out, 1).pause()
+        assert not src.reading
+        node._paused_at[1] = None  # meanwhile its frames elsewhere ran out of credit
+        a.out.resume()
+        assert not src.reading and not node._held  # credit still says no
+        node._paused_at.pop(1)
+        node._credit_release(1, 0)
+        assert src.reading
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_credit_does_not_resume_a_held_input() -> None:
+    node = _node()
+    try:
+        src, a = _Link(node, 1), _Link(node, 2)
+        _fed(a.out, 1).pause()
+        node._credit_release(1, 0)  # queued frames elsewhere drained
+        assert not src.reading and 1 in node._held
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_a_hold_ends_after_the_stall_time_and_its_holders_are_stuck() -> None:
+    node = _node(slow_consumer_stall=0.5)
+    try:
+        src, a = _Link(node, 1), _Link(node, 2)
+        _fed(a.out, 1).pause()
+        since = node._held[1][1]
+        check_holds(node, since + 0.4)
+        assert not src.reading
+        check_holds(node, since + 0.5)
+        assert src.reading and not node._held and a.out.stuck
+        assert node.core.counters["credit.hold-stalled"] == 1
+        a.out.pause()
+        assert src.reading, "a stuck output holds nothing"
+        a.out.resume()  # it moved: it may hold its input again
+        assert not a.out.stuck
+        a.out.pause()
+        assert not src.reading
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_a_closed_link_ends_its_holds() -> None:
+    node = _node()
+    try:
+        src, a = _Link(node, 1), _Link(node, 2)
+        _fed(a.out, 1).pause()
+        node._unregister(2)  # the output's link is gone
+        assert src.reading and not node._held
+        _fed(_Link(node, 3).out, 1).pause()
+        node._unregister(1)  # the held input is gone
+        assert not node._held
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- on real sockets
+class _Receiver:
+    """An application that joins a flow with a blocking socket and reads only when told."""
+
+    def __init__(self, node: RouterNode, flow: FlowID, band: int) -> None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(node.tcp_address)
+        hello = C.Hello(7, C.Role.ENDPOINT, "rx", 65536).encode()
+        join = C.Join(1, 1 << band).encode()
+        s.sendall(pack_header(LINK_LOCAL_FLOW.key, len(hello), 0) + hello
+                  + pack_header(flow.key, len(join), 0) + join)
+        self.sock, self.band = s, band
+
+    def read(self, n: int, quiet: float) -> list[int]:
+        """Sequence numbers of data frames, until *n* arrived or none for *quiet* s."""
+        dec = FrameDecoder(1 << 20)
+        self.sock.settimeout(quiet)
+        seqs: list[int] = []
+        while len(seqs) < n:
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                break
+            if not data:
+                break
+            seqs += [struct.unpack_from("!I", p)[0] for h, p in dec.feed(data)
+                     if h[20] == self.band]
+        return seqs
+
+
+async def _until(cond: Any, timeout: float = 20.0) -> None:
+    """Poll a router-internal condition that has no event of its own, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def _setup(**extra: Any) -> tuple[RouterNode, FlowID, _Receiver, RawEndpoint]:
+    node = RouterNode(NodeConfig("core", listen="127.0.0.1:0", core_lsids=frozenset({LSID}),
+                                 default_lsid=LSID, **extra))
+    await node.start()
+    flow = FlowID(0xB0, LSID, 1)
+    rx = _Receiver(node, flow, 40)
+    await _until(lambda: flow.key in node.core.flows and len(node.core.flows[flow.key].down) == 1)
+    tx = await RawEndpoint.connect(node, "tx")
+    return node, flow, rx, tx
+
+
+def test_a_receiver_that_stops_reading_holds_the_sender_and_loses_nothing() -> None:
+    """The receiver stops reading: the router stops reading the sender (held, not queued),
+    the sender blocks; when the receiver reads again, every frame arrives, in order."""
+    n, size = 3000, 16 * 1024
+
+    async def main() -> None:
+        node, flow, rx, tx = await _setup(slow_consumer_stall=60.0)
+        try:
+            async def send() -> None:
+                for i in range(n):
+                    tx.send(flow, struct.pack("!I", i) + bytes(size - 4), band=40)
+                    if i % 16 == 15:
+                        await tx.writer.drain()
+                await tx.writer.drain()
+            sending = asyncio.ensure_future(send())
+            await _until(lambda: node._held)
+            assert not sending.done(), "the sender should be pushed back"
+            queued = sum(o.queue.bytes for o in node._backlogged if o.queue is not None)
+            assert queued < 4 * 1024 * 1024, f"{queued} bytes queued: the input was not held"
+            seqs = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 5.0)
+            await sending
+            assert seqs == list(range(n))
+            assert node.core.counters["credit.held"] >= 1
+            assert not any(k.startswith("drop.") and v for k, v in node.core.counters.items())
+            await _until(lambda: not node._held)
+        finally:
+            rx.sock.close()
+            await tx.close()
+            await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_a_hung_receiver_holds_its_sender_no_longer_than_the_stall_time() -> None:
+    """The receiver never reads: after slow_consumer_stall the sender goes on; what the
+    receiver could not take is dropped and counted, exactly."""
+    n, size = 2000, 16 * 1024
+
+    async def main() -> None:
+        node, flow, rx, tx = await _setup(slow_consumer_stall=0.3,
+                                          slow_consumer_bytes=1024 * 1024,
+                                          slow_consumer_grace=120.0)
+        try:
+            for i in range(n):
+                tx.send(flow, struct.pack("!I", i) + bytes(size - 4), band=40)
+                if i % 16 == 15:
+                    await tx.writer.drain()  # returns only because the hold ends
+            await tx.writer.drain()
+            assert node.core.counters["credit.hold-stalled"] >= 1
+            await _until(lambda: node._links[tx_link(node)].reading)  # type: ignore[attr-defined]
+            got = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 1.0)
+            dropped = node.core.counters["drop.slow-consumer"]
+            assert dropped > 0
+            assert len(got) + dropped == n and got == sorted(got)  # every loss counted
+        finally:
+            rx.sock.close()
+            await tx.close()
+            await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def tx_link(node: RouterNode) -> int:
+    """The link id of the application named tx."""
+    for lid, lk in node.core.links.items():
+        if lk.peer_name == "tx":
+            return lid
+    raise AssertionError("no link from tx")
