@@ -532,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-nats", action="store_true")
     ap.add_argument("--no-native", action="store_true",
                     help="routers forward in Python only (FLOWNET_NATIVE=0)")
+    ap.add_argument("--no-uvloop", action="store_true",
+                    help="routers run on asyncio's own event loop (FLOWNET_UVLOOP=0), not "
+                         "uvloop, their default")
     ap.add_argument("--rtt", action="store_true", help="also measure ping-pong round trips")
     ap.add_argument("--rtt-only", action="store_true")
     ap.add_argument("--rtt-size", type=int, default=64)
@@ -549,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.no_native:
         os.environ["FLOWNET_NATIVE"] = "0"
+    if args.no_uvloop:
+        os.environ["FLOWNET_UVLOOP"] = "0"
     result = asyncio.run(main_async(args))
     print_tables(result)
     write_json(result, args.out)

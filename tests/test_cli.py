@@ -88,6 +88,17 @@ def test_check_config_command(tmp_path: Path, capsys) -> None:  # type: ignore[n
     assert "bogus" in capsys.readouterr().err
 
 
+def test_in_process_commands_leave_the_event_loop_policy_alone(tmp_path: Path) -> None:
+    """uvloop is the routers' default loop; a command called in-process (tests, tools) must
+    not switch the caller's asyncio to it (uvloop lacks some loop methods asyncio has)."""
+    before = asyncio.get_event_loop_policy()
+    path = tmp_path / "r1.toml"
+    path.write_text(GOOD)
+    for argv in (["check-config", str(path)], ["--uvloop", "check-config", str(path)]):
+        assert main(argv) == 0
+        assert asyncio.get_event_loop_policy() is before
+
+
 def test_run_needs_a_name(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["run"]) == 2
     assert "--name" in capsys.readouterr().err

@@ -94,7 +94,7 @@ class TcpLink(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            if type(transport).__module__ == "asyncio.selector_events":
+            if type(transport).__module__ in ("asyncio.selector_events", "uvloop.loop"):
                 self.fd = sock.fileno()
         peername = transport.get_extra_info("peername")
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"

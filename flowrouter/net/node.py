@@ -586,6 +586,7 @@ class RouterNode:
                 row["output"] = link.out.stats()
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
+        st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self._udp_sock else None
         sock = self._udp_sock
