@@ -17,6 +17,7 @@ from typing import Any
 
 from flowrouter.net.backpressure import check_holds
 from flowrouter.net.config import NodeConfig
+from flowrouter.net.links import reap_stalled_frames
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire import control as C
@@ -80,18 +81,40 @@ def test_replies_to_the_sender_and_unfed_outputs_do_not_count() -> None:
         node._loop.close()  # type: ignore[union-attr]
 
 
-def test_a_held_input_paused_for_credit_waits_for_both() -> None:
-    node = _node()
+def test_a_held_input_over_its_credit_waits_for_both() -> None:
+    node = _node(link_credit=4096)
     try:
         src, a = _Link(node, 1), _Link(node, 2)
         _fed(a.out, 1).pause()
         assert not src.reading
-        node._paused_at[1] = None  # meanwhile its frames elsewhere ran out of credit
+        node._credit_take(1, 10_000)  # meanwhile its queued frames elsewhere ran over credit
         a.out.resume()
         assert not src.reading and not node._held  # credit still says no
-        node._paused_at.pop(1)
-        node._credit_release(1, 0)
+        node._credit_release(1, 10_000)
         assert src.reading
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_fed_follows_the_frames_written_not_the_routers_own() -> None:
+    """What an output was last fed by decides holds: frames drained from its queue count,
+    the router's own notices (no input) do not."""
+    node = _node()
+    try:
+        a, b, x = _Link(node, 1), _Link(node, 2), _Link(node, 3)
+        flow = FlowID(0xB1, LSID, 1)
+        node._rx_link = 1
+        x.out.send(pack_header(flow.key, 2, 40), b"a1")  # straight through: fed by a
+        assert x.out.fed == 1
+        node._rx_link = 0
+        x.out.send(pack_header(flow.key, 2, 17), b"nt")  # a fault notice of the router's
+        assert x.out.fed == 1
+        x.out.paused = True
+        node._rx_link = 2
+        x.out.send(pack_header(flow.key, 2, 40), b"b1")  # queued: b feeds it now
+        node._rx_link = 0
+        x.out.resume()
+        assert x.out.fed == 2 and b.reading and a.reading
     finally:
         node._loop.close()  # type: ignore[union-attr]
 
@@ -138,6 +161,24 @@ def test_a_closed_link_ends_its_holds() -> None:
         _fed(_Link(node, 3).out, 1).pause()
         node._unregister(1)  # the held input is gone
         assert not node._held
+    finally:
+        node._loop.close()  # type: ignore[union-attr]
+
+
+def test_a_frame_is_not_reaped_as_stalled_while_the_router_does_not_read_it() -> None:
+    node = _node(frame_timeout=1.0)
+    try:
+        link = _Link(node, 1)
+        closed: list[str] = []
+        link.partial_since = 0.0  # type: ignore[attr-defined]
+        link.abort = closed.append  # type: ignore[attr-defined]
+        node._partial.add(link)  # type: ignore[arg-type]
+        link.reading = False  # held (or paused for credit): the frame cannot progress
+        reap_stalled_frames(node, 5.0)
+        assert not closed and node.core.counters["reaped.stalled-frame"] == 0
+        link.reading = True
+        reap_stalled_frames(node, 5.0)
+        assert closed == ["stalled frame"]
     finally:
         node._loop.close()  # type: ignore[union-attr]
 
@@ -240,7 +281,7 @@ def test_a_hung_receiver_holds_its_sender_no_longer_than_the_stall_time() -> Non
                     await tx.writer.drain()  # returns only because the hold ends
             await tx.writer.drain()
             assert node.core.counters["credit.hold-stalled"] >= 1
-            await _until(lambda: node._links[tx_link(node)].reading)  # type: ignore[attr-defined]
+            await _until(lambda: node._links[tx_link(node)].reading)  # type: ignore[union-attr]
             got = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 1.0)
             dropped = node.core.counters["drop.slow-consumer"]
             assert dropped > 0

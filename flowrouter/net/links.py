@@ -374,6 +374,8 @@ class TcpLink(asyncio.BufferedProtocol):
             return
         self.reading = on
         if on:
+            if self.partial_since is not None:  # its frame's clock stood while we did not read
+                self.partial_since = self.node.now()
             self.transport.resume_reading()
         else:
             self.transport.pause_reading()
@@ -430,3 +432,22 @@ class UdpLink:
         self.node._udp_links.pop(self.addr, None)
 
     abort = close
+
+
+def reap_stalled_frames(node: RouterNode, now: float) -> None:
+    """Close the TCP links whose started frame has not arrived in full within
+    ``frame_timeout`` seconds (slow senders hold no connection for ever), except while the
+    router itself is not reading them (held or paused for credit: its clock restarts when
+    reading does)."""
+    limit = node.config.frame_timeout
+    for link in list(node._partial):
+        if link.partial_since is not None and now - link.partial_since > limit and link.reading:
+            node._partial.discard(link)
+            node.core.counters["reaped.stalled-frame"] += 1
+            lk = node.core.links.get(link.link_id)
+            log.warning("router %s: %s: a frame started %.1fs ago is still incomplete; "
+                        "closing the link", node.config.name,
+                        lk.describe() if lk else f"link {link.link_id}", limit)
+            node.execute(node.core.close_link(link.link_id, now, "stalled frame"))
+            link.abort("stalled frame")
+            node._link_state_changed()

@@ -29,7 +29,7 @@ from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
-from flowrouter.net.links import TcpLink, UdpLink
+from flowrouter.net.links import TcpLink, UdpLink, reap_stalled_frames
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.udpio import io_choice
@@ -272,6 +272,8 @@ class RouterNode:
                 self.core.counters["credit.paused"] += 1
                 link.set_reading(False)
                 self.core.input_paused(origin, True, self.now())
+            elif origin in self._held:  # held already: when the hold ends, credit decides
+                self._paused_at.setdefault(origin, None)
 
     def _credit_release(self, origin: int, size: int) -> None:
         if not origin:
@@ -486,18 +488,7 @@ class RouterNode:
                 self._close_slow_consumer(out)
             elif not out.stuck and out.slow.stuck(now):
                 out._become_stuck()
-        limit = self.config.frame_timeout
-        for link in list(self._partial):
-            if link.partial_since is not None and now - link.partial_since > limit:
-                self._partial.discard(link)
-                self.core.counters["reaped.stalled-frame"] += 1
-                lk = self.core.links.get(link.link_id)
-                log.warning("router %s: %s: a frame started %.1fs ago is still incomplete; "
-                            "closing the link", self.config.name,
-                            lk.describe() if lk else f"link {link.link_id}", limit)
-                self.execute(self.core.close_link(link.link_id, now, "stalled frame"))
-                link.abort("stalled frame")
-                self._link_state_changed()
+        reap_stalled_frames(self, now)
 
     def _close_slow_consumer(self, out: LinkOutput) -> None:
         """Close an output that stayed over its limit for the grace time, and tell its flows

@@ -127,7 +127,7 @@ class LinkOutput:
                 return
         elif self.queue is None and not self.paused:
             node = self.node
-            if header[20] >= 16:  # forwarded, not the router's own control
+            if header[20] >= 16 and node._rx_link:  # forwarded, not the router's own
                 self.fed = node._rx_link
             if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
@@ -316,6 +316,8 @@ class LinkOutput:
             sent = True
             if fr[2] in waiting:
                 freed.add(fr[2])
+                self.fed = fr[2]
+            elif fr[2] and fr[0][20] >= 16:  # what feeds it now (backpressure.hold)
                 self.fed = fr[2]
             size = len(fr[0]) + len(fr[1])
             self._give(fr[2], size)
