@@ -21,7 +21,8 @@ per million messages. Nothing is lost in a flownet chain (TCP pushes back); a NA
 may cut a slow subscriber off, which the row's ``note`` says.
 
 Round trip (``--rtt``): blocking-socket ping-pong of one 64-byte message between two
-endpoints, through nothing (raw TCP echo), one router, one nats-server.
+endpoints, through nothing (raw TCP echo), one router, one nats-server; ``--rtt-passes``
+passes (5) in which the three take turns, reported as the median of each one's pass medians.
 
     python3 benchmarks/bulk.py --sizes 16 256 1024 16384 65536 --hops 1 3 --duration 3 \\
         --out benchmarks/results/bulk.json
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -475,13 +477,28 @@ async def _one_rtt(system: str, args: argparse.Namespace, log_dir: Path, addr: s
 
 
 async def run_rtt(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
-    rows = [await _one_rtt("raw", args, log_dir, "")]
-    async with RouterChain(1, log_dir) as chain:
-        key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
-        rows.append(await _one_rtt("flownet", args, log_dir, chain.listen[0], key))
-    if not args.no_nats:
-        async with NatsChain(1, log_dir) as nats:
-            rows.append(await _one_rtt("nats", args, log_dir, nats.first))
+    """``--rtt-passes`` passes, the systems taking turns in each (round trips on a shared
+    machine drift by tens of microseconds from one minute to the next); per system the
+    median of its passes' medians, and every pass's."""
+    key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
+    passes: dict[str, list[dict[str, Any]]] = {"raw": [], "flownet": [], "nats": []}
+    async with contextlib.AsyncExitStack() as stack:
+        chain = await stack.enter_async_context(RouterChain(1, log_dir))
+        nats = None if args.no_nats else await stack.enter_async_context(NatsChain(1, log_dir))
+        for _ in range(args.rtt_passes):
+            passes["raw"].append(await _one_rtt("raw", args, log_dir, ""))
+            passes["flownet"].append(await _one_rtt("flownet", args, log_dir,
+                                                    chain.listen[0], key))
+            if nats is not None:
+                passes["nats"].append(await _one_rtt("nats", args, log_dir, nats.first))
+    rows = []
+    for system, runs in passes.items():
+        if runs:
+            med = sorted(r["median_us"] for r in runs)
+            p99 = sorted(r["p99_us"] for r in runs)
+            rows.append({"system": system, "median_us": med[len(med) // 2],
+                         "p99_us": p99[len(p99) // 2], "rounds": sum(r["rounds"] for r in runs),
+                         "pass_medians_us": [round(r["median_us"], 1) for r in runs]})
     return rows
 
 
@@ -508,7 +525,8 @@ def print_tables(result: dict[str, Any]) -> None:
                  (f"nc{hops}", f"nats cpu/M {hops}h", ">15.2f")]
     say(table(out, cols))
     for r in result.get("rtt", []):
-        say(f"rtt {r['system']}: median {r['median_us']:.1f} us p99 {r['p99_us']:.1f} us")
+        say(f"rtt {r['system']}: median {r['median_us']:.1f} us p99 {r['p99_us']:.1f} us "
+            f"(pass medians {r.get('pass_medians_us')})")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -539,6 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rtt-only", action="store_true")
     ap.add_argument("--rtt-size", type=int, default=64)
     ap.add_argument("--rtt-rounds", type=int, default=5000)
+    ap.add_argument("--rtt-passes", type=int, default=5,
+                    help="round-trip passes, the systems taking turns (median of medians)")
     ap.add_argument("--keep-logs", action="store_true")
     ap.add_argument("--out", help="write the JSON result here")
     return ap
