@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -212,3 +213,17 @@ async def chain(n: int = 3, core_lsid: int = 0x10, *, geography: int = 0, **extr
     finally:
         for node in nodes:
             await node.stop()
+
+
+def blocking_member(node: RouterNode, flow: FlowID, band: int, name: str = "stuck",
+                    node_id: int = 5) -> socket.socket:
+    """A blocking socket joined to *flow* on *band* with a small receive buffer, that reads
+    only when a test tells it to (a stuck or paused receiver)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(node.tcp_address)
+    hello = C.Hello(node_id, C.Role.ENDPOINT, name, 65536).encode()
+    join = C.Join(1, 1 << band).encode()
+    s.sendall(pack_header(LINK_LOCAL_FLOW.key, len(hello), 0) + hello
+              + pack_header(flow.key, len(join), 0) + join)
+    return s

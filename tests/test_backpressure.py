@@ -10,21 +10,22 @@ First the rules on a router's real LinkOutputs with stand-in links, then on real
 from __future__ import annotations
 
 import asyncio
-import socket
 import struct
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
 
 from flowrouter.net.backpressure import check_holds
 from flowrouter.net.config import NodeConfig
 from flowrouter.net.links import reap_stalled_frames
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.runtime import RouterNode
-from flowrouter.wire import control as C
-from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
+from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import FrameDecoder, pack_header
 
-from .rawep import RawEndpoint
+from .rawep import RawEndpoint, blocking_member
 
 LSID = 0x10
 
@@ -42,10 +43,24 @@ class _Link:
         self.reading = on
 
 
-def _node(**extra: Any) -> RouterNode:
-    node = RouterNode(NodeConfig("bp", **extra))
-    node._loop = asyncio.new_event_loop()
-    return node
+MakeNode = Callable[..., RouterNode]
+
+
+@pytest.fixture
+def make_node() -> Iterator[MakeNode]:
+    """Routers that are never started: their outputs and links are driven by hand (each
+    gets a loop of its own only for its clock)."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def make(**extra: Any) -> RouterNode:
+        node = RouterNode(NodeConfig("bp", **extra))
+        node._loop = asyncio.new_event_loop()
+        loops.append(node._loop)
+        return node
+
+    yield make
+    for loop in loops:
+        loop.close()
 
 
 def _fed(out: LinkOutput, origin: int) -> LinkOutput:
@@ -53,134 +68,110 @@ def _fed(out: LinkOutput, origin: int) -> LinkOutput:
     return out
 
 
-def test_input_is_held_only_when_every_output_it_feeds_pushed_back() -> None:
-    node = _node()
-    try:
-        src, a, b = (_Link(node, i) for i in (1, 2, 3))
-        _fed(a.out, 1), _fed(b.out, 1)
-        a.out.pause()
-        assert src.reading and not node._held  # b still takes the input's frames
-        b.out.pause()
-        assert not src.reading and node._held[1][0] == {a.out, b.out}
-        assert node.core.counters["credit.held"] == 1
-        a.out.resume()  # the fastest output sets the pace: one moving is enough
-        assert src.reading and not node._held
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_input_is_held_only_when_every_output_it_feeds_pushed_back(make_node: MakeNode) -> None:
+    node = make_node()
+    src, a, b = (_Link(node, i) for i in (1, 2, 3))
+    _fed(a.out, 1), _fed(b.out, 1)
+    a.out.pause()
+    assert src.reading and not node._held  # b still takes the input's frames
+    b.out.pause()
+    assert not src.reading and node._held[1][0] == {a.out, b.out}
+    assert node.core.counters["credit.held"] == 1
+    a.out.resume()  # the fastest output sets the pace: one moving is enough
+    assert src.reading and not node._held
 
 
-def test_replies_to_the_sender_and_unfed_outputs_do_not_count() -> None:
-    node = _node()
-    try:
-        src, a, idle = (_Link(node, i) for i in (1, 2, 3))
-        src.out.fed = 1  # the router answered the sender on its own link (a JOIN_ACK)
-        idle.out.fed = 9  # fed by another input
-        _fed(a.out, 1).pause()
-        assert not src.reading and 1 in node._held
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_replies_to_the_sender_and_unfed_outputs_do_not_count(make_node: MakeNode) -> None:
+    node = make_node()
+    src, a, idle = (_Link(node, i) for i in (1, 2, 3))
+    src.out.fed = 1  # the router answered the sender on its own link (a JOIN_ACK)
+    idle.out.fed = 9  # fed by another input
+    _fed(a.out, 1).pause()
+    assert not src.reading and 1 in node._held
 
 
-def test_a_held_input_over_its_credit_waits_for_both() -> None:
-    node = _node(link_credit=4096)
-    try:
-        src, a = _Link(node, 1), _Link(node, 2)
-        _fed(a.out, 1).pause()
-        assert not src.reading
-        node._credit_take(1, 10_000)  # meanwhile its queued frames elsewhere ran over credit
-        a.out.resume()
-        assert not src.reading and not node._held  # credit still says no
-        node._credit_release(1, 10_000)
-        assert src.reading
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_a_held_input_over_its_credit_waits_for_both(make_node: MakeNode) -> None:
+    node = make_node(link_credit=4096)
+    src, a = _Link(node, 1), _Link(node, 2)
+    _fed(a.out, 1).pause()
+    assert not src.reading
+    node._credit_take(1, 10_000)  # meanwhile its queued frames elsewhere ran over credit
+    a.out.resume()
+    assert not src.reading and not node._held  # credit still says no
+    node._credit_release(1, 10_000)
+    assert src.reading
 
 
-def test_fed_follows_the_frames_written_not_the_routers_own() -> None:
+def test_fed_follows_the_frames_written_not_the_routers_own(make_node: MakeNode) -> None:
     """What an output was last fed by decides holds: frames drained from its queue count,
     the router's own notices (no input) do not."""
-    node = _node()
-    try:
-        a, b, x = _Link(node, 1), _Link(node, 2), _Link(node, 3)
-        flow = FlowID(0xB1, LSID, 1)
-        node._rx_link = 1
-        x.out.send(pack_header(flow.key, 2, 40), b"a1")  # straight through: fed by a
-        assert x.out.fed == 1
-        node._rx_link = 0
-        x.out.send(pack_header(flow.key, 2, 17), b"nt")  # a fault notice of the router's
-        assert x.out.fed == 1
-        x.out.paused = True
-        node._rx_link = 2
-        x.out.send(pack_header(flow.key, 2, 40), b"b1")  # queued: b feeds it now
-        node._rx_link = 0
-        x.out.resume()
-        assert x.out.fed == 2 and b.reading and a.reading
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+    node = make_node()
+    a, b, x = _Link(node, 1), _Link(node, 2), _Link(node, 3)
+    flow = FlowID(0xB1, LSID, 1)
+    node._rx_link = 1
+    x.out.send(pack_header(flow.key, 2, 40), b"a1")  # straight through: fed by a
+    assert x.out.fed == 1
+    node._rx_link = 0
+    x.out.send(pack_header(flow.key, 2, 17), b"nt")  # a fault notice of the router's
+    assert x.out.fed == 1
+    x.out.paused = True
+    node._rx_link = 2
+    x.out.send(pack_header(flow.key, 2, 40), b"b1")  # queued: b feeds it now
+    node._rx_link = 0
+    x.out.resume()
+    assert x.out.fed == 2 and b.reading and a.reading
 
 
-def test_credit_does_not_resume_a_held_input() -> None:
-    node = _node()
-    try:
-        src, a = _Link(node, 1), _Link(node, 2)
-        _fed(a.out, 1).pause()
-        node._credit_release(1, 0)  # queued frames elsewhere drained
-        assert not src.reading and 1 in node._held
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_credit_does_not_resume_a_held_input(make_node: MakeNode) -> None:
+    node = make_node()
+    src, a = _Link(node, 1), _Link(node, 2)
+    _fed(a.out, 1).pause()
+    node._credit_release(1, 0)  # queued frames elsewhere drained
+    assert not src.reading and 1 in node._held
 
 
-def test_a_hold_ends_after_the_stall_time_and_its_holders_are_stuck() -> None:
-    node = _node(slow_consumer_stall=0.5)
-    try:
-        src, a = _Link(node, 1), _Link(node, 2)
-        _fed(a.out, 1).pause()
-        since = node._held[1][1]
-        check_holds(node, since + 0.4)
-        assert not src.reading
-        check_holds(node, since + 0.5)
-        assert src.reading and not node._held and a.out.stuck
-        assert node.core.counters["credit.hold-stalled"] == 1
-        a.out.pause()
-        assert src.reading, "a stuck output holds nothing"
-        a.out.resume()  # it moved: it may hold its input again
-        assert not a.out.stuck
-        a.out.pause()
-        assert not src.reading
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_a_hold_ends_after_the_stall_time_and_its_holders_are_stuck(make_node: MakeNode) -> None:
+    node = make_node(slow_consumer_stall=0.5)
+    src, a = _Link(node, 1), _Link(node, 2)
+    _fed(a.out, 1).pause()
+    since = node._held[1][1]
+    check_holds(node, since + 0.4)
+    assert not src.reading
+    check_holds(node, since + 0.5)
+    assert src.reading and not node._held and a.out.stuck
+    assert node.core.counters["credit.hold-stalled"] == 1
+    a.out.pause()
+    assert src.reading, "a stuck output holds nothing"
+    a.out.resume()  # it moved: it may hold its input again
+    assert not a.out.stuck
+    a.out.pause()
+    assert not src.reading
 
 
-def test_a_closed_link_ends_its_holds() -> None:
-    node = _node()
-    try:
-        src, a = _Link(node, 1), _Link(node, 2)
-        _fed(a.out, 1).pause()
-        node._unregister(2)  # the output's link is gone
-        assert src.reading and not node._held
-        _fed(_Link(node, 3).out, 1).pause()
-        node._unregister(1)  # the held input is gone
-        assert not node._held
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_a_closed_link_ends_its_holds(make_node: MakeNode) -> None:
+    node = make_node()
+    src, a = _Link(node, 1), _Link(node, 2)
+    _fed(a.out, 1).pause()
+    node._unregister(2)  # the output's link is gone
+    assert src.reading and not node._held
+    _fed(_Link(node, 3).out, 1).pause()
+    node._unregister(1)  # the held input is gone
+    assert not node._held
 
 
-def test_a_frame_is_not_reaped_as_stalled_while_the_router_does_not_read_it() -> None:
-    node = _node(frame_timeout=1.0)
-    try:
-        link = _Link(node, 1)
-        closed: list[str] = []
-        link.partial_since = 0.0  # type: ignore[attr-defined]
-        link.abort = closed.append  # type: ignore[attr-defined]
-        node._partial.add(link)  # type: ignore[arg-type]
-        link.reading = False  # held (or paused for credit): the frame cannot progress
-        reap_stalled_frames(node, 5.0)
-        assert not closed and node.core.counters["reaped.stalled-frame"] == 0
-        link.reading = True
-        reap_stalled_frames(node, 5.0)
-        assert closed == ["stalled frame"]
-    finally:
-        node._loop.close()  # type: ignore[union-attr]
+def test_no_stalled_frame_reaping_while_the_router_does_not_read(make_node: MakeNode) -> None:
+    node = make_node(frame_timeout=1.0)
+    link = _Link(node, 1)
+    closed: list[str] = []
+    link.partial_since = 0.0  # type: ignore[attr-defined]
+    link.abort = closed.append  # type: ignore[attr-defined]
+    node._partial.add(link)  # type: ignore[arg-type]
+    link.reading = False  # held (or paused for credit): the frame cannot progress
+    reap_stalled_frames(node, 5.0)
+    assert not closed and node.core.counters["reaped.stalled-frame"] == 0
+    link.reading = True
+    reap_stalled_frames(node, 5.0)
+    assert closed == ["stalled frame"]
 
 
 # ---------------------------------------------------------------- on real sockets
@@ -188,14 +179,7 @@ class _Receiver:
     """An application that joins a flow with a blocking socket and reads only when told."""
 
     def __init__(self, node: RouterNode, flow: FlowID, band: int) -> None:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(node.tcp_address)
-        hello = C.Hello(7, C.Role.ENDPOINT, "rx", 65536).encode()
-        join = C.Join(1, 1 << band).encode()
-        s.sendall(pack_header(LINK_LOCAL_FLOW.key, len(hello), 0) + hello
-                  + pack_header(flow.key, len(join), 0) + join)
-        self.sock, self.band = s, band
+        self.sock, self.band = blocking_member(node, flow, band, "rx", 7), band
 
     def read(self, n: int, quiet: float) -> list[int]:
         """Sequence numbers of data frames, until *n* arrived or none for *quiet* s."""

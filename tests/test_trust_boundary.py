@@ -25,7 +25,7 @@ from flowrouter.wire.capabilities import CreatorKey, Policy
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import FrameDecoder, pack_header
 
-from .rawep import RawEndpoint, within
+from .rawep import RawEndpoint, blocking_member, within
 
 LSID = 0x10
 
@@ -192,14 +192,7 @@ class _Stuck:
 
     @classmethod
     def connect(cls, node: RouterNode, flow: FlowID, band: int) -> _Stuck:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(node.tcp_address)
-        hello = C.Hello(5, C.Role.ENDPOINT, "stuck", 65536).encode()
-        join = C.Join(1, 1 << band).encode()
-        s.sendall(pack_header(LINK_LOCAL_FLOW.key, len(hello), 0) + hello
-                  + pack_header(flow.key, len(join), 0) + join)
-        return cls(s)
+        return cls(blocking_member(node, flow, band))
 
     def drain_count(self, band: int, expect_more: float = 0.5) -> int:
         """Read everything that arrives (until quiet for *expect_more* s): data frames."""
