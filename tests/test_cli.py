@@ -99,6 +99,25 @@ def test_in_process_commands_leave_the_event_loop_policy_alone(tmp_path: Path) -
         assert asyncio.get_event_loop_policy() is before
 
 
+def test_routers_run_on_uvloop_unless_told_not_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrouter.tools.cli import _use_uvloop
+
+    uvloop = pytest.importorskip("uvloop")  # a dependency of flownet on CPython
+    before = asyncio.get_event_loop_policy()
+    try:
+        monkeypatch.delenv("FLOWNET_UVLOOP", raising=False)
+        assert _use_uvloop(None) == f"uvloop {uvloop.__version__}"
+        assert isinstance(asyncio.get_event_loop_policy(), uvloop.EventLoopPolicy)
+        asyncio.set_event_loop_policy(before)
+        assert _use_uvloop(False) == "asyncio (uvloop turned off)"
+        monkeypatch.setenv("FLOWNET_UVLOOP", "0")
+        assert _use_uvloop(None) == "asyncio (uvloop turned off)"
+        assert asyncio.get_event_loop_policy() is before
+        assert _use_uvloop(True).startswith("uvloop")  # the flag wins over the environment
+    finally:
+        asyncio.set_event_loop_policy(before)
+
+
 def test_run_needs_a_name(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["run"]) == 2
     assert "--name" in capsys.readouterr().err
@@ -124,6 +143,7 @@ def test_status_command_against_a_running_router(capsys) -> None:  # type: ignor
             assert await asyncio.to_thread(main, ["status", "--control", ctl]) == 0
             out = capsys.readouterr().out
             assert "router rs" in out and "LOCATION SERVICE ROUTES" in out and "0x10" in out
+            assert "event loop: asyncio" in out  # this test's router runs on asyncio's loop
         finally:
             await node.stop()
         assert await asyncio.to_thread(main, ["status", "--control", ctl]) == 1
