@@ -90,6 +90,23 @@ def test_replies_to_the_sender_and_unfed_outputs_do_not_count(make_node: MakeNod
     assert not src.reading and 1 in node._held
 
 
+def test_a_sibling_that_took_the_inputs_frames_lately_still_counts(make_node: MakeNode) -> None:
+    """Y carries input 1's flow and input 2's: its last frame may be 2's while it still
+    takes 1's, and then 1 must not be held for X (one slow receiver)."""
+    node = make_node()
+    src, _, x, y = (_Link(node, i) for i in (1, 2, 3, 4))
+    now = node.now()
+    y.out.fed, y.out.fed_at = 2, {1: now, 2: now}
+    _fed(x.out, 1).pause()
+    assert src.reading and not node._held
+    y.out.fed_at[1] = now - 1.0  # long ago: Y no longer takes 1's frames
+    x.out.resume()
+    x.out.pause()
+    assert not src.reading and node._held[1][0] == {x.out}
+    node._unregister(1)
+    assert 1 not in y.out.fed_at  # a closed input feeds nothing
+
+
 def test_a_held_input_over_its_credit_waits_for_both(make_node: MakeNode) -> None:
     node = make_node(link_credit=4096)
     src, a = _Link(node, 1), _Link(node, 2)

@@ -23,14 +23,22 @@ Imports nothing of the runtime at run time: the node and its outputs are only ty
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
     from flowrouter.net.output import LinkOutput
 
-log = logging.getLogger("flowrouter.net.runtime")
+
+#: an output that wrote an input's frames this recently still takes that input's frames,
+#: though other inputs' frames went out after them (several inputs feeding one output)
+FED_RECENT = 0.1
+
+
+def feeds(out: LinkOutput, origin: int, now: float) -> bool:
+    """Whether *out* takes *origin*'s frames: the last it wrote were *origin*'s, or some
+    were, FED_RECENT seconds ago at most."""
+    return out.fed == origin or now - out.fed_at.get(origin, -FED_RECENT) < FED_RECENT
 
 
 def hold(node: RouterNode, out: LinkOutput) -> None:
@@ -48,15 +56,15 @@ def hold(node: RouterNode, out: LinkOutput) -> None:
     if link is None or not getattr(link, "reading", False):
         return  # gone, a UDP peer (nothing to pause), or paused for credit already
     holders = {out}
+    now = node.now()
     for other in node._links.values():
         sib = other.out
-        if sib is None or sib is out or sib.fed != origin or sib.link_id == origin:
+        if sib is None or sib is out or sib.link_id == origin or not feeds(sib, origin, now):
             continue
         if not sib.paused:
             return  # a sibling still takes this input's frames: credit and unblock decide
         if not sib.stuck:
             holders.add(sib)  # pushed back too: the input reads again when either moves
-    now = node.now()
     node._held[origin] = (holders, now)
     node.core.counters["credit.held"] += 1
     link.set_reading(False)
@@ -85,8 +93,12 @@ def check_holds(node: RouterNode, now: float) -> None:
 
 
 def forget(node: RouterNode, link_id: int) -> None:
-    """*link_id* is gone: as an input it is held by nobody; as an output it holds nothing."""
+    """*link_id* is gone: as an input it is held by nobody and feeds nothing; as an output
+    it holds nothing."""
     node._held.pop(link_id, None)
+    for link in node._links.values():
+        if link.out is not None:
+            link.out.fed_at.pop(link_id, None)
     for origin, (outs, _) in list(node._held.items()):
         if any(out.link_id == link_id for out in outs):
             _resume(node, origin)
@@ -128,7 +140,7 @@ def unblock(node: RouterNode, origin: int) -> None:
             wait = idle_for - idle if wait is None else min(wait, idle_for - idle)
     held = sum(out.held[origin] for out in stalled)
     if stalled and node._pending_in.get(origin, 0) - held <= cfg.link_credit // 8 and any(
-            link.out is not None and link.out.fed == origin and link.out not in stalled
+            link.out is not None and feeds(link.out, origin, now) and link.out not in stalled
             and (not link.out.paused or now - link.out.slow.last_progress < idle_for)
             for link in node._links.values()):
         for out in stalled:

@@ -66,7 +66,8 @@ class TcpLink(asyncio.BufferedProtocol):
         #: what every read goes into; frames are forwarded from it in place
         self.rx = RecvBuffer(most=node.config.read_buffer)
         #: the socket's descriptor, when writes may go straight to it (asyncio's selector
-        #: transports, whose socket nothing else writes while their buffer is empty)
+        #: transports and uvloop's, whose socket nothing else writes while their buffer,
+        #: libuv's write queue included, is empty)
         self.fd = -1
         self.out: LinkOutput | None = None
         self.address = "?"

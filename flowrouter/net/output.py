@@ -43,7 +43,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
-                 "rng", "batch", "slow", "stuck", "held", "fed", "rate")
+                 "rng", "batch", "slow", "stuck", "held", "fed", "fed_at", "rate")
 
     def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -67,9 +67,11 @@ class LinkOutput:
         self.stuck = False
         #: input link -> credit bytes its frames waiting here hold (backpressure.unblock)
         self.held: dict[int, int] = {}
-        #: the input link whose frames this output last wrote (backpressure.unblock's evidence
-        #: that a sibling fed by the same input is draining)
+        #: the input link whose frames this output last wrote, and when it last wrote each
+        #: input's (backpressure.feeds: evidence that a sibling fed by an input still takes
+        #: its frames, though other inputs' frames went out since)
         self.fed = 0
+        self.fed_at: dict[int, float] = {}
         #: measured locality: the send rate while backlogged (capacity, not utilisation);
         #: the node's tick turns it into Router.measure_throughput samples
         self.rate = BusyRate()
@@ -129,6 +131,7 @@ class LinkOutput:
             node = self.node
             if header[20] >= 16 and node._rx_link:  # forwarded, not the router's own
                 self.fed = node._rx_link
+                self.fed_at[node._rx_link] = node.now()
             if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
@@ -174,6 +177,7 @@ class LinkOutput:
                 and self.write_many is not None):
             node = self.node
             self.fed = node._rx_link
+            self.fed_at[node._rx_link] = node.now()
             if type(frames) is list:
                 if node._batching:
                     batch = self.batch
@@ -319,6 +323,8 @@ class LinkOutput:
                 self.fed = fr[2]
             elif fr[2] and fr[0][20] >= 16:  # what feeds it now (backpressure.hold)
                 self.fed = fr[2]
+            if fr[2]:
+                self.fed_at[fr[2]] = now
             size = len(fr[0]) + len(fr[1])
             self._give(fr[2], size)
             self.rate.wrote(size)
