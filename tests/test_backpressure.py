@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flowrouter.net.backpressure import check_holds
+from flowrouter.net.backpressure import check_holds, unblock
 from flowrouter.net.config import NodeConfig
 from flowrouter.net.links import reap_stalled_frames
 from flowrouter.net.output import LinkOutput
@@ -64,7 +64,9 @@ def make_node() -> Iterator[MakeNode]:
 
 
 def _fed(out: LinkOutput, origin: int) -> LinkOutput:
+    """*out* has just written frames of input *origin*."""
     out.fed = origin
+    out.fed_read[origin] = out.node._reads
     return out
 
 
@@ -95,16 +97,38 @@ def test_a_sibling_that_took_the_inputs_frames_lately_still_counts(make_node: Ma
     takes 1's, and then 1 must not be held for X (one slow receiver)."""
     node = make_node()
     src, _, x, y = (_Link(node, i) for i in (1, 2, 3, 4))
-    now = node.now()
-    y.out.fed, y.out.fed_at = 2, {1: now, 2: now}
+    y.out.fed, y.out.fed_read = 2, {1: node._reads, 2: node._reads}  # 2's frame went last
     _fed(x.out, 1).pause()
     assert src.reading and not node._held
-    y.out.fed_at[1] = now - 1.0  # long ago: Y no longer takes 1's frames
+    node._reads += 1  # a later read of input 1 gives X frames and Y none
     x.out.resume()
-    x.out.pause()
+    _fed(x.out, 1).pause()
     assert not src.reading and node._held[1][0] == {x.out}
     node._unregister(1)
-    assert 1 not in y.out.fed_at  # a closed input feeds nothing
+    assert 1 not in y.out.fed_read  # a closed input feeds nothing
+
+
+def test_only_a_sibling_that_took_the_frames_since_the_stall_frees_the_credit(
+        make_node: MakeNode) -> None:
+    """An output that once took the input's frames (another band, long ago) is no evidence
+    that they flow: a lone receiver behind must push back on its sender, not be taken for
+    a slow consumer and lose frames."""
+    node = make_node(link_credit=4096)
+    src, out, once = _Link(node, 1), _Link(node, 2), _Link(node, 3)
+    once.out.fed, once.out.fed_read[1] = 1, 3  # input 1's frames, many reads ago
+    node._reads = 10
+    out.out.paused, out.out.paused_read = True, 10  # its socket pushed back
+    flow = FlowID(0xB2, LSID, 1)
+    node._rx_link = 1
+    for _ in range(2):
+        out.out.send(pack_header(flow.key, 3000, 40), bytes(3000))
+    node._rx_link = 0
+    assert not src.reading and not out.out.stuck  # paused for credit: pushed back
+    assert node.core.counters["credit.not-draining"] == 0
+    _fed(once.out, 1)  # now a sibling does take its frames
+    unblock(node, 1)
+    assert out.out.stuck and node.core.counters["credit.not-draining"] == 1
+    assert src.reading  # the slow output gave its credit back
 
 
 def test_a_held_input_over_its_credit_waits_for_both(make_node: MakeNode) -> None:

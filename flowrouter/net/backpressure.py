@@ -30,15 +30,12 @@ if TYPE_CHECKING:
     from flowrouter.net.output import LinkOutput
 
 
-#: an output that wrote an input's frames this recently still takes that input's frames,
-#: though other inputs' frames went out after them (several inputs feeding one output)
-FED_RECENT = 0.1
-
-
-def feeds(out: LinkOutput, origin: int, now: float) -> bool:
-    """Whether *out* takes *origin*'s frames: the last it wrote were *origin*'s, or some
-    were, FED_RECENT seconds ago at most."""
-    return out.fed == origin or now - out.fed_at.get(origin, -FED_RECENT) < FED_RECENT
+def feeds(out: LinkOutput, origin: int, since: int) -> bool:
+    """Whether *out* has written frames of input *origin* from read *since* (a count of the
+    node's reads) on. Only that is evidence that the input's frames still flow to it: its
+    last frame may be another input's (several inputs into one receiver), and an output
+    that took the input's frames once, on another band or flow, may take none now."""
+    return out.fed_read.get(origin, -1) >= since
 
 
 def hold(node: RouterNode, out: LinkOutput) -> None:
@@ -55,16 +52,19 @@ def hold(node: RouterNode, out: LinkOutput) -> None:
     link = node._links.get(origin)
     if link is None or not getattr(link, "reading", False):
         return  # gone, a UDP peer (nothing to pause), or paused for credit already
+    since = node._reads
+    if out.fed_read.get(origin) != since:
+        return  # not pushed back while writing that input's latest read: credit decides
     holders = {out}
-    now = node.now()
     for other in node._links.values():
         sib = other.out
-        if sib is None or sib is out or sib.link_id == origin or not feeds(sib, origin, now):
+        if sib is None or sib is out or sib.link_id == origin or not feeds(sib, origin, since):
             continue
         if not sib.paused:
             return  # a sibling still takes this input's frames: credit and unblock decide
         if not sib.stuck:
             holders.add(sib)  # pushed back too: the input reads again when either moves
+    now = node.now()
     node._held[origin] = (holders, now)
     node.core.counters["credit.held"] += 1
     link.set_reading(False)
@@ -98,7 +98,7 @@ def forget(node: RouterNode, link_id: int) -> None:
     node._held.pop(link_id, None)
     for link in node._links.values():
         if link.out is not None:
-            link.out.fed_at.pop(link_id, None)
+            link.out.fed_read.pop(link_id, None)
     for origin, (outs, _) in list(node._held.items()):
         if any(out.link_id == link_id for out in outs):
             _resume(node, origin)
@@ -139,8 +139,10 @@ def unblock(node: RouterNode, origin: int) -> None:
         else:
             wait = idle_for - idle if wait is None else min(wait, idle_for - idle)
     held = sum(out.held[origin] for out in stalled)
+    # a sibling drains if it has taken the input's frames since the stalled ones pushed back
+    since = min((out.paused_read for out in stalled), default=node._reads)
     if stalled and node._pending_in.get(origin, 0) - held <= cfg.link_credit // 8 and any(
-            link.out is not None and feeds(link.out, origin, now) and link.out not in stalled
+            link.out is not None and link.out not in stalled and feeds(link.out, origin, since)
             and (not link.out.paused or now - link.out.slow.last_progress < idle_for)
             for link in node._links.values()):
         for out in stalled:

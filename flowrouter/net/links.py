@@ -212,6 +212,7 @@ class TcpLink(asyncio.BufferedProtocol):
         self.frames_in += len(frames)
         core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
         node._rx_link = link_id
+        node._reads += 1
         node._batching = True
         try:
             for header, payload in frames:
@@ -235,6 +236,7 @@ class TcpLink(asyncio.BufferedProtocol):
         view = memoryview(data)
         n = len(view)
         node._rx_link = link_id
+        node._reads += 1
         node._batching = True
         try:
             pos = 0
@@ -269,6 +271,7 @@ class TcpLink(asyncio.BufferedProtocol):
         view = rx.view[:n]
         pos, need = rx.start, HEADER_SIZE
         node._rx_link = link_id
+        node._reads += 1
         node._batching = True
         try:
             while pos < n:

@@ -71,8 +71,10 @@ class RouterNode:
         self._backoff: dict[str, float] = {}
         self._seen_generation = 0
         self._tracer: TraceWriter | None = None
-        #: the input link whose frames are being processed (0: none / locally generated)
+        #: the input link whose frames are being processed (0: none / locally generated),
+        #: and how many reads have been processed (flowrouter.net.backpressure.feeds)
         self._rx_link = 0
+        self._reads = 0
         #: while a read is processed, fast-path sends gather per link and ``_flush`` writes
         #: each link's batch once: one system call per link per read, not per frame
         self._batching = False

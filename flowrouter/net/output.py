@@ -43,7 +43,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
-                 "rng", "batch", "slow", "stuck", "held", "fed", "fed_at", "rate")
+                 "rng", "batch", "slow", "stuck", "held", "fed", "fed_read", "paused_read", "rate")
 
     def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -67,11 +67,12 @@ class LinkOutput:
         self.stuck = False
         #: input link -> credit bytes its frames waiting here hold (backpressure.unblock)
         self.held: dict[int, int] = {}
-        #: the input link whose frames this output last wrote, and when it last wrote each
-        #: input's (backpressure.feeds: evidence that a sibling fed by an input still takes
-        #: its frames, though other inputs' frames went out since)
+        #: the input link whose frames this output last wrote, the last read (node._reads)
+        #: each input gave it frames in, and the read in which its transport last pushed
+        #: back (backpressure.feeds: whether a sibling still takes an input's frames)
         self.fed = 0
-        self.fed_at: dict[int, float] = {}
+        self.fed_read: dict[int, int] = {}
+        self.paused_read = 0
         #: measured locality: the send rate while backlogged (capacity, not utilisation);
         #: the node's tick turns it into Router.measure_throughput samples
         self.rate = BusyRate()
@@ -121,6 +122,9 @@ class LinkOutput:
             self.send(fr[0], fr[1])
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        node = self.node
+        if node._rx_link and header[20] >= 16:  # forwarded, not the router's own
+            self.fed_read[node._rx_link] = node._reads
         emu = self.emu
         if emu is not None:
             if emu.down or (emu.loss and self.rng.random() < emu.loss):  # type: ignore[union-attr]
@@ -128,10 +132,8 @@ class LinkOutput:
                                         else "drop.emulated-down"] += 1
                 return
         elif self.queue is None and not self.paused:
-            node = self.node
-            if header[20] >= 16 and node._rx_link:  # forwarded, not the router's own
+            if header[20] >= 16 and node._rx_link:
                 self.fed = node._rx_link
-                self.fed_at[node._rx_link] = node.now()
             if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
@@ -173,11 +175,11 @@ class LinkOutput:
         """Whole frames the forwarding fast path gathered for this link from one read: bytes,
         or a list of buffers that may point into the received buffer (written with the
         read's batch, before that buffer is reused; copied if they must wait)."""
+        node = self.node
+        self.fed_read[node._rx_link] = node._reads
         if (self.emu is None and self.queue is None and not self.paused
                 and self.write_many is not None):
-            node = self.node
             self.fed = node._rx_link
-            self.fed_at[node._rx_link] = node.now()
             if type(frames) is list:
                 if node._batching:
                     batch = self.batch
@@ -289,6 +291,7 @@ class LinkOutput:
     def pause(self) -> None:
         """The transport pushed back (anything it could not write at once is buffered)."""
         self.paused = True
+        self.paused_read = self.node._reads
         hold(self.node, self)
 
     def resume(self) -> None:
@@ -323,8 +326,6 @@ class LinkOutput:
                 self.fed = fr[2]
             elif fr[2] and fr[0][20] >= 16:  # what feeds it now (backpressure.hold)
                 self.fed = fr[2]
-            if fr[2]:
-                self.fed_at[fr[2]] = now
             size = len(fr[0]) + len(fr[1])
             self._give(fr[2], size)
             self.rate.wrote(size)

@@ -73,6 +73,7 @@ def datagrams(node: RouterNode, view: memoryview,
             link = node._udp_link(addr, None)
         link.last_rx = now
         link_id = node._rx_link = link.link_id
+        node._reads += 1
         if fast is not None:
             j, end = i, pos
             while j < n:  # the run: whole frames from this address, one per datagram
