@@ -4,8 +4,9 @@ Two mechanisms, both ending in a TCP input that stops reading so that TCP pushes
 sender causing the load (a UDP socket serves every peer and is never paused):
 
 * **Holding** (:func:`hold`, :func:`release`, :func:`check_holds`): when an output's socket
-  pushes back and every output fed by the same input has pushed back too (a chain, a lone
-  receiver, receivers all behind together), the input stops reading at once. Its frames
+  pushes back while it writes an input's read, and every output that got frames of that
+  read has pushed back too (a chain, a lone receiver, receivers all behind together), the
+  input stops reading at once. Its frames
   wait in the kernel's socket buffers, not copied into our queues: at 64 KiB frames through
   a 3-router chain, copying what a pushed-back output could not take cost the first router
   40% of its CPU (page faults of fresh buffers, the copies themselves, per-frame writes from
@@ -39,9 +40,10 @@ def feeds(out: LinkOutput, origin: int, since: int) -> bool:
 
 
 def hold(node: RouterNode, out: LinkOutput) -> None:
-    """*out*'s socket pushed back: hold the input that fed it, if nothing else takes that
-    input's frames (every other output it last fed has pushed back too). An input already
-    held gains *out* as one more holder; one paused for credit is left to the credit rule."""
+    """*out*'s socket pushed back while writing its input's latest read: hold that input,
+    if nothing else takes its frames (every other output that got frames of that read has
+    pushed back too). An input already held gains *out* as one more holder; one paused for
+    credit, or a push back at another time (draining a queue), is left to the credit rule."""
     origin = out.fed
     if not origin or out.stuck:
         return
