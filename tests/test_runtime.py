@@ -322,14 +322,15 @@ def test_forwarding_on_uvloop() -> None:
             assert [p for _, p in await a.data(1)] == [b"u32"]
             assert [p for _, p in await b.data(1)] == [b"u34"]
             assert [p for _, p in await c.data(2)] == [b"u32", b"u34"]
-            # Large frames in a burst: written straight to uvloop's sockets (one writev per
-            # read), tails the socket does not take queued as copies, inputs held while
-            # the outputs push back; all of it arrives, in order.
+            # Large frames in a burst, on a band only C takes (a lone receiver: B would be a
+            # slow consumer beside r2's link to r3): written straight to uvloop's sockets
+            # (one writev per read), tails the socket does not take queued as copies,
+            # inputs held while the outputs push back; all of it arrives, in order.
             assert all(lk.fd >= 0 for n in nodes for lk in n._links.values()
                        if hasattr(lk, "fd") and lk.transport is not None)
             n = 400
             for i in range(n):
-                s.send(FLOW, i.to_bytes(4, "big") + bytes(65532), band=34)
+                s.send(FLOW, i.to_bytes(4, "big") + bytes(65532), band=35)
                 if i % 8 == 7:
                     await s.writer.drain()
             got = [int.from_bytes(p[:4], "big") for _, p in await c.data(n, timeout=60)]
