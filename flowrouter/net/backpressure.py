@@ -24,7 +24,7 @@ Imports nothing of the runtime at run time: the node and its outputs are only ty
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowrouter.net.node import RouterNode
@@ -66,11 +66,9 @@ def hold(node: RouterNode, out: LinkOutput) -> None:
             return  # a sibling still takes this input's frames: credit and unblock decide
         if not sib.stuck:
             holders.add(sib)  # pushed back too: the input reads again when either moves
-    now = node.now()
-    node._held[origin] = (holders, now)
+    node._held[origin] = (holders, node.now())
     node.core.counters["credit.held"] += 1
-    link.set_reading(False)
-    node.core.input_paused(origin, True, now)
+    stop_reading(node, origin, link)
 
 
 def release(node: RouterNode, out: LinkOutput) -> None:
@@ -108,8 +106,22 @@ def forget(node: RouterNode, link_id: int) -> None:
 
 def _resume(node: RouterNode, origin: int) -> None:
     node._held.pop(origin, None)
+    read_again(node, origin)
+
+
+def stop_reading(node: RouterNode, origin: int, link: Any) -> None:
+    """Input *origin* (its *link*) stops reading, held or paused for credit; while it does,
+    the peer's silence proves nothing to liveness."""
+    link.set_reading(False)
+    node.core.input_paused(origin, True, node.now())
+
+
+def read_again(node: RouterNode, origin: int) -> None:
+    """Input *origin* reads again if nothing stops it any more: neither held nor paused
+    for credit (the one place both are asked)."""
     link = node._links.get(origin)
-    if link is not None and origin not in node._paused_at and not getattr(link, "reading", True):
+    if (link is not None and not getattr(link, "reading", True) and origin not in node._held
+            and origin not in node._paused_at):
         link.set_reading(True)
         node.core.input_paused(origin, False, node.now())
 

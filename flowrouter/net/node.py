@@ -24,7 +24,13 @@ from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
 from flowrouter.net import udpbatch
-from flowrouter.net.backpressure import check_holds, forget, unblock
+from flowrouter.net.backpressure import (
+    check_holds,
+    forget,
+    read_again,
+    stop_reading,
+    unblock,
+)
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import CONTROL_LINE_LIMIT
@@ -272,8 +278,7 @@ class RouterNode:
                     self._paused_at.pop(origin, None)  # it was only an output not draining
                     return
                 self.core.counters["credit.paused"] += 1
-                link.set_reading(False)
-                self.core.input_paused(origin, True, self.now())
+                stop_reading(self, origin, link)
             elif origin in self._held:  # held already: when the hold ends, credit decides
                 self._paused_at.setdefault(origin, None)
 
@@ -286,14 +291,10 @@ class RouterNode:
         else:
             self._pending_in[origin] = pending
         if pending <= self.config.link_credit // 2:
-            link = self._links.get(origin)
             timer = self._paused_at.pop(origin, None)
             if timer is not None:
                 timer.cancel()
-            if (link is not None and not getattr(link, "reading", True)
-                    and origin not in self._held):
-                link.set_reading(True)
-                self.core.input_paused(origin, False, self.now())
+            read_again(self, origin)
 
     def _apply_emulation(self) -> None:
         """Give every up link the emulation configured for its peer (by name)."""

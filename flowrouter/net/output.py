@@ -123,8 +123,9 @@ class LinkOutput:
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         node = self.node
-        if node._rx_link and header[20] >= 16:  # forwarded, not the router's own
-            self.fed_read[node._rx_link] = node._reads
+        rx = node._rx_link if header[20] >= 16 else 0  # forwarded, not the router's own
+        if rx:
+            self.fed_read[rx] = node._reads
         emu = self.emu
         if emu is not None:
             if emu.down or (emu.loss and self.rng.random() < emu.loss):  # type: ignore[union-attr]
@@ -132,8 +133,8 @@ class LinkOutput:
                                         else "drop.emulated-down"] += 1
                 return
         elif self.queue is None and not self.paused:
-            if header[20] >= 16 and node._rx_link:
-                self.fed = node._rx_link
+            if rx:
+                self.fed = rx
             if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
