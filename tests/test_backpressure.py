@@ -4,7 +4,9 @@ When every output an input feeds has pushed back, the router stops reading that 
 once: its frames wait in the kernel's socket buffers instead of being copied into queues,
 and TCP pushes back on the sender. It reads again as soon as one of those outputs moves, or
 after ``slow_consumer_stall`` seconds (a hung receiver must not hold its sender for long).
-First the rules on a router's real LinkOutputs with stand-in links, then on real sockets.
+First the rules on a router's real LinkOutputs and flow control (``node.flow``) with
+stand-in links, driven through the node interface (``register``, ``begin_read``), then on
+real sockets.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from flowrouter.net.backpressure import check_holds, unblock
 from flowrouter.net.config import NodeConfig
-from flowrouter.net.links import reap_stalled_frames
+from flowrouter.net.links import TcpLink, reap_stalled_frames
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.flowid import FlowID
@@ -31,16 +32,27 @@ LSID = 0x10
 
 
 class _Link:
-    """Stands in for a TcpLink: whether it reads, and its output."""
+    """Stands in for a TcpLink (flowrouter.net.nodeapi.Link): whether it reads, and its
+    output. Registered with the node, which numbers links from 1."""
+
+    address = "stand-in"
 
     def __init__(self, node: RouterNode, link_id: int) -> None:
-        self.link_id = link_id
+        self.link_id = node.register(self)
+        assert self.link_id == link_id
         self.reading = True
         self.out = LinkOutput(node, link_id, lambda h, p: None, lambda bufs: None)
-        node._links[link_id] = self  # type: ignore[assignment]
 
     def set_reading(self, on: bool) -> None:
         self.reading = on
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None:
+        self.out.send(header, payload)
+
+    def close(self, reason: str) -> None:
+        self.out.close()
+
+    abort = close
 
 
 MakeNode = Callable[..., RouterNode]
@@ -53,10 +65,8 @@ def make_node() -> Iterator[MakeNode]:
     loops: list[asyncio.AbstractEventLoop] = []
 
     def make(**extra: Any) -> RouterNode:
-        node = RouterNode(NodeConfig("bp", **extra))
-        node._loop = asyncio.new_event_loop()
-        loops.append(node._loop)
-        return node
+        loops.append(asyncio.new_event_loop())
+        return RouterNode(NodeConfig("bp", **extra), loop=loops[-1])
 
     yield make
     for loop in loops:
@@ -66,7 +76,7 @@ def make_node() -> Iterator[MakeNode]:
 def _fed(out: LinkOutput, origin: int) -> LinkOutput:
     """*out* has just written frames of input *origin*."""
     out.fed = origin
-    out.fed_read[origin] = out.node._reads
+    out.fed_read[origin] = out.reads.number
     return out
 
 
@@ -75,12 +85,12 @@ def test_input_is_held_only_when_every_output_it_feeds_pushed_back(make_node: Ma
     src, a, b = (_Link(node, i) for i in (1, 2, 3))
     _fed(a.out, 1), _fed(b.out, 1)
     a.out.pause()
-    assert src.reading and not node._held  # b still takes the input's frames
+    assert src.reading and not node.flow.held  # b still takes the input's frames
     b.out.pause()
-    assert not src.reading and node._held[1][0] == {a.out, b.out}
+    assert not src.reading and node.flow.held[1][0] == {a.out, b.out}
     assert node.core.counters["credit.held"] == 1
     a.out.resume()  # the fastest output sets the pace: one moving is enough
-    assert src.reading and not node._held
+    assert src.reading and not node.flow.held
 
 
 def test_replies_to_the_sender_and_unfed_outputs_do_not_count(make_node: MakeNode) -> None:
@@ -89,7 +99,7 @@ def test_replies_to_the_sender_and_unfed_outputs_do_not_count(make_node: MakeNod
     src.out.fed = 1  # the router answered the sender on its own link (a JOIN_ACK)
     idle.out.fed = 9  # fed by another input
     _fed(a.out, 1).pause()
-    assert not src.reading and 1 in node._held
+    assert not src.reading and 1 in node.flow.held
 
 
 def test_a_sibling_that_took_the_inputs_frames_lately_still_counts(make_node: MakeNode) -> None:
@@ -97,14 +107,16 @@ def test_a_sibling_that_took_the_inputs_frames_lately_still_counts(make_node: Ma
     takes 1's, and then 1 must not be held for X (one slow receiver)."""
     node = make_node()
     src, _, x, y = (_Link(node, i) for i in (1, 2, 3, 4))
-    y.out.fed, y.out.fed_read = 2, {1: node._reads, 2: node._reads}  # 2's frame went last
+    now = node.reads.number
+    y.out.fed, y.out.fed_read = 2, {1: now, 2: now}  # 2's frame went last
     _fed(x.out, 1).pause()
-    assert src.reading and not node._held
-    node._reads += 1  # a later read of input 1 gives X frames and Y none
+    assert src.reading and not node.flow.held
+    reads = node.begin_read(1)  # a later read of input 1 gives X frames and Y none
     x.out.resume()
     _fed(x.out, 1).pause()
-    assert not src.reading and node._held[1][0] == {x.out}
-    node._unregister(1)
+    reads.end()
+    assert not src.reading and node.flow.held[1][0] == {x.out}
+    node.unregister(1)
     assert 1 not in y.out.fed_read  # a closed input feeds nothing
 
 
@@ -116,17 +128,17 @@ def test_only_a_sibling_that_took_the_frames_since_the_stall_frees_the_credit(
     node = make_node(link_credit=4096)
     src, out, once = _Link(node, 1), _Link(node, 2), _Link(node, 3)
     once.out.fed, once.out.fed_read[1] = 1, 3  # input 1's frames, many reads ago
-    node._reads = 10
+    node.reads.number = 9
+    reads = node.begin_read(1)  # read 10
     out.out.paused, out.out.paused_read = True, 10  # its socket pushed back
     flow = FlowID(0xB2, LSID, 1)
-    node._rx_link = 1
     for _ in range(2):
         out.out.send(pack_header(flow.key, 3000, 40), bytes(3000))
-    node._rx_link = 0
+    reads.end()
     assert not src.reading and not out.out.stuck  # paused for credit: pushed back
     assert node.core.counters["credit.not-draining"] == 0
     _fed(once.out, 1)  # now a sibling does take its frames
-    unblock(node, 1)
+    node.flow.unblock(1)
     assert out.out.stuck and node.core.counters["credit.not-draining"] == 1
     assert src.reading  # the slow output gave its credit back
 
@@ -136,10 +148,10 @@ def test_a_held_input_over_its_credit_waits_for_both(make_node: MakeNode) -> Non
     src, a = _Link(node, 1), _Link(node, 2)
     _fed(a.out, 1).pause()
     assert not src.reading
-    node._credit_take(1, 10_000)  # meanwhile its queued frames elsewhere ran over credit
+    node.flow.take(1, 10_000)  # meanwhile its queued frames elsewhere ran over credit
     a.out.resume()
-    assert not src.reading and not node._held  # credit still says no
-    node._credit_release(1, 10_000)
+    assert not src.reading and not node.flow.held  # credit still says no
+    node.flow.give(1, 10_000)
     assert src.reading
 
 
@@ -149,16 +161,16 @@ def test_fed_follows_the_frames_written_not_the_routers_own(make_node: MakeNode)
     node = make_node()
     a, b, x = _Link(node, 1), _Link(node, 2), _Link(node, 3)
     flow = FlowID(0xB1, LSID, 1)
-    node._rx_link = 1
+    reads = node.begin_read(1)
     x.out.send(pack_header(flow.key, 2, 40), b"a1")  # straight through: fed by a
+    reads.end()
     assert x.out.fed == 1
-    node._rx_link = 0
     x.out.send(pack_header(flow.key, 2, 17), b"nt")  # a fault notice of the router's
     assert x.out.fed == 1
     x.out.paused = True
-    node._rx_link = 2
+    reads = node.begin_read(2)
     x.out.send(pack_header(flow.key, 2, 40), b"b1")  # queued: b feeds it now
-    node._rx_link = 0
+    reads.end()
     x.out.resume()
     assert x.out.fed == 2 and b.reading and a.reading
 
@@ -167,19 +179,19 @@ def test_credit_does_not_resume_a_held_input(make_node: MakeNode) -> None:
     node = make_node()
     src, a = _Link(node, 1), _Link(node, 2)
     _fed(a.out, 1).pause()
-    node._credit_release(1, 0)  # queued frames elsewhere drained
-    assert not src.reading and 1 in node._held
+    node.flow.give(1, 0)  # queued frames elsewhere drained
+    assert not src.reading and 1 in node.flow.held
 
 
 def test_a_hold_ends_after_the_stall_time_and_its_holders_are_stuck(make_node: MakeNode) -> None:
     node = make_node(slow_consumer_stall=0.5)
     src, a = _Link(node, 1), _Link(node, 2)
     _fed(a.out, 1).pause()
-    since = node._held[1][1]
-    check_holds(node, since + 0.4)
+    since = node.flow.held[1][1]
+    node.flow.check(since + 0.4)
     assert not src.reading
-    check_holds(node, since + 0.5)
-    assert src.reading and not node._held and a.out.stuck
+    node.flow.check(since + 0.5)
+    assert src.reading and not node.flow.held and a.out.stuck
     assert node.core.counters["credit.hold-stalled"] == 1
     a.out.pause()
     assert src.reading, "a stuck output holds nothing"
@@ -193,20 +205,30 @@ def test_a_closed_link_ends_its_holds(make_node: MakeNode) -> None:
     node = make_node()
     src, a = _Link(node, 1), _Link(node, 2)
     _fed(a.out, 1).pause()
-    node._unregister(2)  # the output's link is gone
-    assert src.reading and not node._held
+    node.unregister(2)  # the output's link is gone
+    assert src.reading and not node.flow.held
     _fed(_Link(node, 3).out, 1).pause()
-    node._unregister(1)  # the held input is gone
-    assert not node._held
+    node.unregister(1)  # the held input is gone
+    assert not node.flow.held
+
+
+class _UnconnectedTcp(TcpLink):
+    """A TCP link with no connection: it notes what it is asked to abort."""
+
+    def __init__(self, node: RouterNode) -> None:
+        super().__init__(node, None)
+        self.link_id = node.register(self)
+        self.aborted: list[str] = []
+
+    def abort(self, reason: str) -> None:
+        self.aborted.append(reason)
 
 
 def test_no_stalled_frame_reaping_while_the_router_does_not_read(make_node: MakeNode) -> None:
     node = make_node(frame_timeout=1.0)
-    link = _Link(node, 1)
-    closed: list[str] = []
-    link.partial_since = 0.0  # type: ignore[attr-defined]
-    link.abort = closed.append  # type: ignore[attr-defined]
-    node._partial.add(link)  # type: ignore[arg-type]
+    link = _UnconnectedTcp(node)
+    closed = link.aborted
+    link.partial_since = 0.0  # a frame started at 0 and is still incomplete
     link.reading = False  # held (or paused for credit): the frame cannot progress
     reap_stalled_frames(node, 5.0)
     assert not closed and node.core.counters["reaped.stalled-frame"] == 0
@@ -273,16 +295,16 @@ def test_a_receiver_that_stops_reading_holds_the_sender_and_loses_nothing() -> N
                         await tx.writer.drain()
                 await tx.writer.drain()
             sending = asyncio.ensure_future(send())
-            await _until(lambda: node._held)
+            await _until(lambda: node.flow.held)
             assert not sending.done(), "the sender should be pushed back"
-            queued = sum(o.queue.bytes for o in node._backlogged if o.queue is not None)
+            queued = sum(o.queue.bytes for o in node.flow.backlogged if o.queue is not None)
             assert queued < 4 * 1024 * 1024, f"{queued} bytes queued: the input was not held"
             seqs = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 5.0)
             await sending
             assert seqs == list(range(n))
             assert node.core.counters["credit.held"] >= 1
             assert not any(k.startswith("drop.") and v for k, v in node.core.counters.items())
-            await _until(lambda: not node._held)
+            await _until(lambda: not node.flow.held)
         finally:
             rx.sock.close()
             await tx.close()
@@ -306,7 +328,7 @@ def test_a_hung_receiver_holds_its_sender_no_longer_than_the_stall_time() -> Non
                     await tx.writer.drain()  # returns only because the hold ends
             await tx.writer.drain()
             assert node.core.counters["credit.hold-stalled"] >= 1
-            await _until(lambda: node._links[tx_link(node)].reading)  # type: ignore[union-attr]
+            await _until(lambda: node.links[tx_link(node)].reading)  # type: ignore[union-attr]
             got = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 1.0)
             dropped = node.core.counters["drop.slow-consumer"]
             assert dropped > 0

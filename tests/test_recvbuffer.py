@@ -41,7 +41,7 @@ def _inject(link: TcpLink, data: bytes) -> None:
 
 def _link_of(node, ep: RawEndpoint) -> TcpLink:  # type: ignore[no-untyped-def]
     host, port = ep.writer.get_extra_info("sockname")[:2]
-    (link,) = [lk for lk in node._links.values()
+    (link,) = [lk for lk in node.links.values()
                if isinstance(lk, TcpLink) and lk.address == f"{host}:{port}"]
     return link
 

@@ -237,7 +237,7 @@ def test_router_link_redialled_after_drop() -> None:
         async with chain(2, reconnect_min=0.05) as nodes:
             r1 = nodes[0]
             link = next(lid for lid, lk in r1.core.links.items() if lk.peer_name == "r2")
-            r1._links[link].close("test drops it")  # type: ignore[union-attr]
+            r1.links[link].close("test drops it")  # type: ignore[union-attr]
             await within(r1.wait_peers_up(1))
             while r1.links_up() < 1 or link in r1.core.links:
                 await asyncio.sleep(0.01)
@@ -326,7 +326,7 @@ def test_forwarding_on_uvloop() -> None:
             # slow consumer beside r2's link to r3): written straight to uvloop's sockets
             # (one writev per read), tails the socket does not take queued as copies,
             # inputs held while the outputs push back; all of it arrives, in order.
-            assert all(lk.fd >= 0 for n in nodes for lk in n._links.values()
+            assert all(lk.fd >= 0 for n in nodes for lk in n.links.values()
                        if hasattr(lk, "fd") and lk.transport is not None)
             n = 400
             for i in range(n):

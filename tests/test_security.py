@@ -234,7 +234,7 @@ def test_flowlib_with_link_keys_and_capabilities(tmp_path) -> None:  # type: ign
             assert node.core.counters["auth.ok"] >= 3
             # The router asked for encryption: both ends of the application links are sealed.
             assert rx._link.secure is not None and tx._link.secure is not None
-            sealed = [lk for lk in node._links.values() if getattr(lk, "secure", None)]
+            sealed = [lk for lk in node.links.values() if getattr(lk, "secure", None)]
             assert len(sealed) >= 3
             for c in (owner, rx, tx):
                 await c.close()

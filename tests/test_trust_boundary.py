@@ -263,7 +263,7 @@ def test_stuck_receiver_does_not_slow_the_others(queue_limit: int) -> None:
             if queue_limit > 256 * 1024:  # it could hold all the input's credit: it was seen
                 # not draining while its siblings drained, and holds none
                 assert core.core.counters["credit.not-draining"] >= 1
-                stuck_outs = [o for o in core._backlogged if o.stuck]
+                stuck_outs = [o for o in core.flow.backlogged if o.stuck]
                 assert stuck_outs and all(not o.held for o in stuck_outs)
             paused = core.core.counters["credit.paused"]
             got = await asyncio.get_running_loop().run_in_executor(

@@ -342,6 +342,17 @@ class NodeConfig:
                               "positive")
         self.params()  # validates the GC thresholds
 
+    @property
+    def queue_bound(self) -> int:
+        """An output queue's bound in bytes: the link buffer or the slow-consumer limit."""
+        return min(self.max_link_buffer, self.slow_consumer_bytes)
+
+    @property
+    def drop_kind(self) -> str:
+        """What an output queue's drops are counted as (``drop.<kind>``)."""
+        return ("slow-consumer" if self.slow_consumer_bytes < self.max_link_buffer
+                else "link-congested")
+
     def accepted_routers(self) -> frozenset[tuple[str, str]]:
         """(name, host) pairs that may be routers without link keys: accept_routers plus the
         TCP peers (by name and the host of their address)."""

@@ -9,8 +9,9 @@ interface is bound for; commands that change the router pass the node's
 :class:`~flowrouter.net.commandauth.CommandGuard` first (proof by token or link key), and
 :func:`query_control` signs them when given a token or key.
 
-May import :mod:`flowrouter.net.config`, :mod:`flowrouter.net.commandauth` and
-:mod:`flowrouter.wire`; the node is only a type.
+May import :mod:`flowrouter.core`, :mod:`flowrouter.net.config`,
+:mod:`flowrouter.net.commandauth` and :mod:`flowrouter.wire`; the node is seen only as
+:class:`Controlled`, the few things the interface asks of it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from flowrouter.net.commandauth import sign_command
+from flowrouter.net.commandauth import CommandGuard, sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
 from flowrouter.wire.control import Role
 
@@ -45,12 +46,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 if TYPE_CHECKING:
-    from flowrouter.net.node import RouterNode
+    from flowrouter.core.router import Router
+    from flowrouter.net.config import NodeConfig
 
 log = logging.getLogger("flowrouter.net.runtime")
 
 
-def peer_names(node: RouterNode) -> list[str]:
+class Controlled(Protocol):
+    """What the control interface asks of a router node
+    (:class:`flowrouter.net.node.RouterNode`)."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+    @property
+    def core(self) -> Router: ...
+    @property
+    def guard(self) -> CommandGuard | None:
+        """Who may run commands that change the router (None: anyone it is bound for)."""
+    @property
+    def blocked_peers(self) -> frozenset[str]: ...
+    @property
+    def emulated_peers(self) -> frozenset[str]: ...
+
+    def status(self) -> dict[str, Any]: ...
+    def set_emulation(self, peer: str, emu: Emulation | None) -> None: ...
+    def set_link(self, peer: str, up: bool) -> int: ...
+
+
+def peer_names(node: Controlled) -> list[str]:
     """Routers *node* knows by name: configured, emulated or currently linked."""
     names = {p.name for p in node.config.peers if p.name} | set(node.emulated_peers)
     names |= {name for name, _host in node.config.accepted_routers()}
@@ -59,11 +82,11 @@ def peer_names(node: RouterNode) -> list[str]:
     return sorted(names)
 
 
-def knows_peer(node: RouterNode, name: str) -> bool:
+def knows_peer(node: Controlled, name: str) -> bool:
     return name in peer_names(node) or name in node.blocked_peers
 
 
-def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
+def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
     """The reply to one control request (raises ConfigError, KeyError, TypeError or
     ValueError for a malformed one)."""
     if cmd == "status":
@@ -87,7 +110,7 @@ def command(node: RouterNode, cmd: Any, req: Any) -> dict[str, Any]:
             '{"cmd": CMD, ARG: VALUE, ...}, CMD one of: '
             + "; ".join(f"{name} {args}".strip() for name, (args, _) in COMMANDS.items())}
 
-async def serve_client(node: RouterNode, reader: asyncio.StreamReader,
+async def serve_client(node: Controlled, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:
     """Answer one control connection, a JSON line per request, until it closes."""
     try:

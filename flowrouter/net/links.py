@@ -1,5 +1,4 @@
-"""The two kinds of link a router node speaks: TCP (one asyncio Protocol per connection) and
-UDP (one shared socket, a link per remote address).
+"""TCP links: one asyncio Protocol per connection (a UDP link is :mod:`flowrouter.net.udp`'s).
 
 A TCP link reads into one reused buffer (a ``BufferedProtocol`` over
 :class:`~flowrouter.net.streamio.RecvBuffer`): with the forwarding fast path on a plain link,
@@ -9,13 +8,13 @@ because the core may keep them (queues, traces) and the next read overwrites the
 handshake, sealed links and the Python-core path copy each read out whole and split it with
 a :class:`~flowrouter.wire.header.FrameDecoder`, as before. The handshake is parsed a frame
 at a time because, after the peer's AUTH, the rest of the stream may be sealed records
-(:class:`~flowrouter.wire.linkauth.SecureStream`). UDP sends use ``socket.sendmsg`` scatter/
-gather, batched: what the node sends while it handles a read leaves in one batch
-(:mod:`flowrouter.net.udpio`, ``sendmmsg`` when built); a full socket buffer is a counted
-drop. Both send through a :class:`~flowrouter.net.output.LinkOutput`.
+(:class:`~flowrouter.wire.linkauth.SecureStream`). Each read is one
+:class:`~flowrouter.net.nodeapi.ReadBatch`; the link sends through a
+:class:`~flowrouter.net.output.LinkOutput`.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
-:mod:`flowrouter.net.output` and :mod:`flowrouter.net.streamio`; the node is only a type here.
+:mod:`flowrouter.net.output`, :mod:`flowrouter.net.streamio` and
+:mod:`flowrouter.net.nodeapi` (the node is seen only through that interface).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
@@ -42,7 +40,7 @@ from flowrouter.wire.header import (
 from flowrouter.wire.linkauth import LinkSecurityError, SecureStream
 
 if TYPE_CHECKING:
-    from flowrouter.net.node import RouterNode
+    from flowrouter.net.nodeapi import Node
 
 log = logging.getLogger("flowrouter.net.runtime")
 
@@ -53,7 +51,7 @@ class TcpLink(asyncio.BufferedProtocol):
     __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
                  "reading", "hs", "secure", "frames_in", "partial_since", "only", "rx", "fd")
 
-    def __init__(self, node: RouterNode, peer: PeerConfig | None,
+    def __init__(self, node: Node, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
         self.node = node
         self.peer = peer
@@ -99,8 +97,8 @@ class TcpLink(asyncio.BufferedProtocol):
                 self.fd = sock.fileno()
         peername = transport.get_extra_info("peername")
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
-        self.link_id = node._register(self)
-        self.out = LinkOutput(node, self.link_id, self._write, self._write_many)
+        self.link_id = node.register(self)
+        self.out = LinkOutput(node, self.link_id, self.write, self.write_many)
         mods = self.peer.modifiers if self.peer else None  # accepted: learnt at HELLO
         node.execute(node.core.open_link(
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
@@ -132,15 +130,12 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def _note_partial(self, before: int) -> None:
         """Start or stop the frame progress clock (*before*: frames_in before the read)."""
-        pending = self._pending() or (self.secure is not None
-                                      and self.secure.decoder.pending)
+        pending = (self.decoder.pending or self.rx.pending  # (self._pending(), one call less)
+                   or (self.secure is not None and self.secure.decoder.pending))
         if not pending:
-            if self.partial_since is not None:
-                self.partial_since = None
-                self.node._partial.discard(self)
+            self.partial_since = None
         elif self.partial_since is None or self.frames_in != before:
             self.partial_since = self.node.now()  # a new frame started
-            self.node._partial.add(self)
 
     def _data(self, data: bytes) -> None:
         if self.secure is not None:
@@ -189,7 +184,7 @@ class TcpLink(asyncio.BufferedProtocol):
             if self.secure is not None or link.state is LinkState.UP:
                 rest = bytes(buf)
                 self.hs = None
-                node._link_state_changed()
+                node.link_state_changed()
                 if rest and self.secure is None and node.fast is not None:
                     self.rx.load(rest)  # the stream goes on in the receive buffer
                     self._in_place()
@@ -211,20 +206,14 @@ class TcpLink(asyncio.BufferedProtocol):
             return
         self.frames_in += len(frames)
         core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
-        node._rx_link = link_id
-        node._reads += 1
-        node._batching = True
+        reads = node.begin_read(link_id)
         try:
             for header, payload in frames:
                 actions = core.receive(link_id, header, payload, now)
                 if actions:
                     execute(actions)
         finally:
-            node._batching = False
-            node._rx_link = 0
-            node._flush()
-        if core.generation != node._seen_generation:
-            node._link_state_changed()
+            reads.end()
 
     def _fast_frames(self, data: bytes) -> None:
         """One read through the fast path: the engine forwards what it can decide alone in
@@ -235,9 +224,7 @@ class TcpLink(asyncio.BufferedProtocol):
         max_payload = node.config.max_payload
         view = memoryview(data)
         n = len(view)
-        node._rx_link = link_id
-        node._reads += 1
-        node._batching = True
+        reads = node.begin_read(link_id)
         try:
             pos = 0
             if self.decoder.pending:  # first the frame split across reads
@@ -255,11 +242,7 @@ class TcpLink(asyncio.BufferedProtocol):
         except MalformedFrame as exc:
             node.execute(core.drop_link(link_id, exc, node.now()))
         finally:
-            node._batching = False
-            node._rx_link = 0
-            node._flush()
-        if core.generation != node._seen_generation:
-            node._link_state_changed()
+            reads.end()
 
     def _in_place(self) -> None:
         """One read through the fast path, in place in the receive buffer: as
@@ -270,9 +253,7 @@ class TcpLink(asyncio.BufferedProtocol):
         n = rx.end
         view = rx.view[:n]
         pos, need = rx.start, HEADER_SIZE
-        node._rx_link = link_id
-        node._reads += 1
-        node._batching = True
+        reads = node.begin_read(link_id)
         try:
             while pos < n:
                 if link_id not in core.links:
@@ -287,12 +268,8 @@ class TcpLink(asyncio.BufferedProtocol):
             pos = n
             node.execute(core.drop_link(link_id, exc, node.now()))
         finally:
-            node._batching = False
-            node._rx_link = 0
-            node._flush()  # before the buffer moves: the writes may point into it
+            reads.end()  # before the buffer moves: the writes may point into it
         rx.keep(pos, need)
-        if core.generation != node._seen_generation:
-            node._link_state_changed()
 
     def _fast_pass(self, view: Any, pos: int, max_payload: int, n: int, owned: bool
                    ) -> tuple[int, bool]:
@@ -300,7 +277,7 @@ class TcpLink(asyncio.BufferedProtocol):
         it unless *view* is *owned*, not the reused receive buffer). Returns where to go
         on, and whether the read is done (an incomplete frame may start there)."""
         node = self.node
-        links = node._links
+        links = node.links
         start = pos
         pos, stop, outs = node.fast.forward(self.link_id, view, pos, max_payload)  # type: ignore[union-attr]
         if pos > start:
@@ -336,12 +313,11 @@ class TcpLink(asyncio.BufferedProtocol):
                         link.describe() if link else f"link {self.link_id}", reason)
         if self.out is not None:
             self.out.close()
-        node._partial.discard(self)
+        self.partial_since = None
         node.execute(node.core.close_link(self.link_id, node.now(), reason))
-        node._unregister(self.link_id)
+        node.unregister(self.link_id)
         if self.peer is not None:
-            node.peer_errors[self.peer.address] = (time.time(), reason)
-            node._redial(self.peer)
+            node.redial(self.peer, reason)
 
     def pause_writing(self) -> None:
         if self.out is not None:
@@ -352,7 +328,7 @@ class TcpLink(asyncio.BufferedProtocol):
             self.out.resume()
 
     # link interface ---------------------------------------------------------------------------
-    def _write(self, header: bytes, payload: Any) -> None:
+    def write(self, header: bytes, payload: Any) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             if self.secure is not None:  # sealing needs the bytes together anyway
@@ -360,7 +336,7 @@ class TcpLink(asyncio.BufferedProtocol):
             else:
                 write_gathered(transport, self.fd, [header, payload])
 
-    def _write_many(self, buffers: list[Any]) -> None:
+    def write_many(self, buffers: list[Any]) -> None:
         """Write buffers in order; they may point into a receive buffer about to be reused
         (write_gathered leaves nothing behind that does)."""
         transport = self.transport
@@ -394,59 +370,16 @@ class TcpLink(asyncio.BufferedProtocol):
             self.transport.abort()
 
 
-class UdpLink:
-    """One remote UDP address on the node's shared socket."""
-
-    __slots__ = ("node", "addr", "link_id", "peer", "last_rx", "address", "out", "dest")
-
-    def __init__(self, node: RouterNode, addr: tuple[str, int], peer: PeerConfig | None) -> None:
-        self.node = node
-        self.addr = addr
-        self.peer = peer
-        self.link_id = 0
-        self.last_rx = node.now()
-        self.address = f"{addr[0]}:{addr[1]}"
-        self.out: LinkOutput | None = None
-        #: *addr* as the node's datagram I/O sends to it (flowrouter.net.udpio)
-        self.dest: Any = addr
-
-    def send(self, header: bytes, payload: bytes | memoryview) -> None:
-        self.out.send(header, payload)  # type: ignore[union-attr]
-
-    def set_reading(self, on: bool) -> None:
-        pass  # one socket serves every UDP peer: nothing to pause per link
-
-    def _write(self, header: bytes, payload: Any) -> None:
-        self._write_many([header, payload])
-
-    def _write_many(self, buffers: list[Any]) -> None:
-        """Whole frames (a frame may be a header and its payload in two buffers): each
-        becomes a datagram. While the node handles a read they wait for its batch (sent by
-        ``RouterNode._flush``); otherwise they leave now."""
-        node = self.node
-        if node._udp_io is None:
-            return  # stopped
-        node._udp_out.append((self.dest, buffers))
-        if not node._batching:
-            node._udp_send()
-
-    def close(self, reason: str) -> None:
-        if self.out is not None:
-            self.out.close()
-        self.node._udp_links.pop(self.addr, None)
-
-    abort = close
-
-
-def reap_stalled_frames(node: RouterNode, now: float) -> None:
+def reap_stalled_frames(node: Node, now: float) -> None:
     """Close the TCP links whose started frame has not arrived in full within
     ``frame_timeout`` seconds (slow senders hold no connection for ever), except while the
     router itself is not reading them (held or paused for credit: its clock restarts when
     reading does)."""
     limit = node.config.frame_timeout
-    for link in list(node._partial):
-        if link.partial_since is not None and now - link.partial_since > limit and link.reading:
-            node._partial.discard(link)
+    for link in list(node.links.values()):
+        if (isinstance(link, TcpLink) and link.partial_since is not None
+                and now - link.partial_since > limit and link.reading):
+            link.partial_since = None
             node.core.counters["reaped.stalled-frame"] += 1
             lk = node.core.links.get(link.link_id)
             log.warning("router %s: %s: a frame started %.1fs ago is still incomplete; "
@@ -454,4 +387,4 @@ def reap_stalled_frames(node: RouterNode, now: float) -> None:
                         lk.describe() if lk else f"link {link.link_id}", limit)
             node.execute(node.core.close_link(link.link_id, now, "stalled frame"))
             link.abort("stalled frame")
-            node._link_state_changed()
+            node.link_state_changed()

@@ -2,12 +2,17 @@
 
 It owns the link table of transports, dials its configured peers (re-dialling with
 exponential back-off), runs the clock (``Router.tick``), carries out the core's actions,
-applies link emulation and administrative link state, keeps the input credits, enforces
-progress (slow consumers, stalled frames), and serves the control interface
-(:mod:`flowrouter.net.control`, commands checked by :mod:`flowrouter.net.commandauth`).
+applies link emulation and administrative link state, enforces progress (slow consumers,
+stalled frames; the decisions are its flow control's, :mod:`flowrouter.net.backpressure`),
+and serves the control interface (:mod:`flowrouter.net.control`, commands checked by
+:mod:`flowrouter.net.commandauth`).
+
+Its links (:mod:`flowrouter.net.links` for TCP, :mod:`flowrouter.net.udp`) and their outputs
+see it only as the node interface, :class:`flowrouter.net.nodeapi.Node`: it implements that
+protocol, and each read of any link is one :class:`~flowrouter.net.nodeapi.ReadBatch`.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and the rest of
-:mod:`flowrouter.net`.
+:mod:`flowrouter.net` (it is the top of the package but for ``runtime`` and monitoring).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import socket
 import time
 from typing import Any
 
@@ -23,32 +27,30 @@ from flowrouter.core.fastpath import FastPath, engine_choice
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
-from flowrouter.net import udpbatch
-from flowrouter.net.backpressure import (
-    check_holds,
-    forget,
-    read_again,
-    stop_reading,
-    unblock,
-)
+from flowrouter.net.backpressure import Backpressure
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
-from flowrouter.net.links import TcpLink, UdpLink, reap_stalled_frames
+from flowrouter.net.links import TcpLink, reap_stalled_frames
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
-from flowrouter.net.output import LinkOutput
-from flowrouter.net.udpio import io_choice
+from flowrouter.net.nodeapi import Link, Output, ReadBatch
+from flowrouter.net.udp import UdpLink, UdpLinks
 from flowrouter.wire.control import Role
-from flowrouter.wire.header import UDP_MAX_PAYLOAD
 
 log = logging.getLogger("flowrouter.net.runtime")
 
 
 class RouterNode:
-    """One router process: the core plus its sockets. ``await start()``, ``await stop()``."""
+    """One router process: the core plus its sockets. ``await start()``, ``await stop()``.
 
-    def __init__(self, config: NodeConfig) -> None:
+    Implements the node interface (:class:`flowrouter.net.nodeapi.Node`) its links and
+    outputs use. *loop*: the event loop whose clock it reads before ``start()`` (which
+    takes the running loop); tests that drive outputs by hand give one.
+    """
+
+    def __init__(self, config: NodeConfig,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.config = config
         self.core = Router(config.params())
         #: the forwarding fast path (flowrouter.core.fastpath), or None: every frame goes
@@ -56,41 +58,25 @@ class RouterNode:
         self.fast: FastPath | None = None
         self.fast_path_info = ""
         self._attach_fast_path()
-        self._links: dict[int, TcpLink | UdpLink] = {}
+        #: every link by id (TCP and UDP)
+        self.links: dict[int, Link] = {}
         self._next_link = 1
         self._server: asyncio.base_events.Server | None = None
         self._control: asyncio.base_events.Server | None = None
-        #: the UDP socket (non-blocking, read when readable) and its batched datagram I/O
-        #: (flowrouter.net.udpio: recvmmsg/sendmmsg or the Python loops; which one and why
-        #: is in ``udp_io_info``, log and status)
-        self._udp_sock: socket.socket | None = None
-        self._udp_io: Any = None
-        self.udp_io_info = ""
-        self._udp_links: dict[tuple[str, int], UdpLink] = {}
-        #: datagrams to send, gathered while the node processes a read: (dest, buffers)
-        #: per link batch; ``_flush`` sends them all in one batch
-        self._udp_out: list[tuple[Any, list[Any]]] = []
+        #: the UDP socket and its links (flowrouter.net.udp), if configured and started
+        self.udp: UdpLinks | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = loop
         self._backoff: dict[str, float] = {}
-        self._seen_generation = 0
         self._tracer: TraceWriter | None = None
-        #: the input link whose frames are being processed (0: none / locally generated),
-        #: and how many reads have been processed (flowrouter.net.backpressure.feeds)
-        self._rx_link = 0
-        self._reads = 0
-        #: while a read is processed, fast-path sends gather per link and ``_flush`` writes
-        #: each link's batch once: one system call per link per read, not per frame
-        self._batching = False
-        self._dirty: list[LinkOutput] = []
-        #: bytes from each input link waiting in output queues, and who is paused for it
-        self._pending_in: dict[int, int] = {}
-        #: inputs paused for credit -> the timer that looks again for outputs not draining
-        self._paused_at: dict[int, asyncio.TimerHandle | None] = {}
-        #: inputs held while every output they feed pushes back -> (holders, since when)
-        self._held: dict[int, tuple[set[LinkOutput], float]] = {}
+        #: the read in progress; ``begin_read`` starts one (a bound method of the batch:
+        #: one call per read on the hot path)
+        self.reads = ReadBatch(self)
+        self.begin_read = self.reads.begin
+        #: flow control: credit, held inputs, backlogged outputs
+        self.flow = Backpressure(self)
         #: emulation per peer name (from config and the control interface)
         self._emulation: dict[str, Emulation] = {
             name: emu for name, emu in config.emulation.items()}
@@ -99,13 +85,6 @@ class RouterNode:
                 self._emulation.setdefault(peer.name, peer.emulation)
         #: peers administratively down: their links are closed and not re-dialled
         self._blocked: set[str] = set()
-        #: outputs with a backlog (checked for stalls), TCP links in the middle of a frame
-        self._backlogged: set[LinkOutput] = set()
-        self._partial: set[TcpLink] = set()
-        #: an output queue's bound, and what its drops are counted as
-        self._queue_bound = min(config.max_link_buffer, config.slow_consumer_bytes)
-        self._drop_kind = ("slow-consumer" if config.slow_consumer_bytes < config.max_link_buffer
-                           else "link-congested")
         #: who may run control commands (flowrouter.net.commandauth); set when serving
         self.guard: CommandGuard | None = None
         #: configured peer address -> (Unix time, why its link is not up): for /status
@@ -119,6 +98,11 @@ class RouterNode:
                      if engine is not None else None)
 
     # lifecycle --------------------------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the router has not started"
+        return self._loop
+
     def now(self) -> float:
         assert self._loop is not None
         return self._loop.time()
@@ -154,25 +138,8 @@ class RouterNode:
                 log.info("router %s listening for %s on %s", cfg.name,
                          f"{only.name.lower()}s" if only else "TCP links", addr)
         if cfg.udp:
-            host, port = parse_address(cfg.udp, "udp")
-            # Our own socket object: asyncio's wrapper would forbid the zero-copy sendmsg.
-            info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-            sock = socket.socket(info[0], socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.bind(info[4])
-            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF) if cfg.udp_socket_buffer else ():
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, opt, cfg.udp_socket_buffer)
-                except OSError as exc:
-                    log.warning("router %s: UDP socket buffer of %d bytes refused: %s",
-                                cfg.name, cfg.udp_socket_buffer, exc)
-            io_cls, self.udp_io_info = io_choice()
-            self._udp_io = io_cls(sock)
-            self._udp_sock = sock
-            loop.add_reader(sock.fileno(), self._udp_readable)
-            log.info("router %s listening for UDP links on %s:%d (%s; receive buffer %d "
-                     "bytes)", cfg.name, *sock.getsockname()[:2], self.udp_io_info,
-                     sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+            self.udp = UdpLinks.bind(self, cfg.udp)
+            self.udp.start()
         if cfg.control:
             host, port = parse_address(cfg.control, "control")
             secrets = cfg.control_secrets()
@@ -193,14 +160,10 @@ class RouterNode:
         for server in (self._server, self._control, *self._more_servers):
             if server is not None:
                 server.close()
-        for link in list(self._links.values()):
+        for link in list(self.links.values()):
             link.close("router stopping")
-        if self._udp_sock is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(self._udp_sock.fileno())
-            # nothing may be sent on the closed socket's number (the kernel reuses it)
-            self._udp_io, self._udp_out = None, []
-            self._udp_sock.close()
+        if self.udp is not None:
+            self.udp.stop()
         if self._tracer is not None:
             self._tracer.close()
         if self._tasks:
@@ -225,9 +188,13 @@ class RouterNode:
 
     @property
     def udp_address(self) -> tuple[str, int]:
-        assert self._udp_sock is not None, "this router has no UDP socket"
-        host, port = self._udp_sock.getsockname()[:2]
-        return host, port
+        assert self.udp is not None, "this router has no UDP socket"
+        return self.udp.address
+
+    @property
+    def udp_io_info(self) -> str:
+        """Which datagram I/O the UDP socket uses, and why ("" without UDP)."""
+        return self.udp.io_info if self.udp is not None else ""
 
     @property
     def control_address(self) -> tuple[str, int]:
@@ -241,67 +208,24 @@ class RouterNode:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    # links ------------------------------------------------------------------------------------
-    def _register(self, link: TcpLink | UdpLink) -> int:
+    # links (the node interface, flowrouter.net.nodeapi.Node) -------------------------------
+    def register(self, link: Link) -> int:
         link_id = self._next_link
         self._next_link += 1
-        self._links[link_id] = link
+        self.links[link_id] = link
         return link_id
 
-    def _unregister(self, link_id: int) -> None:
-        self._links.pop(link_id, None)
-        self._pending_in.pop(link_id, None)
-        timer = self._paused_at.pop(link_id, None)
-        if timer is not None:
-            timer.cancel()
-        forget(self, link_id)
-        self._link_state_changed()
-
-    def _flush(self) -> None:
-        dirty, self._dirty = self._dirty, []
-        for out in dirty:
-            out.flush()
-        if self._udp_out:
-            self._udp_send()
-
-    def _credit_take(self, origin: int, size: int) -> None:
-        if not origin:
-            return
-        pending = self._pending_in.get(origin, 0) + size
-        self._pending_in[origin] = pending
-        if pending > self.config.link_credit:
-            link = self._links.get(origin)
-            if link is not None and getattr(link, "reading", False):
-                self._paused_at[origin] = None
-                unblock(self, origin)
-                if self._pending_in.get(origin, 0) <= self.config.link_credit // 2:
-                    self._paused_at.pop(origin, None)  # it was only an output not draining
-                    return
-                self.core.counters["credit.paused"] += 1
-                stop_reading(self, origin, link)
-            elif origin in self._held:  # held already: when the hold ends, credit decides
-                self._paused_at.setdefault(origin, None)
-
-    def _credit_release(self, origin: int, size: int) -> None:
-        if not origin:
-            return
-        pending = self._pending_in.get(origin, 0) - size
-        if pending <= 0:
-            self._pending_in.pop(origin, None)
-        else:
-            self._pending_in[origin] = pending
-        if pending <= self.config.link_credit // 2:
-            timer = self._paused_at.pop(origin, None)
-            if timer is not None:
-                timer.cancel()
-            read_again(self, origin)
+    def unregister(self, link_id: int) -> None:
+        self.links.pop(link_id, None)
+        self.flow.forget(link_id)
+        self.link_state_changed()
 
     def _apply_emulation(self) -> None:
         """Give every up link the emulation configured for its peer (by name)."""
         for lid, lk in self.core.links.items():
             if lk.state is not LinkState.UP:
                 continue
-            link = self._links.get(lid)
+            link = self.links.get(lid)
             if link is None or link.out is None:
                 continue
             emu = self._emulation.get(lk.peer_name)
@@ -311,18 +235,18 @@ class RouterNode:
                     log.info("router %s: %s emulates %s", self.config.name, lk.describe(),
                              emu.describe())
 
-    def _link_state_changed(self) -> None:
+    def link_state_changed(self) -> None:
         if self._emulation:
             self._apply_emulation()
         if self._blocked:
             self._close_blocked()
-        self._seen_generation = self.core.generation
+        self.reads.generation = self.core.generation
         self._changed.set()
         self._changed = asyncio.Event()
 
     def execute(self, actions: list[Action]) -> None:
         """Carry out the core's actions (the forwarding hot path ends here)."""
-        links = self._links
+        links = self.links
         for action in actions:
             link = links.get(action.link)
             if link is None:
@@ -337,14 +261,16 @@ class RouterNode:
             elif type(action) is Close:
                 link.close(action.reason)
                 if isinstance(link, UdpLink):
-                    self._unregister(action.link)
+                    self.unregister(action.link)
                     if link.peer is not None:  # a configured UDP peer: dial it again
-                        self._redial(link.peer)
+                        self.redial(link.peer)
 
     def _dial_soon(self, peer: PeerConfig, delay: float) -> None:
         self._spawn(self._dial(peer, delay))
 
-    def _redial(self, peer: PeerConfig) -> None:
+    def redial(self, peer: PeerConfig, why: str | None = None) -> None:
+        if why is not None:
+            self.peer_errors[peer.address] = (time.time(), why)
         if self._stopping:
             return
         cfg = self.config
@@ -360,21 +286,16 @@ class RouterNode:
         if self._stopping:
             return
         if peer.name in self._blocked:
-            self._redial(peer)  # keep trying; it goes through once the link is set up again
+            self.redial(peer)  # keep trying; it goes through once the link is set up again
             return
         loop = asyncio.get_running_loop()
         host, port = parse_address(peer.address, "peer address")
         if peer.transport == "udp":
-            if self._udp_sock is None:
+            if self.udp is None:
                 log.error("peer %s uses UDP but this router has no [router] udp address",
                           peer.address)
                 return
-            existing = self._udp_links.get((host, port))
-            if existing is not None:  # the peer dialled us meanwhile: that link is ours
-                if existing.peer is None:
-                    existing.peer = peer
-                return
-            self._udp_link((host, port), peer)
+            self.udp.dial((host, port), peer)
             return
         try:
             await loop.create_connection(lambda: TcpLink(self, peer), host, port)
@@ -382,31 +303,10 @@ class RouterNode:
         except OSError as exc:
             log.info("router %s: cannot reach %s (%s): %s", self.config.name,
                      peer.name or "peer", peer.address, exc.strerror or exc)
-            self.peer_errors[peer.address] = (time.time(),
-                                              f"cannot connect: {exc.strerror or exc}")
-            self._redial(peer)
+            self.redial(peer, f"cannot connect: {exc.strerror or exc}")
 
-    # UDP ---------------------------------------------------------------------------------------
-    def _udp_link(self, addr: tuple[str, int], peer: PeerConfig | None) -> UdpLink:
-        link = UdpLink(self, addr, peer)
-        link.link_id = self._register(link)
-        link.dest = self._udp_io.dest(addr)
-        link.out = LinkOutput(self, link.link_id, link._write, link._write_many)
-        self._udp_links[addr] = link
-        mods = peer.modifiers if peer else None  # accepted: learnt at HELLO
-        actions = self.core.open_link(link.link_id, self.now(), transport="udp",
-                                      address=link.address, modifiers=mods,
-                                      expected_peer=peer.name if peer else None)
-        self.core.links[link.link_id].max_payload = min(self.config.max_payload,
-                                                        UDP_MAX_PAYLOAD)
-        self.execute(actions)
-        return link
-
-    def _udp_readable(self) -> None:
-        udpbatch.readable(self)
-
-    def _udp_send(self) -> None:
-        udpbatch.send_gathered(self)
+    def reached(self, peer: PeerConfig) -> None:
+        self._backoff.pop(peer.address, None)
 
     # administration (fault schedules) ---------------------------------------------------------
     def set_emulation(self, peer: str, emu: Emulation | None) -> None:
@@ -416,7 +316,7 @@ class RouterNode:
         else:
             self._emulation[peer] = emu
         for lid, lk in self.core.links.items():
-            link = self._links.get(lid)
+            link = self.links.get(lid)
             if lk.peer_name == peer and link is not None and link.out is not None:
                 link.out.emulate(self._emulation.get(peer))
         log.info("router %s: links to %s now: %s", self.config.name, peer,
@@ -444,13 +344,13 @@ class RouterNode:
         now = self.now()
         for lid, lk in list(self.core.links.items()):
             if lk.peer_name in self._blocked and lk.state is LinkState.UP:
-                link = self._links.get(lid)
+                link = self.links.get(lid)
                 self.execute(self.core.close_link(lid, now, "administratively down"))
                 if link is not None:
                     link.close("administratively down")
                 n += 1
         if n:
-            self._link_state_changed()
+            self.link_state_changed()
         return n
 
     # time ---------------------------------------------------------------------------------------
@@ -463,21 +363,13 @@ class RouterNode:
             self._check_progress(now)
             if self.core.p.locality_mapping is not None:
                 self._measure_throughput(now)
-            idle = self.config.udp_idle_timeout
-            for addr, link in list(self._udp_links.items()):
-                if now - link.last_rx > idle:
-                    log.info("UDP link %d (%s) idle for %.0fs; closing", link.link_id,
-                             link.address, idle)
-                    self.execute(self.core.close_link(link.link_id, now, "UDP peer silent"))
-                    self._udp_links.pop(addr, None)
-                    self._unregister(link.link_id)
-                    if link.peer is not None:
-                        self._redial(link.peer)
+            if self.udp is not None:
+                self.udp.reap_idle(now)
 
     def _measure_throughput(self, now: float) -> None:
         """Feed each link's send rate while backlogged (flowrouter.core.measured.BusyRate:
         an estimate of its capacity) to measured locality."""
-        for lid, link in list(self._links.items()):
+        for lid, link in list(self.links.items()):
             bps = link.out.rate.sample(now) if link.out is not None else None
             if bps is not None:
                 self.core.measure_throughput(lid, bps, now)
@@ -485,24 +377,19 @@ class RouterNode:
     def _check_progress(self, now: float) -> None:
         """Outputs that stopped moving give back their credit (and are closed as slow
         consumers after the grace time); frames that stopped arriving close their link."""
-        check_holds(self, now)
-        for out in list(self._backlogged):
-            if out.slow.expired(now):
-                self._close_slow_consumer(out)
-            elif not out.stuck and out.slow.stuck(now):
-                out._become_stuck()
+        self.flow.check(now)
         reap_stalled_frames(self, now)
 
-    def _close_slow_consumer(self, out: LinkOutput) -> None:
+    def close_slow_consumer(self, out: Output) -> None:
         """Close an output that stayed over its limit for the grace time, and tell its flows
         (a fault notice on band 17) and the log."""
         core, now, cfg = self.core, self.now(), self.config
-        self._backlogged.discard(out)
+        self.flow.backlogged.discard(out)
         lk = core.links.get(out.link_id)
-        link = self._links.get(out.link_id)
+        link = self.links.get(out.link_id)
         if lk is None:
             return
-        detail = (f"{lk.describe()} is a slow consumer: over {self._queue_bound} bytes queued "
+        detail = (f"{lk.describe()} is a slow consumer: over {cfg.queue_bound} bytes queued "
                   f"for {cfg.slow_consumer_grace:g}s; closing it")
         log.warning("router %s: %s", cfg.name, detail)
         core.counters["links.slow-consumer"] += 1
@@ -514,7 +401,7 @@ class RouterNode:
         self.execute(actions)
         if link is not None:
             link.abort("slow consumer")
-        self._link_state_changed()
+        self.link_state_changed()
 
     # waiting helpers (tests, launcher) -----------------------------------------------------------
     def links_up(self, role: Role | None = Role.ROUTER) -> int:
@@ -575,20 +462,17 @@ class RouterNode:
     def status(self) -> dict[str, Any]:
         st = self.core.status(self.now())
         for row in st["links"]:
-            link = self._links.get(row["id"])
+            link = self.links.get(row["id"])
             if link is not None and link.out is not None:
                 row["output"] = link.out.stats()
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
-        st["udp"] = "%s:%d" % self.udp_address if self._udp_sock else None
-        sock = self._udp_sock
-        if self._udp_io is not None and sock is not None:
-            st["udp_io"] = {"io": self.udp_io_info, "native": bool(self._udp_io.native),
-                            "batch": self._udp_io.batch,
-                            "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
-                            "sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)}
+        st["udp"] = "%s:%d" % self.udp_address if self.udp is not None else None
+        udp_io = self.udp.status() if self.udp is not None else None
+        if udp_io is not None:
+            st["udp_io"] = udp_io
         st["listeners"] = self.listeners()
-        st["link_auth"] = link_auth_status(self.config, self._links)
+        st["link_auth"] = link_auth_status(self.config, self.links)
         return st

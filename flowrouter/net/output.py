@@ -7,10 +7,11 @@ flows, drops from the longest flow queue, counted and announced), input credits,
 slow-consumer policy (an output that cannot keep up holds no credit and is closed after a
 grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`), and link emulation
 (bandwidth, delay, loss, administrative down). Which input stops reading when an output
-pushes back is :mod:`flowrouter.net.backpressure`'s.
+pushes back is the node's flow control's (:mod:`flowrouter.net.backpressure`).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
-:mod:`flowrouter.net.backpressure`; the node it serves is only a type here.
+:mod:`flowrouter.net.nodeapi`: the node it serves, and the node's flow control, are seen only
+through that interface (:class:`~flowrouter.net.nodeapi.Node`).
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.linkqueue import OutputQueue, SlowConsumerPolicy
 from flowrouter.core.measured import BusyRate
-from flowrouter.net.backpressure import hold, release, unblock
 from flowrouter.net.config import Emulation
 from flowrouter.wire.header import HEADER_SIZE
 
 log = logging.getLogger("flowrouter.net.runtime")
 
 if TYPE_CHECKING:
-    from flowrouter.net.node import RouterNode
+    from flowrouter.net.nodeapi import FlowShell, Node, ReadBatch
 
 
 #: frames with payloads this large are written at once rather than batched: joining them
@@ -42,12 +42,17 @@ class LinkOutput:
     """The sending side of one link: a copy-free fast path, and the slow path described in
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
-    __slots__ = ("node", "link_id", "write", "write_many", "queue", "paused", "timer", "emu",
-                 "rng", "batch", "slow", "stuck", "held", "fed", "fed_read", "paused_read", "rate")
+    __slots__ = ("node", "reads", "flow", "link_id", "write", "write_many", "queue", "paused",
+                 "timer", "emu", "rng", "batch", "slow", "stuck", "held", "fed", "fed_read",
+                 "paused_read", "rate")
 
-    def __init__(self, node: RouterNode, link_id: int, write: Callable[[bytes, Any], None],
+    def __init__(self, node: Node, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
         self.node = node
+        #: the node's read in progress (which input, its number, the outputs to flush)
+        self.reads: ReadBatch = node.reads
+        #: the node's flow control (credit, holds, backlogged outputs)
+        self.flow: FlowShell = node.flow
         self.link_id = link_id
         self.write = write
         #: writes a batch of buffers at once (None: the link writes frame by frame, UDP)
@@ -65,9 +70,9 @@ class LinkOutput:
         self.slow = SlowConsumerPolicy(cfg.slow_consumer_bytes, cfg.slow_consumer_grace,
                                        cfg.slow_consumer_stall)
         self.stuck = False
-        #: input link -> credit bytes its frames waiting here hold (backpressure.unblock)
+        #: input link -> credit bytes its frames waiting here hold (Backpressure.unblock)
         self.held: dict[int, int] = {}
-        #: the input link whose frames this output last wrote, the last read (node._reads)
+        #: the input link whose frames this output last wrote, the last read (ReadBatch.number)
         #: each input gave it frames in, and the read in which its transport last pushed
         #: back (backpressure.feeds: whether a sibling still takes an input's frames)
         self.fed = 0
@@ -80,7 +85,7 @@ class LinkOutput:
     def _take(self, origin: int, size: int) -> None:
         if origin and not self.stuck:
             self.held[origin] = self.held.get(origin, 0) + size
-            self.node._credit_take(origin, size)
+            self.flow.take(origin, size)
 
     def _give(self, origin: int, size: int) -> None:
         if origin and not self.stuck:
@@ -89,13 +94,12 @@ class LinkOutput:
                 self.held[origin] = left
             else:
                 self.held.pop(origin, None)
-            self.node._credit_release(origin, size)
+            self.flow.give(origin, size)
 
     def _new_queue(self, now: float, **shaping: Any) -> OutputQueue:
-        node = self.node
-        node._backlogged.add(self)
+        self.flow.backlogged.add(self)
         self.slow.progress(0, now)  # the stall clock starts with the backlog
-        return OutputQueue(node._queue_bound, now=now, **shaping)
+        return OutputQueue(self.node.config.queue_bound, now=now, **shaping)
 
     def emulate(self, emu: Emulation | None) -> None:
         """(Re)configure emulation; frames already waiting keep their order."""
@@ -122,10 +126,10 @@ class LinkOutput:
             self.send(fr[0], fr[1])
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
-        node = self.node
-        rx = node._rx_link if header[20] >= 16 else 0  # forwarded, not the router's own
+        reads = self.reads
+        rx = reads.link if header[20] >= 16 else 0  # forwarded, not the router's own
         if rx:
-            self.fed_read[rx] = node._reads
+            self.fed_read[rx] = reads.number
         emu = self.emu
         if emu is not None:
             if emu.down or (emu.loss and self.rng.random() < emu.loss):  # type: ignore[union-attr]
@@ -135,11 +139,11 @@ class LinkOutput:
         elif self.queue is None and not self.paused:
             if rx:
                 self.fed = rx
-            if node._batching and self.write_many is not None and len(payload) < BATCH_MAX:
+            if reads.open and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
                     batch = self.batch = []
-                    node._dirty.append(self)
+                    reads.dirty.append(self)
                 batch.append(header)
                 batch.append(payload)
             else:
@@ -153,7 +157,6 @@ class LinkOutput:
     def _queue_frame(self, header: bytes, payload: bytes | memoryview, now: float) -> bool:
         """Queue one frame (the caller drains); False if the link was just closed as a slow
         consumer."""
-        node = self.node
         q = self.queue
         if q is None:
             q = self.queue = self._new_queue(now)
@@ -163,7 +166,7 @@ class LinkOutput:
         # receivers), unless this output is stuck: then it holds none, and one stuck
         # receiver never makes its input wait (slow consumers hurt only themselves); if it
         # moves again, its frames take their credit back (_drain).
-        origin = node._rx_link
+        origin = self.reads.link
         dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
         self._take(origin, len(header) + len(payload))
         if dropped:
@@ -176,27 +179,28 @@ class LinkOutput:
         """Whole frames the forwarding fast path gathered for this link from one read: bytes,
         or a list of buffers that may point into the received buffer (written with the
         read's batch, before that buffer is reused; copied if they must wait)."""
-        node = self.node
-        self.fed_read[node._rx_link] = node._reads
+        reads = self.reads
+        rx = reads.link
+        self.fed_read[rx] = reads.number
         if (self.emu is None and self.queue is None and not self.paused
                 and self.write_many is not None):
-            self.fed = node._rx_link
+            self.fed = rx
             if type(frames) is list:
-                if node._batching:
+                if reads.open:
                     batch = self.batch
                     if batch is None:
                         batch = self.batch = []
-                        node._dirty.append(self)
+                        reads.dirty.append(self)
                     batch += frames
                 else:
                     if self.batch:
                         self.flush()
                     self.write_many(frames)
-            elif node._batching and len(frames) < BATCH_MAX:
+            elif reads.open and len(frames) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
                     batch = self.batch = []
-                    node._dirty.append(self)
+                    reads.dirty.append(self)
                 batch.append(frames)
             else:  # large: written at once, so no join copies it again
                 if self.batch:
@@ -223,12 +227,11 @@ class LinkOutput:
         """A forwarding batch for a queue (or a transport that pushed back): queued in one
         pass (:meth:`OutputQueue.push_frames`), credit taken as :meth:`_queue_frame` does,
         then one drain."""
-        node = self.node
-        now = node.now()
+        now = self.node.now()
         q = self.queue
         if q is None:
             q = self.queue = self._new_queue(now)
-        origin = node._rx_link
+        origin = self.reads.link
         dropped = q.push_frames(frames, now, origin)
         self._take(origin, len(frames))
         if dropped:
@@ -241,7 +244,7 @@ class LinkOutput:
         """Frames dropped to keep the queue bounded: count, alert their flows, and handle
         the link as a slow consumer (it holds no credit; closed after the grace time)."""
         node = self.node
-        kind = node._drop_kind
+        kind = node.config.drop_kind
         for _, n, org in dropped:
             self._give(org, n)
         node.core.counters["drop." + kind] += len(dropped)
@@ -249,13 +252,13 @@ class LinkOutput:
         desc = link.describe() if link else f"link {self.link_id}"
         if self.slow.note_drops(len(dropped), now):
             log.warning("router %s: %s cannot keep up (%d bytes queued); dropping its frames "
-                        "(%s)", node.config.name, desc, node._queue_bound, kind)
+                        "(%s)", node.config.name, desc, node.config.queue_bound, kind)
         for key in sorted({k for k, _, _ in dropped}):
             node.execute(node.core.alert(
-                kind, f"output to {desc} is full ({node._queue_bound} bytes); dropping the "
+                kind, f"output to {desc} is full ({node.config.queue_bound} bytes); dropping the "
                 "longest flow's frames", now, key))
         if self.slow.expired(now):
-            node._close_slow_consumer(self)
+            node.close_slow_consumer(self)
 
     def _shed(self, count: int, size: int, now: float) -> bool:
         """A stuck output (nothing sent for the stall time) already over its limit drops
@@ -267,22 +270,22 @@ class LinkOutput:
         if q is None or self.slow.over_since is None or q.bytes + size <= q.max_bytes:
             return False
         node = self.node
-        node.core.counters["drop." + node._drop_kind] += count
+        node.core.counters["drop." + node.config.drop_kind] += count
         self.slow.dropped += count
         q.dropped += count
         q.dropped_bytes += size
         if self.slow.expired(now):
-            node._close_slow_consumer(self)
+            node.close_slow_consumer(self)
         return True
 
-    def _become_stuck(self) -> None:
+    def become_stuck(self) -> None:
         """Give back the credit this output's waiting frames hold."""
         if self.stuck:
             return
         held, self.held = self.held, {}
         self.stuck = True
         for org, n in held.items():
-            self.node._credit_release(org, n)
+            self.flow.give(org, n)
 
     def flush(self) -> None:
         batch, self.batch = self.batch, None
@@ -292,21 +295,21 @@ class LinkOutput:
     def pause(self) -> None:
         """The transport pushed back (anything it could not write at once is buffered)."""
         self.paused = True
-        self.paused_read = self.node._reads
-        hold(self.node, self)
+        self.paused_read = self.reads.number
+        self.flow.hold(self)
 
     def resume(self) -> None:
         self.paused = False
         if self.queue is None:
             self.stuck = False  # it moves again and nothing of it waits to retake credit
-        release(self.node, self)
+        self.flow.release(self)
         self._drain()
         # Its transport takes frames again: if the input it was fed by is paused for credit,
         # this is a sibling draining, and an output that is not may be holding that input
         # (with no queue of its own here, _drain gave no credit back and looked at nothing).
         fed = self.fed
-        if fed and not self.paused and fed in self.node._paused_at:
-            unblock(self.node, fed)
+        if fed and not self.paused and fed in self.flow.paused_inputs:
+            self.flow.unblock(fed)
 
     def _drain(self) -> None:
         q = self.queue
@@ -315,7 +318,7 @@ class LinkOutput:
         node = self.node
         now = node.now()
         sent = False
-        waiting = node._paused_at  # inputs paused for credit
+        waiting = self.flow.paused_inputs  # inputs paused for credit
         freed: set[int] = set()  # which of them this output just gave credit back to
         while not self.paused:
             fr = q.pop(now)
@@ -339,15 +342,15 @@ class LinkOutput:
                 for org, n in q.origins().items():
                     self._take(org, n)
         for origin in freed:  # is an output that does not move what still holds them back?
-            unblock(node, origin)
+            self.flow.unblock(origin)
         if q.empty() and not q.shaped:
             self.queue = None  # back to the fast path
-            node._backlogged.discard(self)
+            self.flow.backlogged.discard(self)
             return
         if not self.paused:
             wait = q.next_ready(now)
             if wait is not None:
-                self.timer = node._loop.call_later(max(wait, 0.0005), self._wake)  # type: ignore[union-attr]
+                self.timer = node.loop.call_later(max(wait, 0.0005), self._wake)
 
     def _wake(self) -> None:
         self.timer = None
@@ -358,7 +361,7 @@ class LinkOutput:
             self.timer.cancel()
             self.timer = None
         q, self.queue = self.queue, None
-        self.node._backlogged.discard(self)
+        self.flow.backlogged.discard(self)
         if q is not None:
             now = self.node.now()
             while (fr := q.pop(now)) is not None:

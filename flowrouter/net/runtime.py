@@ -40,10 +40,14 @@ bytes and time in and actions out:
 The code lives in one module per concern; this module keeps the historical import path:
 
 * :mod:`flowrouter.net.node` — :class:`RouterNode`, the daemon;
-* :mod:`flowrouter.net.links` — TCP and UDP links;
+* :mod:`flowrouter.net.links` — TCP links; :mod:`flowrouter.net.udp` — UDP links and their
+  batched datagram I/O;
+* :mod:`flowrouter.net.control` — the control interface and :func:`query_control`;
 * :mod:`flowrouter.net.output` — a link's output: fast path, fair queue, credits, emulation;
-* :mod:`flowrouter.net.backpressure` — which input stops reading when outputs push back;
-* :mod:`flowrouter.net.control` — the control interface and :func:`query_control`.
+* :mod:`flowrouter.net.backpressure` — the node's flow control: which input stops reading
+  when outputs push back;
+* :mod:`flowrouter.net.nodeapi` — the node interface links and outputs see, and the read
+  batch.
 
 May import the rest of :mod:`flowrouter.net` (and so everything below it).
 """

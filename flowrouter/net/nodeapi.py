@@ -1,0 +1,213 @@
+"""The node interface: what a router node offers its links and outputs, and the read batch.
+
+Links (:mod:`flowrouter.net.tcp`, :mod:`flowrouter.net.udp`), outputs
+(:mod:`flowrouter.net.output`) and flow control (:mod:`flowrouter.net.backpressure`) see
+the node only as :class:`Node`, a typed protocol of a few public methods and properties,
+never as :class:`~flowrouter.net.node.RouterNode` itself; so they import nothing above this
+module, and the node is free to change how it keeps its tables.
+
+:class:`ReadBatch` is the bracket around one read of one input link, the same for every
+read path (a TCP read in place, a copied-out TCP read, a run of UDP datagrams from one
+address): it owns which input link is being read and the read's number (what flow control
+reasons with), gathers the outputs the read gave frames to (each writes its batch once, at
+the end: one system call per output link per read, as nats-server's ``flushClients``), and
+when the read ends it flushes them and tells the node if the read changed the links.
+
+:class:`Link`, :class:`Output` and :class:`FlowShell` are the views the node, the links and
+flow control have of each other (typing protocols, so none imports another's module).
+
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and :mod:`flowrouter.net.config`;
+nothing else of :mod:`flowrouter.net`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from flowrouter.core.fastpath import FastPath
+    from flowrouter.core.linkqueue import SlowConsumerPolicy
+    from flowrouter.core.measured import BusyRate
+    from flowrouter.core.router import Action, Router
+    from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
+
+
+class Flushable(Protocol):
+    """Something a read gathered writes in, written out when the read ends."""
+
+    def flush(self) -> None: ...
+
+
+class Output(Flushable, Protocol):
+    """A link's sending side as the node, its links and flow control see it
+    (:class:`flowrouter.net.output.LinkOutput`)."""
+
+    @property
+    def link_id(self) -> int: ...
+    @property
+    def paused(self) -> bool:
+        """Its transport pushed back."""
+    @property
+    def stuck(self) -> bool:
+        """It stopped moving: its waiting frames hold no credit."""
+    @property
+    def fed(self) -> int:
+        """The input link whose frames it last wrote."""
+    @property
+    def fed_read(self) -> dict[int, int]:
+        """Input link -> the last read number that input gave it frames in."""
+    @property
+    def paused_read(self) -> int:
+        """The read number in which its transport last pushed back."""
+    @property
+    def held(self) -> dict[int, int]:
+        """Input link -> credit bytes its waiting frames hold."""
+    @property
+    def slow(self) -> SlowConsumerPolicy: ...
+    @property
+    def emu(self) -> Emulation | None:
+        """The link emulation it applies, if any."""
+    @property
+    def rate(self) -> BusyRate:
+        """Its send rate while backlogged (measured locality)."""
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None: ...
+    def send_frames(self, frames: Any, count: int) -> None: ...
+    def become_stuck(self) -> None: ...
+    def emulate(self, emu: Emulation | None) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class Link(Protocol):
+    """One link of any transport, as the node and flow control see it."""
+
+    @property
+    def link_id(self) -> int: ...
+    @property
+    def out(self) -> Output | None: ...
+    @property
+    def reading(self) -> bool | None:
+        """Whether the node reads it; None: it is never paused (a UDP link: one socket
+        serves every UDP peer)."""
+    @property
+    def address(self) -> str: ...
+
+    def send(self, header: bytes, payload: bytes | memoryview) -> None: ...
+    def set_reading(self, on: bool) -> None: ...
+    def close(self, reason: str) -> None: ...
+    def abort(self, reason: str) -> None: ...
+
+
+class FlowShell(Protocol):
+    """Flow control as outputs see it (:class:`flowrouter.net.backpressure.Backpressure`):
+    the credit their waiting frames take and give back, and their transport's push back."""
+
+    @property
+    def backlogged(self) -> set[Output]:
+        """Outputs with frames waiting (watched for stalls and slow consumers)."""
+    @property
+    def paused_inputs(self) -> Collection[int]:
+        """Inputs paused for credit."""
+
+    def take(self, origin: int, size: int) -> None: ...
+    def give(self, origin: int, size: int) -> None: ...
+    def hold(self, out: Output) -> None: ...
+    def release(self, out: Output) -> None: ...
+    def unblock(self, origin: int) -> None: ...
+
+
+class Node(Protocol):
+    """What a router node offers its links and outputs
+    (:class:`flowrouter.net.node.RouterNode`)."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+    @property
+    def core(self) -> Router: ...
+    @property
+    def fast(self) -> FastPath | None:
+        """The forwarding fast path, or None: every frame goes through the core."""
+    @property
+    def links(self) -> Mapping[int, Link]:
+        """Every registered link by id."""
+    @property
+    def reads(self) -> ReadBatch:
+        """The read in progress (if any), as :meth:`begin_read` returned it."""
+    @property
+    def flow(self) -> FlowShell: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def now(self) -> float: ...
+    def register(self, link: Link) -> int:
+        """A new link: its id."""
+    def unregister(self, link_id: int) -> None:
+        """The link is gone: forget it (flow control included)."""
+    def execute(self, actions: list[Action]) -> None:
+        """Carry out the core's actions."""
+    def link_state_changed(self) -> None:
+        """Links came up or went down: apply emulation and blocks, wake who waits."""
+    def redial(self, peer: PeerConfig, why: str | None = None) -> None:
+        """Dial a configured peer again, after its back-off; *why*: its link failed so (for
+        the status query)."""
+    def reached(self, peer: PeerConfig) -> None:
+        """A configured peer's link is up: its next re-dial starts from the shortest wait."""
+    def close_slow_consumer(self, out: Output) -> None:
+        """Close the link of an output that stayed over its limit for the grace time."""
+    def begin_read(self, link_id: int) -> ReadBatch:
+        """Frames of *link_id* are processed from now on; ``end()`` the batch returned."""
+
+
+class ReadBatch:
+    """The read in progress: the input link being read, the read's number, and the outputs
+    it gave frames to. One per node, reused for every read (no object per read or frame).
+
+    ``begin(link)`` starts a read (again while one is open: the next link's read joins the
+    same batch, as the datagrams of one UDP wake-up do); ``end()`` writes every gathered
+    output once, then what is written after them (:attr:`after`: the UDP socket's batch of
+    datagrams), and tells the node when the core's generation moved (links up or down).
+    """
+
+    __slots__ = ("link", "number", "open", "dirty", "after", "generation", "node")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        #: the input link whose frames are being processed (0: none, or locally generated)
+        self.link = 0
+        #: reads begun so far: an output notes the read an input last gave it frames in
+        self.number = 0
+        #: whether a read is in progress: outputs gather their writes until it ends
+        self.open = False
+        #: outputs that gathered writes in this read, each written once when it ends
+        self.dirty: list[Flushable] = []
+        #: written after the outputs (they may add to it while they flush)
+        self.after: list[Flushable] = []
+        #: the core's link generation the node last saw (RouterNode.link_state_changed)
+        self.generation = 0
+
+    def begin(self, link_id: int) -> ReadBatch:
+        self.link = link_id
+        self.number += 1
+        self.open = True
+        return self
+
+    def end(self) -> None:
+        """Write what the read gathered; tell the node if the read changed links."""
+        self.link = 0
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for out in dirty:
+                out.flush()
+        self.open = False
+        after = self.after
+        if after:
+            self.after = []
+            for out in after:
+                out.flush()
+        node = self.node
+        if node.core.generation != self.generation:
+            node.link_state_changed()
