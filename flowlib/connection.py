@@ -443,6 +443,7 @@ class Connection:
                 self._auth_hello = msg
                 self._write_control(LINK_KEY, BAND_MEMBERSHIP, C.Auth(proof))
             else:
+                link.codec.end_handshake()
                 hello.set_result(msg)
             return
         if isinstance(msg, C.Auth) and self._auth_hello is not None and hello is not None \
@@ -459,9 +460,10 @@ class Connection:
             if cipher is not None:
                 from flowrouter.wire.linkauth import SecureStream
 
-                link.secure = SecureStream(cipher)
+                link.codec.start_sealed(SecureStream(cipher))
                 self._transport = SealingTransport(  # type: ignore[assignment]
-                    self._transport, link.secure)
+                    self._transport, link.codec)
+            link.codec.end_handshake()
             hello.set_result(self._auth_hello)
             return
         if hello is None or not hello.done():

@@ -1,7 +1,8 @@
 """One TCP connection to a flow router, as the asyncio protocol that reads it.
 
-:class:`Link` turns bytes into frames (the handshake one frame at a time, since after the
-router's AUTH the rest of the stream may be sealed records) and hands them to its client's
+:class:`Link` turns bytes into frames with a
+:class:`~flowrouter.wire.streamcodec.StreamCodec` (the stream reader the routers use too:
+handshake frames, then sealed records or plain frames) and hands them to its client's
 handlers; :class:`SealingTransport` seals every write once the link is encrypted. The
 decisions (what a frame means, when the link is up or lost) are the client's
 (:mod:`flowlib.connection`). Imports asyncio, socket and the wire layer of flowrouter.
@@ -14,7 +15,8 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.wire.bands import ROUTER_BANDS_END
-from flowrouter.wire.header import FrameDecoder, MalformedFrame, take_frame
+from flowrouter.wire.header import MalformedFrame
+from flowrouter.wire.streamcodec import BadRecord, StreamCodec
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -24,15 +26,15 @@ class SealingTransport:
     """The link's transport once it is encrypted: every write becomes one sealed record
     (header and payload are joined for sealing anyway); everything else passes through."""
 
-    def __init__(self, inner: Any, secure: Any) -> None:
+    def __init__(self, inner: Any, codec: StreamCodec) -> None:
         self._inner = inner
-        self._secure = secure
+        self._codec = codec
 
     def write(self, data: Any) -> None:
-        self._inner.write(self._secure.encode(data))
+        self._inner.write(self._codec.send_data(data))
 
     def writelines(self, buffers: Any) -> None:
-        self._inner.write(self._secure.encode(b"".join(buffers)))
+        self._inner.write(self._codec.send_data(b"".join(buffers)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -48,17 +50,14 @@ class Link(asyncio.Protocol):
     def __init__(self, client: Connection, address: str) -> None:
         self.client = client
         self.address = address
-        self.decoder = FrameDecoder(client._own_max_payload)
+        #: bytes -> frames: the handshake, then sealed records or plain frames (the client
+        #: ends the handshake, or installs keys, when the router's HELLO or AUTH says so)
+        self.codec = StreamCodec(client._own_max_payload)
         self.transport: asyncio.Transport | None = None
         self.router_name = ""
         #: the feature bits of the router's HELLO (flowrouter.wire.control.FEATURES): no
         #: soft-state message goes to a router that does not announce them
         self.router_features = 0
-        #: the handshake's bytes, parsed one frame at a time: after the router's AUTH the
-        #: rest of the stream may be sealed records (None once the handshake is over)
-        self.hs: bytearray | None = bytearray()
-        #: the record layer once the link is encrypted
-        self.secure: Any = None
         #: we gave up on this link (protocol error, refusal): stop reading it
         self.dead = False
         #: why this link ended, when we ended it
@@ -90,68 +89,29 @@ class Link(asyncio.Protocol):
                 pass
         client._connection_made(transport)
 
+    @property
+    def secure(self) -> Any:
+        """The record layer once the link is encrypted (None on a plain link)."""
+        return self.codec.sealed
+
     def data_received(self, data: bytes) -> None:
         self.reads += 1
         client = self.client
         if self.dead or client._link is not self:
             return
-        if self.secure is not None:
-            from flowrouter.wire.linkauth import LinkSecurityError
-
-            try:
-                chunks = self.secure.decode(data)
-            except LinkSecurityError as exc:
-                client._protocol_error(self, f"bad sealed record from the router: {exc}")
-                return
-            for chunk in chunks:
-                self._frames(chunk)
+        deliver = client._deliver
+        try:
+            for header, payload in self.codec.receive_data(data):
+                if header[20] >= ROUTER_BANDS_END:
+                    deliver(header, payload)
+                else:
+                    client._on_control(self, header, payload)
                 if self.dead:
                     return
-            return
-        if self.hs is not None:
-            self._handshake_bytes(data)
-            return
-        self._frames(data)
-
-    def _handshake_bytes(self, data: bytes) -> None:
-        client = self.client
-        buf = self.hs
-        assert buf is not None
-        buf += data
-        while True:
-            try:
-                frame = take_frame(buf, client._own_max_payload)
-            except MalformedFrame as exc:
-                client._protocol_error(self, f"malformed frame from the router: {exc}")
-                return
-            if frame is None:
-                return
-            self._frames(frame)
-            if self.dead:
-                return
-            hello = client._hello
-            if self.secure is not None or (hello is not None and hello.done()):
-                rest = bytes(buf)
-                self.hs = None
-                if rest:
-                    self.data_received(rest)
-                return
-
-    def _frames(self, data: bytes) -> None:
-        client = self.client
-        try:
-            frames = self.decoder.feed(data)
+        except BadRecord as exc:
+            client._protocol_error(self, f"bad sealed record from the router: {exc.detail}")
         except MalformedFrame as exc:
             client._protocol_error(self, f"malformed frame from the router: {exc}")
-            return
-        deliver = client._deliver
-        for header, payload in frames:
-            if header[20] >= ROUTER_BANDS_END:
-                deliver(header, payload)
-            else:
-                client._on_control(self, header, payload)
-            if self.dead:
-                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.client._connection_lost(self, exc)

@@ -5,10 +5,10 @@ A TCP link reads into one reused buffer (a ``BufferedProtocol`` over
 frames are forwarded from it in place and written with one ``writev`` per output link
 (:func:`~flowrouter.net.streamio.write_gathered`); frames the core gets are copied out first,
 because the core may keep them (queues, traces) and the next read overwrites the buffer. The
-handshake, sealed links and the Python-core path copy each read out whole and split it with
-a :class:`~flowrouter.wire.header.FrameDecoder`, as before. The handshake is parsed a frame
-at a time because, after the peer's AUTH, the rest of the stream may be sealed records
-(:class:`~flowrouter.wire.linkauth.SecureStream`). Each read is one
+handshake, sealed links and the Python-core path copy each read out whole and hand it to the
+link's :class:`~flowrouter.wire.streamcodec.StreamCodec` (handshake frames one at a time,
+then sealed records or plain frames), the stream reader flowlib's links use too. Each read is
+one
 :class:`~flowrouter.net.nodeapi.ReadBatch`; the link sends through a
 :class:`~flowrouter.net.output.LinkOutput`.
 
@@ -30,26 +30,23 @@ from flowrouter.net.config import PeerConfig
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.streamio import RecvBuffer, write_gathered
 from flowrouter.wire.control import Role
-from flowrouter.wire.header import (
-    HEADER_SIZE,
-    FrameDecoder,
-    MalformedFrame,
-    take_frame,
-    validate_header,
-)
-from flowrouter.wire.linkauth import LinkSecurityError, SecureStream
+from flowrouter.wire.header import HEADER_SIZE, MalformedFrame, validate_header
+from flowrouter.wire.linkrecords import SecureStream
+from flowrouter.wire.streamcodec import Phase, StreamCodec
 
 if TYPE_CHECKING:
     from flowrouter.net.nodeapi import Node
 
 log = logging.getLogger("flowrouter.net.runtime")
 
+_PLAIN = Phase.PLAIN  #: looked up once per read on the fast path
+
 
 class TcpLink(asyncio.BufferedProtocol):
     """One TCP connection to a router or an application (dialled or accepted)."""
 
-    __slots__ = ("node", "peer", "link_id", "transport", "decoder", "out", "address",
-                 "reading", "hs", "secure", "frames_in", "partial_since", "only", "rx", "fd")
+    __slots__ = ("node", "peer", "link_id", "transport", "codec", "out", "address",
+                 "reading", "frames_in", "partial_since", "only", "rx", "fd")
 
     def __init__(self, node: Node, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
@@ -59,8 +56,9 @@ class TcpLink(asyncio.BufferedProtocol):
         self.only = only
         self.link_id = 0
         self.transport: asyncio.Transport | None = None
-        #: splits copied-out reads (handshake, sealed links, the Python-core path)
-        self.decoder = FrameDecoder(node.config.max_payload)
+        #: reads copied-out reads (handshake, sealed links, the Python-core path) and seals
+        #: writes once keys are installed
+        self.codec = StreamCodec(node.config.max_payload)
         #: what every read goes into; frames are forwarded from it in place
         self.rx = RecvBuffer(most=node.config.read_buffer)
         #: the socket's descriptor, when writes may go straight to it (asyncio's selector
@@ -70,10 +68,6 @@ class TcpLink(asyncio.BufferedProtocol):
         self.out: LinkOutput | None = None
         self.address = "?"
         self.reading = True
-        #: bytes of the handshake, parsed one frame at a time: after the peer's AUTH the
-        #: rest of the stream may be sealed records, not frames
-        self.hs: bytearray | None = bytearray()
-        self.secure: SecureStream | None = None
         #: frames completed so far, and since when an incomplete one has been arriving (the
         #: frame progress time-out: a started frame must complete within frame_timeout)
         self.frames_in = 0
@@ -110,18 +104,23 @@ class TcpLink(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         rx = self.rx
         rx.filled(nbytes)
-        if self.hs is None and self.secure is None and self.node.fast is not None:
+        if self.codec.phase is _PLAIN and self.node.fast is not None:
             if rx.waiting:
                 return  # the frame kept is still incomplete (its clock runs on)
             before = self.frames_in
             self._in_place()
             self._note_partial(before)
-        else:  # copied out: the decoder, the handshake and the core may keep views of it
+        else:  # copied out: the codec, the handshake and the core may keep views of it
             self.data_received(rx.take())
+
+    @property
+    def secure(self) -> SecureStream | None:
+        """The record layer once the handshake installed keys (None on a plain link)."""
+        return self.codec.sealed
 
     def _pending(self) -> int:
         """Bytes of an incomplete frame received so far."""
-        return self.decoder.pending + self.rx.pending
+        return self.codec.pending + self.rx.pending
 
     def data_received(self, data: bytes) -> None:
         before = self.frames_in
@@ -130,67 +129,65 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def _note_partial(self, before: int) -> None:
         """Start or stop the frame progress clock (*before*: frames_in before the read)."""
-        pending = (self.decoder.pending or self.rx.pending  # (self._pending(), one call less)
-                   or (self.secure is not None and self.secure.decoder.pending))
+        codec = self.codec
+        pending = (codec.frames.pending or self.rx.pending  # (self._pending(), one call less)
+                   or (codec.sealed is not None and codec.pending_record))
         if not pending:
             self.partial_since = None
         elif self.partial_since is None or self.frames_in != before:
             self.partial_since = self.node.now()  # a new frame started
 
     def _data(self, data: bytes) -> None:
-        if self.secure is not None:
-            try:
-                chunks = self.secure.decode(data)
-            except LinkSecurityError as exc:
-                node = self.node
-                node.execute(node.core.drop_link(
-                    self.link_id, MalformedFrame("bad-record", str(exc)), node.now()))
-                return
-            if chunks:
-                self.frames_in += 1  # a whole record arrived
-            for chunk in chunks:
-                self._frames(chunk)
-            return
-        if self.hs is not None:
+        """A copied-out read, in whichever phase the stream is."""
+        codec = self.codec
+        if codec.phase is Phase.HANDSHAKE:
             self._handshake_bytes(data)
             return
-        self._frames(data)
+        try:
+            chunks = codec.plaintext(data)
+        except MalformedFrame as exc:
+            node = self.node
+            node.execute(node.core.drop_link(self.link_id, exc, node.now()))
+            return
+        if codec.phase is Phase.SEALED and chunks:
+            self.frames_in += 1  # a whole record arrived
+        for chunk in chunks:
+            self._frames(chunk)  # type: ignore[arg-type]
 
     def _handshake_bytes(self, data: bytes) -> None:
+        """Handshake frames go to the core one at a time; the first frame after which the
+        link is up, or sealed, ends the handshake, and the rest of the read goes on in the
+        next phase (in place in the receive buffer when plain and forwarded by the engine)."""
         node = self.node
-        buf = self.hs
-        assert buf is not None
-        buf += data
-        while True:
-            try:
-                frame = take_frame(buf, node.config.max_payload)
-            except MalformedFrame as exc:
-                node.execute(node.core.drop_link(self.link_id, exc, node.now()))
-                return
-            if frame is None:
-                return
-            node.execute(node.core.receive(self.link_id, frame[:HEADER_SIZE],
-                                           frame[HEADER_SIZE:], node.now()))
-            link = node.core.links.get(self.link_id)
-            if link is None:
-                return  # refused or dropped
-            if link.state is LinkState.UP and self.only is not None and link.role is not \
-                    self.only:
-                why = (f"{link.role.name.lower() if link.role else '?'} on a listener for "
-                       f"{self.only.name.lower()}s only")
-                node.execute(node.core.close_link(self.link_id, node.now(), why))
-                self.close(why)
-                return
-            if self.secure is not None or link.state is LinkState.UP:
-                rest = bytes(buf)
-                self.hs = None
-                node.link_state_changed()
-                if rest and self.secure is None and node.fast is not None:
-                    self.rx.load(rest)  # the stream goes on in the receive buffer
-                    self._in_place()
-                elif rest:
-                    self._data(rest)
-                return
+        codec = self.codec
+        try:
+            for header, payload in codec.receive_data(data):
+                node.execute(node.core.receive(self.link_id, header, payload, node.now()))
+                link = node.core.links.get(self.link_id)
+                if link is None:
+                    return  # refused or dropped
+                if link.state is LinkState.UP and self.only is not None and link.role is not \
+                        self.only:
+                    why = (f"{link.role.name.lower() if link.role else '?'} on a listener "
+                           f"for {self.only.name.lower()}s only")
+                    node.execute(node.core.close_link(self.link_id, node.now(), why))
+                    self.close(why)
+                    return
+                if codec.phase is Phase.SEALED or link.state is LinkState.UP:
+                    break
+            else:
+                return  # the handshake goes on in the next read
+        except MalformedFrame as exc:
+            node.execute(node.core.drop_link(self.link_id, exc, node.now()))
+            return
+        codec.end_handshake()
+        rest = codec.take_buffered()
+        node.link_state_changed()
+        if rest and codec.phase is _PLAIN and node.fast is not None:
+            self.rx.load(rest)  # the stream goes on in the receive buffer
+            self._in_place()
+        elif rest:
+            self._data(rest)
 
     def _frames(self, data: bytes) -> None:
         node = self.node
@@ -198,7 +195,7 @@ class TcpLink(asyncio.BufferedProtocol):
             self._fast_frames(data)
             return
         try:
-            frames = self.decoder.feed(data)
+            frames = self.codec.frames.feed(data)
         except MalformedFrame as exc:
             node.execute(node.core.drop_link(self.link_id, exc, node.now()))
             return
@@ -227,8 +224,9 @@ class TcpLink(asyncio.BufferedProtocol):
         reads = node.begin_read(link_id)
         try:
             pos = 0
-            if self.decoder.pending:  # first the frame split across reads
-                whole, pos = self.decoder.complete(view)
+            decoder = self.codec.frames
+            if decoder.pending:  # first the frame split across reads
+                whole, pos = decoder.complete(view)
                 if whole is not None:
                     self.frames_in += 1
                     self._fast_pass(whole, 0, max_payload, len(whole), True)
@@ -237,7 +235,7 @@ class TcpLink(asyncio.BufferedProtocol):
                 if done:
                     if pos < n:
                         # keeps (copies) the incomplete frame; feed takes any buffer
-                        self.decoder.feed(view[pos:])  # type: ignore[arg-type]
+                        decoder.feed(view[pos:])  # type: ignore[arg-type]
                     break
         except MalformedFrame as exc:
             node.execute(core.drop_link(link_id, exc, node.now()))
@@ -331,8 +329,9 @@ class TcpLink(asyncio.BufferedProtocol):
     def write(self, header: bytes, payload: Any) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            if self.secure is not None:  # sealing needs the bytes together anyway
-                transport.write(self.secure.encode(header + bytes(payload)))
+            codec = self.codec
+            if codec.sealed is not None:  # sealing needs the bytes together anyway
+                transport.write(codec.send_data(header + bytes(payload)))
             else:
                 write_gathered(transport, self.fd, [header, payload])
 
@@ -341,8 +340,9 @@ class TcpLink(asyncio.BufferedProtocol):
         (write_gathered leaves nothing behind that does)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            if self.secure is not None:
-                transport.write(self.secure.encode(b"".join(buffers)))
+            codec = self.codec
+            if codec.sealed is not None:
+                transport.write(codec.send_data(b"".join(buffers)))
             else:
                 write_gathered(transport, self.fd, buffers)
 

@@ -256,8 +256,8 @@ class RouterNode:
             elif type(action) is Secure:
                 if isinstance(link, TcpLink):
                     # new keys every so many records and seconds (forward secrecy)
-                    link.secure = sealed_stream(action.cipher, self.now, self.config,
-                                                self.core.counters)
+                    link.codec.start_sealed(sealed_stream(action.cipher, self.now,
+                                                          self.config, self.core.counters))
             elif type(action) is Close:
                 link.close(action.reason)
                 if isinstance(link, UdpLink):
