@@ -109,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{sim_wall:.0f} s wall; {lines:,} trace lines ({size / 1e6:.0f} MB)", flush=True)
     if not args.no_analyze:
         t2 = time.perf_counter()
-        rc = subprocess.call([sys.executable, "-m", "apps.flowtrace.cli", "analyze",
+        rc = subprocess.call([sys.executable, "-m", "flowtrace.cli", "analyze",
                               str(traces), "--out", str(out / "report"), "--progress"],
                              cwd=str(Path(__file__).resolve().parent.parent),
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve()
-                                                                  .parent.parent)})
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 str(Path(__file__).resolve().parent.parent / d)
+                                 for d in (".", "apps"))})
         wall = time.perf_counter() - t2
         result.update({"analyze_rc": rc, "analyze_wall_s": round(wall, 1),
                        "analyze_lines_per_s": round(lines / wall) if wall else None})

@@ -25,17 +25,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the checkout's packages (flowrouter, flowlib; flowvideo in apps/), for this process and the
+# streamer process it starts
+REPO = Path(__file__).resolve().parent.parent
+SOURCE_DIRS = [str(REPO), str(REPO / "apps"), str(REPO / "directory")]
+sys.path[:0] = SOURCE_DIRS
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [*SOURCE_DIRS, *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])])}
 
 import flowlib  # noqa: E402
-from apps.video.demo import TOPOLOGY, _free_base  # noqa: E402
-from apps.video.protocol import Resolution  # noqa: E402
-from apps.video.sources import PatternSource  # noqa: E402
-from apps.video.streamer import Streamer  # noqa: E402
-from apps.video.streamer_core import StreamConfig  # noqa: E402
-from apps.video.viewer import Viewer  # noqa: E402
 from flowrouter.testbed import topology as T  # noqa: E402
 from flowrouter.testbed.launcher import Launcher  # noqa: E402
+from flowvideo.demo import TOPOLOGY, _free_base  # noqa: E402
+from flowvideo.protocol import Resolution  # noqa: E402
+from flowvideo.sources import PatternSource  # noqa: E402
+from flowvideo.streamer import Streamer  # noqa: E402
+from flowvideo.streamer_core import StreamConfig  # noqa: E402
+from flowvideo.viewer import Viewer  # noqa: E402
 
 HIGH, LOW = Resolution(320, 240), Resolution(80, 60)
 
@@ -51,10 +57,10 @@ def _gap(arrivals: list[float], t0: float, t1: float) -> float:
 
 async def trial(addr: dict[str, str], fps: float, dead_after: float) -> dict[str, float]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "apps.video.cli", "serve", "--router", addr["r0"],
+        sys.executable, "-m", "flowvideo.cli", "serve", "--router", addr["r0"],
         "--source", "pattern:320x240", "--resolutions", f"{HIGH},{LOW}", "--fps", str(fps),
         "--state-period", "0.2", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL)
+        stderr=asyncio.subprocess.DEVNULL, env=CHILD_ENV)
     assert proc.stdout is not None
     line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
     flow = flowlib.FlowID.parse(line.split()[1])

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from .checkout import with_checkout
+
+# Every process a test starts (routers, flowdir serve, the console scripts as python -m)
+# imports this checkout, like the tests themselves.
+os.environ["PYTHONPATH"] = with_checkout(os.environ.get("PYTHONPATH"))
 
 
 @pytest.fixture(autouse=True)

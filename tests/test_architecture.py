@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("flowrouter", "flowlib", "apps", "directory", "location_service")
+#: the top-level folders holding the source (each import package lives in one of them)
+FOLDERS = ("flowrouter", "flowlib", "apps", "directory", "location_service")
+#: every import package `pip install .` puts into site-packages: each with the project's prefix
+INSTALLED = {"flowrouter", "flowlib", "flowchat", "flowvideo", "flowtrace", "flowdir", "flowls"}
 # "About 600 lines": a little slack so that one docstring does not force a split.
 MAX_LINES = 650
 
@@ -27,10 +30,10 @@ def test_import_contracts_hold() -> None:
     assert "0 broken" in proc.stdout
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_is_a_lump(package: str) -> None:
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_module_is_a_lump(folder: str) -> None:
     too_big = []
-    for path in sorted((REPO / package).rglob("*.py")):
+    for path in sorted((REPO / folder).rglob("*.py")):
         lines = path.read_text(encoding="utf-8").count("\n")
         if lines > MAX_LINES:
             too_big.append(f"{path.relative_to(REPO)}: {lines} lines")
@@ -40,9 +43,24 @@ def test_no_module_is_a_lump(package: str) -> None:
 def test_each_package_says_what_it_holds() -> None:
     """Every package's ``__init__`` opens with a docstring a reader can start from."""
     silent = []
-    for package in PACKAGES:
-        for init in sorted((REPO / package).rglob("__init__.py")):
+    for folder in FOLDERS:
+        for init in sorted((REPO / folder).rglob("__init__.py")):
             text = init.read_text(encoding="utf-8").lstrip()
             if not text.startswith(('"""', 'r"""')):
                 silent.append(str(init.relative_to(REPO)))
     assert not silent, "packages without a docstring: " + ", ".join(silent)
+
+
+def test_every_installed_import_package_has_the_project_prefix() -> None:
+    """Item 7 of issue 25: no generic top-level name (``apps``, ``directory``) is installed.
+    What setuptools finds with pyproject's ``packages.find`` settings is exactly INSTALLED."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]
+    top = {pkg.split(".")[0] for where in find["where"]
+           for pkg in find_packages(str(REPO / where), include=find["include"])}
+    assert top == INSTALLED
+    assert not (REPO / "apps" / "__init__.py").exists()  # apps/ is a folder, not a package

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from .checkout import with_checkout
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 SCRIPTS = ["throughput", "latency", "fanout", "flowtable", "run_all", "profile_hotpath"]
@@ -25,8 +27,7 @@ SCRIPTS = ["throughput", "latency", "fanout", "flowtable", "run_all", "profile_h
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
-                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = with_checkout(env.get("PYTHONPATH"))
     return env
 
 

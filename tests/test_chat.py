@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from apps.chat import cli
-from apps.chat.client import ChatClient, run_bot, run_plain
-from apps.chat.igo import PeerState
-from apps.chat.server import ChatServer
+from flowchat import cli
+from flowchat.client import ChatClient, run_bot, run_plain
+from flowchat.igo import PeerState
+from flowchat.server import ChatServer
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 
@@ -193,7 +193,7 @@ def test_plain_client_and_bot(tmp_path) -> None:
 
 
 def test_room_flow_found_through_the_directory(tmp_path) -> None:
-    from directory import DirectoryMember
+    from flowdir import DirectoryMember
 
     async def main() -> None:
         async with router_testbed(tmp_path) as nodes:

@@ -1,12 +1,12 @@
 """Seed 003's experiments (Table 2) in the simulator, shortened to 90 s of virtual time each:
 the ordering properties of seed section 4.3.6, bounded latency, and no gaps after short-term
-disconnects (apps.chat.experiment on topologies/seed003-testbed.toml)."""
+disconnects (flowchat.experiment on topologies/seed003-testbed.toml)."""
 
 from __future__ import annotations
 
 import pytest
 
-from apps.chat import experiment as X
+from flowchat import experiment as X
 
 DURATION = 90.0
 DETECT = 6.0  # 3 missed heartbeats of 2 s
@@ -171,7 +171,7 @@ def test_reconciled_messages_within_the_seeds_fourteen_seconds(number: int) -> N
 def test_sequence_graph_has_one_line_per_side_and_the_seeds_zoom() -> None:
     from dataclasses import replace
 
-    from apps.chat.plots import seq_lines, zoom_window
+    from flowchat.plots import seq_lines, zoom_window
 
     res, _ = run(5)
     lines = seq_lines(res, "metropol")

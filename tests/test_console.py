@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from .checkout import PYTHONPATH
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS: dict[str, str] = tomllib.loads(
     (ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -34,7 +36,7 @@ def command(script: str, *args: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "FLOWNET_TRACEBACK": "0"}
+    return {**os.environ, "PYTHONPATH": PYTHONPATH, "FLOWNET_TRACEBACK": "0"}
 
 
 def run(script: str, *args: str, timeout: float = 60, **kw: object

@@ -13,6 +13,7 @@ from flowrouter.net.config import NodeConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.tools.cli import main as flowrouter_main
 
+from .checkout import PYTHONPATH
 from .rawep import run
 
 TOKEN = "s3cret-token-123"
@@ -23,7 +24,7 @@ ROOT = str(Path(__file__).resolve().parents[1])
 async def _ctl(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "flowrouter.tools.cli", "ctl", *argv, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None

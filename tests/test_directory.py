@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowlib
-from directory import (
+from flowdir import (
     DirectoryClient,
     DirectoryMember,
     Entry,
@@ -30,12 +30,13 @@ from directory import (
     expanding_rings,
     glob_match,
 )
-from directory import protocol as P
-from directory.cli import main as flowdir_main
+from flowdir import protocol as P
+from flowdir.cli import main as flowdir_main
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import Locality
 
+from .checkout import PYTHONPATH
 from .rawep import addr, chain, within
 
 LSID = 0x10
@@ -374,9 +375,9 @@ def test_a_dead_member_does_not_break_lookups(tmp_path) -> None:  # type: ignore
     async def main() -> None:
         async with overlay(3) as (r1, r2, r3):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "directory", "serve", "--router", addr(r1),
+                sys.executable, "-m", "flowdir", "serve", "--router", addr(r1),
                 "--member-name", "m1", "--no-sync", "--state-dir", sd,
-                cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)},
+                cwd=str(REPO), env={**os.environ, "PYTHONPATH": PYTHONPATH},
                 stderr=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL)
             m3 = await DirectoryMember.connect(addr(r3), name="m3", state_dir=sd, sync=False)
             client = await DirectoryClient.connect(addr(r2), name="c", state_dir=sd)

@@ -10,10 +10,12 @@ import signal
 import sys
 from pathlib import Path
 
-from directory import DirectoryClient, NoDirectoryMember
+from flowdir import DirectoryClient, NoDirectoryMember
 from flowlib import ConnectError, ConnectionLost, FlowID
 from flowrouter.net.config import NodeConfig
 from flowrouter.net.runtime import RouterNode
+
+from .checkout import PYTHONPATH
 
 LSID = 0x10
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +54,9 @@ def test_flowdir_serve_survives_a_restart_of_its_router(tmp_path) -> None:  # ty
     async def main() -> None:
         node = await _router("127.0.0.1:0")
         address = "%s:%d" % node.tcp_address
-        env = dict(os.environ, PYTHONPATH=str(ROOT), FLOWNET_STATE_DIR=str(tmp_path / "m"))
+        env = dict(os.environ, PYTHONPATH=PYTHONPATH, FLOWNET_STATE_DIR=str(tmp_path / "m"))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "directory", "--router", address, "--lsid", hex(LSID),
+            sys.executable, "-m", "flowdir", "--router", address, "--lsid", hex(LSID),
             "serve", "--member-name", "keeper", "--no-sync", cwd=str(ROOT), env=env,
             stderr=asyncio.subprocess.PIPE)
         try:

@@ -1,4 +1,4 @@
-"""apps.flowtrace: the Spark job on hand-written traces with known answers, the CLI, the
+"""flowtrace: the Spark job on hand-written traces with known answers, the CLI, the
 report renderer and the synthetic generator. (The fit and the study: test_flowtrace_fit.py.)
 
 One SparkSession (local[2] bound to 127.0.0.1, no UI, 2 shuffle partitions, no code
@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from apps.flowtrace import cli, job, report, schema, synth
+from flowtrace import cli, job, report, schema, synth
 
 A = "00000000000000a1:00000010:00000001"
 B = "00000000000000a1:00000010:00000002"
@@ -150,7 +150,7 @@ def spark():
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("the Spark job needs a Java runtime (17+)")
 
-    from apps.flowtrace.session import build_session
+    from flowtrace.session import build_session
 
     # the job's own session builder (loopback, no UI, quiet start), with test settings
     session = build_session("local[2]", app_name="flowtrace-tests", driver_memory="1g",
@@ -507,7 +507,7 @@ def test_validate_tolerates_a_bad_fraction_when_asked(tmp_path, capsys):
 
 
 def test_remote_failures_are_one_line():
-    from apps.flowtrace.session import one_line_error
+    from flowtrace.session import one_line_error
 
     jvm = ("An error occurred while calling o86.json.\n: java.lang.RuntimeException: "
            "java.lang.ClassNotFoundException: Class org.apache.hadoop.fs.s3a.S3AFileSystem "
@@ -591,8 +591,8 @@ def test_validate_takes_uris_and_fails_remote_reads_in_one_line(spark, tmp_path,
 
 
 def test_the_tables_api_returns_dataframes(spark, tmp_path):
-    from apps.flowtrace import schema as S
-    from apps.flowtrace import tables
+    from flowtrace import schema as S
+    from flowtrace import tables
 
     d = write_traces(tmp_path / "t")
     valid = tables.prepare(S.read_records(spark, [str(d / "net.jsonl")]), BUCKET)
@@ -647,7 +647,7 @@ def test_a_fresh_jvm_prints_one_line_and_no_log_noise(tmp_path):
         pytest.skip("needs a Java runtime")
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
     proc = subprocess.run(
-        [sys.executable, "-m", "apps.flowtrace.cli", "validate", "hdfs://127.0.0.1:1/t/",
+        [sys.executable, "-m", "flowtrace.cli", "validate", "hdfs://127.0.0.1:1/t/",
          "--master", "local[1]", "--conf", "spark.hadoop.ipc.client.connect.max.retries=0",
          "--conf", "spark.driver.memory=512m"],
         capture_output=True, text=True, env=env, timeout=600,

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from apps.flowtrace import cli
+from flowtrace import cli
+
+from .checkout import with_checkout
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 120.0  # a bound for a loaded 2-core box, not a speed expectation
@@ -29,7 +31,7 @@ START_TIMEOUT = 120.0  # a bound for a loaded 2-core box, not a speed expectatio
 # The driver: analyze with the given master, then every table read back as sorted rows.
 DRIVER = r"""
 import json, os, sys
-from apps.flowtrace import job, session
+from flowtrace import job, session
 master, traces, out = sys.argv[1:4]
 spark = session.build_session(master, app_name="flowtrace-parity", driver_memory="1g",
                               shuffle_partitions=2, conf=[("spark.default.parallelism", "2"),
@@ -68,7 +70,7 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(SPARK_LOCAL_IP="127.0.0.1", SPARK_LOCAL_HOSTNAME="localhost",
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p))
+               PYTHONPATH=with_checkout(env.get("PYTHONPATH")))
     return env
 
 

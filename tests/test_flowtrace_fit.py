@@ -1,4 +1,4 @@
-"""apps.flowtrace.fit and flowtrace study: fits across runs with intervals, held-out error
+"""flowtrace.fit and flowtrace study: fits across runs with intervals, held-out error
 and refusals; the study on the simulator (no Spark)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from apps.flowtrace import cli  # noqa: E402
-from apps.flowtrace import fit as FIT  # noqa: E402
+from flowtrace import cli  # noqa: E402
+from flowtrace import fit as FIT  # noqa: E402
 
 
 def law_rows(a=3.0, b=7.0, noise=2.0, seed=1):

@@ -1,5 +1,5 @@
-"""The IGO ordering layer (apps.chat.igo) as a pure state machine: deterministic, virtual
-time, the in-memory multicast network of apps.chat.loopnet (no routers).
+"""The IGO ordering layer (flowchat.igo) as a pure state machine: deterministic, virtual
+time, the in-memory multicast network of flowchat.loopnet (no routers).
 
 Covers seed 003's mechanisms one by one (FIFO + repair, Lamport order, heartbeat detection,
 S1/S2/S3, delay vs hasten, leader mode, reconciliation without gaps), the additions
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apps.chat import checks
-from apps.chat.igo import (
+from flowchat import checks
+from flowchat.igo import (
     BAND_HEARTBEAT,
     BAND_ORDER,
     BAND_REPAIR,
@@ -39,7 +39,7 @@ from apps.chat.igo import (
     encode_nack,
     room_tag,
 )
-from apps.chat.loopnet import LoopNet
+from flowchat.loopnet import LoopNet
 
 ABC = ("a", "b", "c")
 
@@ -412,7 +412,7 @@ def test_malformed_input_is_counted_never_fatal() -> None:
 
 
 def _order_from(tag: int, tx: int) -> bytes:
-    from apps.chat.igo import Order, encode_order
+    from flowchat.igo import Order, encode_order
     return encode_order(tag, tx, Order(1, 0, 1, ((0, 1, 1, 0),)))
 
 
@@ -591,7 +591,7 @@ def test_peer_states_follow_the_transition_table() -> None:
     """Seed 003 Figure 10 as a table: silence detected (S1 -> S2), long silence (S2 -> S3),
     reconciled (S2 -> S1), contact after a long-term disconnect (S3 -> S1); events a state
     does not take leave it unchanged."""
-    from apps.chat.igo.states import TRANSITIONS, PeerEvent
+    from flowchat.igo.states import TRANSITIONS, PeerEvent
 
     S = PeerState
     assert TRANSITIONS[(S.S1, PeerEvent.SILENT)] is S.S2

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from apps.chat import checks
-from apps.chat.igo import (
+from flowchat import checks
+from flowchat.igo import (
     BAND_HEARTBEAT,
     DataMsg,
     Deliver,
@@ -28,7 +28,7 @@ from apps.chat.igo import (
     encode_heartbeat,
     room_tag,
 )
-from apps.chat.loopnet import LoopNet
+from flowchat.loopnet import LoopNet
 
 SITES = ("a", "b", "c", "d")
 A, B, C, D = range(4)
@@ -94,7 +94,7 @@ def test_seed003_test5_hub_keeps_causal_order(seed: int) -> None:
     frames (incarnations in dependencies) are larger, the timings moved, and seed 11 now
     takes that path while seed 13 no longer times out at all (seed 5 does, once). About
     1 s each."""
-    from apps.chat.experiment import causal_check, run_sim, select
+    from flowchat.experiment import causal_check, run_sim, select
 
     res = run_sim(select("5")[0], duration=90.0, seed=seed, ls="hub")
     assert sum(c.get("dependency.skipped", 0) for c in res.counters.values()) > 0

@@ -1,4 +1,4 @@
-"""A site restarting in the middle of a conversation (apps.chat.igo): streams are
+"""A site restarting in the middle of a conversation (flowchat.igo): streams are
 ``(origin, incarnation)``, never the origin alone.
 
 A restarted site starts its sequence numbers (and Lamport clock) again, so its new run
@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from apps.chat import checks
-from apps.chat.igo import (
+from flowchat import checks
+from flowchat.igo import (
     BAND_HEARTBEAT,
     BAND_REPAIR,
     DataMsg,
@@ -32,8 +32,8 @@ from apps.chat.igo import (
     encode_heartbeat,
     room_tag,
 )
-from apps.chat.igo.core import new_incarnation
-from apps.chat.loopnet import LoopNet
+from flowchat.igo.core import new_incarnation
+from flowchat.loopnet import LoopNet
 
 MsgId = tuple[str, int, int]  #: (origin, incarnation, seq)
 
@@ -321,7 +321,7 @@ def test_a_restarted_origin_answers_a_repair_of_its_earlier_run_with_gone() -> N
     for i in range(3):
         b.submit(b"new %d" % i, 1.0 + i)
     nk = Nack(1, 1, 0, ((1, 2),), OLD_B)
-    from apps.chat.igo import encode_nack
+    from flowchat.igo import encode_nack
     out = b.on_message(BAND_REPAIR, encode_nack(room_tag(cfg), 0, nk), 5.0) + b.tick(5.2)
     sends = [x for x in out if isinstance(x, Send)]
     assert not [x for x in sends if x.kind.startswith("repair")]

@@ -14,14 +14,15 @@ import time
 from pathlib import Path
 
 import flowlib
+from flowls import LocationServiceConfig, flows_of, lookup, member_config
+from flowls.service import main as flowls_main
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT, mask_of
 from flowrouter.wire.flowid import FlowID
-from location_service import LocationServiceConfig, flows_of, lookup, member_config
-from location_service.service import main as flowls_main
 
+from .checkout import PYTHONPATH
 from .rawep import RawEndpoint, addr, within
 
 LSID = 0x10
@@ -211,11 +212,11 @@ def test_flowls_run_starts_a_member_that_answers_and_stops_on_sigint(capsys) -> 
     root = Path(__file__).resolve().parent.parent
     listen, control = _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "location_service.service", "run", "--name", "lsm",
+        [sys.executable, "-m", "flowls.service", "run", "--name", "lsm",
          "--lsid", "0x10", "--lsid", "0x11", "--listen", f"127.0.0.1:{listen}",
          "--control", f"127.0.0.1:{control}"],
         cwd=root, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(root)})
+        env={**os.environ, "PYTHONPATH": PYTHONPATH})
     try:
         assert proc.stderr is not None
         seen = []

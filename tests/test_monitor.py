@@ -140,10 +140,10 @@ def test_port_in_use_leaves_the_process_running_without_http(
 
 
 def test_directory_member_and_chat_server_serve_metrics() -> None:
-    from apps.chat.cli import chat_source
-    from apps.chat.server import ChatServer
-    from directory.cli import _member_source
-    from directory.member import DirectoryMember
+    from flowchat.cli import chat_source
+    from flowchat.server import ChatServer
+    from flowdir.cli import _member_source
+    from flowdir.member import DirectoryMember
 
     async def scrape(source: Monitored) -> dict[str, Any]:
         mon = await start_monitor(source, "127.0.0.1:0")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .checkout import PYTHONPATH
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 MARKED = re.compile(r"<!-- runnable(?P<daemons>: daemons)?(?: expect=\"(?P<expect>[^\"]*)\")?"
@@ -80,7 +82,7 @@ def test_readme_shell_blocks_run_verbatim(tmp_path: Path) -> None:
         text = re.sub(r'"127\.0\.0\.1", ((?:70|71|80)\d\d)\b', sub_py, text)
         return re.sub(r"127\.0\.0\.1:((?:70|71|80)\d\d)\b", sub, text)
 
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": PYTHONPATH,
            "FLOWNET_STATE_DIR": str(tmp_path / "state")}
     procs = []
     try:
@@ -134,6 +136,6 @@ def test_uvloop_demo_runs() -> None:
     pytest.importorskip("uvloop")
     proc = subprocess.run([sys.executable, "-m", "flowrouter.tools.cli", "--uvloop", "demo"],
                           capture_output=True, text=True, timeout=180, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert proc.returncode == 0, proc.stderr
     assert "demo OK" in proc.stdout and proc.stderr == ""

@@ -20,6 +20,8 @@ import pytest
 from flowrouter.testbed.sim import seedmix
 from flowrouter.testbed.topology import load
 
+from .checkout import with_checkout
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -73,8 +75,7 @@ def test_fragmenting_pipelines_a_long_message_over_a_path() -> None:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
-                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = with_checkout(env.get("PYTHONPATH"))
     return env
 
 

@@ -18,6 +18,8 @@ from flowrouter.testbed.topology import Fault, load
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 
+from .checkout import with_checkout
+
 TOPOLOGIES = Path(__file__).resolve().parent.parent / "topologies"
 FLOW = FlowID(0x5111, 0x10, 1)
 
@@ -573,11 +575,10 @@ def test_traces_identical_across_processes() -> None:
     import sys
 
     script = _DETERMINISM_SCRIPT.format(path=str(TOPOLOGIES / "seed003-testbed.toml"))
-    root = str(Path(__file__).resolve().parent.parent)
     digests = set()
     for hashseed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hashseed,
-               "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               "PYTHONPATH": with_checkout(os.environ.get("PYTHONPATH"))}
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                              text=True, check=True, timeout=120)
         digests.add(out.stdout.strip())

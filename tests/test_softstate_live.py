@@ -20,6 +20,7 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire.control import Role
 
+from .checkout import PYTHONPATH
 from .rawep import addr, core_and_edge, get, run
 
 LSID = 0x10
@@ -87,7 +88,7 @@ def _router_process(tmp: Path, name: str, listen: int, control: int,
     return subprocess.Popen(
         [sys.executable, "-m", "flowrouter.tools.cli", "--log-level", "warning", "run",
          "--config", str(cfg)], cwd=ROOT, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
 
 
 def test_a_hung_router_is_routed_around_and_rejoins_after_sigcont(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ import time
 import pytest
 
 import flowlib
-from apps.chat import cli as chat_cli
-from apps.chat.client import ChatClient
-from directory import DirectoryMember
-from directory import cli as flowdir
+from flowchat import cli as chat_cli
+from flowchat.client import ChatClient
+from flowdir import DirectoryMember
+from flowdir import cli as flowdir
 from flowlib import cli as flowcat
 from flowlib.cliopts import add_connection_options, connect_kwargs, routers
 from flowlib.credentials import capability_for, load_capability, load_policy
@@ -280,8 +280,8 @@ def test_protected_chat_room_admits_only_capability_holders(tmp_path) -> None:  
 def test_flowls_member_takes_the_overlay_link_key(capsys) -> None:  # type: ignore[no-untyped-def]
     """An LS member is a router: --link-key gives it the overlay's key, so it links to routers
     that require authenticated links; without it those routers refuse it."""
-    from location_service import LocationServiceConfig, member_config
-    from location_service.service import main as flowls_main
+    from flowls import LocationServiceConfig, member_config
+    from flowls.service import main as flowls_main
 
     async def main() -> None:
         gate = RouterNode(NodeConfig("gate", listen="127.0.0.1:0", link_keys={"app": KEY}))

@@ -21,13 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from PIL import Image
 
 import flowlib
-from apps.video import protocol as P
-from apps.video.protocol import Resolution
-from apps.video.sources import PatternSource
-from apps.video.streamer import Streamer
-from apps.video.streamer_core import RateChanged, StreamConfig
-from apps.video.viewer import Viewer
 from flowrouter.net.runtime import RouterNode
+from flowvideo import protocol as P
+from flowvideo.protocol import Resolution
+from flowvideo.sources import PatternSource
+from flowvideo.streamer import Streamer
+from flowvideo.streamer_core import RateChanged, StreamConfig
+from flowvideo.viewer import Viewer
 
 from .rawep import addr, mesh, run
 
@@ -227,7 +227,7 @@ def test_the_backup_takes_over_when_the_primary_process_is_killed(tmp_path) -> N
     async def main() -> None:
         async with star() as (r0, r1, r2):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "apps.video.cli", "serve", "--router", addr(r0),
+                sys.executable, "-m", "flowvideo.cli", "serve", "--router", addr(r0),
                 "--source", "pattern:120x90", "--resolutions", "120x90,48x36", "--fps", "5",
                 "--state-period", "0.2", "--request-period", "0.5",
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

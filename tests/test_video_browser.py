@@ -30,10 +30,10 @@ import pytest
 from PIL import Image, ImageChops, features
 
 import flowlib
-from apps.video.protocol import Resolution
-from apps.video.sources import ScreenSource
-from apps.video.streamer import Streamer
-from apps.video.web import WebViewer
+from flowvideo.protocol import Resolution
+from flowvideo.sources import ScreenSource
+from flowvideo.streamer import Streamer
+from flowvideo.web import WebViewer
 
 from .rawep import addr, run
 from .test_video import config, star, until

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apps.video import protocol as P
-from apps.video.cli import main as cli_main
-from apps.video.protocol import Resolution
-from apps.video.sources import PatternSource, encode_jpeg, open_source
-from apps.video.streamer_core import (
+from flowvideo import protocol as P
+from flowvideo.cli import main as cli_main
+from flowvideo.protocol import Resolution
+from flowvideo.sources import PatternSource, encode_jpeg, open_source
+from flowvideo.streamer_core import (
     BackupWatch,
     Encode,
     RateChanged,
@@ -27,7 +27,7 @@ from apps.video.streamer_core import (
     StreamConfig,
     StreamerCore,
 )
-from apps.video.viewer_core import SendMsg, Show, Subscribe, ViewerCore, parse_want
+from flowvideo.viewer_core import SendMsg, Show, Subscribe, ViewerCore, parse_want
 
 HIGH, LOW = Resolution(320, 240), Resolution(80, 60)
 JPEG = b"\xff\xd8" + b"x" * 50
@@ -283,7 +283,7 @@ def test_file_source_plays_an_animated_image_in_a_loop(tmp_path) -> None:
 
 
 def test_cli_help_explains_and_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    out = subprocess.run([sys.executable, "-m", "apps.video.cli", "serve", "--help"],
+    out = subprocess.run([sys.executable, "-m", "flowvideo.cli", "serve", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "advertisement" in out.stdout and "--backup" in out.stdout
     with pytest.raises(SystemExit) as exc:

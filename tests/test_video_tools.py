@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from apps.video import protocol as P
-from apps.video.demo import run_demo
-from apps.video.protocol import Resolution
-from apps.video.web import WebViewer
 from flowlib import BandMask
+from flowvideo import protocol as P
+from flowvideo.demo import run_demo
+from flowvideo.protocol import Resolution
+from flowvideo.web import WebViewer
 
 from .rawep import addr, run
 from .test_video import LOW, config, star, streaming, until
@@ -65,7 +65,7 @@ def test_watch_prints_status_and_saves_pictures(tmp_path: Path) -> None:
     async def main() -> None:
         async with star() as (r0, r1, _r2), streaming(r0, config()) as (_s, flow):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "apps.video.cli", "watch", "--router", addr(r1),
+                sys.executable, "-m", "flowvideo.cli", "watch", "--router", addr(r1),
                 "--flow", str(flow), "--resolution", str(LOW), "--frames", "4", "--json",
                 "--save", str(tmp_path / "pics"), "--save-every", "1",
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -25,7 +25,7 @@ from flowrouter import console
 
 EPILOG = """\
 TRACES are JSON Lines files written by flowrouter.core.traces.TraceWriter (schema versions
-in apps.flowtrace.schema; see the README): files, directories (searched recursively for *.jsonl
+in flowtrace.schema; see the README): files, directories (searched recursively for *.jsonl
 and *.jsonl.gz), shell-style globs, or any Hadoop-compatible URI (hdfs://, s3a://, ...), which
 Spark reads as is (s3a:// needs the hadoop-aws package: see the README). Time buckets are
 [k*SECONDS, (k+1)*SECONDS) of the routers' clocks; rates divide by the seconds of each bucket
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "validate", help="check trace files against the schema",
         description="Count valid records, corrupt lines and schema violations by reason, with "
-                    "the line rule and reasons of analyze (apps.flowtrace.schema). Local files "
+                    "the line rule and reasons of analyze (flowtrace.schema). Local files "
                     "are checked in Python; URIs (hdfs://, s3a://) with Spark. Exit status 0 "
                     "when the bad lines are at most --max-bad-fraction of all, 1 otherwise.")
     v.add_argument("traces", nargs="+", metavar="TRACES",
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the simulator over a grid of network sizes, flow counts and members "
                     "per flow (several seeds each), fit table size per router role across "
                     "runs with confidence intervals and held-out error, and predict only "
-                    "inside the range the runs support (see apps.flowtrace.study).")
+                    "inside the range the runs support (see flowtrace.study).")
     from . import study
 
     study.add_arguments(st)
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "synth", help="generate synthetic traces for scale tests",
         description="Generate plausible traces of N routers and F flows (see "
-                    "apps.flowtrace.synth).")
+                    "flowtrace.synth).")
     from . import synth_cli
 
     synth_cli.add_arguments(s)

@@ -1,14 +1,14 @@
 """The flowtrace analysis: read, check, tabulate, fit, report (the ``analyze`` command).
 
-:func:`analyze` reads router traces (:mod:`apps.flowtrace.schema`: every supported schema
+:func:`analyze` reads router traces (:mod:`flowtrace.schema`: every supported schema
 version, one line rule and one reason taxonomy with ``validate``), caches the checked records
 once, fails when more than ``max_bad_fraction`` of the lines are bad, leaves out clock
 outliers (records far outside their run's time range, counted per router), picks the bucket
 width from the traces' span when none is given, and then builds the tables with the
-functions of :mod:`apps.flowtrace.tables` (the Python API), writes them as Parquet
+functions of :mod:`flowtrace.tables` (the Python API), writes them as Parquet
 (partitioned by run, and the large per-router ones by router too), fits table size across
-runs (:mod:`apps.flowtrace.fit`: one observation per run, refused when the runs cannot
-support it) and writes the report (:mod:`apps.flowtrace.report`).
+runs (:mod:`flowtrace.fit`: one observation per run, refused when the runs cannot
+support it) and writes the report (:mod:`flowtrace.report`).
 Imports pyspark lazily; the rest of flowtrace and :mod:`flowrouter.core.traces`.
 """
 

@@ -1,7 +1,7 @@
 """The flowtrace report: Markdown and HTML from the job's small aggregates, PNG plots.
 
 :func:`write_report` is driver-side only (no Spark): it gets the summary and the collected
-tables from :func:`apps.flowtrace.job.analyze`, draws the plots with matplotlib (Agg backend;
+tables from :func:`flowtrace.job.analyze`, draws the plots with matplotlib (Agg backend;
 without matplotlib the report is written without plots and says so) and renders one list of
 blocks both as ``report.md`` and as a self-contained-looking ``report.html`` (images are files
 under ``plots/`` next to it). :func:`console_summary` is the short text printed by the CLI.

@@ -8,7 +8,7 @@ LSID), joins every flow's members during ``join_window`` seconds, lets the netwo
 then measures every router's table (:func:`flowrouter.core.traces.snapshot_fields`, the same
 numbers a snapshot record carries), per role: core, edge (has endpoint links), transit.
 
-One run is one observation; ``members`` is members per flow. :mod:`apps.flowtrace.fit` fits
+One run is one observation; ``members`` is members per flow. :mod:`flowtrace.fit` fits
 each target (core entries per
 core router, mean edge and transit entries, the largest table) against flows, members and
 routers, linear and power-law, with standard errors, confidence intervals and held-out error,
@@ -17,7 +17,7 @@ The sanity check compares the core's table with the live flows (every live flow 
 has an entry at its core: the ratio should be 1).
 
 Imports :mod:`flowrouter.testbed.sim` (the simulator), :mod:`flowrouter.core.traces` and
-:mod:`apps.flowtrace.fit`; no Spark.
+:mod:`flowtrace.fit`; no Spark.
 """
 
 from __future__ import annotations

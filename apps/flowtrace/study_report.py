@@ -1,11 +1,11 @@
 """The report of ``flowtrace study``: model, validity range, held-out error, sanity checks.
 
-Renders with :mod:`apps.flowtrace.report`'s Markdown/HTML renderer and plot helper; each
+Renders with :mod:`flowtrace.report`'s Markdown/HTML renderer and plot helper; each
 target gets a plot of observed against fitted values per run (points, the diagonal, the
 number of runs), and the core's table is plotted against live flows. A refused fit or
 prediction is printed as its reason, never as a number.
-Imports :mod:`apps.flowtrace.report`, :mod:`apps.flowtrace.fit` and
-:mod:`apps.flowtrace.provenance`.
+Imports :mod:`flowtrace.report`, :mod:`flowtrace.fit` and
+:mod:`flowtrace.provenance`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ far too slow for thousands of routers and 10^5 flows in one Python process):
 
 Records are sharded over ``shards`` files (``synth-<k>.jsonl``) by router; order within a
 file is not by time (the job does not need it). Deterministic for a given seed. The command
-line (sizes, progress, the size guard) is in :mod:`apps.flowtrace.synth_cli`.
+line (sizes, progress, the size guard) is in :mod:`flowtrace.synth_cli`.
 Imports only the standard library and :mod:`flowrouter.core.traces`.
 """
 

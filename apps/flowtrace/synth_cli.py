@@ -4,7 +4,7 @@ Before writing, a pilot run of the same network with 1/50 of the flows (into a t
 directory) gives the bytes per flow; the estimate (pilot snapshots + per-flow bytes x flows)
 is printed, and a run estimated above ``--max-bytes`` (default 1 GiB) stops with a message
 unless ``--yes`` is given. While writing, a progress line goes to stderr every few seconds.
-Imports :mod:`apps.flowtrace.synth` and the standard library.
+Imports :mod:`flowtrace.synth` and the standard library.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="flowtrace-synth",
-                                description="Synthetic router traces (apps.flowtrace.synth).")
+                                description="Synthetic router traces (flowtrace.synth).")
     add_arguments(p)
     return run(p.parse_args(argv))
 

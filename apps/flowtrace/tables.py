@@ -4,7 +4,7 @@ Each function takes DataFrames and returns a DataFrame (nothing is collected or 
 notebook can call them as the job does::
 
     from pyspark.sql import functions as F
-    from apps.flowtrace import schema, session, tables
+    from flowtrace import schema, session, tables
     spark = session.build_session("local[*]")
     valid = tables.prepare(schema.read_records(spark, ["traces/"]), bucket=10.0)
     counts = tables.record_counts(valid)
@@ -12,7 +12,7 @@ notebook can call them as the job does::
     runs = valid.groupBy("run").agg(F.min("t").alias("run_lo"), F.max("t").alias("run_hi"))
     rb = tables.router_buckets(counts, routers, runs, bucket=10.0)
 
-:func:`prepare` takes the checked records (:func:`apps.flowtrace.schema.read_records`) and
+:func:`prepare` takes the checked records (:func:`flowtrace.schema.read_records`) and
 keeps the valid ones with their bucket index ``bidx`` and sampling weight ``w``. Each family
 of tables comes from one aggregation of the records: routers, router_buckets and churn from
 :func:`record_counts`; savings and forwarding fan-out from :func:`traffic_counts`. GC lag uses

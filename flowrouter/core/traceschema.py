@@ -1,7 +1,7 @@
 """Router trace records: the schema (version 2), its value types, and the record validator.
 
 Routers and the simulator write **JSON Lines**: one JSON object per line, UTF-8, ``\\n``
-terminated. The PySpark job in :mod:`apps.flowtrace` mines them for flow-table scaling
+terminated. The PySpark job in :mod:`flowtrace` mines them for flow-table scaling
 (DESIGN.md section 10); :func:`validate` is the reference validator for everything else.
 
 Record schema, version 2

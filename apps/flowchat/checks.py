@@ -1,0 +1,124 @@
+"""Checks of seed 003's ordering properties (section 4.3.6) on delivery logs.
+
+Each function takes per-site lists of :class:`~flowchat.igo.Delivery` (or anything with the
+same attributes) and returns a list of human-readable violations (empty = property holds), so
+tests can ``assert not violations`` and the experiment summary can count them.
+
+* :func:`fifo_violations` — every site delivers each origin's messages in sequence order, at
+  most once (per incarnation of the origin, when deliveries carry one);
+* :func:`order_violations` — the messages a site delivered *in order* (not flagged late) follow
+  the ordering rule: increasing ``(lamport, origin)`` in the all-to-all modes, increasing leader
+  order number in leader mode; so any two sites agree on the relative order of the in-order
+  messages they both delivered (global order while connected, the same order at every site of
+  a partition);
+* :func:`agreement_violations` — two sites' delivery sequences restricted to the messages both
+  delivered (optionally only those both delivered in order) are identical;
+* :func:`causal_violations` — if a site delivered *m1* before it sent *m2*, no site delivers
+  *m2* before *m1* (causal order, always);
+* :func:`late_disagreement` — of the messages two sites both delivered *late*, how many stand
+  at a different place in the two sites' late sequences (zero: the same late order);
+* :func:`gaps` — sequence numbers of an origin a site never delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+Key = tuple[str, int]
+
+
+def _key(d: Any) -> Key:
+    return (d.origin, d.seq)
+
+
+def fifo_violations(logs: Mapping[str, Sequence[Any]]) -> list[str]:
+    """Per stream: an origin's run (``incarnation``, if the records carry one: a restarted
+    site numbers its messages from 1 again)."""
+    out = []
+    for site, log in logs.items():
+        last: dict[tuple[str, int], int] = {}
+        seen: set[tuple[str, int, int]] = set()
+        for d in log:
+            run = (d.origin, getattr(d, "incarnation", 0))
+            k = (*run, d.seq)
+            if k in seen:
+                out.append(f"{site}: {d.origin}#{d.seq} delivered twice")
+                continue
+            seen.add(k)
+            if d.seq <= last.get(run, 0) and not d.late:
+                out.append(f"{site}: {d.origin}#{d.seq} after #{last[run]}")
+            last[run] = max(last.get(run, 0), d.seq)
+    return out
+
+
+def order_violations(logs: Mapping[str, Sequence[Any]], sites: Sequence[str],
+                     leader: bool = False) -> list[str]:
+    idx = {s: i for i, s in enumerate(sorted(sites))}
+    out = []
+    for site, log in logs.items():
+        prev: Any = None
+        for d in log:
+            if d.late or getattr(d, "local", False):
+                continue
+            key = d.gseq if leader else (d.lamport, idx[d.origin])
+            if key is None:
+                continue
+            if prev is not None and key <= prev:
+                out.append(f"{site}: {d.origin}#{d.seq} key {key} not after {prev}")
+            prev = key
+    return out
+
+
+def agreement_violations(a: Sequence[Any], b: Sequence[Any], *, in_order_only: bool = True,
+                         names: tuple[str, str] = ("a", "b")) -> list[str]:
+    def seq(log: Sequence[Any]) -> list[Key]:
+        return [_key(d) for d in log
+                if not (in_order_only and (d.late or getattr(d, "local", False)))]
+
+    sa, sb = seq(a), seq(b)
+    common = set(sa) & set(sb)
+    ca = [k for k in sa if k in common]
+    cb = [k for k in sb if k in common]
+    if ca == cb:
+        return []
+    i = next(i for i, (x, y) in enumerate(zip(ca, cb)) if x != y)
+    return [f"{names[0]} and {names[1]} disagree at common message {i}: {ca[i]} vs {cb[i]}"]
+
+
+def late_disagreement(a: Sequence[Any], b: Sequence[Any]) -> tuple[int, int]:
+    """``(common, disagreeing)``: the messages both *a* and *b* delivered flagged late, and
+    how many of them sit at a different position in the two late sequences restricted to
+    those common messages."""
+    la = [_key(d) for d in a if d.late]
+    lb = [_key(d) for d in b if d.late]
+    common = set(la) & set(lb)
+    ca = [k for k in la if k in common]
+    cb = [k for k in lb if k in common]
+    return len(common), sum(1 for x, y in zip(ca, cb) if x != y)
+
+
+def causal_violations(logs: Mapping[str, Sequence[Any]],
+                      sent_after: Mapping[Key, Iterable[Key]]) -> list[str]:
+    """*sent_after* maps a message to the messages its sender had delivered before sending
+    it (its causal past, one hop; FIFO and transitivity are covered by checking every
+    message)."""
+    out = []
+    for site, log in logs.items():
+        pos = {_key(d): i for i, d in enumerate(log)}
+        for m, past in sent_after.items():
+            pm = pos.get(m)
+            if pm is None:
+                continue
+            for p in past:
+                pp = pos.get(p)
+                if pp is not None and pp > pm:
+                    out.append(f"{site}: {m[0]}#{m[1]} delivered before its cause "
+                               f"{p[0]}#{p[1]}")
+    return out
+
+
+def gaps(log: Sequence[Any], origin: str, sent: int) -> list[int]:
+    """Sequence numbers 1..*sent* of *origin* that *log* never delivered."""
+    got = {d.seq for d in log if d.origin == origin}
+    return [s for s in range(1, sent + 1) if s not in got]

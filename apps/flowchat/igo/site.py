@@ -1,0 +1,167 @@
+"""SiteOrdering: the IGO state machine of one site, a coordinator over its parts (states,
+transport, repairs, Lamport or leader ordering, stability). Sans-I/O: imports only the
+standard library, flowrouter.wire and the other IGO modules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrouter.wire.bands import (
+    BAND_HEARTBEAT,
+    BAND_ORDER,
+    BAND_REPAIR,
+)
+
+from .actions import Action, PeerState, Send
+from .incarnations import Incarnations
+from .lamport import LamportOrdering
+from .leader import LeaderOrdering
+from .records import Msg
+from .repair import Repairs
+from .stability import StabilityTracking
+from .states import PeerStates
+from .transport import FifoTransport
+from .wire import (
+    F_STABLE_ACK,
+    K_DATA,
+    K_GONE,
+    K_HEARTBEAT,
+    K_NACK,
+    KIND_NAMES,
+    ForeignFrame,
+    OldVersion,
+    ProtocolError,
+    decode,
+)
+
+
+class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrdering,
+                   StabilityTracking, LeaderOrdering):
+    """The IGO state machine of one site. See the module documentation.
+
+    *incarnation* tells this run of the site from earlier ones (a restarted site starts its
+    sequence numbers again); it must grow from run to run (default
+    :func:`~flowchat.igo.core.new_incarnation` of *now*, so *now* should be wall-clock
+    time, or pass one made from it). All methods take the current time in seconds
+    (any monotonic clock shared in meaning with the other sites' send times: virtual time in
+    the simulator, ``time.time()`` on real hosts) and return a list of actions.
+    """
+    def bands(self) -> list[int]:
+        """The bands this site must listen to on the room flow."""
+        return sorted({BAND_HEARTBEAT, BAND_REPAIR, BAND_ORDER, self.cfg.data_band,
+                       self.cfg.inbox_band(self.me)})
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self._members
+
+    def submit(self, payload: bytes, now: float) -> list[Action]:
+        """A message from this site's clients: number it, multicast it, order it."""
+        self._begin(now)
+        self.seq += 1
+        seq = self.seq
+        t = self.clock
+        self.clock += 1
+        msg = Msg(self.me, self.inc, seq, t, now, self._dependencies(), bytes(payload), now)
+        own = self.streams[self.me]
+        own.contiguous = own.known_high = seq
+        own.bound = self.clock
+        self._keep(own, msg)
+        self._emit(Send(self.cfg.data_band, self._encode_msg(msg, 0), "data"))
+        self.counters["sent.data"] += 1
+        self._accept(msg, now)
+        return self._finish(now)
+
+    def _dependencies(self) -> tuple[tuple[int, int, int], ...]:
+        """What this site has delivered, per stream ``(origin, incarnation, seq)``: each
+        peer's current stream and, while kept, its last earlier run (a restart does not
+        erase what we showed of the old one). Own messages are ordered by FIFO already."""
+        deps = []
+        for o in range(self.n):
+            if o == self.me:
+                continue
+            for st in self.retired.get(o, [])[-1:] + [self.streams[o]]:
+                if st.inc and st.settled:
+                    deps.append((o, st.inc, st.settled))
+        return tuple(deps)
+
+    def on_message(self, band: int, payload: bytes | memoryview, now: float) -> list[Action]:
+        """A frame received on the room flow (any band this site listens to)."""
+        self._begin(now)
+        try:
+            kind, tx, msg = decode(payload, self.tag, self.n)
+            self._check_band(kind, band, msg)
+        except ForeignFrame:
+            self.counters["foreign"] += 1
+            return self._finish(now)
+        except OldVersion:
+            self.counters["refused.old-version"] += 1
+            return self._finish(now)
+        except ProtocolError as exc:
+            if band == BAND_HEARTBEAT and bytes(payload[:2]) == b"HB":
+                self.counters["foreign.flowlib-heartbeat"] += 1
+            else:
+                self.counters[f"malformed.{exc.reason}"] += 1
+            return self._finish(now)
+        if tx == self.me:
+            self.counters["own-echo"] += 1
+            return self._finish(now)
+        self.counters[f"received.{KIND_NAMES[kind]}"] += 1
+        try:
+            if kind == K_DATA:
+                self._on_data(tx, msg, now)  # type: ignore[arg-type]
+            elif kind == K_HEARTBEAT:
+                self._on_heartbeat(tx, msg, now)  # type: ignore[arg-type]
+            elif kind == K_NACK:
+                self._heard(tx, now)
+                self._on_nack(tx, msg, now)  # type: ignore[arg-type]
+            elif kind == K_GONE:
+                self._heard(tx, now)
+                self._on_gone(tx, msg, now)  # type: ignore[arg-type]
+            else:
+                self._on_order(tx, msg, now)  # type: ignore[arg-type]
+        except ProtocolError as exc:  # semantically invalid (e.g. ORDER from a non-leader)
+            self.counters[f"malformed.{exc.reason}"] += 1
+        return self._finish(now)
+
+    def tick(self, now: float) -> list[Action]:
+        """Timers: heartbeats, failure detection, repair requests and answers, pacing."""
+        self._begin(now)
+        cfg = self.cfg
+        self._detect_silence(now)
+        self._expire_retired(now)
+        # heartbeats (and acknowledgement beats for stability tracking)
+        if now >= self._next_hb or self._urgent_hb and now - self._last_hb >= 0.25:
+            self._send_heartbeat(now, 0)
+        elif (cfg.stability and self._acks_changed and now - self._last_hb >= cfg.ack_interval):
+            self._send_heartbeat(now, F_STABLE_ACK)
+        self._nacks(now)
+        self._serve_repairs(now)
+        self._long_term(now)
+        self._deliverable(now)
+        self._prune_ready(now)
+        return self._finish(now)
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot for status displays and debugging."""
+        return {
+            "site": self.site, "mode": self.mode, "state": str(self.state),
+            "members": list(self._members), "clock": self.clock, "seq": self.seq,
+            "incarnation": self.inc,
+            "peers": {p.name: {"state": str(p.state), "reconciling": p.reconciling,
+                               "last_heard": p.last_heard,
+                               "contiguous": self.streams[p.idx].contiguous,
+                               "known_high": self.streams[p.idx].known_high,
+                               "delivered": self.streams[p.idx].settled}
+                      for p in self.peers.values()},
+            "retired": {self.cfg.sites[o]: [{"incarnation": st.inc, "delivered": st.settled,
+                                             "missing": st.known_high - st.contiguous}
+                                            for st in olds]
+                        for o, olds in self.retired.items() if olds},
+            "waiting": len(self._heap) + len(self._late_heap) + len(self._orders),
+            "deliveries": self.deliveries,
+            "counters": dict(sorted(self.counters.items())),
+        }
+
+    def peer_state(self, site: str) -> PeerState:
+        return self.peers[self.cfg.index(site)].state

@@ -1,0 +1,325 @@
+"""The video application's bands and message formats (seed 002 section 5.2).
+
+One flow carries one stream. Its application bands:
+
+=====================  ===================================================================
+``BAND_ADVERT`` 32     streamer -> viewers: the resolutions on offer, their bands, which
+                       are active and at what rate/quality, and the request period
+``BAND_REQUEST`` 33    viewers -> streamer: "I watch the resolution on band B" (refreshed)
+``BAND_FEEDBACK`` 34   viewers -> streamer: "my queue for band B overflowed, N dropped"
+``BAND_STATE`` 35      primary -> backup: position and liveness (Figure 3.3)
+``40 + i``             the frames of resolution *i* (``FIRST_RESOLUTION_BAND``)
+=====================  ===================================================================
+
+Every message starts with ``b"FV"``, a version byte and a kind byte, then fixed big-endian
+fields. Everything read from the network is checked: a bad message raises
+:class:`ProtocolError` (a ``ValueError``) with a one-line reason, and the shells count it.
+
+Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+BAND_ADVERT = 32
+BAND_REQUEST = 33
+BAND_FEEDBACK = 34
+BAND_STATE = 35
+FIRST_RESOLUTION_BAND = 40
+MAX_RESOLUTIONS = 16
+MAX_SIDE = 8192          #: largest width or height we encode or accept
+MAX_NAME = 64            #: bytes of a viewer name
+MAX_FRAME_BYTES = 8 << 20  #: largest encoded picture a viewer accepts
+
+MAGIC = b"FV"
+VERSION = 1
+KIND_ADVERT, KIND_REQUEST, KIND_FEEDBACK, KIND_STATE, KIND_FRAME = 1, 2, 3, 4, 5
+
+_PREFIX = struct.Struct(">2sBB")
+_ADVERT = struct.Struct(">IIIIB")          # stream, incarnation, seq, request period ms, n
+_OFFER = struct.Struct(">BHHBHB")          # band, w, h, active, fps x10, quality
+_STATE = struct.Struct(">IIIQIB")          # stream, inc, server, media ms, period ms, n
+_STATE_ENC = struct.Struct(">BHHHBQ")      # band, w, h, fps x10, quality, frames sent
+_FRAME = struct.Struct(">IIQQBHHBH")       # stream, inc, seq, media ms, band, w, h, q, fps x10
+_FEEDBACK = struct.Struct(">BI")           # band, dropped
+
+
+class ProtocolError(ValueError):
+    """A message that is not a well-formed flowvideo message (the reason is one line)."""
+
+
+@dataclass(frozen=True, order=True)
+class Resolution:
+    width: int
+    height: int
+
+    @classmethod
+    def parse(cls, text: str) -> Resolution:
+        """``"320x240"`` -> Resolution(320, 240); ValueError with the reason otherwise."""
+        w, sep, h = text.strip().lower().partition("x")
+        if not sep or not w.isdigit() or not h.isdigit():
+            raise ValueError(f"bad resolution {text!r} (want WIDTHxHEIGHT, e.g. 320x240)")
+        res = cls(int(w), int(h))
+        if not (1 <= res.width <= MAX_SIDE and 1 <= res.height <= MAX_SIDE):
+            raise ValueError(f"bad resolution {text!r} (sides 1..{MAX_SIDE})")
+        return res
+
+    def __str__(self) -> str:
+        return f"{self.width}x{self.height}"
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+def parse_resolutions(text: str) -> tuple[Resolution, ...]:
+    """A comma-separated list (``"640x480,160x120"``), distinct, at most MAX_RESOLUTIONS."""
+    items = [Resolution.parse(part) for part in text.split(",") if part.strip()]
+    if not items:
+        raise ValueError("no resolutions given")
+    if len(set(items)) != len(items):
+        raise ValueError(f"resolution listed twice in {text!r}")
+    if len(items) > MAX_RESOLUTIONS:
+        raise ValueError(f"at most {MAX_RESOLUTIONS} resolutions")
+    return tuple(items)
+
+
+def band_of(index: int) -> int:
+    return FIRST_RESOLUTION_BAND + index
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One resolution in an advertisement."""
+
+    band: int
+    resolution: Resolution
+    active: bool
+    fps: float
+    quality: int
+
+
+@dataclass(frozen=True)
+class Advert:
+    stream: int
+    incarnation: int
+    seq: int
+    request_period: float
+    offers: tuple[Offer, ...]
+
+    def offer_for(self, resolution: Resolution) -> Offer | None:
+        return next((o for o in self.offers if o.resolution == resolution), None)
+
+
+@dataclass(frozen=True)
+class Request:
+    viewer: str
+    band: int
+
+
+@dataclass(frozen=True)
+class Feedback:
+    viewer: str
+    band: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class EncodingState:
+    band: int
+    resolution: Resolution
+    fps: float
+    quality: int
+    frames: int
+
+
+@dataclass(frozen=True)
+class State:
+    """What a backup needs to continue the stream: its identity, the media position, the
+    state period (liveness) and the active encodings; *server* tells streamers apart (see
+    :meth:`flowvideo.streamer_core.StreamerCore.outranked_by`)."""
+
+    stream: int
+    incarnation: int
+    media_ms: int
+    period: float
+    encodings: tuple[EncodingState, ...]
+    server: int = 0
+
+
+@dataclass(frozen=True)
+class Frame:
+    stream: int
+    incarnation: int
+    seq: int           #: per-band frame number; a backup continues it
+    media_ms: int      #: stream position in milliseconds; a backup continues it
+    band: int
+    resolution: Resolution
+    quality: int
+    fps: float
+    jpeg: bytes
+
+
+Message = Advert | Request | Feedback | State | Frame
+
+
+def _prefix(kind: int) -> bytes:
+    return _PREFIX.pack(MAGIC, VERSION, kind)
+
+
+def _fps10(fps: float) -> int:
+    return max(0, min(0xFFFF, round(fps * 10)))
+
+
+def _name(name: str) -> bytes:
+    raw = name.encode("utf-8")[:MAX_NAME]
+    return bytes([len(raw)]) + raw
+
+
+def encode_advert(a: Advert) -> bytes:
+    parts = [_prefix(KIND_ADVERT), _ADVERT.pack(a.stream, a.incarnation, a.seq & 0xFFFFFFFF,
+                                                round(a.request_period * 1000), len(a.offers))]
+    parts += [_OFFER.pack(o.band, o.resolution.width, o.resolution.height, int(o.active),
+                          _fps10(o.fps), o.quality) for o in a.offers]
+    return b"".join(parts)
+
+
+def encode_request(r: Request) -> bytes:
+    return _prefix(KIND_REQUEST) + _name(r.viewer) + bytes([r.band])
+
+
+def encode_feedback(f: Feedback) -> bytes:
+    return (_prefix(KIND_FEEDBACK) + _name(f.viewer)
+            + _FEEDBACK.pack(f.band, min(f.dropped, 0xFFFFFFFF)))
+
+
+def encode_state(s: State) -> bytes:
+    parts = [_prefix(KIND_STATE), _STATE.pack(s.stream, s.incarnation, s.server, s.media_ms,
+                                              round(s.period * 1000), len(s.encodings))]
+    parts += [_STATE_ENC.pack(e.band, e.resolution.width, e.resolution.height, _fps10(e.fps),
+                              e.quality, e.frames) for e in s.encodings]
+    return b"".join(parts)
+
+
+def encode_frame(f: Frame) -> bytes:
+    return (_prefix(KIND_FRAME)
+            + _FRAME.pack(f.stream, f.incarnation, f.seq, f.media_ms, f.band,
+                          f.resolution.width, f.resolution.height, f.quality, _fps10(f.fps))
+            + f.jpeg)
+
+
+def encode(msg: Message) -> bytes:
+    if isinstance(msg, Advert):
+        return encode_advert(msg)
+    if isinstance(msg, Request):
+        return encode_request(msg)
+    if isinstance(msg, Feedback):
+        return encode_feedback(msg)
+    if isinstance(msg, State):
+        return encode_state(msg)
+    return encode_frame(msg)
+
+
+# ------------------------------------------------------------------------------ decoding
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, st: struct.Struct, what: str) -> tuple[int, ...]:
+        if self.pos + st.size > len(self.data):
+            raise ProtocolError(f"truncated {what} ({len(self.data)} bytes)")
+        out = st.unpack_from(self.data, self.pos)
+        self.pos += st.size
+        return out
+
+    def name(self) -> str:
+        if self.pos >= len(self.data):
+            raise ProtocolError("truncated viewer name")
+        n = self.data[self.pos]
+        raw = self.data[self.pos + 1:self.pos + 1 + n]
+        if n > MAX_NAME or len(raw) != n:
+            raise ProtocolError("bad viewer name length")
+        self.pos += 1 + n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("viewer name is not UTF-8") from None
+
+    def rest(self) -> bytes:
+        return self.data[self.pos:]
+
+    def end(self, what: str) -> None:
+        if self.pos != len(self.data):
+            raise ProtocolError(f"{len(self.data) - self.pos} stray bytes after {what}")
+
+
+def _resolution(w: int, h: int) -> Resolution:
+    if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
+        raise ProtocolError(f"bad resolution {w}x{h}")
+    return Resolution(w, h)
+
+
+def _video_band(band: int) -> int:
+    if not FIRST_RESOLUTION_BAND <= band < FIRST_RESOLUTION_BAND + MAX_RESOLUTIONS:
+        raise ProtocolError(f"band {band} is not a resolution band")
+    return band
+
+
+def decode(data: bytes) -> Message:
+    """Parse one flowvideo message; :class:`ProtocolError` says what is wrong."""
+    data = bytes(data)
+    r = _Reader(data)
+    magic, version, kind = r.take(_PREFIX, "header")
+    if magic != MAGIC:  # type: ignore[comparison-overlap]
+        raise ProtocolError("not a flowvideo message (bad magic)")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported flowvideo version {version}")
+    if kind == KIND_ADVERT:
+        stream, inc, seq, period_ms, n = r.take(_ADVERT, "advert")
+        if n > MAX_RESOLUTIONS:
+            raise ProtocolError(f"advert lists {n} resolutions (max {MAX_RESOLUTIONS})")
+        offers = []
+        for _ in range(n):
+            band, w, h, active, fps10, q = r.take(_OFFER, "offer")
+            offers.append(Offer(_video_band(band), _resolution(w, h), bool(active),
+                                fps10 / 10, q))
+        r.end("advert")
+        if period_ms == 0:
+            raise ProtocolError("advert with a zero request period")
+        return Advert(stream, inc, seq, period_ms / 1000, tuple(offers))
+    if kind == KIND_REQUEST:
+        name = r.name()
+        (band,) = r.take(struct.Struct(">B"), "request")
+        r.end("request")
+        return Request(name, _video_band(band))
+    if kind == KIND_FEEDBACK:
+        name = r.name()
+        band, dropped = r.take(_FEEDBACK, "feedback")
+        r.end("feedback")
+        return Feedback(name, _video_band(band), dropped)
+    if kind == KIND_STATE:
+        stream, inc, server, media_ms, period_ms, n = r.take(_STATE, "state")
+        if n > MAX_RESOLUTIONS:
+            raise ProtocolError(f"state lists {n} encodings (max {MAX_RESOLUTIONS})")
+        encs = []
+        for _ in range(n):
+            band, w, h, fps10, q, frames = r.take(_STATE_ENC, "encoding")
+            encs.append(EncodingState(_video_band(band), _resolution(w, h), fps10 / 10, q,
+                                      frames))
+        r.end("state")
+        if period_ms == 0:
+            raise ProtocolError("state with a zero period")
+        return State(stream, inc, media_ms, period_ms / 1000, tuple(encs), server)
+    if kind == KIND_FRAME:
+        stream, inc, seq, media_ms, band, w, h, q, fps10 = r.take(_FRAME, "frame")
+        jpeg = r.rest()
+        if len(jpeg) > MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {len(jpeg)} bytes (max {MAX_FRAME_BYTES})")
+        if not jpeg.startswith(b"\xff\xd8"):
+            raise ProtocolError("frame picture is not a JPEG")
+        return Frame(stream, inc, seq, media_ms, _video_band(band), _resolution(w, h), q,
+                     fps10 / 10, jpeg)
+    raise ProtocolError(f"unknown flowvideo message kind {kind}")
