@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 #: the top-level folders holding the source (each import package lives in one of them)
 FOLDERS = ("flowrouter", "flowlib", "apps", "directory", "location_service")
 #: every import package `pip install .` puts into site-packages: each with the project's prefix
-INSTALLED = {"flowrouter", "flowlib", "flowchat", "flowvideo", "flowtrace", "flowdir", "flowls"}
+INSTALLED = {"flowrouter", "flowlib", "flowchat", "flowvideo", "flowtrace", "flowdir", "flowls",
+             "flownet"}
 # "About 600 lines": a little slack so that one docstring does not force a split.
 MAX_LINES = 650
 

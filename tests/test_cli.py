@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from flownet.demo import run_demo
 from flowrouter.net.config import ConfigError, load_config
 from flowrouter.net.runtime import RouterNode
-from flowrouter.testbed.demo import run_demo
 from flowrouter.tools.cli import main
 
 

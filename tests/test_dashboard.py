@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from flownet.traffic import Traffic
 from flowrouter.testbed.launcher import Launcher
 from flowrouter.testbed.topology import loads
 
@@ -146,12 +147,13 @@ def _count_colour(png: bytes, rgb: tuple[int, int, int], tol: int = 12) -> int:
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (.ci/install adds it)")
 def test_dashboard_shows_the_routers_and_the_cut_link(tmp_path: Path) -> None:
     topo = loads(TOPO.format(base=_free_base()), source="dash.toml")
-    launcher = Launcher(topo, scenario="cut", rate=5.0, view=False, workdir=str(tmp_path / "up"),
+    launcher = Launcher(topo, scenario="cut", view=False, workdir=str(tmp_path / "up"),
                         web="127.0.0.1:0")
     shot = tmp_path / "dashboard.png"
 
     async def go() -> tuple[str, dict[str, Any]]:
-        run = asyncio.ensure_future(launcher.run())
+        traffic = Traffic(launcher, rate=5.0)
+        run = asyncio.ensure_future(traffic.run())
         try:
             doc: dict[str, Any] = {}
             for _ in range(600):  # until the dashboard reports the scheduled cut
@@ -167,8 +169,7 @@ def test_dashboard_shows_the_routers_and_the_cut_link(tmp_path: Path) -> None:
             await _chromium(tmp_path / "p2", f"--screenshot={shot}", url)
             return dom, doc
         finally:
-            assert launcher.stop is not None
-            launcher.stop.set()
+            traffic.stop.set()
             await asyncio.wait_for(run, 60)
 
     dom, doc = asyncio.run(go())

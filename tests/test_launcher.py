@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from flownet.traffic import Traffic
 from flowrouter.testbed.launcher import Launcher
 from flowrouter.testbed.sim import SimNetwork
 from flowrouter.testbed.topology import loads
@@ -59,8 +60,8 @@ def test_launcher_and_simulator_see_the_same_outage(tmp_path) -> None:  # type: 
     topo = loads(TOPO.format(base=_free_base()), source="outage-check.toml")
 
     # Real processes.
-    launcher = Launcher(topo, scenario="cut", rate=10.0, view=False, workdir=str(tmp_path))
-    report = asyncio.run(asyncio.wait_for(launcher.run(), 120))
+    launcher = Launcher(topo, scenario="cut", view=False, workdir=str(tmp_path))
+    report = asyncio.run(asyncio.wait_for(Traffic(launcher, rate=10.0).run(), 120))
     assert [w for _, w in report.faults_applied] == ["x1-x2 down", "x1-x2 up"]
     real_before = report.delivered_between("west", "east", 0.5, DOWN - TOL)
     real_during = report.delivered_between("west", "east", DOWN + TOL, UP - TOL)
@@ -129,8 +130,8 @@ def test_up_brings_a_udp_link_up_and_flags_links_that_never_came_up(tmp_path) ->
     from flowrouter.testbed.launcher import LaunchReport, summarize
 
     topo = loads(UDP_TOPO.format(base=_free_base()), source="udp-check.toml")
-    launcher = Launcher(topo, rate=5.0, view=False, workdir=str(tmp_path))
-    report = asyncio.run(asyncio.wait_for(launcher.run(), 120))
+    launcher = Launcher(topo, view=False, workdir=str(tmp_path))
+    report = asyncio.run(asyncio.wait_for(Traffic(launcher, rate=5.0).run(), 120))
     assert launcher.links_seen_up == {lk.name for lk in topo.links}
     assert report.links_never_up == [] and "NEVER" not in summarize(report)
     assert report.delivered_between("west", "east", 0.0, 2.0) > 0  # across the UDP link

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from flownet.traffic import Traffic
 from flowrouter.testbed import netns
 from flowrouter.testbed.topology import load, loads
 
@@ -46,10 +47,9 @@ def test_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs_netns
 def test_two_site_across_namespaces(tmp_path: Path) -> None:
     topo = load(ROOT / "topologies" / "two-site.toml")
-    launcher = netns.NetnsLauncher(topo, duration=3.0, rate=5.0, view=False,
-                                   workdir=str(tmp_path))
+    launcher = netns.NetnsLauncher(topo, duration=3.0, view=False, workdir=str(tmp_path))
     prefix = launcher.prefix
-    report = asyncio.run(asyncio.wait_for(launcher.run(), 60))
+    report = asyncio.run(asyncio.wait_for(Traffic(launcher, rate=5.0).run(), 60))
     # Every topology link came up across the veth/site addresses.
     assert report.links_never_up == []
     # Messages crossed namespaces both ways (vancouver <-> boston).
@@ -78,7 +78,7 @@ def test_failed_start_removes_namespaces(tmp_path: Path,
 
     monkeypatch.setattr(launcher, "_router_command", broken)
     with pytest.raises(RuntimeError, match="exited with code"):
-        asyncio.run(asyncio.wait_for(launcher.run(), 60))
+        asyncio.run(asyncio.wait_for(Traffic(launcher).run(), 60))
     assert seen and len(seen[0]) == 2  # the namespaces existed while routers started
     assert netns.remaining_namespaces(launcher.prefix) == []
 
@@ -87,7 +87,7 @@ def test_failed_start_removes_namespaces(tmp_path: Path,
 def test_cli_up_netns(tmp_path: Path) -> None:
     async def go() -> Any:
         proc = await asyncio.create_subprocess_exec(
-            "python3", "-m", "flowrouter.tools.cli", "up", str(ROOT / "topologies" /
+            "python3", "-m", "flownet.cli", "up", str(ROOT / "topologies" /
                                                                 "two-site.toml"),
             "--netns", "--quiet", "--duration", "2", "--rate", "5", "--workdir",
             str(tmp_path), cwd=str(ROOT), stdout=asyncio.subprocess.PIPE,
@@ -120,7 +120,7 @@ def test_cli_ctrl_c_removes_everything(tmp_path: Path) -> None:
 
     async def go() -> tuple[int | None, str, int]:
         proc = await asyncio.create_subprocess_exec(
-            "python3", "-m", "flowrouter.tools.cli", "up",
+            "python3", "-m", "flownet.cli", "up",
             str(ROOT / "topologies" / "two-site.toml"), "--netns", "--duration", "60",
             "--rate", "5", "--workdir", str(tmp_path), cwd=str(ROOT),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)

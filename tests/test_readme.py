@@ -134,7 +134,7 @@ def test_readme_shell_blocks_run_verbatim(tmp_path: Path) -> None:
 def test_uvloop_demo_runs() -> None:
     """`flowrouter --uvloop demo` (the README's fast event loop) carries the demo's traffic."""
     pytest.importorskip("uvloop")
-    proc = subprocess.run([sys.executable, "-m", "flowrouter.tools.cli", "--uvloop", "demo"],
+    proc = subprocess.run([sys.executable, "-m", "flownet.cli", "--uvloop", "demo"],
                           capture_output=True, text=True, timeout=180, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert proc.returncode == 0, proc.stderr

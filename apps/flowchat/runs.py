@@ -163,8 +163,8 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
 
         for name in SITES:
             tasks.append(asyncio.ensure_future(bot(name)))
-        for t, fault, down in launcher._fault_events():
-            tasks.append(asyncio.ensure_future(launcher._at(t, fault, down, report)))
+        for t, fault, down in launcher.fault_events():
+            tasks.append(asyncio.ensure_future(launcher.fault_at(t, fault, down, report)))
         await asyncio.sleep(duration)
     finally:
         for task in tasks:

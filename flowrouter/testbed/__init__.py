@@ -1,5 +1,6 @@
-"""Rehearsal tools: topology files, the launcher that runs a topology as local processes
-(``flowrouter up``), the demo and the deterministic simulator (``flowrouter sim``).
+"""Rehearsal tools: topology files, the launcher that runs a topology's routers as local
+processes (the router half of ``flowrouter up``; its applications are ``flownet.traffic``'s),
+the deterministic simulator (``flowrouter sim``).
 
 May import :mod:`flowrouter.net`, :mod:`flowrouter.core` and :mod:`flowrouter.wire`.
 """

@@ -1,16 +1,25 @@
-"""``flowrouter up TOPOLOGY``: the whole overlay on this machine, with its fault schedule.
+"""The router half of ``flowrouter up TOPOLOGY``: a topology's routers as processes on this
+machine, with its fault schedule.
 
 One ``flowrouter run`` process per router, real sockets on loopback (the topology's ports),
 each link dialled from one side with the link's emulation (bandwidth, delay, loss) applied in
-both directions by the routers' own link layers. The topology's endpoints become flowlib
-clients in this process that join one shared flow and send at ``--rate``, so the overlay
-carries real traffic; every delivery is recorded (time, receiver, sender, sequence number).
+both directions by the routers' own link layers. :class:`Launcher` writes the routers'
+configs, starts and stops their processes, waits for the topology's links, applies faults,
+prints the live view and serves the dashboard; it speaks to routers only through their control
+ports. The applications that carry traffic over the overlay (the topology's endpoints as
+flowlib clients) are driven from above, by ``flownet.traffic``, which calls this interface:
+:meth:`~Launcher.start_routers`, :meth:`~Launcher.endpoint_address`,
+:meth:`~Launcher.fault_events` / :meth:`~Launcher.fault_at`, :meth:`~Launcher.collect` and
+:meth:`~Launcher.close`. The applications of flowchat and flowvideo use it the same way.
 
-The fault schedule runs on this process's clock, which starts when every router answers and
-every endpoint has joined: a symmetric outage cuts the link at both routers (``link`` control
-command: closed like a real failure, not re-dialled until restored); a one-direction outage
-silently drops what that router sends (``emulate down``); bandwidth/delay/loss changes use
-``emulate``. The live view prints each router's links and traffic once a second.
+The fault schedule runs on the clock origin ``t0`` that the driver sets once every router
+answers and every endpoint has joined: a symmetric outage cuts the link at both routers
+(``link`` control command: closed like a real failure, not re-dialled until restored); a
+one-direction outage silently drops what that router sends (``emulate down``);
+bandwidth/delay/loss changes use ``emulate``. The live view prints each router's links and
+traffic once a second.
+
+May import flowrouter.net (its control client), flowrouter.testbed and below.
 """
 
 from __future__ import annotations
@@ -31,12 +40,8 @@ from typing import Any
 
 from flowrouter.net.runtime import query_control
 from flowrouter.testbed.topology import Fault, LinkSpec, Topology
-from flowrouter.wire.bands import DEFAULT_DATA_BAND
-from flowrouter.wire.flowid import FlowID
 
 log = logging.getLogger("flowrouter.testbed.launcher")
-
-FLOW_LOCAL_ID = 0x5111  #: the shared flow's local id (creator: a hash of the topology name)
 
 
 @dataclass(slots=True)
@@ -49,6 +54,10 @@ class Delivery:
 
 @dataclass(slots=True)
 class LaunchReport:
+    """What a run of an overlay saw: the driver fills ``sent`` and ``deliveries``, the
+    launcher the faults, the routers' counters and the links that never came up."""
+
+
     topology: str
     scenario: str | None
     duration: float
@@ -86,11 +95,12 @@ def _emulation_toml(link: LinkSpec) -> str:
 
 
 class Launcher:
+    """A topology's routers as local processes, their links, faults, live view and dashboard."""
+
     def __init__(self, topo: Topology, *, scenario: str | None = None,
-                 duration: float | None = None, rate: float = 1.0, size: int = 200,
-                 view: bool = True, workdir: str | None = None, base_port: int | None = None,
-                 log_level: str = "warning", emulate_delay: bool = True,
-                 web: str | None = None) -> None:
+                 duration: float | None = None, view: bool = True, workdir: str | None = None,
+                 base_port: int | None = None, log_level: str = "warning",
+                 emulate_delay: bool = True, web: str | None = None) -> None:
         self.topo = topo
         self.web = web  #: serve the dashboard here (flowrouter.testbed.webview)
         self.web_url: str | None = None
@@ -102,8 +112,6 @@ class Launcher:
             topo.scenario(scenario)  # KeyError with the known names
         self.duration = duration or (topo.scenario(scenario).duration if scenario else None) \
             or topo.duration or 30.0
-        self.rate = rate
-        self.size = size
         self.view = view
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="flownet-up-"))
         self.base_port = base_port
@@ -112,8 +120,8 @@ class Launcher:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.listen: dict[str, tuple[str, int]] = {}
         self.control: dict[str, str] = {}
+        #: the fault schedule's origin (time.monotonic()), set by whoever drives the run
         self.t0 = 0.0
-        self.stop: asyncio.Event | None = None  #: set (e.g. on Ctrl-C) to end the run early
         udp_routers = {r for lk in topo.links if lk.transport == "udp" for r in (lk.a, lk.b)}
         self._udp = udp_routers
         #: topology links seen up at some point (names), and how long startup waits for them
@@ -190,14 +198,16 @@ class Launcher:
 
     # ------------------------------------------------------------------ processes
     # Hooks a multi-host launcher (flowrouter.testbed.netns) overrides: where a router binds
-    # its control port, how its process is started, and where this process reaches it.
+    # its control port, how its process is started, where this process reaches its
+    # application port, and what closing removes.
     def _control_bind(self, name: str) -> str:
         return self.control[name]
 
     def _router_command(self, name: str, argv: list[str]) -> list[str]:
         return argv
 
-    def _endpoint_address(self, router: str) -> str:
+    def endpoint_address(self, router: str) -> str:
+        """Where an application in this process connects to *router* (HOST:PORT)."""
         host, port = self.listen[router]
         return f"{host}:{port}"
 
@@ -288,6 +298,10 @@ class Launcher:
                                                           for lk in missing), flush=True)
             await asyncio.sleep(0.1)
 
+    async def close(self) -> None:
+        """Stop every router (and whatever else the launcher set up); safe to call again."""
+        await self.stop_routers()
+
     async def stop_routers(self) -> None:
         for proc in self.procs.values():
             if proc.returncode is None:
@@ -351,7 +365,8 @@ class Launcher:
             if self.view:
                 print(f"[{t:7.2f}s] fault: link {name} {what}", flush=True)
 
-    def _fault_events(self) -> list[tuple[float, Fault, bool]]:
+    def fault_events(self) -> list[tuple[float, Fault, bool]]:
+        """The fault schedule as (seconds after ``t0``, fault, down) in time order."""
         events: list[tuple[float, Fault, bool]] = []
         for fault in self.topo.faults_for(self.scenario):
             if fault.kind == "set":
@@ -366,125 +381,46 @@ class Launcher:
                     events.append((t_up, fault, False))
         return sorted(events, key=lambda e: e[0])
 
-    # ------------------------------------------------------------------ run
-    async def run(self) -> LaunchReport:
-        import flowlib
+    async def fault_at(self, t: float, fault: Fault, down: bool, report: LaunchReport) -> None:
+        """Apply *fault* (or restore it) *t* seconds after ``t0``."""
+        await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))
+        await self.apply_fault(fault, down, report)
 
-        report = LaunchReport(self.topo.name, self.scenario, self.duration)
-        clients: dict[str, Any] = {}
-        tasks: list[asyncio.Task[Any]] = []
-        started = time.monotonic()
-        closers: list[Any] = []
-        self.stop = self.stop or asyncio.Event()
-        try:
-            if not await self._unless_stopped(self.start_routers()):
-                return report
-            if self.web:
-                from flowrouter.testbed.webview import start_web
+    # ------------------------------------------------------------------ watching
+    async def start_web(self) -> Any:
+        """Serve the dashboard when asked to (``web``): returns its server (``stop()`` it
+        when done) and sets ``web_url``; None when no dashboard was asked for or it could
+        not start."""
+        if not self.web:
+            return None
+        from flowrouter.testbed.webview import start_web  # the webview imports this module
 
-                web = await start_web(self, self.web)
-                if web is not None:
-                    closers.append(web.stop)
-                    self.web_url = web.url
-                    print(f"dashboard: {web.url}/", flush=True)
-            creator = int.from_bytes(self.topo.name.encode()[:8].ljust(8, b"\0"), "big") or 1
-            lsids = self.topo.lsids()
-            flow = FlowID(creator, lsids[0] if lsids else 0x10, FLOW_LOCAL_ID)
-            listeners = {}
-            for ep in self.topo.endpoints:
-                client = await flowlib.connect([self._endpoint_address(ep.router)], name=ep.name,
-                                               state_dir=str(self.workdir / "state"))
-                clients[ep.name] = client
-                listeners[ep.name] = await client.listen(flow, [DEFAULT_DATA_BAND],
-                                                         size=100_000)
-                await client.advertise(flow)
-            if self.view:
-                print(f"overlay {self.topo.name!r} up: {len(self.procs)} routers, "
-                      f"{len(clients)} endpoints on flow {flow}; logs and configs in "
-                      f"{self.workdir}", flush=True)
-            self.t0 = time.monotonic()
-            for name, lst in listeners.items():
-                tasks.append(asyncio.ensure_future(self._receive(name, lst, report)))
-            for name, client in clients.items():
-                tasks.append(asyncio.ensure_future(self._send(name, client, flow, report)))
-            for t, fault, down in self._fault_events():
-                tasks.append(asyncio.ensure_future(self._at(t, fault, down, report)))
-            if self.view:
-                tasks.append(asyncio.ensure_future(self._view()))
-            tasks.append(asyncio.ensure_future(self._watch_links()))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop.wait(),
-                                       max(0.0, self.t0 + self.duration - time.monotonic()))
-        finally:
-            # The run's true length: Ctrl-C or a failed start ends it early.
-            report.duration = round(time.monotonic() - (self.t0 or started), 3)
-            for close in closers:
-                await close()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for name, ctl in self.control.items():
-                with contextlib.suppress(ConnectionError, OSError, KeyError):
-                    report.counters[name] = (await query_control(ctl, timeout=2.0)
-                                             )["status"]["counters"]
-            with contextlib.suppress(ConnectionError, OSError, KeyError):
-                await self.links_up()
-            report.links_never_up = [self._describe(lk) for lk in self.topo.links
-                                     if lk.name not in self.links_seen_up]
-            for client in clients.values():
-                with contextlib.suppress(Exception):
-                    await client.close(timeout=2.0)
-            await self.stop_routers()
-        return report
+        web = await start_web(self, self.web)
+        if web is not None:
+            self.web_url = web.url
+            print(f"dashboard: {web.url}/", flush=True)
+        return web
 
-    async def _watch_links(self) -> None:
+    async def watch_links(self) -> None:
         """Note which topology links come up during the run (for the summary)."""
         while len(self.links_seen_up) < len(self.topo.links):
             await asyncio.sleep(1.0)
             with contextlib.suppress(ConnectionError, OSError, KeyError):
                 await self.links_up()
 
-    async def _unless_stopped(self, coro: Any) -> bool:
-        """Run *coro* unless the stop event comes first (Ctrl-C during start-up)."""
-        assert self.stop is not None
-        work = asyncio.ensure_future(coro)
-        stopped = asyncio.ensure_future(self.stop.wait())
-        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        if work.done():
-            work.result()
-            return True
-        work.cancel()
-        await asyncio.gather(work, return_exceptions=True)
-        return False
+    async def collect(self, report: LaunchReport) -> None:
+        """At the end of a run: every router's counters, and the links never seen up."""
+        for name, ctl in self.control.items():
+            with contextlib.suppress(ConnectionError, OSError, KeyError):
+                report.counters[name] = (await query_control(ctl, timeout=2.0)
+                                         )["status"]["counters"]
+        with contextlib.suppress(ConnectionError, OSError, KeyError):
+            await self.links_up()
+        report.links_never_up = [self._describe(lk) for lk in self.topo.links
+                                 if lk.name not in self.links_seen_up]
 
-    async def _at(self, t: float, fault: Fault, down: bool, report: LaunchReport) -> None:
-        await asyncio.sleep(max(0.0, self.t0 + t - time.monotonic()))
-        await self.apply_fault(fault, down, report)
-
-    async def _send(self, name: str, client: Any, flow: FlowID, report: LaunchReport) -> None:
-        if self.rate <= 0:
-            return
-        period = 1.0 / self.rate
-        seq = 0
-        pad = b"." * max(0, self.size - 40)
-        while True:
-            await asyncio.sleep(max(0.0, self.t0 + seq * period - time.monotonic()))
-            payload = f"{name}|{seq}|".encode() + pad
-            try:
-                client.send_nowait(flow, payload, band=DEFAULT_DATA_BAND)
-                report.sent[name] = report.sent.get(name, 0) + 1
-            except Exception as exc:  # a gap in the overlay: count it, keep the schedule
-                log.debug("%s could not send: %s", name, exc)
-            seq += 1
-
-    async def _receive(self, name: str, listener: Any, report: LaunchReport) -> None:
-        async for msg in listener:
-            sender, seq, _ = msg.payload.split(b"|", 2)
-            report.deliveries.append(Delivery(time.monotonic() - self.t0, name,
-                                              sender.decode(), int(seq)))
-
-    async def _view(self) -> None:
+    async def show_view(self) -> None:
+        """Print each router's links and traffic once a second (until cancelled)."""
         last: dict[str, int] = {}
         while True:
             await asyncio.sleep(1.0)
@@ -508,6 +444,7 @@ class Launcher:
 
 
 def summarize(report: LaunchReport) -> str:
+    """The report in a few lines: per sender what arrived where, the faults, dead links."""
     lines = [f"topology {report.topology}, scenario {report.scenario or '-'}, "
              f"{report.duration:g} s"]
     receivers = sorted({d.receiver for d in report.deliveries} | set(report.sent))

@@ -264,7 +264,7 @@ class NetnsLauncher(Launcher):
     def _router_command(self, name: str, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.plan.ns_of[name], *argv]
 
-    def _endpoint_address(self, router: str) -> str:
+    def endpoint_address(self, router: str) -> str:
         return self.app_forward[router]
 
     async def _prepare(self) -> None:
@@ -291,11 +291,12 @@ class NetnsLauncher(Launcher):
             found = await asyncio.to_thread(listening_addresses, ns)
             self.bound[r.name] = (ns, sorted(a for a in found if a[1] == port))
 
-    async def run(self) -> Any:
+    async def close(self) -> None:
+        """Stop the routers, then the forwarders, then remove the namespaces (and with them
+        the veths), whatever state a failed start left them in."""
         try:
-            return await super().run()
+            await super().close()
         finally:
-            await self.stop_routers()  # again: a failed start may leave some running
             for fwd in self.forwarders:
                 await fwd.stop()
             await asyncio.to_thread(self.plan.remove)

@@ -1,4 +1,10 @@
-"""The ``flowrouter`` command: run a router, query one, check a config, run the demo overlay."""
+"""The ``flowrouter`` command's router tools: run a router, query one, check a config, ctl,
+keygen, the simulator.
+
+The console script itself is ``flownet.cli.main``: it adds ``demo`` and ``up``, which run
+flowlib applications over routers, through :class:`Command` and the ``extra`` arguments of
+:func:`build_parser` and :func:`main` (flowrouter never imports flowlib or anything above it).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,9 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from flowrouter import console
@@ -63,7 +72,19 @@ def parse_route(text: str) -> tuple[int, str]:
     return parse_int(lsid), peer
 
 
-def build_parser() -> argparse.ArgumentParser:
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A subcommand a package above flowrouter adds to ``flowrouter`` (flownet adds ``demo``
+    and ``up``): *add_parser* adds its subparser to the subparsers action it is given, *run*
+    runs it with the parsed arguments and returns the exit code."""
+
+    name: str
+    add_parser: Callable[[Any], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def build_parser(extra: Sequence[Command] = ()) -> argparse.ArgumentParser:
+    """The parser of ``flowrouter``, with the subcommands of *extra* after check-config."""
     p = console.ArgumentParser(
         prog="flowrouter",
         description="Flow overlay router: routes named multicast flows between applications "
@@ -134,43 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "would run or exactly what is wrong.")
     chk.add_argument("config", metavar="FILE")
 
-    demo = sub.add_parser(
-        "demo", help="start a local 3-router overlay and carry real traffic through it",
-        description="Starts three routers on loopback (r1 - r2 - r3, r3 the core), one "
-                    "sender on r1 and two receivers on r2 and r3 with different band "
-                    "masks, sends messages on several bands and shows who got what. Exits "
-                    "0 when every receiver got exactly its bands.")
-    demo.add_argument("--count", type=int, default=5, help="messages per band (default 5)")
-    demo.add_argument("-v", "--verbose", action="count", default=0, dest="sub_verbose",
-                      help="also show the routers' log lines (-vv: debug)")
-
-    up = sub.add_parser(
-        "up", help="bring a whole topology up on this machine, with its fault schedule",
-        description="Start one router process per router of TOPOLOGY on loopback (the "
-                    "topology's ports), connect its endpoints as applications that join one "
-                    "shared flow and send at --rate, apply the fault schedule of --scenario "
-                    "on time, print a live view of links and traffic, and shut everything "
-                    "down cleanly at the end of --duration or on Ctrl-C.")
-    up.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file (topologies/)")
-    up.add_argument("--scenario", help="named fault scenario from the file")
-    up.add_argument("--duration", type=float, help="seconds to run (default: the scenario's "
-                                                   "or the file's duration, else 30)")
-    up.add_argument("--rate", type=float, default=1.0,
-                    help="messages per second each endpoint sends (default 1; 0: none)")
-    up.add_argument("--size", type=int, default=200, help="message size in bytes (default 200)")
-    up.add_argument("--base-port", type=int, help="shift the topology's ports to start here")
-    up.add_argument("--workdir", help="where router configs and logs go (default: a temp dir)")
-    up.add_argument("--router-log-level", default="info", choices=console.LOG_LEVELS,
-                    help="level of the router logs written to the workdir (default info)")
-    up.add_argument("--quiet", action="store_true", help="no live view, summary only")
-    up.add_argument("--web", metavar="[HOST:]PORT",
-                    help="serve a live dashboard of the overlay here (a bare port: on "
-                         "127.0.0.1): graph, link states and rates, fault events, flow tree")
-    up.add_argument("--json", action="store_true", help="print the report as JSON")
-    up.add_argument("--netns", action="store_true",
-                    help="as root: each site's routers in its own network namespace, sites "
-                         "joined by veth links (10.77.x.y inside the namespaces only); "
-                         "everything is removed at the end")
+    for command in extra:
+        command.add_parser(sub)
 
     from flowrouter.tools import ctl, keygen
 
@@ -321,57 +307,6 @@ def _format_limits(st: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _up(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from flowrouter.testbed.launcher import Launcher, summarize
-    from flowrouter.testbed.topology import TopologyError, load
-
-    launcher_class: Any = Launcher
-    if args.netns:
-        from flowrouter.testbed import netns
-
-        why = netns.unavailable()
-        if why:
-            raise console.UsageError(why)
-        launcher_class = netns.NetnsLauncher
-    try:
-        topo = load(args.topology)
-        launcher = launcher_class(topo, scenario=args.scenario, duration=args.duration,
-                            rate=args.rate, size=args.size, view=not args.quiet,
-                            workdir=args.workdir, base_port=args.base_port,
-                            log_level=args.router_log_level,
-                            web=None if not args.web else f"127.0.0.1:{args.web}"
-                            if args.web.isdigit() else args.web)
-    except (TopologyError, KeyError) as exc:
-        raise console.UsageError(str(exc).strip("'\"")) from None
-    except RuntimeError as exc:  # NetnsError: the plan cannot be built
-        raise console.UsageError(str(exc)) from None
-    interrupted: list[int] = []
-
-    async def go() -> Any:
-        stop = launcher.stop = asyncio.Event()
-
-        def on_signal(sig: int) -> None:
-            interrupted.append(sig)
-            stop.set()
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
-        return await launcher.run()
-
-    try:
-        report = asyncio.run(go())
-    except RuntimeError as exc:
-        raise console.RuntimeFailure(str(exc)) from None
-    finally:
-        if args.netns:  # whatever happened inside the run: no namespace outlives it
-            launcher.cleanup()
-    print(json.dumps(asdict(report)) if args.json else summarize(report), flush=True)
-    return console.EXIT_INTERRUPTED if signal.SIGINT in interrupted else 0
-
-
 def _use_uvloop(wanted: bool | None) -> str:
     """Run on uvloop unless told not to (--no-uvloop, FLOWNET_UVLOOP=0) or it is missing: its
     compiled event loop takes a router's per-read overhead off the Python interpreter (round
@@ -395,25 +330,30 @@ def _use_uvloop(wanted: bool | None) -> str:
 _DEFAULT_LEVEL = {"run": "info"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The ``flowrouter`` console script: one-line errors and exit codes (flowrouter.console)."""
-    return console.run("flowrouter", _main, argv, usage_errors=(ConfigError,),
-                       runtime_errors=(ConnectionError,))
+def main(argv: list[str] | None = None, extra: Sequence[Command] = ()) -> int:
+    """The ``flowrouter`` command with the subcommands of *extra*: one-line errors and exit
+    codes (flowrouter.console). The console script is ``flownet.cli.main``, which passes
+    ``demo`` and ``up``."""
+    return console.run("flowrouter", partial(_main, extra=extra), argv,
+                       usage_errors=(ConfigError,), runtime_errors=(ConnectionError,))
 
 
-def _main(argv: list[str] | None = None) -> int:
+def _main(argv: list[str] | None = None, extra: Sequence[Command] = ()) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sim"]:  # the simulator has its own parser (and --help)
         from flowrouter.testbed.sim import cli_main
 
         return int(cli_main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+    args = build_parser(extra).parse_args(argv)
     args.verbose = (args.verbose or 0) + (getattr(args, "sub_verbose", 0) or 0)
     console.setup_logging(args, node="flowrouter",
                           default_level=_DEFAULT_LEVEL.get(args.command, "warning"))
     previous = asyncio.get_event_loop_policy()
     event_loop = _use_uvloop(args.uvloop)
     try:
+        for command in extra:
+            if args.command == command.name:
+                return command.run(args)
         return _command(args, event_loop)
     finally:  # called in-process (tests, tools): leave the caller's event loop as it was
         asyncio.set_event_loop_policy(previous)
@@ -444,12 +384,6 @@ def _command(args: argparse.Namespace, event_loop: str) -> int:
               f"{len(cfg.peers)} peer(s), core for "
               f"{[hex(x) for x in sorted(cfg.core_lsids)] or 'no LSID'}")
         return 0
-    if args.command == "demo":
-        from flowrouter.testbed.demo import run_demo
-
-        return asyncio.run(run_demo(args.count))
-    if args.command == "up":
-        return _up(args)
     if args.command == "ctl":
         from flowrouter.tools import ctl
 

@@ -4,6 +4,8 @@ Topology: ``r1 - r2 - r3``; r3 is the core (location service) for LSID 0x10. Rec
 listens to bands 32-33, receiver B on r2 to bands 33-34, the sender S sits on r3. Bands 32..35
 are sent; the demo checks that each receiver got exactly its bands and shows where the
 routers filtered (band 35 dies at the core; band 34 never crosses r2 -> r1).
+
+Routers run in this process (flowrouter.net); the sender and receivers are flowlib clients.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ LSID = 0x10
 
 
 async def run_demo(count: int = 5, quiet: bool = False) -> int:
+    """Run the demo; 0 when every receiver got exactly its bands, else 1."""
     def say(text: str = "") -> None:
         if not quiet:
             print(text, flush=True)
