@@ -19,7 +19,7 @@ tree.
   for a flow picked at random (uniformly over the table, so large tables pay cache misses),
   returning one ``Send`` to link 2. The header is a memoryview into one receive buffer, as the
   runtime's FrameDecoder produces. ``dict.get`` alone on the same keys is shown for scale.
-* **upkeep** (soft state, DESIGN.md section 14; see :func:`measure_maintenance`): three
+* **upkeep** (soft state: refresh digests and hold times; see :func:`measure_maintenance`): three
   refresh intervals of idle flows kept by the application's refresh digests (CPU share of
   one core, control frames per second per link and direction, the longest single call,
   which is how long the runtime's event loop would be blocked), then the hold-time expiry
@@ -184,7 +184,7 @@ def _link_frame(msg: Any) -> tuple[bytes, bytes]:
 
 
 def measure_maintenance(r: Router, n: int) -> list[dict[str, Any]]:
-    """Soft-state upkeep of n idle flows (DESIGN.md section 14), in virtual time.
+    """Soft-state upkeep of n idle flows (refresh digests, hold times), in virtual time.
 
     *steady*: three refresh intervals in which the application refreshes every flow (its
     digest chunks, spread over 80% of the interval as flowlib sends them, go through

@@ -3,7 +3,7 @@ that one dies), flows joined and sent to over it.
 
 :class:`FlowClient` is a thin coordinator: it takes the options, closes politely, and
 inherits one layer per concern, each in its own module and each building on the one below
-(DESIGN.md sections 2-4, 7 and 12 describe the protocol):
+(README "Wire format" and :mod:`flowrouter.wire` describe the protocol):
 
 =============================  ==============================================================
 :mod:`flowlib.link`            one TCP connection: bytes -> frames, sealed records

@@ -1,5 +1,5 @@
 """The soft-state layer of the flow client: liveness of the router link and refresh digests
-of what this client holds (DESIGN.md section 14).
+of what this client holds (docs/architecture.md, "Soft state").
 
 * **Liveness.** The router sends an ECHO every second or so; the client answers it and sends
   its own every ``liveness_interval``. Anything read from the router counts as a sign of

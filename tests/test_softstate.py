@@ -1,4 +1,4 @@
-"""Soft state that repairs itself (DESIGN.md section 14), in the sans-I/O core: link liveness,
+"""Soft state that repairs itself, in the sans-I/O core: link liveness,
 refresh digests, hold times, PRUNE and NOT_ON_TREE; and the timer wheel that drives them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""flownet's directory service (DESIGN.md section 8, seed 002 section 5.1).
+"""flownet's directory service (after Warfield, Flows (UBC MSc thesis, 2001), section 5.1).
 Built on flowlib; may import flowlib and flowrouter.wire only.
 
 The directory is a flow that directory members join: a well-known flow per location service,

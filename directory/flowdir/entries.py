@@ -1,5 +1,5 @@
 """The directory's entries and patterns: the tuples it stores, the glob patterns that find
-them, and the checks every field passes (DESIGN.md section 8; :mod:`flowdir.protocol`
+them, and the checks every field passes (:mod:`flowdir.protocol`
 carries them in messages).
 
 An entry is ``(name, FlowID text, kind, attr...)`` plus who owns it and how long it lives;

@@ -1,4 +1,4 @@
-"""The directory's flow, bands and wire messages (DESIGN.md section 8, seed 002 §5.1); the
+"""The directory's flow, bands and wire messages (after Warfield, Flows, 2001, §5.1); the
 entries and patterns they carry are in :mod:`flowdir.entries` (re-exported here).
 
 **The directory flow.** The directory is one well-known flow per location service, so that any

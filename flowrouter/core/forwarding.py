@@ -1,8 +1,8 @@
 """Forwarding: where one data frame goes, and why it is dropped when it goes nowhere.
 
-The hot path (DESIGN.md section 6): the flow entry's downstream masks, its upstream, and
-at a core the sibling LS members' masks choose the output links; then each output link
-gets its own header, with the TTL and the locality budget charged for that link.
+The hot path (docs/architecture.md, "Life of a frame"): the flow entry's downstream masks,
+its upstream, and at a core the sibling LS members' masks choose the output links; then each
+output link gets its own header, with the TTL and the locality budget charged for that link.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
 lsroutes, tracers); never another part (calls into other parts go through ``self``,

@@ -9,8 +9,9 @@ monotonic origin) and returns a list of actions for the caller to carry out:
 * :class:`Close` ``(link, reason)`` — close that link's transport (the router has already
   forgotten it).
 
-Forwarding follows DESIGN.md section 6; join/leave/mask follow seed 002 section 3.4; the
-seed's epoch GC (section 4.2.6) became refresh digests with hold times (DESIGN.md 14).
+Forwarding: docs/architecture.md, "Life of a frame". Join/leave/mask follow Warfield, Flows
+(UBC MSc thesis, 2001), section 3.4; its epoch GC (section 4.2.6) became refresh digests with
+hold times (docs/architecture.md, "Soft state").
 See the module docs of :mod:`flowrouter.wire.bands` and
 :mod:`flowrouter.wire.header` for the band allocation and the wire format.
 
@@ -30,7 +31,7 @@ that do the work, one job each, all over the shared :class:`~flowrouter.core.sta
 * :mod:`~flowrouter.core.lsexchange` — LS route vectors and sibling LS members' masks;
 * :mod:`~flowrouter.core.gc` — the clock: epochs, time-outs, orphan retries;
 * :mod:`~flowrouter.core.softstate` — link liveness (ECHO), refresh digests, hold times,
-  PRUNE and NOT_ON_TREE: the soft state that repairs itself (DESIGN.md section 14);
+  PRUNE and NOT_ON_TREE: the soft state that repairs itself;
 * :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts;
 * :mod:`~flowrouter.core.appmembers` — applications' joins and leaves, told on band 19.
 

@@ -1,4 +1,4 @@
-"""Soft state that repairs itself: link liveness, refresh digests, prunes (DESIGN.md 14).
+"""Soft state that repairs itself: link liveness, refresh digests, prunes.
 
 A part of the router (see :mod:`flowrouter.core.router`): :class:`SoftState` is a class over
 the shared :class:`~flowrouter.core.state.RouterState`, called from ``receive`` (soft-state

@@ -1,13 +1,13 @@
 """Router trace records: the schema (version 2), its value types, and the record validator.
 
 Routers and the simulator write **JSON Lines**: one JSON object per line, UTF-8, ``\\n``
-terminated. The PySpark job in :mod:`flowtrace` mines them for flow-table scaling
-(DESIGN.md section 10); :func:`validate` is the reference validator for everything else.
+terminated. The PySpark job in :mod:`flowtrace` mines them for flow-table scaling;
+:func:`validate` is the reference validator for everything else.
 
 Record schema, version 2
 ========================
 
-Version 2 (soft state, DESIGN.md section 14) replaces the per-(flow, link) ``gc_ping``
+Version 2 (soft state) replaces the per-(flow, link) ``gc_ping``
 records by per-neighbour ``refresh`` and ``prune`` records and adds causes; the reader and
 :func:`validate` accept version 1 files too (:data:`SUPPORTED_VERSIONS`). What changed:
 

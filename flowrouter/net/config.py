@@ -42,7 +42,7 @@ Example (every key optional except ``router.name``)::
     flow_notices = 16             # refused joins of different flows told to their members
                                   #   (Fault LIMIT, band 17) per limit and 5 s; 0: none
 
-    [gc]                          # soft state (DESIGN.md section 14)
+    [gc]                          # soft state: liveness, refresh digests, hold times
     liveness_interval = 1.0       # an ECHO on every link this often
     dead_after = 3.0              # a peer silent this long is a failed link
     refresh_interval = 10.0       # a refresh digest round toward each upstream this often

@@ -1,6 +1,6 @@
 """Scapy layers for flownet: dissect captures, build and fuzz frames.
 
-* :class:`FlowHeader` — the 24-byte header of DESIGN.md section 3; its payload is exactly
+* :class:`FlowHeader` — the 24-byte header of :mod:`flowrouter.wire.header`; its payload is exactly
   ``size`` bytes (what follows is Scapy ``Padding``: the next frame on a TCP segment).
   ``size`` is filled in from the payload when left unset.
 * :class:`FlowControl` — ``version | type`` of a control payload, followed by one of

@@ -8,7 +8,7 @@ JOIN_ACK, LEAVE, MASK, PING, PONG) travel on the flow they concern, on the membe
 the GC band for PING/PONG), and are consumed and regenerated hop by hop. FAULT travels to
 applications on :data:`~flowrouter.wire.bands.BAND_FAULT`.
 
-Soft state (DESIGN.md section 14) uses five link-local messages, all aggregated per
+Soft state uses five link-local messages, all aggregated per
 neighbour rather than per flow:
 
 * ``ECHO(seq, stamp)`` / ``ECHO_REPLY(seq, stamp)``: link liveness; the reply returns the

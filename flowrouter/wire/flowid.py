@@ -1,6 +1,6 @@
 """FlowIDs: 128-bit flow names, their one text form, and never-reused local IDs.
 
-Layout (DESIGN.md section 2): ``creator (64) | LSID (32) | local (32)``, the same 16 bytes that
+Layout: ``creator (64) | LSID (32) | local (32)``, the same 16 bytes that
 open every wire header. The router keys its tables by those 16 raw bytes (no parsing on the
 hot path); everything user-facing uses the text form ``creator:lsid:local`` in hex, with the
 canonical output zero-padded (``00000000000000a1:00000010:00000001``) and the parser

@@ -1,4 +1,4 @@
-"""The 24-byte flow header (DESIGN.md section 3), network byte order.
+"""The 24-byte flow header (Warfield, Flows, UBC MSc thesis, 2001), network byte order.
 
 =====  ==============================
 bytes  field
