@@ -86,7 +86,7 @@ class _InProcess:
     async def counters(self) -> tuple[dict[str, int], int]:
         """The router's counters, and frames dropped at outputs other than the stuck one."""
         node = self.node
-        healthy = sum(lk.out.slow.dropped for lid, lk in node.links.items()
+        healthy = sum(lk.out.stats()["slow_consumer_dropped"] for lid, lk in node.links.items()
                       if lk.out is not None
                       and getattr(node.core.links.get(lid), "peer_name", "") != "stuck")
         return dict(node.core.counters), healthy

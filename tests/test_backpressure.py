@@ -1,12 +1,14 @@
-"""Holding an input whose outputs all pushed back (flowrouter.net.backpressure).
+"""Holding an input whose outputs all pushed back, credit, and slow consumers, end to end.
 
 When every output an input feeds has pushed back, the router stops reading that input at
 once: its frames wait in the kernel's socket buffers instead of being copied into queues,
 and TCP pushes back on the sender. It reads again as soon as one of those outputs moves, or
 after ``slow_consumer_stall`` seconds (a hung receiver must not hold its sender for long).
-First the rules on a router's real LinkOutputs and flow control (``node.flow``) with
-stand-in links, driven through the node interface (``register``, ``begin_read``), then on
-real sockets.
+The rules themselves are flowrouter.core.flowcontrol's, tested on a virtual clock in
+test_flowcontrol. Here, first a router's real LinkOutputs with stand-in links, driven
+through the node interface (``register``, ``begin_read``, the outputs' sends and their
+transports' push back), with what flow control decided read from ``node.flow.control``;
+then on real sockets.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from flowrouter.net.config import NodeConfig
+from flowrouter.core.flowstates import InputState
+from flowrouter.net.config import Emulation, NodeConfig
 from flowrouter.net.links import TcpLink, reap_stalled_frames
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.runtime import RouterNode
@@ -29,18 +32,19 @@ from flowrouter.wire.header import FrameDecoder, pack_header
 from .rawep import RawEndpoint, blocking_member
 
 LSID = 0x10
+FLOW = FlowID(0xB1, LSID, 1)
 
 
 class _Link:
     """Stands in for a TcpLink (flowrouter.net.nodeapi.Link): whether it reads, and its
-    output. Registered with the node, which numbers links from 1."""
+    output, which writes nowhere. Registered with the node, which numbers links from 1."""
 
     address = "stand-in"
 
     def __init__(self, node: RouterNode, link_id: int) -> None:
+        self.reading = True
         self.link_id = node.register(self)
         assert self.link_id == link_id
-        self.reading = True
         self.out = LinkOutput(node, link_id, lambda h, p: None, lambda bufs: None)
 
     def set_reading(self, on: bool) -> None:
@@ -73,49 +77,55 @@ def make_node() -> Iterator[MakeNode]:
         loop.close()
 
 
-def _fed(out: LinkOutput, origin: int) -> LinkOutput:
-    """*out* has just written frames of input *origin*."""
-    out.fed = origin
-    out.fed_read[origin] = out.reads.number
-    return out
+def _read(node: RouterNode, origin: int, *outs: _Link, size: int = 2) -> None:
+    """One read of input *origin* that gives each of *outs* a data frame of *size* bytes."""
+    reads = node.begin_read(origin)
+    for link in outs:
+        link.out.send(pack_header(FLOW.key, size, 40), bytes(size))
+    reads.end()
 
 
 def test_input_is_held_only_when_every_output_it_feeds_pushed_back(make_node: MakeNode) -> None:
     node = make_node()
+    fc = node.flow.control
     src, a, b = (_Link(node, i) for i in (1, 2, 3))
-    _fed(a.out, 1), _fed(b.out, 1)
+    _read(node, 1, a, b)
     a.out.pause()
-    assert src.reading and not node.flow.held  # b still takes the input's frames
+    assert src.reading and not fc.holders(1)  # b still takes the input's frames
     b.out.pause()
-    assert not src.reading and node.flow.held[1][0] == {a.out, b.out}
+    assert not src.reading and fc.holders(1) == {2, 3}
     assert node.core.counters["credit.held"] == 1
     a.out.resume()  # the fastest output sets the pace: one moving is enough
-    assert src.reading and not node.flow.held
+    assert src.reading and not fc.holders(1)
 
 
-def test_replies_to_the_sender_and_unfed_outputs_do_not_count(make_node: MakeNode) -> None:
+def test_replies_to_the_sender_and_outputs_fed_by_others_do_not_count(
+        make_node: MakeNode) -> None:
     node = make_node()
-    src, a, idle = (_Link(node, i) for i in (1, 2, 3))
-    src.out.fed = 1  # the router answered the sender on its own link (a JOIN_ACK)
-    idle.out.fed = 9  # fed by another input
-    _fed(a.out, 1).pause()
-    assert not src.reading and 1 in node.flow.held
+    src, a, idle, other = (_Link(node, i) for i in (1, 2, 3, 4))
+    _read(node, 4, idle)  # fed by another input
+    _read(node, 1, src, a)  # the router answered the sender on its own link too
+    a.out.pause()
+    assert not src.reading and node.flow.control.holders(1) == {2}
+    assert other.reading
 
 
 def test_a_sibling_that_took_the_inputs_frames_lately_still_counts(make_node: MakeNode) -> None:
     """Y carries input 1's flow and input 2's: its last frame may be 2's while it still
     takes 1's, and then 1 must not be held for X (one slow receiver)."""
     node = make_node()
+    fc = node.flow.control
     src, _, x, y = (_Link(node, i) for i in (1, 2, 3, 4))
-    now = node.reads.number
-    y.out.fed, y.out.fed_read = 2, {1: now, 2: now}  # 2's frame went last
-    _fed(x.out, 1).pause()
-    assert src.reading and not node.flow.held
+    _read(node, 1, x, y)
+    y.out.track.fed = 2  # what its hot path notes when 2's frame goes last
+    x.out.pause()
+    assert src.reading and not fc.holders(1)
     reads = node.begin_read(1)  # a later read of input 1 gives X frames and Y none
     x.out.resume()
-    _fed(x.out, 1).pause()
+    x.out.send(pack_header(FLOW.key, 2, 40), b"x1")
+    x.out.pause()
     reads.end()
-    assert not src.reading and node.flow.held[1][0] == {x.out}
+    assert not src.reading and fc.holders(1) == {3}
     node.unregister(1)
     assert 1 not in y.out.fed_read  # a closed input feeds nothing
 
@@ -127,32 +137,40 @@ def test_only_a_sibling_that_took_the_frames_since_the_stall_frees_the_credit(
     a slow consumer and lose frames."""
     node = make_node(link_credit=4096)
     src, out, once = _Link(node, 1), _Link(node, 2), _Link(node, 3)
-    once.out.fed, once.out.fed_read[1] = 1, 3  # input 1's frames, many reads ago
-    node.reads.number = 9
-    reads = node.begin_read(1)  # read 10
-    out.out.paused, out.out.paused_read = True, 10  # its socket pushed back
-    flow = FlowID(0xB2, LSID, 1)
+    _read(node, 1, once)  # input 1's frames, many reads ago
+    for _ in range(5):
+        _read(node, 2)
+    out.out.pause()  # its socket pushed back (in another input's read)
+    reads = node.begin_read(1)
     for _ in range(2):
-        out.out.send(pack_header(flow.key, 3000, 40), bytes(3000))
-    reads.end()
+        out.out.send(pack_header(FLOW.key, 3000, 40), bytes(3000))
     assert not src.reading and not out.out.stuck  # paused for credit: pushed back
     assert node.core.counters["credit.not-draining"] == 0
-    _fed(once.out, 1)  # now a sibling does take its frames
-    node.flow.unblock(1)
+    once.out.send(pack_header(FLOW.key, 2, 40), b"o1")  # now a sibling does take its frames
+    reads.end()
+    once.out.pause()
+    once.out.resume()  # ... and drains
     assert out.out.stuck and node.core.counters["credit.not-draining"] == 1
     assert src.reading  # the slow output gave its credit back
+    assert node.flow.control.pending(1) == 0
 
 
 def test_a_held_input_over_its_credit_waits_for_both(make_node: MakeNode) -> None:
     node = make_node(link_credit=4096)
-    src, a = _Link(node, 1), _Link(node, 2)
-    _fed(a.out, 1).pause()
-    assert not src.reading
-    node.flow.take(1, 10_000)  # meanwhile its queued frames elsewhere ran over credit
+    fc = node.flow.control
+    src, a, slow = _Link(node, 1), _Link(node, 2), _Link(node, 3)
+    slow.out.emulate(Emulation(delay=10.0))  # frames wait here for the emulated delay
+    reads = node.begin_read(1)
+    a.out.send(pack_header(FLOW.key, 2, 40), b"a1")
+    a.out.pause()
+    assert fc.state(1) is InputState.HELD
+    slow.out.send(pack_header(FLOW.key, 10_000, 40), bytes(10_000))  # the rest of the read
+    reads.end()
+    assert fc.state(1) is InputState.HELD_OVER_CREDIT
     a.out.resume()
-    assert not src.reading and not node.flow.held  # credit still says no
-    node.flow.give(1, 10_000)
-    assert src.reading
+    assert not src.reading and fc.state(1) is InputState.PAUSED  # credit still says no
+    slow.out.emulate(None)  # its frames leave the queue
+    assert src.reading and fc.pending(1) == 0
 
 
 def test_fed_follows_the_frames_written_not_the_routers_own(make_node: MakeNode) -> None:
@@ -160,56 +178,64 @@ def test_fed_follows_the_frames_written_not_the_routers_own(make_node: MakeNode)
     the router's own notices (no input) do not."""
     node = make_node()
     a, b, x = _Link(node, 1), _Link(node, 2), _Link(node, 3)
-    flow = FlowID(0xB1, LSID, 1)
-    reads = node.begin_read(1)
-    x.out.send(pack_header(flow.key, 2, 40), b"a1")  # straight through: fed by a
-    reads.end()
-    assert x.out.fed == 1
-    x.out.send(pack_header(flow.key, 2, 17), b"nt")  # a fault notice of the router's
-    assert x.out.fed == 1
-    x.out.paused = True
-    reads = node.begin_read(2)
-    x.out.send(pack_header(flow.key, 2, 40), b"b1")  # queued: b feeds it now
-    reads.end()
+    _read(node, 1, x)  # straight through: fed by a
+    assert x.out.track.fed == 1
+    x.out.send(pack_header(FLOW.key, 2, 17), b"nt")  # a fault notice of the router's
+    assert x.out.track.fed == 1
+    x.out.pause()
+    assert node.flow.control.holders(1) == {3} and not a.reading
+    _read(node, 2, x)  # queued: b feeds it now
     x.out.resume()
-    assert x.out.fed == 2 and b.reading and a.reading
+    assert x.out.track.fed == 2 and b.reading and a.reading
 
 
 def test_credit_does_not_resume_a_held_input(make_node: MakeNode) -> None:
-    node = make_node()
-    src, a = _Link(node, 1), _Link(node, 2)
-    _fed(a.out, 1).pause()
-    node.flow.give(1, 0)  # queued frames elsewhere drained
-    assert not src.reading and 1 in node.flow.held
+    node = make_node(link_credit=4096)
+    src, a, slow = _Link(node, 1), _Link(node, 2), _Link(node, 3)
+    slow.out.emulate(Emulation(delay=10.0))
+    _read(node, 1, slow, size=100)  # waits there, holding a little credit
+    _read(node, 1, a)
+    a.out.pause()
+    slow.out.emulate(None)  # queued frames elsewhere drained
+    assert not src.reading and node.flow.control.holders(1) == {2}
 
 
 def test_a_hold_ends_after_the_stall_time_and_its_holders_are_stuck(make_node: MakeNode) -> None:
     node = make_node(slow_consumer_stall=0.5)
+    fc = node.flow.control
     src, a = _Link(node, 1), _Link(node, 2)
-    _fed(a.out, 1).pause()
-    since = node.flow.held[1][1]
+    _read(node, 1, a)
+    a.out.pause()
+    since = fc.held_since(1)
+    assert since is not None and fc.next_deadline() == since + 0.5
     node.flow.check(since + 0.4)
     assert not src.reading
     node.flow.check(since + 0.5)
-    assert src.reading and not node.flow.held and a.out.stuck
+    assert src.reading and not fc.holders(1) and a.out.stuck
     assert node.core.counters["credit.hold-stalled"] == 1
     a.out.pause()
     assert src.reading, "a stuck output holds nothing"
     a.out.resume()  # it moved: it may hold its input again
     assert not a.out.stuck
+    _read(node, 1, a)
     a.out.pause()
     assert not src.reading
 
 
 def test_a_closed_link_ends_its_holds(make_node: MakeNode) -> None:
     node = make_node()
+    fc = node.flow.control
     src, a = _Link(node, 1), _Link(node, 2)
-    _fed(a.out, 1).pause()
+    _read(node, 1, a)
+    a.out.pause()
     node.unregister(2)  # the output's link is gone
-    assert src.reading and not node.flow.held
-    _fed(_Link(node, 3).out, 1).pause()
+    assert src.reading and not fc.holders(1)
+    c = _Link(node, 3)
+    _read(node, 1, c)
+    c.out.pause()
+    assert fc.holders(1) == {3}
     node.unregister(1)  # the held input is gone
-    assert not node.flow.held
+    assert not fc.held_inputs()
 
 
 class _UnconnectedTcp(TcpLink):
@@ -295,16 +321,17 @@ def test_a_receiver_that_stops_reading_holds_the_sender_and_loses_nothing() -> N
                         await tx.writer.drain()
                 await tx.writer.drain()
             sending = asyncio.ensure_future(send())
-            await _until(lambda: node.flow.held)
+            await _until(lambda: node.flow.control.held_inputs())
             assert not sending.done(), "the sender should be pushed back"
-            queued = sum(o.queue.bytes for o in node.flow.backlogged if o.queue is not None)
+            queued = sum(link.out.queue.bytes for link in node.links.values()
+                         if link.out is not None and link.out.queue is not None)
             assert queued < 4 * 1024 * 1024, f"{queued} bytes queued: the input was not held"
             seqs = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 5.0)
             await sending
             assert seqs == list(range(n))
             assert node.core.counters["credit.held"] >= 1
             assert not any(k.startswith("drop.") and v for k, v in node.core.counters.items())
-            await _until(lambda: not node.flow.held)
+            await _until(lambda: not node.flow.control.held_inputs())
         finally:
             rx.sock.close()
             await tx.close()

@@ -240,7 +240,7 @@ def test_stuck_receiver_does_not_slow_the_others(queue_limit: int) -> None:
     """4 receivers, one stops reading: the other 3 get every message at full rate; the
     stuck one's losses are counted exactly (what it got + drop.slow-consumer = sent). With
     a queue limit over the input's credit the stuck output could hold all of it: it must
-    give it back once it is seen not draining (flowrouter.net.backpressure.unblock)."""
+    give it back once it is seen not draining (flowrouter.core.flowcontrol)."""
     n, size = 6000, 1024
 
     async def main() -> None:
@@ -263,8 +263,11 @@ def test_stuck_receiver_does_not_slow_the_others(queue_limit: int) -> None:
             if queue_limit > 256 * 1024:  # it could hold all the input's credit: it was seen
                 # not draining while its siblings drained, and holds none
                 assert core.core.counters["credit.not-draining"] >= 1
-                stuck_outs = [o for o in core.flow.backlogged if o.stuck]
-                assert stuck_outs and all(not o.held for o in stuck_outs)
+                fc = core.flow.control
+                stuck_outs = [o for o in fc.backlogged.values() if o.stuck]
+                assert stuck_outs and all(o.credit(i) == 0 for o in stuck_outs for i in o.waiting)
+                assert all(fc.pending(i) == sum(o.credit(i) for o in fc.outputs.values())
+                           for i in fc.inputs)
             paused = core.core.counters["credit.paused"]
             got = await asyncio.get_running_loop().run_in_executor(
                 None, stuck.drain_count, 40)

@@ -265,7 +265,7 @@ class FlowControl:
         if rec is None:
             return _NONE
         out: list[Decision] = []
-        freed = [origin for origin in gone if self._over_credit(origin)]
+        freed = [origin for origin in gone if self.over_credit(origin)]
         for origin, n in gone.items():
             if origin:
                 self._unwait(rec, origin, n, out)
@@ -282,7 +282,7 @@ class FlowControl:
             self.backlogged.pop(link, None)
         if rec.recheck_fed and not rec.paused:
             rec.recheck_fed = False
-            if self._over_credit(rec.fed):
+            if self.over_credit(rec.fed):
                 self._unblock(rec.fed, now, out)
         return out
 
@@ -338,7 +338,7 @@ class FlowControl:
         self._release(link, out)
         if rec.backlogged:
             rec.recheck_fed = True
-        elif self._over_credit(rec.fed):
+        elif self.over_credit(rec.fed):
             self._unblock(rec.fed, now, out)
         return out
 
@@ -439,7 +439,8 @@ class FlowControl:
         since = rec.slow.over_since
         return since is not None and now >= since + self.limits.slow_consumer_grace
 
-    def _over_credit(self, origin: int) -> bool:
+    def over_credit(self, origin: int) -> bool:
+        """Whether input *origin* waits for credit (over it, held or not)."""
         inp = self.inputs.get(origin)
         return inp is not None and inp.state in OVER_CREDIT
 

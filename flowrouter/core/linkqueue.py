@@ -25,6 +25,7 @@ again, so the runtime only arms a timer when shaping or delay demand one.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections import deque
 from typing import Any
@@ -277,6 +278,17 @@ class OutputQueue:
         if frame[2]:
             self._unhold(frame[2], size)
         return frame
+
+    def take_all(self) -> list[Frame]:
+        """Every waiting frame, in the order they would have gone, shaping and delay
+        ignored: the link's emulation changes, and they go on under the new one (none is
+        lost in the old queue's delay line). Leaves the queue empty and unshaped."""
+        self.bucket = None
+        self._release_delayed(math.inf)
+        frames: list[Frame] = []
+        while (fr := self.pop(0.0)) is not None:
+            frames.append(fr)
+        return frames
 
     def _peek_drr(self) -> Frame:
         # Rotate until the head flow has deficit for its head frame.

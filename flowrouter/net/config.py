@@ -225,12 +225,12 @@ class NodeConfig:
     slow_consumer_grace: float = 10.0
     #: seconds an output may hold frames without sending any before it holds no credit
     #: (at once, or after slow_consumer_idle, if a sibling fed by the same input drains
-    #: meanwhile: flowrouter.net.backpressure.unblock)
+    #: meanwhile: flowrouter.core.flowcontrol)
     slow_consumer_stall: float = 0.5
     #: seconds an output whose transport pushed back must have sent nothing, while a sibling
     #: fed by the same input drains, before it holds none of that input's credit (0: at
     #: once: the fastest output sets the input's pace, the others may lag by up to
-    #: slow_consumer_bytes before they lose frames; flowrouter.net.backpressure.unblock)
+    #: slow_consumer_bytes before they lose frames; flowrouter.core.flowcontrol)
     slow_consumer_idle: float = 0.0
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0

@@ -34,7 +34,7 @@ from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.links import TcpLink, reap_stalled_frames
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
-from flowrouter.net.nodeapi import Link, Output, ReadBatch
+from flowrouter.net.nodeapi import Link, ReadBatch
 from flowrouter.net.udp import UdpLink, UdpLinks
 from flowrouter.wire.control import Role
 
@@ -120,6 +120,7 @@ class RouterNode:
                      tracer.path, cfg.trace_sample)
         self.core = Router(cfg.params(), loop.time(), tracer=tracer)
         self.core.wall_offset = time.time() - loop.time()  # capability expiry is Unix time
+        self.flow = Backpressure(self)  # counting into the new core's counters
         self._attach_fast_path()
         log.info("router %s forwards with: %s", cfg.name, self.fast_path_info)
         if cfg.listen:
@@ -155,6 +156,7 @@ class RouterNode:
 
     async def stop(self) -> None:
         self._stopping = True
+        self.flow.stop()
         for task in list(self._tasks):
             task.cancel()
         for server in (self._server, self._control, *self._more_servers):
@@ -213,6 +215,7 @@ class RouterNode:
         link_id = self._next_link
         self._next_link += 1
         self.links[link_id] = link
+        self.flow.opened(link_id, link)
         return link_id
 
     def unregister(self, link_id: int) -> None:
@@ -375,29 +378,27 @@ class RouterNode:
                 self.core.measure_throughput(lid, bps, now)
 
     def _check_progress(self, now: float) -> None:
-        """Outputs that stopped moving give back their credit (and are closed as slow
-        consumers after the grace time); frames that stopped arriving close their link."""
-        self.flow.check(now)
+        """Frames that stopped arriving close their link (outputs that stopped moving are
+        flow control's, on its own deadline)."""
         reap_stalled_frames(self, now)
 
-    def close_slow_consumer(self, out: Output) -> None:
-        """Close an output that stayed over its limit for the grace time, and tell its flows
-        (a fault notice on band 17) and the log."""
+    def close_slow_consumer(self, link_id: int, reason: str) -> None:
+        """Close the link of an output flow control evicts (it stayed over its bound for the
+        grace time), and tell its flows (a fault notice on band 17) and the log."""
         core, now, cfg = self.core, self.now(), self.config
-        self.flow.backlogged.discard(out)
-        lk = core.links.get(out.link_id)
-        link = self.links.get(out.link_id)
+        lk = core.links.get(link_id)
+        link = self.links.get(link_id)
         if lk is None:
             return
-        detail = (f"{lk.describe()} is a slow consumer: over {cfg.queue_bound} bytes queued "
-                  f"for {cfg.slow_consumer_grace:g}s; closing it")
+        detail = f"{lk.describe()} is a slow consumer: {reason}; closing it"
         log.warning("router %s: %s", cfg.name, detail)
         core.counters["links.slow-consumer"] += 1
         keys = sorted(lk.dependent)
-        actions = core.close_link(out.link_id, now, "slow consumer")
+        actions = core.close_link(link_id, now, "slow consumer")
         for key in keys:
             actions += core.alert("slow-consumer-closed", detail, now, key)
-        out.close()
+        if link is not None and link.out is not None:
+            link.out.close()
         self.execute(actions)
         if link is not None:
             link.abort("slow consumer")

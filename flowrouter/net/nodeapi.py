@@ -23,12 +23,12 @@ nothing else of :mod:`flowrouter.net`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from flowrouter.core.fastpath import FastPath
-    from flowrouter.core.linkqueue import SlowConsumerPolicy
+    from flowrouter.core.flowcontrol import OutputFlow
     from flowrouter.core.measured import BusyRate
     from flowrouter.core.router import Action, Router
     from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
@@ -41,31 +41,12 @@ class Flushable(Protocol):
 
 
 class Output(Flushable, Protocol):
-    """A link's sending side as the node, its links and flow control see it
-    (:class:`flowrouter.net.output.LinkOutput`)."""
+    """A link's sending side as the node and its links see it
+    (:class:`flowrouter.net.output.LinkOutput`); what flow control keeps of it is flow
+    control's (:class:`flowrouter.core.flowcontrol.OutputFlow`)."""
 
     @property
     def link_id(self) -> int: ...
-    @property
-    def paused(self) -> bool:
-        """Its transport pushed back."""
-    @property
-    def stuck(self) -> bool:
-        """It stopped moving: its waiting frames hold no credit."""
-    @property
-    def fed(self) -> int:
-        """The input link whose frames it last wrote."""
-    @property
-    def fed_read(self) -> dict[int, int]:
-        """Input link -> the last read number that input gave it frames in."""
-    @property
-    def paused_read(self) -> int:
-        """The read number in which its transport last pushed back."""
-    @property
-    def held(self) -> dict[int, int]:
-        """Input link -> credit bytes its waiting frames hold."""
-    @property
-    def slow(self) -> SlowConsumerPolicy: ...
     @property
     def emu(self) -> Emulation | None:
         """The link emulation it applies, if any."""
@@ -75,7 +56,6 @@ class Output(Flushable, Protocol):
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None: ...
     def send_frames(self, frames: Any, count: int) -> None: ...
-    def become_stuck(self) -> None: ...
     def emulate(self, emu: Emulation | None) -> None: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -102,21 +82,24 @@ class Link(Protocol):
 
 
 class FlowShell(Protocol):
-    """Flow control as outputs see it (:class:`flowrouter.net.backpressure.Backpressure`):
-    the credit their waiting frames take and give back, and their transport's push back."""
+    """Flow control as links and outputs see it (:class:`flowrouter.net.backpressure.
+    Backpressure`, the shell around :class:`flowrouter.core.flowcontrol.FlowControl`): they
+    report events, it carries out what flow control decides."""
 
-    @property
-    def backlogged(self) -> set[Output]:
-        """Outputs with frames waiting (watched for stalls and slow consumers)."""
-    @property
-    def paused_inputs(self) -> Collection[int]:
-        """Inputs paused for credit."""
-
-    def take(self, origin: int, size: int) -> None: ...
-    def give(self, origin: int, size: int) -> None: ...
-    def hold(self, out: Output) -> None: ...
-    def release(self, out: Output) -> None: ...
-    def unblock(self, origin: int) -> None: ...
+    def opened(self, link_id: int, link: Link) -> None: ...
+    def forget(self, link_id: int) -> None: ...
+    def output(self, link_id: int) -> OutputFlow:
+        """Its record of an output; the output writes ``fed`` and ``fed_read`` there."""
+    def queue_started(self, link_id: int, now: float) -> None: ...
+    def queued(self, link_id: int, origin: int, size: int, now: float) -> None: ...
+    def shed(self, link_id: int, count: int, size: int, queued: int, now: float) -> bool: ...
+    def dropped(self, link_id: int, drops: Iterable[tuple[bytes, int, int]],
+                now: float) -> None: ...
+    def written(self, link_id: int, gone: dict[int, int], queued: int, now: float, *,
+                moved: bool, backlog: bool) -> None: ...
+    def pushed_back(self, link_id: int) -> None: ...
+    def resumed(self, link_id: int) -> None: ...
+    def waits_for_credit(self, origin: int) -> bool: ...
 
 
 class Node(Protocol):
@@ -155,8 +138,9 @@ class Node(Protocol):
         the status query)."""
     def reached(self, peer: PeerConfig) -> None:
         """A configured peer's link is up: its next re-dial starts from the shortest wait."""
-    def close_slow_consumer(self, out: Output) -> None:
-        """Close the link of an output that stayed over its limit for the grace time."""
+    def close_slow_consumer(self, link_id: int, reason: str) -> None:
+        """Close the link of an output flow control evicts (*reason*: for the log and the
+        fault notice)."""
     def begin_read(self, link_id: int) -> ReadBatch:
         """Frames of *link_id* are processed from now on; ``end()`` the batch returned."""
 

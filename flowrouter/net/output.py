@@ -6,8 +6,11 @@ the transport pushes back or the link is shaped: a fair, bounded
 flows, drops from the longest flow queue, counted and announced), input credits, the
 slow-consumer policy (an output that cannot keep up holds no credit and is closed after a
 grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`), and link emulation
-(bandwidth, delay, loss, administrative down). Which input stops reading when an output
-pushes back is the node's flow control's (:mod:`flowrouter.net.backpressure`).
+(bandwidth, delay, loss, administrative down). What flow control decides (which input stops
+reading, which output holds credit or is a slow consumer) is
+:class:`flowrouter.core.flowcontrol.FlowControl`'s: the output reports its events to the
+node's flow control (:mod:`flowrouter.net.backpressure`) and notes which input's frames it
+writes, in which read, on its record there (stores, not calls: the hot path).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
 :mod:`flowrouter.net.nodeapi`: the node it serves, and the node's flow control, are seen only
@@ -22,7 +25,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from flowrouter.core.linkqueue import OutputQueue, SlowConsumerPolicy
+from flowrouter.core.linkqueue import OutputQueue
 from flowrouter.core.measured import BusyRate
 from flowrouter.net.config import Emulation
 from flowrouter.wire.header import HEADER_SIZE
@@ -43,8 +46,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "reads", "flow", "link_id", "write", "write_many", "queue", "paused",
-                 "timer", "emu", "rng", "batch", "slow", "stuck", "held", "fed", "fed_read",
-                 "paused_read", "rate")
+                 "timer", "emu", "rng", "batch", "track", "fed_read", "rate")
 
     def __init__(self, node: Node, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -64,41 +66,23 @@ class LinkOutput:
         self.timer: asyncio.TimerHandle | None = None
         self.emu: Emulation | None = None
         self.rng: random.Random | None = None
-        cfg = node.config
-        #: when this output falls behind (flowrouter.core.linkqueue.SlowConsumerPolicy), and
-        #: whether it is stuck: then its frames hold no credit on the inputs feeding it
-        self.slow = SlowConsumerPolicy(cfg.slow_consumer_bytes, cfg.slow_consumer_grace,
-                                       cfg.slow_consumer_stall)
-        self.stuck = False
-        #: input link -> credit bytes its frames waiting here hold (Backpressure.unblock)
-        self.held: dict[int, int] = {}
-        #: the input link whose frames this output last wrote, the last read (ReadBatch.number)
-        #: each input gave it frames in, and the read in which its transport last pushed
-        #: back (backpressure.feeds: whether a sibling still takes an input's frames)
-        self.fed = 0
-        self.fed_read: dict[int, int] = {}
-        self.paused_read = 0
+        #: what flow control keeps of this output (flowrouter.core.flowcontrol.OutputFlow):
+        #: whether it is stuck, its slow-consumer clocks; this output writes its ``fed`` (the
+        #: input whose frames it last wrote) and ``fed_read`` (input -> the last read that
+        #: input gave it frames in; the same dict, kept here too for the hot path)
+        self.track = node.flow.output(link_id)
+        self.fed_read = self.track.fed_read
         #: measured locality: the send rate while backlogged (capacity, not utilisation);
         #: the node's tick turns it into Router.measure_throughput samples
         self.rate = BusyRate()
 
-    def _take(self, origin: int, size: int) -> None:
-        if origin and not self.stuck:
-            self.held[origin] = self.held.get(origin, 0) + size
-            self.flow.take(origin, size)
-
-    def _give(self, origin: int, size: int) -> None:
-        if origin and not self.stuck:
-            left = self.held.get(origin, 0) - size
-            if left > 0:
-                self.held[origin] = left
-            else:
-                self.held.pop(origin, None)
-            self.flow.give(origin, size)
+    @property
+    def stuck(self) -> bool:
+        """It stopped moving: its waiting frames hold no credit (flow control says)."""
+        return self.track.stuck
 
     def _new_queue(self, now: float, **shaping: Any) -> OutputQueue:
-        self.flow.backlogged.add(self)
-        self.slow.progress(0, now)  # the stall clock starts with the backlog
+        self.flow.queue_started(self.link_id, now)  # the stall clock starts with the backlog
         return OutputQueue(self.node.config.queue_bound, now=now, **shaping)
 
     def emulate(self, emu: Emulation | None) -> None:
@@ -112,8 +96,13 @@ class LinkOutput:
                 delay=self.emu.delay)
             if old is not None:
                 now = self.node.now()
-                while (fr := old.pop(now)) is not None:
-                    self.queue.push(bytes(fr[0][:16]), fr[0], fr[1], fr[0][20] < 16, now, fr[2])
+                for fr in old.take_all():
+                    q = self.queue
+                    if q is None:
+                        break  # closed as a slow consumer
+                    dropped = q.push(bytes(fr[0][:16]), fr[0], fr[1], fr[0][20] < 16, now, fr[2])
+                    if dropped:
+                        self._dropped(dropped, now)
         elif old is not None and old.shaped:
             self.queue = None
             self._requeue(old)
@@ -121,8 +110,13 @@ class LinkOutput:
 
     def _requeue(self, old: OutputQueue) -> None:
         now = self.node.now()
-        while (fr := old.pop(now)) is not None:
-            self._give(fr[2], len(fr[0]) + len(fr[1]))
+        frames = old.take_all()
+        gone: dict[int, int] = {}
+        for fr in frames:
+            if fr[2]:
+                gone[fr[2]] = gone.get(fr[2], 0) + len(fr[0]) + len(fr[1])
+        self.flow.written(self.link_id, gone, 0, now, moved=False, backlog=False)
+        for fr in frames:
             self.send(fr[0], fr[1])
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
@@ -138,7 +132,7 @@ class LinkOutput:
                 return
         elif self.queue is None and not self.paused:
             if rx:
-                self.fed = rx
+                self.track.fed = rx
             if reads.open and self.write_many is not None and len(payload) < BATCH_MAX:
                 batch = self.batch
                 if batch is None:
@@ -160,15 +154,14 @@ class LinkOutput:
         q = self.queue
         if q is None:
             q = self.queue = self._new_queue(now)
-        elif self.stuck and header[20] >= 16 and self._shed(1, len(header) + len(payload), now):
+        elif (self.track.stuck and header[20] >= 16
+              and self._shed(1, len(header) + len(payload), now)):
             return True
         # A frame holds its input's credit (pushing back on a sender faster than its
-        # receivers), unless this output is stuck: then it holds none, and one stuck
-        # receiver never makes its input wait (slow consumers hurt only themselves); if it
-        # moves again, its frames take their credit back (_drain).
+        # receivers), unless this output is stuck (flow control keeps the credit).
         origin = self.reads.link
         dropped = q.push(bytes(header[:16]), header, payload, header[20] < 16, now, origin)
-        self._take(origin, len(header) + len(payload))
+        self.flow.queued(self.link_id, origin, len(header) + len(payload), now)
         if dropped:
             self._dropped(dropped, now)
             if self.queue is None:  # closed as a slow consumer
@@ -184,7 +177,7 @@ class LinkOutput:
         self.fed_read[rx] = reads.number
         if (self.emu is None and self.queue is None and not self.paused
                 and self.write_many is not None):
-            self.fed = rx
+            self.track.fed = rx
             if type(frames) is list:
                 if reads.open:
                     batch = self.batch
@@ -209,7 +202,7 @@ class LinkOutput:
             return
         if type(frames) is list:
             frames = b"".join(frames)  # owned: these frames may wait
-        if self.stuck and self._shed(count, len(frames), self.node.now()):
+        if self.track.stuck and self._shed(count, len(frames), self.node.now()):
             return
         if self.emu is None and (self.queue is not None or self.paused):
             self._queue_frames(frames)
@@ -233,7 +226,7 @@ class LinkOutput:
             q = self.queue = self._new_queue(now)
         origin = self.reads.link
         dropped = q.push_frames(frames, now, origin)
-        self._take(origin, len(frames))
+        self.flow.queued(self.link_id, origin, len(frames), now)
         if dropped:
             self._dropped(dropped, now)
             if self.queue is None:  # closed as a slow consumer
@@ -241,51 +234,29 @@ class LinkOutput:
         self._drain()
 
     def _dropped(self, dropped: list[tuple[bytes, int, int]], now: float) -> None:
-        """Frames dropped to keep the queue bounded: count, alert their flows, and handle
-        the link as a slow consumer (it holds no credit; closed after the grace time)."""
+        """Frames dropped to keep the queue bounded: alert their flows, and tell flow
+        control (it counts them, says once that the link cannot keep up, and evicts it
+        after the grace time)."""
         node = self.node
-        kind = node.config.drop_kind
-        for _, n, org in dropped:
-            self._give(org, n)
-        node.core.counters["drop." + kind] += len(dropped)
+        cfg = node.config
         link = node.core.links.get(self.link_id)
         desc = link.describe() if link else f"link {self.link_id}"
-        if self.slow.note_drops(len(dropped), now):
-            log.warning("router %s: %s cannot keep up (%d bytes queued); dropping its frames "
-                        "(%s)", node.config.name, desc, node.config.queue_bound, kind)
         for key in sorted({k for k, _, _ in dropped}):
             node.execute(node.core.alert(
-                kind, f"output to {desc} is full ({node.config.queue_bound} bytes); dropping the "
-                "longest flow's frames", now, key))
-        if self.slow.expired(now):
-            node.close_slow_consumer(self)
+                cfg.drop_kind, f"output to {desc} is full ({cfg.queue_bound} bytes); dropping "
+                "the longest flow's frames", now, key))
+        self.flow.dropped(self.link_id, dropped, now)
 
     def _shed(self, count: int, size: int, now: float) -> bool:
-        """A stuck output (nothing sent for the stall time) already over its limit drops
-        new data frames at once (counted like any other drop) instead of queueing and
-        trimming them one by one: a stuck receiver must cost the router as little as
-        possible (fairness between its flows is moot while nothing moves). True if they
-        were dropped."""
+        """A stuck output already over its bound drops new data frames at once (counted
+        like any other drop; flow control decides) instead of queueing and trimming them
+        one by one. True if they were dropped."""
         q = self.queue
-        if q is None or self.slow.over_since is None or q.bytes + size <= q.max_bytes:
+        if q is None or not self.flow.shed(self.link_id, count, size, q.bytes, now):
             return False
-        node = self.node
-        node.core.counters["drop." + node.config.drop_kind] += count
-        self.slow.dropped += count
         q.dropped += count
         q.dropped_bytes += size
-        if self.slow.expired(now):
-            node.close_slow_consumer(self)
         return True
-
-    def become_stuck(self) -> None:
-        """Give back the credit this output's waiting frames hold."""
-        if self.stuck:
-            return
-        held, self.held = self.held, {}
-        self.stuck = True
-        for org, n in held.items():
-            self.flow.give(org, n)
 
     def flush(self) -> None:
         batch, self.batch = self.batch, None
@@ -295,21 +266,14 @@ class LinkOutput:
     def pause(self) -> None:
         """The transport pushed back (anything it could not write at once is buffered)."""
         self.paused = True
-        self.paused_read = self.reads.number
-        self.flow.hold(self)
+        self.flow.pushed_back(self.link_id)
 
     def resume(self) -> None:
+        """The transport takes frames again: flow control first (inputs this output held
+        read again), then what waits here goes."""
         self.paused = False
-        if self.queue is None:
-            self.stuck = False  # it moves again and nothing of it waits to retake credit
-        self.flow.release(self)
+        self.flow.resumed(self.link_id)
         self._drain()
-        # Its transport takes frames again: if the input it was fed by is paused for credit,
-        # this is a sibling draining, and an output that is not may be holding that input
-        # (with no queue of its own here, _drain gave no credit back and looked at nothing).
-        fed = self.fed
-        if fed and not self.paused and fed in self.flow.paused_inputs:
-            self.flow.unblock(fed)
 
     def _drain(self) -> None:
         q = self.queue
@@ -318,36 +282,31 @@ class LinkOutput:
         node = self.node
         now = node.now()
         sent = False
-        waiting = self.flow.paused_inputs  # inputs paused for credit
-        freed: set[int] = set()  # which of them this output just gave credit back to
+        track, flow = self.track, self.flow
+        gone: dict[int, int] = {}  # bytes per input that left the queue
         while not self.paused:
             fr = q.pop(now)
             if fr is None:
                 break
             sent = True
-            if fr[2] in waiting:
-                freed.add(fr[2])
-                self.fed = fr[2]
-            elif fr[2] and fr[0][20] >= 16:  # what feeds it now (backpressure.hold)
-                self.fed = fr[2]
+            origin = fr[2]
             size = len(fr[0]) + len(fr[1])
-            self._give(fr[2], size)
+            if origin:
+                gone[origin] = gone.get(origin, 0) + size
+                # what feeds it now: forwarded data, or an input waiting for this credit
+                if fr[0][20] >= 16 or flow.waits_for_credit(origin):
+                    track.fed = origin
             self.rate.wrote(size)
             self.write(fr[0], fr[1])
         self.rate.backlog(q.backlogged, now)
-        if sent or q.empty():
-            self.slow.progress(q.bytes, now)
-            if self.stuck:  # moving again: its frames hold credit again, so that a receiver
-                self.stuck = False  # only briefly behind pushes back before it overflows
-                for org, n in q.origins().items():
-                    self._take(org, n)
-        for origin in freed:  # is an output that does not move what still holds them back?
-            self.flow.unblock(origin)
-        if q.empty() and not q.shaped:
-            self.queue = None  # back to the fast path
-            self.flow.backlogged.discard(self)
+        ends = q.empty() and not q.shaped
+        flow.written(self.link_id, gone, q.bytes, now, moved=sent or q.empty(),
+                     backlog=not ends)
+        if ends:
+            if self.queue is q:
+                self.queue = None  # back to the fast path
             return
-        if not self.paused:
+        if not self.paused and self.queue is q:
             wait = q.next_ready(now)
             if wait is not None:
                 self.timer = node.loop.call_later(max(wait, 0.0005), self._wake)
@@ -360,16 +319,12 @@ class LinkOutput:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        q, self.queue = self.queue, None
-        self.flow.backlogged.discard(self)
-        if q is not None:
-            now = self.node.now()
-            while (fr := q.pop(now)) is not None:
-                self._give(fr[2], len(fr[0]) + len(fr[1]))
+        self.queue = None
+        self.flow.forget(self.link_id)  # what waited here holds no credit any more
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"paused": self.paused, "stuck": self.stuck}
-        out.update(self.slow.stats())
+        out: dict[str, Any] = self.track.stats()
+        out["paused"] = self.paused
         if self.queue is not None:
             out.update(self.queue.stats())
         if self.emu is not None:

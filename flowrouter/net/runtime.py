@@ -18,8 +18,8 @@ bytes and time in and actions out:
   ``max_link_buffer`` with drops taken from the longest flow queue, counted as
   ``drop.link-congested`` and announced on the flow's fault band. An input whose outputs have
   all pushed back stops reading at once (held: its frames wait in the kernel, not copied into
-  queues; :mod:`flowrouter.net.backpressure`) until one moves or ``slow_consumer_stall``
-  passes. Each input link has a credit
+  queues; :mod:`flowrouter.core.flowcontrol` decides, :mod:`flowrouter.net.backpressure`
+  carries it out) until one moves or ``slow_consumer_stall`` passes. Each input link has a credit
   (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
   neighbour, so TCP pushes back on the sender that causes the congestion and only on it. An
   output whose transport pushed back while a sibling fed by the same input drains gives its
@@ -44,8 +44,9 @@ The code lives in one module per concern; this module keeps the historical impor
   batched datagram I/O;
 * :mod:`flowrouter.net.control` — the control interface and :func:`query_control`;
 * :mod:`flowrouter.net.output` — a link's output: fast path, fair queue, credits, emulation;
-* :mod:`flowrouter.net.backpressure` — the node's flow control: which input stops reading
-  when outputs push back;
+* :mod:`flowrouter.net.backpressure` — carries out the node's flow control, the sans-I/O
+  :class:`~flowrouter.core.flowcontrol.FlowControl` (which input stops reading, which
+  output holds credit or is a slow consumer), on one timer at its next deadline;
 * :mod:`flowrouter.net.nodeapi` — the node interface links and outputs see, and the read
   batch.
 
