@@ -173,6 +173,20 @@ def test_a_held_input_over_its_credit_waits_for_both(make_node: MakeNode) -> Non
     assert src.reading and fc.pending(1) == 0
 
 
+def test_frames_in_an_emulated_delay_line_go_on_when_emulation_ends(make_node: MakeNode) -> None:
+    node = make_node(link_credit=4096)
+    src, x = _Link(node, 1), _Link(node, 2)
+    sent: list[bytes] = []
+    x.out.write = lambda h, p: sent.append(bytes(p))
+    x.out.emulate(Emulation(delay=10.0))
+    for size in (3000, 3000):  # they wait out the delay, holding the input's credit
+        _read(node, 1, x, size=size)
+    assert not src.reading and not sent
+    x.out.emulate(None)
+    assert [len(p) for p in sent] == [3000, 3000]  # none lost in the old queue
+    assert src.reading and node.flow.control.pending(1) == 0
+
+
 def test_fed_follows_the_frames_written_not_the_routers_own(make_node: MakeNode) -> None:
     """What an output was last fed by decides holds: frames drained from its queue count,
     the router's own notices (no input) do not."""

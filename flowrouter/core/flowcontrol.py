@@ -280,9 +280,9 @@ class FlowControl:
         if not backlog and rec.backlogged:
             rec.backlogged = False
             self.backlogged.pop(link, None)
-        if rec.recheck_fed and not rec.paused:
-            rec.recheck_fed = False
-            if self.over_credit(rec.fed):
+        if rec.recheck_fed:  # the drain after a resume: a sibling that drains, unless it
+            rec.recheck_fed = False  # pushed back again meanwhile
+            if not rec.paused and self.over_credit(rec.fed):
                 self._unblock(rec.fed, now, out)
         return out
 
