@@ -3,11 +3,10 @@
 A copy-free fast path straight to the transport (batched per read), and the slow path once
 the transport pushes back or the link is shaped: a fair, bounded
 :class:`~flowrouter.core.linkqueue.OutputQueue` (control first, deficit round robin between
-flows, drops from the longest flow queue, counted and announced), input credits, the
-slow-consumer policy (an output that cannot keep up holds no credit and is closed after a
-grace time: :class:`~flowrouter.core.linkqueue.SlowConsumerPolicy`), and link emulation
-(bandwidth, delay, loss, administrative down). What flow control decides (which input stops
-reading, which output holds credit or is a slow consumer) is
+flows, drops from the longest flow queue, announced on the flows' fault band), and link
+emulation (bandwidth, delay, loss, administrative down). What flow control decides (which
+input stops reading, which output holds credit, when a stuck one sheds frames at once, when
+a slow consumer is evicted) is
 :class:`flowrouter.core.flowcontrol.FlowControl`'s: the output reports its events to the
 node's flow control (:mod:`flowrouter.net.backpressure`) and notes which input's frames it
 writes, in which read, on its record there (stores, not calls: the hot path).
