@@ -79,7 +79,7 @@ class BandMask:
 
     def __init__(self, bands: Iterable[int] | int | BandMask = ()) -> None:
         if isinstance(bands, BandMask):
-            self._bits: int = bands._bits
+            self._bits: int = bands.bits
         elif isinstance(bands, int):
             if not 0 <= bands <= ALL_BANDS:
                 raise ValueError("mask integer out of range for 128 bands")

@@ -204,11 +204,11 @@ class Hello:
     #: charged in both directions without configuring every link twice
     modifiers: tuple[int, int, int] = (0, 0, 0)
     TYPE = MsgType.HELLO
-    _ST = struct.Struct("!4sQBIIBBB")
+    ST = struct.Struct("!4sQBIIBBB")
 
     def encode(self) -> bytes:
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
-                + self._ST.pack(PROTOCOL_MAGIC, self.node_id, self.role, self.max_payload,
+                + self.ST.pack(PROTOCOL_MAGIC, self.node_id, self.role, self.max_payload,
                                 self.default_lsid, *self.modifiers)
                 + _text(self.name) + _blob(self.credentials))
 
@@ -232,11 +232,11 @@ class LsRoutes:
 
     routes: tuple[tuple[int, int], ...]  #: (lsid, distance in router hops)
     TYPE = MsgType.LS_ROUTES
-    _ENTRY = struct.Struct("!IB")
+    ENTRY = struct.Struct("!IB")
 
     def encode(self) -> bytes:
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE) + len(self.routes).to_bytes(2, "big")
-                + b"".join(self._ENTRY.pack(lsid, dist) for lsid, dist in self.routes))
+                + b"".join(self.ENTRY.pack(lsid, dist) for lsid, dist in self.routes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,10 +270,10 @@ class Join:
     #: a capability token (:mod:`flowrouter.wire.capabilities`) for flows under a policy
     capability: bytes = b""
     TYPE = MsgType.JOIN
-    _ST = struct.Struct("!I16sB")
+    ST = struct.Struct("!I16sB")
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(
             self.req_id, self.mask.to_bytes(16, "big"), self.flags) + _blob(self.capability)
 
 
@@ -283,10 +283,10 @@ class JoinAck:
     status: JoinStatus
     reason: str = ""
     TYPE = MsgType.JOIN_ACK
-    _ST = struct.Struct("!IB")
+    ST = struct.Struct("!IB")
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(
             self.req_id, self.status) + _text(self.reason)
 
 
@@ -353,10 +353,10 @@ class Echo:
     seq: int
     stamp: int  #: the sender's clock in microseconds (opaque to the receiver)
     TYPE = MsgType.ECHO
-    _ST = struct.Struct("!IQ")
+    ST = struct.Struct("!IQ")
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(self.seq, self.stamp)
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(self.seq, self.stamp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,10 +364,10 @@ class EchoReply:
     seq: int
     stamp: int  #: copied from the ECHO, so the prober computes the round trip statelessly
     TYPE = MsgType.ECHO_REPLY
-    _ST = Echo._ST
+    ST = Echo.ST
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self._ST.pack(self.seq, self.stamp)
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(self.seq, self.stamp)
 
 
 #: soft-state timing both ends default to (routers take theirs from their config, flowlib
@@ -413,14 +413,14 @@ class Refresh:
     hold_ms: int
     entries: tuple[tuple[bytes, int, int], ...]  #: (flow key, band mask, flags)
     TYPE = MsgType.REFRESH
-    _ST = struct.Struct("!IHHIH")
+    ST = struct.Struct("!IHHIH")
 
     def encode(self) -> bytes:
         if len(self.entries) > 0xFFFF:
             raise ValueError("too many entries for one REFRESH chunk")
         pack = REFRESH_ENTRY.pack
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
-                + self._ST.pack(self.round, self.index, self.count, self.hold_ms,
+                + self.ST.pack(self.round, self.index, self.count, self.hold_ms,
                                 len(self.entries))
                 + b"".join(pack(k, m.to_bytes(16, "big"), f) for k, m, f in self.entries))
 
@@ -479,7 +479,7 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     msg: ControlMessage
     if t is MsgType.HELLO:
         magic, node_id, role, max_payload, lsid, m_bw, m_delay, m_geo = r.unpack(
-            Hello._ST)  # type: ignore[assignment]
+            Hello.ST)  # type: ignore[assignment]
         if magic != PROTOCOL_MAGIC:  # type: ignore[comparison-overlap]
             raise MalformedFrame("bad-hello", "wrong protocol magic")
         try:
@@ -493,16 +493,16 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
         msg = Error(code, r.text(limit=0xFFFF))
     elif t is MsgType.LS_ROUTES:
         n = int.from_bytes(r.take(2), "big")
-        msg = LsRoutes(tuple(r.unpack(LsRoutes._ENTRY) for _ in range(n)))  # type: ignore[misc]
+        msg = LsRoutes(tuple(r.unpack(LsRoutes.ENTRY) for _ in range(n)))  # type: ignore[misc]
     elif t is MsgType.AUTH:
         msg = Auth(r.blob())
     elif t is MsgType.POLICY:
         msg = PolicyMsg(r.blob())
     elif t is MsgType.JOIN:
-        req, mask, flags = r.unpack(Join._ST)
+        req, mask, flags = r.unpack(Join.ST)
         msg = Join(req, int.from_bytes(mask, "big"), flags, r.blob())  # type: ignore[arg-type]
     elif t is MsgType.JOIN_ACK:
-        req, status = r.unpack(JoinAck._ST)
+        req, status = r.unpack(JoinAck.ST)
         try:
             st = JoinStatus(status)
         except ValueError:
@@ -517,11 +517,11 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     elif t is MsgType.PONG:
         msg = Pong(int.from_bytes(r.take(4), "big"))
     elif t is MsgType.ECHO:
-        msg = Echo(*r.unpack(Echo._ST))
+        msg = Echo(*r.unpack(Echo.ST))
     elif t is MsgType.ECHO_REPLY:
-        msg = EchoReply(*r.unpack(Echo._ST))
+        msg = EchoReply(*r.unpack(Echo.ST))
     elif t is MsgType.REFRESH:
-        rnd, index, count, hold, n = r.unpack(Refresh._ST)
+        rnd, index, count, hold, n = r.unpack(Refresh.ST)
         if count == 0 or index >= count:
             raise MalformedFrame("bad-control", f"REFRESH chunk {index} of {count}")
         raw = r.take(n * REFRESH_ENTRY.size)

@@ -355,7 +355,7 @@ class SimEndpoint:
         self.counters["delivered"] += 1
         net = self.net
         if net.trace is not None:
-            net._trace(d.time, "deliver", self.link_name, self.name, band, 24 + len(payload),
+            net.record(d.time, "deliver", self.link_name, self.name, band, 24 + len(payload),
                        "")
         if self.on_delivery is not None:
             self.on_delivery(self, d)

@@ -80,7 +80,7 @@ class Direction:
         self.ok = False  #: connected and not cut: the fast path may skip every check
         self.control_loss = 0.0
         self.special = blocks_data or bool(link.queue_limit)
-        self.deliver = net._nodes[dst].on_frame
+        self.deliver = net.all_nodes[dst].on_frame
         self._arrive_cb = self._arrive
 
     def refresh(self) -> None:
@@ -124,7 +124,7 @@ class Direction:
         self.drops[reason] += 1
         net = self.net
         if net.trace is not None:
-            net._trace(now, "drop", self.link.name, self.src, header[20], size, reason)
+            net.record(now, "drop", self.link.name, self.src, header[20], size, reason)
 
     def transmit(self, header: bytes, payload: bytes | memoryview) -> None:
         """Put one frame on the wire now (or count why it cannot go)."""
@@ -173,10 +173,10 @@ class Direction:
                 arrive = self.last_arrival
             self.last_arrival = arrive
         if self.net.trace is not None:
-            self.net._trace(now, "send", self.link.name, self.src, header[20], size,
+            self.net.record(now, "send", self.link.name, self.src, header[20], size,
                             f"{arrive:.9f}")
-        q._seq += 1
-        heappush(q._q, (arrive, q._seq, self._arrive_cb, (self.gen, header, payload)))
+        q.seq += 1
+        heappush(q.heap, (arrive, q.seq, self._arrive_cb, (self.gen, header, payload)))
 
     def _arrive(self, gen: int, header: bytes, payload: bytes | memoryview) -> None:
         if gen != self.gen or self.dst_lid is None:

@@ -65,7 +65,7 @@ class _SortedKeys(dict):  # type: ignore[type-arg]
 class RouterNode:
     """Glue between one sans-I/O Router and the simulated links attached to it."""
 
-    __slots__ = ("name", "router", "net", "q", "ports", "links", "_next_lid", "site")
+    __slots__ = ("name", "router", "net", "q", "ports", "links", "next_lid", "site")
 
     def __init__(self, net: SimNetwork, router: Router, site: str | None = None) -> None:
         self.name = router.p.name
@@ -74,12 +74,12 @@ class RouterNode:
         self.q = net.queue
         self.ports: dict[int, Direction] = {}  #: link id -> outgoing direction
         self.links: dict[int, SimLink] = {}
-        self._next_lid = 1
+        self.next_lid = 1
         self.site = site
 
     def attach(self, link: SimLink, out: Direction, peer: str) -> int:
-        lid = self._next_lid
-        self._next_lid += 1
+        lid = self.next_lid
+        self.next_lid += 1
         self.ports[lid] = out
         self.links[lid] = link
         net = self.net
@@ -107,7 +107,7 @@ class RouterNode:
         try:
             acts = self.router.receive(lid, header, payload, self.q.now)
         except Exception as exc:  # noqa: BLE001 - reported, see SimNetwork.strict
-            self.net._router_error(self, "receive", exc)
+            self.net.router_error(self, "receive", exc)
             return
         if acts:
             self.apply(acts)
@@ -118,7 +118,7 @@ class RouterNode:
         try:
             acts = self.router.tick(now)
         except Exception as exc:  # noqa: BLE001
-            self.net._router_error(self, "tick", exc)
+            self.net.router_error(self, "tick", exc)
             return
         if acts:
             self.apply(acts)
@@ -136,7 +136,7 @@ class RouterNode:
         try:
             return fn(*args, **kw)
         except Exception as exc:  # noqa: BLE001
-            self.net._router_error(self, what, exc)
+            self.net.router_error(self, what, exc)
             return []
 
     def apply(self, actions: list[Any]) -> None:
@@ -149,7 +149,7 @@ class RouterNode:
                     continue
                 out.transmit(act.header, act.payload)
             else:  # Close
-                self.net._router_closed(self, act.link, act.reason)
+                self.net.router_closed(self, act.link, act.reason)
 
 
 class SimNetwork:
@@ -176,7 +176,7 @@ class SimNetwork:
         self.nodes: dict[str, RouterNode] = {}
         self.endpoints: dict[str, SimEndpoint] = {}
         self.links: dict[str, SimLink] = {}
-        self._nodes: dict[str, RouterNode | SimEndpoint] = {}
+        self.all_nodes: dict[str, RouterNode | SimEndpoint] = {}
         self.trace: list[TraceRecord] | None = [] if trace else None
         self.errors: list[tuple[float, str, str, str]] = []  #: (time, router, event, error)
         self.counters: Counter[str] = Counter()
@@ -243,7 +243,7 @@ class SimNetwork:
         node = RouterNode(self, router, site)
         self.routers[name] = router
         self.nodes[name] = node
-        self._nodes[name] = node
+        self.all_nodes[name] = node
         return router
 
     def set_control_loss(self, p: float, links: Iterable[str] | None = None) -> None:
@@ -267,7 +267,7 @@ class SimNetwork:
         ep = SimEndpoint(self, name, router, node_id_for(name), roles=tuple(roles),
                          repair=repair, **options)
         self.endpoints[name] = ep
-        self._nodes[name] = ep
+        self.all_nodes[name] = ep
         link = SimLink(self, f"{name}@{router}", name, router, transport="tcp",
                        bandwidth=bandwidth, delay=delay, loss=0.0,
                        modifiers=modifiers or Modifiers(), oneway=False, queue_limit=0,
@@ -298,7 +298,7 @@ class SimNetwork:
         return link
 
     def _check_new_name(self, name: str) -> None:
-        if name in self._nodes:
+        if name in self.all_nodes:
             raise ValueError(f"duplicate node name {name!r}")
 
     @classmethod
@@ -348,11 +348,11 @@ class SimNetwork:
         link.ab.reset()
         link.ba.reset()
         if self.trace is not None:
-            self._trace(self.now, "up", link.name, "", 0, 0, "")
-        na, nb = self._nodes[link.a], self._nodes[link.b]
+            self.record(self.now, "up", link.name, "", 0, 0, "")
+        na, nb = self.all_nodes[link.a], self.all_nodes[link.b]
         # both ends get their link ids before either says HELLO
-        link.lid_a = na._next_lid if isinstance(na, RouterNode) else link.connects
-        link.lid_b = nb._next_lid if isinstance(nb, RouterNode) else link.connects
+        link.lid_a = na.next_lid if isinstance(na, RouterNode) else link.connects
+        link.lid_b = nb.next_lid if isinstance(nb, RouterNode) else link.connects
         link.ab.dst_lid = link.lid_b
         link.ba.dst_lid = link.lid_a
         for node, lid, out, peer in ((na, link.lid_a, link.ab, link.b),
@@ -370,14 +370,14 @@ class SimNetwork:
         link.ba.reset()
         link.ab.dst_lid = link.ba.dst_lid = None
         if self.trace is not None:
-            self._trace(self.now, "down", link.name, skip or "", 0, 0, reason)
+            self.record(self.now, "down", link.name, skip or "", 0, 0, reason)
         for name, lid in ((link.a, link.lid_a), (link.b, link.lid_b)):
             if name == skip or lid is None:
                 continue
-            self._nodes[name].close(lid, reason)
+            self.all_nodes[name].close(lid, reason)
         link.lid_a = link.lid_b = None
 
-    def _router_closed(self, node: RouterNode, lid: int, reason: str) -> None:
+    def router_closed(self, node: RouterNode, lid: int, reason: str) -> None:
         """A router's Close action: tear the transport down and re-dial later."""
         link = node.links.get(lid)
         node.ports.pop(lid, None)
@@ -386,7 +386,7 @@ class SimNetwork:
             return
         self.counters["links.closed-by-router"] += 1
         if self.trace is not None:
-            self._trace(self.now, "close", link.name, node.name, 0, 0, reason)
+            self.record(self.now, "close", link.name, node.name, 0, 0, reason)
         self._disconnect(link, f"closed by {node.name}: {reason}", skip=node.name)
         self.queue.schedule(self.now + self.reconnect_delay, self._connect, link)
 
@@ -405,7 +405,7 @@ class SimNetwork:
             if d.down == 1:
                 d.reset()  # frames in flight that way are lost
                 if self.trace is not None:
-                    self._trace(self.now, "dir-down", name, direction, 0, 0, "")
+                    self.record(self.now, "dir-down", name, direction, 0, 0, "")
             return
         link.down += 1
         if link.down == 1:
@@ -420,7 +420,7 @@ class SimNetwork:
                 d.down -= 1
                 d.refresh()
                 if not d.down and self.trace is not None:
-                    self._trace(self.now, "dir-up", name, direction, 0, 0, "")
+                    self.record(self.now, "dir-up", name, direction, 0, 0, "")
             return
         if link.down:
             link.down -= 1
@@ -442,7 +442,7 @@ class SimNetwork:
             if loss is not None:
                 d.loss = loss
         if self.trace is not None:
-            self._trace(self.now, "set", name, direction or "", 0, 0,
+            self.record(self.now, "set", name, direction or "", 0, 0,
                         f"bandwidth={bandwidth} delay={delay} loss={loss}")
 
     def reset_link(self, name: str, direction: str | None = None) -> None:
@@ -495,17 +495,17 @@ class SimNetwork:
             self.schedule(nxt, self._repeat_down, f, nxt)
 
     # ------------------------------------------------------------------ errors and traces
-    def _router_error(self, node: RouterNode, what: str, exc: Exception) -> None:
+    def router_error(self, node: RouterNode, what: str, exc: Exception) -> None:
         text = f"{type(exc).__name__}: {exc}"
         self.errors.append((self.now, node.name, what, text))
         self.counters["router-errors"] += 1
         if self.trace is not None:
-            self._trace(self.now, "error", "", node.name, 0, 0, f"{what}: {text}")
+            self.record(self.now, "error", "", node.name, 0, 0, f"{what}: {text}")
         if self.strict:
             raise SimulationError(f"router {node.name} raised in {what} at t={self.now:.6f}: "
                                   f"{text}") from exc
 
-    def _trace(self, t: float, event: str, link: str, node: str, band: int, size: int,
+    def record(self, t: float, event: str, link: str, node: str, band: int, size: int,
                detail: str) -> None:
         assert self.trace is not None
         self.trace.append(TraceRecord(t, event, link, node, band, size, detail))
