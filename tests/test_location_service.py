@@ -51,7 +51,7 @@ async def _overlay() -> tuple[list[RouterNode], list[RouterNode]]:
         await within(node.wait_routes(LSID))
     for m in (m1, m2):
         while not m.core.routing.siblings(LSID):
-            await within(m._changed.wait())
+            await within(m.wait_changed())
     return [m1, m2], edges
 
 

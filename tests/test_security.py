@@ -61,7 +61,7 @@ def test_router_links_need_the_shared_key(caplog: pytest.LogCaptureFixture) -> N
             # A router that claims the key but cannot prove it, and one with no key at all.
             while (core.core.counters["auth.refused.bad-proof"] < 1
                    or core.core.counters["auth.refused.missing-credentials"] < 1):
-                await within(core._changed.wait())
+                await within(core.wait_changed())
             assert forger.core.routing.link_for(LSID) is None
             assert keyless.core.routing.link_for(LSID) is None
             # A raw client pretending to be a router (the fuzzing's LS hijack) is refused

@@ -421,6 +421,11 @@ class RouterNode:
             raise TimeoutError(f"router {self.config.name}: {self.links_up(role)} of {count} "
                                f"links up after {timeout}s") from None
 
+    async def wait_changed(self) -> None:
+        """Wait for the next change of the links (one up, down or refused), to look again at
+        something that has no event of its own (counters, sibling routes)."""
+        await self._changed.wait()
+
     async def wait_routes(self, lsid: int, timeout: float = 10.0) -> None:
         """Wait until this router knows a way to the core of *lsid*."""
         async def _wait() -> None:
