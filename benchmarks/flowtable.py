@@ -306,7 +306,7 @@ def run_size(n: int, build: str, samples: int, do_gc: bool) -> dict[str, Any]:
 
 def rss_in_child(n: int, mode: str) -> dict[str, Any]:
     """Build the same table in a fresh process without tracemalloc: real RSS growth."""
-    cmd = [sys.executable, __file__, "--_rss", str(n), "--build", mode]
+    cmd = [sys.executable, __file__, "--rss-child", str(n), "--build", mode]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True,
                              env=common.child_env())
@@ -342,13 +342,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="install flows via JOIN/JOIN_ACK through Router.receive ('join'), or "
                         "construct the same entries directly ('direct', faster); 'auto' "
                         "(default) joins up to 10^5 flows and constructs above")
-    p.add_argument("--_rss", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--samples", type=int, default=300_000,
                    help="lookups timed per size (default 300000)")
     p.add_argument("--out", help="write the JSON here instead of stdout")
     args = p.parse_args(argv)
-    if args._rss:
-        rss_child(args._rss, build_mode(args._rss, args.build))
+    if args.rss_child:
+        rss_child(args.rss_child, build_mode(args.rss_child, args.build))
         return 0
     sizes = args.sizes or ([1_000, 10_000] if args.quick else [10_000, 100_000, 1_000_000])
     samples = 20_000 if args.quick else args.samples

@@ -52,7 +52,7 @@ class LoopNet:
         self.send_log: list[tuple[str, float, int]] = []  #: (site, time, seq) of submits
         self.delivered_at_send: dict[tuple[str, int], set[tuple[str, int]]] = {}
         for s, o in self.sites.items():
-            self._apply(s, o._finish(0.0))
+            self._apply(s, o.finish(0.0))
         self.at(0.0, self._tick)
 
     # ------------------------------------------------------------------ scheduling

@@ -136,7 +136,7 @@ class Registration:
         while True:
             await asyncio.sleep(self.refresh)
             try:
-                await self.client._send_register((self.entry,), self.reach)
+                await self.client.send_register((self.entry,), self.reach)
                 self.refreshes += 1
             except FlowError as exc:
                 if self.client.flow_client.closed:  # the connection is gone for good
@@ -155,7 +155,7 @@ class Registration:
             with contextlib.suppress(BaseException):
                 await self._task
             self._task = None
-        self.client._registrations.discard(self)
+        self.client.registrations.discard(self)
         if remove and not self.client.flow_client.closed:
             await self.client.remove(self.entry.name, kind=self.entry.kind,
                                      flow=self.entry.flow)
@@ -222,8 +222,10 @@ class DirectoryClient:
         self._reply_task: asyncio.Task[None] | None = None
         self._reply_lock = asyncio.Lock()
         self._waiting: dict[str, asyncio.Queue[P.Reply]] = {}
-        self._registrations: set[Registration] = set()
-        self._watchers: set[Watcher] = set()
+        #: live registrations and watchers (each adds and removes itself): re-sent and told
+        #: about our own registrations when they happen
+        self.registrations: set[Registration] = set()
+        self.watchers: set[Watcher] = set()
 
     @classmethod
     async def connect(cls, routers: str | Sequence[str], *, name: str = "flowdir",
@@ -244,9 +246,9 @@ class DirectoryClient:
     async def close(self) -> None:
         """Stop refreshing (entries then expire by themselves), stop watchers, and close the
         connection if this client owns it."""
-        for reg in list(self._registrations):
+        for reg in list(self.registrations):
             await reg.cancel(remove=False)
-        for w in list(self._watchers):
+        for w in list(self.watchers):
             await w.close()
         if self._reply_task is not None:
             self._reply_task.cancel()
@@ -266,13 +268,14 @@ class DirectoryClient:
         await self.close()
 
     # ------------------------------------------------------------------ registering
-    async def _send_register(self, entries: Sequence[P.Entry], reach: P.Reach) -> None:
+    async def send_register(self, entries: Sequence[P.Entry], reach: P.Reach) -> None:
+        """Send a REGISTER of *entries* (a Registration's refresh uses it too)."""
         msg = P.Register(tuple(entries))
         await self.flow_client.send(self.flow, P.encode(msg), band=P.BAND_REGISTER,
                                     **reach.send_kwargs())
         self.stats["registers.sent"] += 1
-        for w in list(self._watchers):
-            w._inject(msg)
+        for w in list(self.watchers):
+            w.inject(msg)
 
     async def register(self, name: str, flow: FlowID | str, ttl: float = DEFAULT_TTL, *,
                        kind: str = P.KIND_FLOW, attrs: Sequence[str] = (), keep: bool = False,
@@ -296,10 +299,10 @@ class DirectoryClient:
             refresh = refresh if refresh is not None else max(0.05, entry.ttl / 3)
         else:
             refresh = None
-        await self._send_register((entry,), reach)
+        await self.send_register((entry,), reach)
         reg = Registration(self, entry, reach, refresh)
         if keep:
-            self._registrations.add(reg)
+            self.registrations.add(reg)
         return reg
 
     async def register_ls(self, lsid: int, flow: FlowID | str, ttl: float = DEFAULT_TTL,
@@ -317,14 +320,14 @@ class DirectoryClient:
             P.check_kind(kind)
         flow_text = "*" if flow == "*" else str(P.check_flow(flow))
         msg = P.Remove(name, kind, flow_text, self.owner)
-        for reg in list(self._registrations):
+        for reg in list(self.registrations):
             if msg.matches(reg.entry):
                 await reg.cancel(remove=False)
         await self.flow_client.send(self.flow, P.encode(msg), band=P.BAND_REMOVE,
                                     **P.Reach.of(scope).send_kwargs())
         self.stats["removes.sent"] += 1
-        for w in list(self._watchers):
-            w._inject(msg)
+        for w in list(self.watchers):
+            w.inject(msg)
 
     # ------------------------------------------------------------------ querying
     async def _ensure_reply_flow(self) -> FlowID:

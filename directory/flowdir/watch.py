@@ -82,7 +82,7 @@ class Watcher:
         self._listener = await client.flow_client.listen(client.flow, list(P.WATCH_BANDS),
                                                          size=4096)
         self._pump = asyncio.ensure_future(self._read(self._listener))
-        client._watchers.add(self)
+        client.watchers.add(self)
         if self.initial:
             result = await client.list(self.pattern, window=self.list_window)
             loop = asyncio.get_running_loop()
@@ -108,7 +108,7 @@ class Watcher:
         finally:
             self._queue.put_nowait(None)
 
-    def _inject(self, msg: P.Register | P.Remove) -> None:
+    def inject(self, msg: P.Register | P.Remove) -> None:
         """Our own registrations never come back to us over the network; show them too."""
         self._queue.put_nowait(msg)
 
@@ -170,7 +170,7 @@ class Watcher:
 
     async def close(self) -> None:
         self._closed = True
-        self.client._watchers.discard(self)
+        self.client.watchers.discard(self)
         if self._pump is not None:
             self._pump.cancel()
             with contextlib.suppress(BaseException):

@@ -142,7 +142,9 @@ class SiteCore:
     def _emit(self, action: Action) -> None:
         self._out.append(action)
 
-    def _finish(self, now: float) -> list[Action]:
+    def finish(self, now: float) -> list[Action]:
+        """The actions of the event just handled (orders drained and flushed, display paced);
+        every event handler ends with it, and a driver calls it once after construction."""
         if self.mode == "leader" and not self.is_leader:
             self._drain_orders(now)
         self._flush_orders()

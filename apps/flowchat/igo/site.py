@@ -70,7 +70,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         self._emit(Send(self.cfg.data_band, self._encode_msg(msg, 0), "data"))
         self.counters["sent.data"] += 1
         self._accept(msg, now)
-        return self._finish(now)
+        return self.finish(now)
 
     def _dependencies(self) -> tuple[tuple[int, int, int], ...]:
         """What this site has delivered, per stream ``(origin, incarnation, seq)``: each
@@ -93,19 +93,19 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
             self._check_band(kind, band, msg)
         except ForeignFrame:
             self.counters["foreign"] += 1
-            return self._finish(now)
+            return self.finish(now)
         except OldVersion:
             self.counters["refused.old-version"] += 1
-            return self._finish(now)
+            return self.finish(now)
         except ProtocolError as exc:
             if band == BAND_HEARTBEAT and bytes(payload[:2]) == b"HB":
                 self.counters["foreign.flowlib-heartbeat"] += 1
             else:
                 self.counters[f"malformed.{exc.reason}"] += 1
-            return self._finish(now)
+            return self.finish(now)
         if tx == self.me:
             self.counters["own-echo"] += 1
-            return self._finish(now)
+            return self.finish(now)
         self.counters[f"received.{KIND_NAMES[kind]}"] += 1
         try:
             if kind == K_DATA:
@@ -122,7 +122,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
                 self._on_order(tx, msg, now)  # type: ignore[arg-type]
         except ProtocolError as exc:  # semantically invalid (e.g. ORDER from a non-leader)
             self.counters[f"malformed.{exc.reason}"] += 1
-        return self._finish(now)
+        return self.finish(now)
 
     def tick(self, now: float) -> list[Action]:
         """Timers: heartbeats, failure detection, repair requests and answers, pacing."""
@@ -140,7 +140,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         self._long_term(now)
         self._deliverable(now)
         self._prune_ready(now)
-        return self._finish(now)
+        return self.finish(now)
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot for status displays and debugging."""
