@@ -52,14 +52,14 @@ class Harness:
         self.sent: dict[int, bytearray] = defaultdict(bytearray)
         self.now = 0.0
 
-    def _do(self, actions: list) -> None:
+    def do(self, actions: list) -> None:
         for a in actions:
             if type(a) is Send:
                 self.sent[a.link] += bytes(a.header) + bytes(a.payload)
 
     def frame(self, link: int, frame: bytes) -> None:
         if link in self.r.links:
-            self._do(self.r.receive(link, frame[:HEADER_SIZE], frame[HEADER_SIZE:], self.now))
+            self.do(self.r.receive(link, frame[:HEADER_SIZE], frame[HEADER_SIZE:], self.now))
 
     def read(self, link: int, data: bytes) -> None:
         """One received buffer of whole frames, as the runtime hands it over."""
@@ -84,7 +84,7 @@ class Harness:
 
     def open(self, link: int, role: C.Role, mods: tuple[int, int, int], max_payload: int
              ) -> None:
-        self._do(self.r.open_link(link, self.now, modifiers=Modifiers(*mods)))
+        self.do(self.r.open_link(link, self.now, modifiers=Modifiers(*mods)))
         hello = C.Hello(100 + link, role, f"p{link}", max_payload, modifiers=mods).encode()
         self.frame(link, pack_header(LINK_KEY, len(hello), 0) + hello)
         if role is C.Role.ROUTER:  # announce the far location service behind this link
@@ -140,10 +140,10 @@ def _apply(h: Harness, op: tuple) -> None:
         body = msg.encode()
         h.frame(link, pack_header(key, len(body), 0) + body)
     elif kind == "close":
-        h._do(h.r.close_link(op[1], h.now))
+        h.do(h.r.close_link(op[1], h.now))
     elif kind == "tick":
         h.now += op[1]
-        h._do(h.r.tick(h.now))
+        h.do(h.r.tick(h.now))
     else:
         _, link, frames = op
         data = b"".join(key + struct.pack("!IBBBB", size, band, lt, lv, ttl) + b"d" * size
