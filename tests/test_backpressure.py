@@ -23,9 +23,9 @@ import pytest
 
 from flowrouter.core.flowstates import InputState
 from flowrouter.net.config import Emulation, NodeConfig
-from flowrouter.net.links import TcpLink, reap_stalled_frames
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.runtime import RouterNode
+from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import FrameDecoder, pack_header
 

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
-from flowrouter.net.links import TcpLink
 from flowrouter.net.streamio import SHRINK_AFTER, RecvBuffer, write_gathered
+from flowrouter.net.tcp import TcpLink
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import HEADER_SIZE, pack_header
@@ -100,7 +100,7 @@ def test_frames_split_at_every_position_arrive_whole(
                 got = [p for _, p in await b.data(len(want_big))]
                 assert got == want_big, cut
             assert nodes[0].core.counters["malformed"] == 0
-            assert link.rx.pending == 0 and link._pending() == 0
+            assert link.rx.pending == 0 and link.pending() == 0
             for ep in (a, b):
                 await ep.close()
     run(main(), 120)

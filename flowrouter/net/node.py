@@ -7,7 +7,7 @@ stalled frames; the decisions are its flow control's, :mod:`flowrouter.net.backp
 and serves the control interface (:mod:`flowrouter.net.control`, commands checked by
 :mod:`flowrouter.net.commandauth`).
 
-Its links (:mod:`flowrouter.net.links` for TCP, :mod:`flowrouter.net.udp`) and their outputs
+Its links (:mod:`flowrouter.net.tcp` for TCP, :mod:`flowrouter.net.udp`) and their outputs
 see it only as the node interface, :class:`flowrouter.net.nodeapi.Node`: it implements that
 protocol, and each read of any link is one :class:`~flowrouter.net.nodeapi.ReadBatch`.
 
@@ -32,9 +32,9 @@ from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
-from flowrouter.net.links import TcpLink, reap_stalled_frames
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.nodeapi import Link, ReadBatch
+from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.net.udp import UdpLink, UdpLinks
 from flowrouter.wire.control import Role
 
@@ -258,6 +258,8 @@ class RouterNode:
                 link.send(action.header, action.payload)
             elif type(action) is Secure:
                 if isinstance(link, TcpLink):
+                    if link.out is not None:
+                        link.out.flush()  # what the read gave it so far leaves unsealed
                     # new keys every so many records and seconds (forward secrecy)
                     link.codec.start_sealed(sealed_stream(action.cipher, self.now,
                                                           self.config, self.core.counters))

@@ -40,7 +40,7 @@ bytes and time in and actions out:
 The code lives in one module per concern; this module keeps the historical import path:
 
 * :mod:`flowrouter.net.node` — :class:`RouterNode`, the daemon;
-* :mod:`flowrouter.net.links` — TCP links; :mod:`flowrouter.net.udp` — UDP links and their
+* :mod:`flowrouter.net.tcp` — TCP links; :mod:`flowrouter.net.udp` — UDP links and their
   batched datagram I/O;
 * :mod:`flowrouter.net.control` — the control interface and :func:`query_control`;
 * :mod:`flowrouter.net.output` — a link's output: fast path, fair queue, credits, emulation;

@@ -7,10 +7,10 @@ frames are forwarded from it in place and written with one ``writev`` per output
 because the core may keep them (queues, traces) and the next read overwrites the buffer. The
 handshake, sealed links and the Python-core path copy each read out whole and hand it to the
 link's :class:`~flowrouter.wire.streamcodec.StreamCodec` (handshake frames one at a time,
-then sealed records or plain frames), the stream reader flowlib's links use too. Each read is
-one
-:class:`~flowrouter.net.nodeapi.ReadBatch`; the link sends through a
-:class:`~flowrouter.net.output.LinkOutput`.
+then sealed records or plain frames), the stream reader flowlib's links use too. Each read,
+the handshake's included, is one :class:`~flowrouter.net.nodeapi.ReadBatch`; the link sends
+through a :class:`~flowrouter.net.output.LinkOutput`. Links whose started frame stops
+arriving are closed (:func:`reap_stalled_frames`).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
 :mod:`flowrouter.net.output`, :mod:`flowrouter.net.streamio` and
@@ -118,7 +118,7 @@ class TcpLink(asyncio.BufferedProtocol):
         """The record layer once the handshake installed keys (None on a plain link)."""
         return self.codec.sealed
 
-    def _pending(self) -> int:
+    def pending(self) -> int:
         """Bytes of an incomplete frame received so far."""
         return self.codec.pending + self.rx.pending
 
@@ -130,7 +130,7 @@ class TcpLink(asyncio.BufferedProtocol):
     def _note_partial(self, before: int) -> None:
         """Start or stop the frame progress clock (*before*: frames_in before the read)."""
         codec = self.codec
-        pending = (codec.frames.pending or self.rx.pending  # (self._pending(), one call less)
+        pending = (codec.frames.pending or self.rx.pending  # (self.pending(), one call less)
                    or (codec.sealed is not None and codec.pending_record))
         if not pending:
             self.partial_since = None
@@ -157,9 +157,12 @@ class TcpLink(asyncio.BufferedProtocol):
     def _handshake_bytes(self, data: bytes) -> None:
         """Handshake frames go to the core one at a time; the first frame after which the
         link is up, or sealed, ends the handshake, and the rest of the read goes on in the
-        next phase (in place in the receive buffer when plain and forwarded by the engine)."""
+        next phase (in place in the receive buffer when plain and forwarded by the engine).
+        The handshake frames of a read are one read batch, as any other (what they cause is
+        written when it ends; the node writes a link's batch before sealing it)."""
         node = self.node
         codec = self.codec
+        reads = node.begin_read(self.link_id)
         try:
             for header, payload in codec.receive_data(data):
                 node.execute(node.core.receive(self.link_id, header, payload, node.now()))
@@ -180,6 +183,8 @@ class TcpLink(asyncio.BufferedProtocol):
         except MalformedFrame as exc:
             node.execute(node.core.drop_link(self.link_id, exc, node.now()))
             return
+        finally:
+            reads.end()
         codec.end_handshake()
         rest = codec.take_buffered()
         node.link_state_changed()
@@ -301,7 +306,7 @@ class TcpLink(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
         reason = f"connection lost: {exc}" if exc else "connection closed by peer"
-        pending = self._pending()
+        pending = self.pending()
         if pending and self.link_id in node.core.links:  # not yet counted
             node.core.counters["malformed"] += 1
             node.core.counters["malformed.truncated"] += 1
@@ -361,7 +366,11 @@ class TcpLink(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     def close(self, reason: str) -> None:
+        """Close after writing what is pending: what the read in progress gathered for it
+        (the refusal or error that closes it, say), then the transport's buffer."""
         if self.transport is not None:
+            if self.out is not None:
+                self.out.flush()
             self.transport.close()
 
     def abort(self, reason: str) -> None:
