@@ -130,4 +130,4 @@ def test_property_hasten_keeps_causal_order(seed, loss, jitter, timeout) -> None
     assert checks.causal_violations(net.log, net.delivered_at_send) == []
     assert checks.fifo_violations(net.log) == []
     for name, site in net.sites.items():
-        assert not site._ready, f"{name} holds messages it never delivers"
+        assert not site.undelivered, f"{name} holds messages it never delivers"

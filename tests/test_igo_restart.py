@@ -113,7 +113,7 @@ def test_a_peer_restarting_mid_conversation_loses_and_repeats_nothing(mode: str,
         assert site.counters["incarnation.retired"] == 1
         assert not any(k.startswith(("skipped.", "dependency.lost")) for k in site.counters), \
             site.counters
-        assert not site._ready and not site.retired[1][0].pending
+        assert not site.undelivered and not site.retired[1][0].pending
         if leader == "b":
             assert site.counters["leader.restarted"] == 1
     # the restarted b: everything a and c said after it restarted, once each, in order

@@ -65,8 +65,8 @@ def test_fragmenting_pipelines_a_long_message_over_a_path() -> None:
         n = 100
         for i in range(n if frag else 1):
             size = seedmix.FRAGMENT_BYTES if frag else n * seedmix.FRAGMENT_BYTES
-            sender.send(flow, 32, seedmix._STAMP.pack(wl.index["r05-ua"], 1, i, n, net.now)
-                        + bytes(size - seedmix._STAMP.size))
+            sender.send(flow, 32, seedmix.STAMP.pack(wl.index["r05-ua"], 1, i, n, net.now)
+                        + bytes(size - seedmix.STAMP.size))
         net.run_until(4000.0)
         assert wl.done["31-100"] == 1, (frag, wl.done)
         delays[frag] = wl.delays["31-100"][0]

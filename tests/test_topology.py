@@ -322,7 +322,7 @@ def test_unknown_lookups_raise_key_error() -> None:
 
 
 def test_locator_handles_quoted_keys_and_nested_tables() -> None:
-    loc = T._Locator('a = 1\n[defaults.link]\n"quoted key" = 2\n[[routers]]\nname = "r"\n'
+    loc = T.Locator('a = 1\n[defaults.link]\n"quoted key" = 2\n[[routers]]\nname = "r"\n'
                      '[[routers]]\nname = "s"\nroutes = [\n  { lsid = 1, via = "r" },\n]\n'
                      "[scenarios.'x-1']\nfaults = [ { link = 'q', at = 3 } ]\n")
     assert loc.line_of(("a",)) == 1

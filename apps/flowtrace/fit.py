@@ -52,8 +52,9 @@ class Fit:
     extrapolation_error: float | None = None  #: same, on runs at the largest first term
     extrapolation_runs: int = 0
     notes: list[str] = field(default_factory=list)
-    _xtx_inv: Any = None
-    _t: float = 0.0
+    #: (X'X)^-1 of the fit and the t quantile at its level: what a prediction interval needs
+    xtx_inv: Any = None
+    t_quantile: float = 0.0
 
     def formula(self) -> str:
         parts = [f"{self.coef['const']:.4g}"]
@@ -157,7 +158,7 @@ def fit(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str],
               r2=(1.0 - ss_res / ss_tot) if ss_tot > 0 else float("nan"), sigma=sigma,
               level=level, ranges={t: (min(float(r[t]) for r in rows),
                                        max(float(r[t]) for r in rows)) for t in terms},
-              dropped=dropped, _xtx_inv=xtx_inv, _t=tq)
+              dropped=dropped, xtx_inv=xtx_inv, t_quantile=tq)
     for t, v in dropped.items():
         out.notes.append(f"{t} was {v:g} in every run: its effect is unknown, predictions "
                          f"must keep {t} = {v:g}")
@@ -166,7 +167,8 @@ def fit(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str],
     return out
 
 
-def _value(f: Fit, point: Mapping[str, float]) -> float:
+def value_at(f: Fit, point: Mapping[str, float]) -> float:
+    """The fitted value of *f* at *point* (its terms' values)."""
     v = f.coef["const"]
     for t in f.terms:
         x = float(point[t])
@@ -186,7 +188,7 @@ def _holdout(f: Fit, rows: Sequence[Mapping[str, Any]], min_df: int, level: floa
         for r in test:
             y = float(r[f.target])
             if y != 0:
-                errs.append(abs(_value(g, r) - y) / abs(y))
+                errs.append(abs(value_at(g, r) - y) / abs(y))
         return errs
 
     loo: list[float] = []
@@ -224,7 +226,7 @@ def predict(f: Fit, point: Mapping[str, float], *, max_factor: float = MAX_FACTO
                   for t in f.terms]
     x0a = np.array(x0)
     centre = float(x0a @ np.array([f.coef[k] for k in ("const", *f.terms)]))
-    half = f._t * f.sigma * math.sqrt(1.0 + float(x0a @ f._xtx_inv @ x0a))
+    half = f.t_quantile * f.sigma * math.sqrt(1.0 + float(x0a @ f.xtx_inv @ x0a))
     if f.model == "power":
         return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
     return centre, centre - half, centre + half

@@ -309,13 +309,13 @@ def _plots(p: _Plots, summary: dict[str, Any], data: dict[str, Any]) -> dict[str
     points = data.get("run_points", [])
     chosen = [f for f in data.get("fit_results", []) if hasattr(f, "coef")]
     if points and chosen:
-        from .fit import _value
+        from .fit import value_at
 
         fig, (ax,) = p.figure()
         for f in chosen:
             if f.target != "total_entries":
                 continue
-            pts = [(_value(f, r), r[f.target]) for r in points]
+            pts = [(value_at(f, r), r[f.target]) for r in points]
             ax.scatter([a for a, _ in pts], [b for _, b in pts], s=14,
                        label=f"{f.model} (n={f.n} runs)")
         ax.set_xlabel("fitted entries (all routers)")

@@ -57,7 +57,7 @@ def _plots(p: _Plots, rows: Sequence[dict[str, Any]], result: dict[str, Any]
     for target, f in result["chosen"].items():
         if f is None:
             continue
-        pts = [(FIT._value(f, r), float(r[target])) for r in rows if r.get(target)]
+        pts = [(FIT.value_at(f, r), float(r[target])) for r in rows if r.get(target)]
         fig, (ax,) = p.figure(height=4.0)
         ax.scatter([a for a, _ in pts], [b for _, b in pts], s=12)
         hi = max(max(a, b) for a, b in pts)

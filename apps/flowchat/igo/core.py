@@ -142,6 +142,11 @@ class SiteCore:
     def _emit(self, action: Action) -> None:
         self._out.append(action)
 
+    @property
+    def undelivered(self) -> int:
+        """Messages ordered and ready but not delivered yet (none once the site caught up)."""
+        return len(self._ready)
+
     def finish(self, now: float) -> list[Action]:
         """The actions of the event just handled (orders drained and flushed, display paced);
         every event handler ends with it, and a driver calls it once after construction."""

@@ -55,7 +55,7 @@ SIZE_MIX: tuple[tuple[int, int, float], ...] = ((1, 1, 0.70), (2, 30, 0.20), (31
 CLASSES = ("1", "2-30", "31-100")
 FRAGMENT_BYTES = 640  # 100 of them fit one 64 KiB frame (the routers' limit)
 MAILBOX_CREATOR = 0x5EED
-_STAMP = struct.Struct("!HIHHd")  # sender index, message id, fragment index, count, send time
+STAMP = struct.Struct("!HIHHd")  # sender index, message id, fragment index, count, send time
 REPO_TOPOLOGIES = Path(__file__).resolve().parents[3] / "topologies"
 SEED_TOPOLOGIES = ("ring-bi-20", "linear-20", "cdnnet-15")
 
@@ -92,9 +92,9 @@ class MailWorkload:
     def __init__(self, net: SimNetwork, *, interarrival: float = 50.0, fragmenting: bool = True,
                  fragment: int = FRAGMENT_BYTES, start: float = 5.0,
                  stop: float | None = None, lsid: int = 0x10) -> None:
-        if interarrival <= 0 or fragment < _STAMP.size:
+        if interarrival <= 0 or fragment < STAMP.size:
             raise ValueError("interarrival must be positive, fragment >= "
-                             f"{_STAMP.size} bytes")
+                             f"{STAMP.size} bytes")
         self.net = net
         self.interarrival = interarrival
         self.fragmenting = fragmenting
@@ -142,20 +142,20 @@ class MailWorkload:
         self.sent[size_class(n)] += 1
         self.sent_fragments += n
         if self.fragmenting:
-            pad = bytes(self.fragment - _STAMP.size)
+            pad = bytes(self.fragment - STAMP.size)
             for i in range(n):
-                ep.send(flow, DEFAULT_DATA_BAND, _STAMP.pack(src, mid, i, n, now) + pad)
+                ep.send(flow, DEFAULT_DATA_BAND, STAMP.pack(src, mid, i, n, now) + pad)
         else:
             ep.send(flow, DEFAULT_DATA_BAND,
-                    _STAMP.pack(src, mid, 0, n, now) + bytes(n * self.fragment - _STAMP.size))
+                    STAMP.pack(src, mid, 0, n, now) + bytes(n * self.fragment - STAMP.size))
         self.net.after(self.rng.expovariate(1.0 / self.interarrival), self._originate, name)
 
     def _on_delivery(self, ep: SimEndpoint, d: Delivery) -> None:
         ep.deliveries.clear()  # long runs: keep no per-frame history
-        if self._owner.get(d.flow.key) != ep.name or len(d.payload) < _STAMP.size:
+        if self._owner.get(d.flow.key) != ep.name or len(d.payload) < STAMP.size:
             self.misdelivered += 1
             return
-        src, mid, idx, n, sent_at = _STAMP.unpack_from(d.payload)
+        src, mid, idx, n, sent_at = STAMP.unpack_from(d.payload)
         if not self.fragmenting:
             self._complete(n, sent_at)
             return

@@ -45,8 +45,6 @@ from flowrouter.testbed.topology.model import (
 from flowrouter.testbed.topology.parser import load, loads
 from flowrouter.testbed.topology.writer import dump, dumps
 
-_Locator = Locator  #: its name before the split (tests use it)
-
 __all__ = [
     "TopologyError", "Site", "RouterSpec", "EndpointSpec", "LinkSpec", "LocationService",
     "Fault", "Scenario", "LinkDefaults", "EndpointDefaults", "RouterDefaults", "Defaults",
