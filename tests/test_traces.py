@@ -351,15 +351,15 @@ def test_snapshot_fields_from_a_router():
     r.links[1] = Link(1, "tcp", "a", (0, 0, 0, 0), role=Role.ROUTER)
     r.links[2] = Link(2, "tcp", "b", (0, 0, 0, 0), role=Role.ENDPOINT)
     r.links[3] = Link(3, "tcp", "c", (0, 0, 0, 0), role=Role.ENDPOINT)
-    r.epoch = 10  # epochs of 5 s: epoch 10 began at t = 50
+    r.state.epoch = 10  # epochs of 5 s: epoch 10 began at t = 50
     e1 = FlowEntry(None, True, 0.0)
     e1.down = {1: 1, 2: 1, 3: 1}
     e1.traffic = {1: 51.0, 2: 15.0, 3: 15.0}  # times of the last join or refresh
     e2 = FlowEntry(1, True, 0.0)
     e2.down = {2: 1}
     e2.traffic = {2: 10.0}  # not refreshed for 8 epochs
-    r.flows = {KEY: e1, KEY2: e2}
-    f = snapshot_fields(r)
+    r.flows.update({KEY: e1, KEY2: e2})
+    f = snapshot_fields(r.state)
     assert f == {"entries": 2, "links_total": 4, "active_flows": 1,
                  "mem_bytes": 2 * TR.ENTRY_BYTES + 4 * TR.LINK_BYTES, "core": True,
                  "fanout": {3: 1, 1: 1}, "edge": True, "members": 3, "lsids": [0x10],

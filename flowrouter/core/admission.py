@@ -6,32 +6,55 @@ alerts (counted, logged, kept for the status query, told to the flow on band 17)
 limit trips.
 The token formats themselves are :mod:`flowrouter.wire.capabilities`.
 
+A part of the router (see :mod:`flowrouter.core.router`): its own object over the shared
+:class:`~flowrouter.core.state.RouterState`, owning the raw policies it gossips and the alert
+rate limits; it calls no other part. Membership asks it about joins
+(:class:`~flowrouter.core.interfaces.JoinAdmission`), forwarding about data
+(:class:`~flowrouter.core.interfaces.SendCheck`), links and the LS exchange raise alerts
+through it. Members a new policy revokes are returned (:meth:`Admission.revoked_by`) for the
+Router to have membership withdraw them: membership already calls admission, and the call
+back would close a cycle.
+
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, tracers); never another part (calls into other parts go through ``self``,
-declared in :class:`~flowrouter.core.state.RouterState`).
+lsroutes, tracers); never another part.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from flowrouter.core.actions import Action, Send
-from flowrouter.core.state import LINK_KEY, RouterState, log
+from flowrouter.core.state import LINK_KEY, RouterState, control_frame, log
 from flowrouter.core.tables import Link, LinkState
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
-from flowrouter.wire.capabilities import CapabilityError
+from flowrouter.wire.capabilities import CapabilityError, Policy
 from flowrouter.wire.flowid import flow_text, key_lsid
 from flowrouter.wire.header import DEFAULT_TTL, OFF_LOC_TYPE, OFF_LOC_VALUE, pack_header
 
 
-class Admission(RouterState):
+class Admission:
     """Policies, capabilities, quotas and limit alerts."""
 
-    def _on_policy(self, link: Link, raw: bytes, now: float) -> list[Action]:
-        """A creator's signed policy: verify, install, enforce, and pass it on once."""
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+        self.p = state.p
+        self.counters = state.counters
+        self.policies = state.policies
+        #: raw records of the policies in force, gossiped to every router neighbour
+        self._policy_raws: dict[bytes, None] = {}
+        #: recent tripped limits, newest last (shown by the status query)
+        self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
+        self._alerted: dict[tuple[str, bytes | None], float] = {}
+        #: limit kind -> (start of its alert interval, flows told in it): :meth:`alert`
+        self._notice_window: dict[str, tuple[float, int]] = {}
+
+    def install_policy(self, link: Link, raw: bytes) -> Policy | None:
+        """A creator's signed policy from *link*: verify and install it; the policy now in
+        force, or None when it was already known, stale or does not verify (counted)."""
         if raw in self._policy_raws:
-            return []
+            return None
         try:
             pol = self.policies.install(raw)
         except CapabilityError as exc:
@@ -40,48 +63,41 @@ class Admission(RouterState):
             if exc.reason != "stale-policy":
                 log.warning("%s sent a policy that does not verify (%s): %s",
                             link.describe(), exc.reason, exc)
-            return []
+            return None
         self._policy_raws[raw] = None
-        self._policies_active = True
+        self.state.policies_active = True
         self.counters["policies.installed"] += 1
         log.info("policy v%d for %s %s installed (from %s)", pol.version,
                  "creator" if pol.creator_wide else "flow",
                  f"{pol.creator:016x}" if pol.creator_wide else flow_text(pol.flow_key),
                  link.describe())
-        out = self._revoke(pol, now)
+        return pol
+
+    def gossip(self, raw: bytes, source: int) -> list[Action]:
+        """Pass a newly installed policy on to every router neighbour but *source*."""
         body = C.PolicyMsg(raw).encode()
         hdr = pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP)
-        out += [Send(lid, hdr, body) for lid, lk in self.links.items()
-                if lk.role is C.Role.ROUTER and lk.state is LinkState.UP
-                and lid != link.link_id]
-        return out
+        return [Send(lid, hdr, body) for lid, lk in self.state.links.items()
+                if lk.role is C.Role.ROUTER and lk.state is LinkState.UP and lid != source]
 
-    def _revoke(self, pol: Any, now: float) -> list[Action]:
-        """Members whose capability this policy revokes lose what it granted."""
+    def policy_frames(self, link_id: int) -> list[Action]:
+        """The policies in force, for a router neighbour that just came up."""
         out: list[Action] = []
-        if not pol.revoked:
-            return out
-        for lk in list(self.links.values()):
-            for key, cap in list((lk.caps or {}).items()):
-                if pol.covers(key) and cap.serial in pol.revoked:
-                    out += self._withdraw(lk, key, "revoked", now)
+        for raw in self._policy_raws:
+            body = C.PolicyMsg(raw).encode()
+            out.append(Send(link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body))
         return out
 
-    def _withdraw(self, link: Link, key: bytes, why: str, now: float) -> list[Action]:
-        """Take an application off a flow whose capability is no longer valid."""
-        if link.caps:
-            link.caps.pop(key, None)
-        self.counters[f"capability.{why}"] += 1
-        entry = self.flows.get(key)
-        if entry is None or link.link_id not in entry.down:
+    def revoked_by(self, pol: Policy) -> list[tuple[Link, bytes]]:
+        """The (application link, flow) pairs whose capability *pol* revokes: they lose
+        what it granted (membership withdraws them)."""
+        if not pol.revoked:
             return []
-        log.info("%s: capability for %s %s; removed from the flow", link.describe(),
-                 flow_text(key), why)
-        self._drop_down(entry, key, link.link_id, "refused", now)
-        self._prune_notice(link.link_id, key)  # tell it: it may re-join with a new capability
-        return self._after_change(key, entry, now, "refused")
+        return [(lk, key) for lk in list(self.state.links.values())
+                for key, cap in list((lk.caps or {}).items())
+                if pol.covers(key) and cap.serial in pol.revoked]
 
-    def _authorize_join(self, link: Link, key: bytes, msg: C.Join, now: float
+    def authorize_join(self, link: Link, key: bytes, msg: C.Join, now: float
                         ) -> str | None:
         """First-hop check of an application's join or advertise; the refusal text or None.
 
@@ -89,7 +105,7 @@ class Admission(RouterState):
         and routers further in need not trust anyone but their authenticated neighbours.
         """
         try:
-            wall = now + self.wall_offset
+            wall = now + self.state.wall_offset
             if msg.flags & C.JOIN_FLAG_ADVERTISE and not msg.mask:
                 cap = self.policies.authorize(key, "send", msg.capability or None,
                                               link.peer_name, wall)
@@ -111,15 +127,15 @@ class Admission(RouterState):
             link.caps[key] = cap
         return None
 
-    def _over_quota(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
+    def over_quota(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
         """An application's join against its principal's quotas (flowrouter.core.trust):
         the refusal (counted, alerted, a LIMIT answer), or nothing."""
-        refusal = self.trust.join_refusal(link, key, self.links, now)
+        refusal = self.state.trust.join_refusal(link, key, self.state.links, now)
         if refusal is None:
             return []
         self.counters[f"refused.{refusal.kind}"] += 1
         out = self.refusal_alert(refusal.kind, refusal.text, refusal.limit, now, key)
-        return out + [self._control(link.link_id, key, C.JoinAck(
+        return out + [control_frame(link.link_id, key, C.JoinAck(
             msg.req_id, C.JoinStatus.LIMIT, refusal.text))]
 
     def refusal_alert(self, kind: str, detail: str, limit: str, now: float, key: bytes
@@ -136,12 +152,12 @@ class Admission(RouterState):
         notice = f"router {self.p.name} refused a join of this flow: {limit}"
         return self.alert(kind, detail, now, key, notice=notice, budget=True)
 
-    def _may_send(self, link: Link, key: bytes, header: memoryview | bytes, band: int,
+    def may_send(self, link: Link, key: bytes, header: memoryview | bytes, band: int,
                   now: float) -> bool:
         cap = link.caps.get(key) if link.caps else None
         return (cap is not None and cap.may_send(band)
                 and cap.locality_ok(header[OFF_LOC_TYPE], header[OFF_LOC_VALUE])
-                and cap.expiry > now + self.wall_offset)
+                and cap.expiry > now + self.state.wall_offset)
 
     def alert(self, kind: str, detail: str, now: float, key: bytes | None = None, *,
               notice: str | None = None, budget: bool = False) -> list[Action]:
@@ -160,17 +176,17 @@ class Admission(RouterState):
             self._alerted.clear()
         self._alerted[(kind, key)] = now
         log.warning("router %s: limit tripped: %s: %s", self.p.name, kind, detail)
-        self.alerts.append({"t": round(now - self.started, 3), "kind": kind, "detail": detail,
+        self.alerts.append({"t": round(now - self.state.started, 3), "kind": kind, "detail": detail,
                             "flow": flow_text(key) if key else None})
         if key is None:
             return []
         fault = C.Fault(C.FaultKind.LIMIT, self.p.name, notice or detail, {"limit": kind})
-        entry = self.flows.get(key)
+        entry = self.state.flows.get(key)
         if entry is not None:
-            return self._emit_fault(key, entry, fault)
+            return self.state.fault_frames(key, entry, fault)
         # Not on the tree here (e.g. a non-member sender's flow): the notice travels toward
         # the flow's core like the flow's own data, and the tree spreads it from there.
-        out_link = self.routing.link_for(key_lsid(key))
+        out_link = self.state.routing.link_for(key_lsid(key))
         if out_link is None:
             return []
         body = fault.encode()
@@ -183,7 +199,7 @@ class Admission(RouterState):
         start, used = self._notice_window.get(kind, (now, 0))
         if now - start >= self.p.alert_interval:
             start, used = now, 0
-        if used >= self.trust.limits.flow_notices:
+        if used >= self.state.trust.limits.flow_notices:
             return False
         self._notice_window[kind] = (start, used + 1)
         return True

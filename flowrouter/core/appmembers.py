@@ -21,8 +21,11 @@ refresh: soft state, as everything else in the router). A snapshot replaces what
 held for this router; members of a router whose snapshots stop coming expire at receivers
 after three refresh intervals.
 
-May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables);
-never another part.
+A part of the router (see :mod:`flowrouter.core.router`): its own object, owning the pending
+changes and the snapshot clocks, over the shared :class:`~flowrouter.core.state.RouterState`;
+membership tells it of changes (:class:`~flowrouter.core.interfaces.MemberLog`), the Router's
+``tick`` asks it for the notices due. May import :mod:`flowrouter.wire` and the core's shared
+modules (state, actions, tables); never another part.
 """
 
 from __future__ import annotations
@@ -43,10 +46,23 @@ from flowrouter.wire.header import DEFAULT_TTL, pack_header
 _BIT = 1 << BAND_APP_MEMBERSHIP
 
 
-class AppMembership(RouterState):
+class AppMembership:
     """Collects local membership changes per flow and sends them as band-19 notices."""
 
-    def _member_changed(self, key: bytes, link: Link | None, event: MemberEvent, mask: int,
+    def __init__(self, state: RouterState, now: float) -> None:
+        self.state = state
+        self.p = state.p
+        self.counters = state.counters
+        #: pending changes per flow (link -> latest change), flows owing a snapshot, when
+        #: each flow's last snapshot went
+        self._changes: dict[bytes, dict[int, MemberChange]] = {}
+        self._snapshot_due: set[bytes] = set()
+        self._refresh_at: dict[bytes, float] = {}
+        self._last = now
+        self._clock = now
+        self._seq = 0
+
+    def member_changed(self, key: bytes, link: Link | None, event: MemberEvent, mask: int,
                         old_mask: int = 0) -> None:
         """An application link joined, changed its mask on, or left flow *key*."""
         if (link is None or link.role is not C.Role.ENDPOINT
@@ -54,52 +70,52 @@ class AppMembership(RouterState):
             return
         auth = link.auth
         name = link.peer_name if auth is not None and auth.authenticated else ""
-        changes = self._member_changes.setdefault(key, {})
+        changes = self._changes.setdefault(key, {})
         if event is MemberEvent.MASK and link.link_id in changes:
             prev = changes[link.link_id].event
             if prev is MemberEvent.JOIN:
                 event = MemberEvent.JOIN
         changes[link.link_id] = MemberChange(event, link.peer_node_id, mask, name)
         if mask & _BIT and not old_mask & _BIT:
-            self._member_snapshot_due.add(key)  # a new local listener: tell it who is here
-        self._member_refresh_at.setdefault(key, self._member_clock)
+            self._snapshot_due.add(key)  # a new local listener: tell it who is here
+        self._refresh_at.setdefault(key, self._clock)
 
-    def _member_notices(self, now: float) -> list[Action]:
+    def notices(self, now: float) -> list[Action]:
         """Called every tick: send what is due (batched per interval, bounded per tick)."""
         p = self.p
-        self._member_clock = now
+        self._clock = now
         if not p.member_notice_interval:
             return []
-        if now - self._member_last < p.member_notice_interval:
+        if now - self._last < p.member_notice_interval:
             return []
-        self._member_last = now
-        due = set(self._member_changes) | self._member_snapshot_due
+        self._last = now
+        due = set(self._changes) | self._snapshot_due
         if p.member_refresh:
-            for key, at in list(self._member_refresh_at.items()):
+            for key, at in list(self._refresh_at.items()):
                 if now - at >= p.member_refresh:
                     due.add(key)
-                    self._member_snapshot_due.add(key)
+                    self._snapshot_due.add(key)
         out: list[Action] = []
         budget = p.member_notices_per_tick
         for key in sorted(due):
-            entry = self.flows.get(key)
+            entry = self.state.flows.get(key)
             if budget <= 0:
                 self.counters["appmembers.deferred"] += 1
                 continue
-            changes = self._member_changes.pop(key, {})
-            snapshot = key in self._member_snapshot_due
-            self._member_snapshot_due.discard(key)
+            changes = self._changes.pop(key, {})
+            snapshot = key in self._snapshot_due
+            self._snapshot_due.discard(key)
             if entry is None:
-                self._member_refresh_at.pop(key, None)
+                self._refresh_at.pop(key, None)
                 continue
             local = self._local_members(entry)
             if snapshot:
-                self._member_refresh_at[key] = now
+                self._refresh_at[key] = now
                 items = local
             else:
                 items = list(changes.values())
             if not local:
-                self._member_refresh_at.pop(key, None)
+                self._refresh_at.pop(key, None)
             if not items and not snapshot:
                 continue
             # one batch per interval; a batch larger than a notice goes as several notices
@@ -112,20 +128,20 @@ class AppMembership(RouterState):
                 omitted = len(rest)
                 chunks = chunks[:budget]
                 if snapshot:
-                    self._member_snapshot_due.add(key)  # all again next time
+                    self._snapshot_due.add(key)  # all again next time
                 else:
                     # negative keys: never confused with the link ids of later changes
-                    self._member_changes[key] = {-1 - i: c for i, c in enumerate(rest)}
+                    self._changes[key] = {-1 - i: c for i, c in enumerate(rest)}
             else:
                 omitted = 0
             for i, chunk in enumerate(chunks):
                 kind = NoticeKind.SNAPSHOT if snapshot and i == 0 else NoticeKind.DELTA
-                self._member_seq = (self._member_seq + 1) & 0xFFFFFFFF
+                self._seq = (self._seq + 1) & 0xFFFFFFFF
                 last = i == len(chunks) - 1
-                notice = MemberNotice(kind, p.node_id, self._member_seq,
+                notice = MemberNotice(kind, p.node_id, self._seq,
                                       int(p.member_refresh), omitted if last else 0,
                                       tuple(chunk))
-                sends = self._member_send(key, entry, notice.encode())
+                sends = self._send(key, entry, notice.encode())
                 if not sends:
                     break
                 budget -= 1
@@ -137,7 +153,7 @@ class AppMembership(RouterState):
     def _local_members(self, entry: FlowEntry) -> list[MemberChange]:
         out = []
         for lid, mask in entry.down.items():
-            lk = self.links.get(lid)
+            lk = self.state.links.get(lid)
             if lk is None or lk.role is not C.Role.ENDPOINT:
                 continue
             auth = lk.auth
@@ -145,7 +161,7 @@ class AppMembership(RouterState):
             out.append(MemberChange(MemberEvent.JOIN, lk.peer_node_id, mask, name))
         return out
 
-    def _member_send(self, key: bytes, entry: FlowEntry, body: bytes) -> list[Action]:
+    def _send(self, key: bytes, entry: FlowEntry, body: bytes) -> list[Action]:
         """The notice as data this router originates: to band-19 listeners below, and up the
         tree (or to sibling LS members listening on band 19, at a core)."""
         targets = [lk for lk, m in entry.down.items() if m & _BIT]
@@ -156,4 +172,4 @@ class AppMembership(RouterState):
         if not targets:
             return []
         hdr = pack_header(key, len(body), BAND_APP_MEMBERSHIP, 0, 0, DEFAULT_TTL)
-        return [Send(t, hdr, body) for t in targets if t in self.links]
+        return [Send(t, hdr, body) for t in targets if t in self.state.links]

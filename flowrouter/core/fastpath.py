@@ -150,10 +150,10 @@ class FastPath:
         links sent data; soft state no longer counts data as a refresh, so that is unused.)
         """
         r = self.router
-        if r._policies_active:
+        if r.state.policies_active:
             return pos, STOP_SLOW, []
         eng = self.engine
-        tracing = r._tracing
+        tracing = r.state.tracing
         tr = r.tracer
         counters = r.counters
         links = r.links

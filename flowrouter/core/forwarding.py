@@ -4,14 +4,22 @@ The hot path (docs/architecture.md, "Life of a frame"): the flow entry's downstr
 its upstream, and at a core the sibling LS members' masks choose the output links; then each
 output link gets its own header, with the TTL and the locality budget charged for that link.
 
-May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, tracers); never another part (calls into other parts go through ``self``,
-declared in :class:`~flowrouter.core.state.RouterState`).
+A part of the router (see :mod:`flowrouter.core.router`): its own object over the shared
+:class:`~flowrouter.core.state.RouterState`, holding direct references to the tables it
+reads per frame (they are never rebound), so the hot path is as flat as a method of the
+Router: one attribute away from each table. On a protected flow it asks admission whether an
+application may send (:class:`~flowrouter.core.interfaces.SendCheck`); traffic from the
+tree's side for a flow it holds nothing for is answered NOT_ON_TREE through the shared
+outbox (:class:`~flowrouter.core.state.LinkNotices`).
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
+tables, lsroutes, tracers); never another part.
 """
 
 from __future__ import annotations
 
 from flowrouter.core.actions import Action, Send
+from flowrouter.core.interfaces import SendCheck
 from flowrouter.core.state import RouterState
 from flowrouter.core.tables import Link
 from flowrouter.wire import control as C
@@ -22,27 +30,40 @@ from flowrouter.wire.header import OFF_LOC_TYPE, OFF_LOC_VALUE, OFF_TTL, pack_he
 _new_tuple = tuple.__new__
 
 
-class Forwarding(RouterState):
+class Forwarding:
     """Data-frame forwarding: output links, TTL and locality per link, drops."""
+
+    def __init__(self, state: RouterState, admission: SendCheck) -> None:
+        self.state = state
+        self.admission = admission
+        self.links = state.links
+        self.flows = state.flows
+        self.counters = state.counters
+        self.routing = state.routing
+        self.policies = state.policies
+        self.core_lsids = state.p.core_lsids
+        self.notices = state.notices
+        self.tracer = state.tracer
+        self.tracing = state.tracing
 
     def _dropped(self, reason: str, key: bytes, band: int, link_id: int, size: int,
                  now: float, links: int = 1) -> list[Action]:
         self.counters["drop." + reason] += 1
-        if self._tracing:
+        if self.tracing:
             tr = self.tracer
             tr.drop_left -= 1
             if tr.drop_left <= 0:
                 tr.drop_sampled(now, key, band, link_id, reason, size, links)
         return []
 
-    def _forward(self, link_id: int, link: Link, header: memoryview | bytes,
+    def forward(self, link_id: int, link: Link, header: memoryview | bytes,
                  payload: memoryview | bytes, band: int, now: float) -> list[Action]:
         counters = self.counters
         ttl = header[OFF_TTL]
         key = bytes(header[:16])
-        if (self._policies_active and link.role is C.Role.ENDPOINT
+        if (self.state.policies_active and link.role is C.Role.ENDPOINT
                 and self.policies.requires(key, "send")
-                and not self._may_send(link, key, header, band, now)):
+                and not self.admission.may_send(link, key, header, band, now)):
             return self._dropped("unauthorised", key, band, link_id, len(payload), now)
         if ttl == 0:
             return self._dropped("ttl", key, band, link_id, len(payload), now)
@@ -50,7 +71,7 @@ class Forwarding(RouterState):
         bit = 1 << band
         if entry is None:
             lsid = key_lsid(key)
-            if lsid in self.p.core_lsids:
+            if lsid in self.core_lsids:
                 return self._dropped("no-members", key, band, link_id, len(payload), now)
             out_link = self.routing.link_for(lsid)
             if out_link is None:
@@ -59,7 +80,7 @@ class Forwarding(RouterState):
                 # from the tree's side, for a flow we hold nothing for: the sender thinks
                 # we are downstream of it; NOT_ON_TREE makes it forget the branch
                 if link.role is C.Role.ROUTER:
-                    self._not_on_tree(link_id, key)
+                    self.notices.not_on_tree(link_id, key)
                 return self._dropped("no-state", key, band, link_id, len(payload), now)
             targets = [out_link]
             counters["forward.toward-core"] += 1
@@ -81,7 +102,7 @@ class Forwarding(RouterState):
             if not targets:
                 return self._dropped("no-receivers", key, band, link_id, len(payload), now)
         out = self._emit(targets, key, header, payload, band, ttl - 1, link_id, now)
-        if self._tracing and out:
+        if self.tracing and out:
             tr = self.tracer  # sampling countdown inline: no call per unsampled decision
             tr.fwd_left -= 1
             if tr.fwd_left <= 0:

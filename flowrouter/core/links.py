@@ -6,27 +6,57 @@ key ring, AUTH: :mod:`flowrouter.wire.linkauth`); the trust boundary
 A link that closes, times out or sends a malformed frame is forgotten here, and every flow
 that used it is repaired.
 
-May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, tracers, measured); never another part (calls into other parts go through ``self``,
-declared in :class:`~flowrouter.core.state.RouterState`).
+A part of the router (see :mod:`flowrouter.core.router`): its own object, owning the links
+still in their handshake and the replay cache of handshake proofs, over the shared
+:class:`~flowrouter.core.state.RouterState` (whose link table it keeps). What a link's coming
+and going means elsewhere it tells the other parts through their interfaces
+(:mod:`flowrouter.core.interfaces`): admission (alerts, the policies a new router neighbour
+learns), the LS exchange (routes), membership (flows to repair), the soft state (timers) and
+measured locality (meters).
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
+tables, lsroutes, tracers, trust); never another part.
 """
 
 from __future__ import annotations
 
 from flowrouter.core.actions import Action, Close, Secure, Send
-from flowrouter.core.measured import LinkMeter
+from flowrouter.core.interfaces import (
+    LinkAdmission,
+    LinkLiveness,
+    LinkLoss,
+    LinkMeters,
+    RouteAdvertiser,
+)
 from flowrouter.core.state import LINK_KEY, RouterState, log
 from flowrouter.core.tables import Link, LinkState, Modifiers
 from flowrouter.core.trust import Refusal
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_MEMBERSHIP
-from flowrouter.wire.flowid import flow_text
-from flowrouter.wire.header import Locality, MalformedFrame, pack_header
-from flowrouter.wire.linkauth import AuthError, LinkAuthenticator
+from flowrouter.wire.header import MalformedFrame, pack_header
+from flowrouter.wire.linkauth import AuthError, LinkAuthenticator, ReplayCache
 
 
-class Links(RouterState):
+class Links:
     """The link table: handshake, link up, link down, malformed-frame drops."""
+
+    def __init__(self, state: RouterState, *, admission: LinkAdmission,
+                 routes: RouteAdvertiser, trees: LinkLoss, liveness: LinkLiveness,
+                 meters: LinkMeters) -> None:
+        self.state = state
+        self.admission = admission
+        self.routes = routes
+        self.trees = trees
+        self.liveness = liveness
+        self.meters = meters
+        self.p = state.p
+        self.links = state.links
+        self.counters = state.counters
+        self.routing = state.routing
+        self.trust = state.trust
+        self._replay = ReplayCache()
+        #: links still in their handshake (the only ones a tick must check for time-outs)
+        self.handshaking: set[int] = set()
 
     def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
                   modifiers: Modifiers | None = None, expected_peer: str | None = None
@@ -37,8 +67,8 @@ class Links(RouterState):
         mods = (modifiers or Modifiers()).as_tuple()
         self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
                                    modifiers_configured=modifiers is not None, opened_at=now)
-        self._link_changed(link_id)
-        self._handshaking.add(link_id)
+        self.state.link_changed(link_id)
+        self.handshaking.add(link_id)
         refusal = self.trust.on_open(self.links[link_id])
         if refusal is not None:
             return self._refuse_untrusted(self.links[link_id], refusal, now)
@@ -58,6 +88,20 @@ class Links(RouterState):
         link.hello_body, link.hello_at = hello, now
         return [_hello_frame(link_id, hello)]
 
+    def tick(self, now: float) -> list[Action]:
+        """Links whose handshake timed out are closed; datagram links still in their
+        handshake repeat it."""
+        if not self.handshaking:
+            return []
+        out: list[Action] = []
+        for lid in sorted(self.handshaking):
+            if now - self.links[lid].opened_at > self.p.handshake_timeout:
+                out += self.close_link(lid, now, "no HELLO within the handshake time-out")
+                out.append(Close(lid, "handshake time-out"))
+        if self.handshaking:
+            out += self._repeat_hellos(now)
+        return out
+
     def _repeat_hellos(self, now: float) -> list[Action]:
         """Datagram links still in their handshake repeat their last handshake messages,
         unchanged, every liveness interval until the next step arrives: the HELLO while the
@@ -66,7 +110,7 @@ class Links(RouterState):
         (:meth:`LinkAuthenticator.is_repeated_hello`): no proof is ever replayed into a new
         session, and a lost datagram costs one interval, not a handshake time-out."""
         out: list[Action] = []
-        for lid in sorted(self._handshaking):
+        for lid in sorted(self.handshaking):
             lk = self.links[lid]
             if (lk.transport != "udp" or not lk.hello_body
                     or now - lk.hello_at < self.p.liveness_interval):
@@ -80,7 +124,7 @@ class Links(RouterState):
                 out += [_hello_frame(lid, lk.hello_body), _link_frame(lid, lk.auth_body)]
         return out
 
-    def _hello_on_up_link(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
+    def hello_on_up_link(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
         """A HELLO on a link that is up: the peer lost ours (a datagram link) or started
         over. Unauthenticated: say HELLO again. Authenticated: the very HELLO this link
         accepted, repeated because the peer lost our AUTH, is answered with our AUTH
@@ -95,7 +139,7 @@ class Links(RouterState):
         reason = "the peer started its handshake again"
         return self.close_link(link.link_id, now, reason) + [Close(link.link_id, reason)]
 
-    def _auth_on_up_link(self, link: Link, msg: C.Auth, now: float) -> list[Action]:
+    def auth_on_up_link(self, link: Link, msg: C.Auth, now: float) -> list[Action]:
         """An AUTH on a link that is up: the one this link accepted, repeated (the peer
         lost our AUTH), is answered with ours; any other is a protocol error."""
         if link.auth is not None and link.auth.is_repeated_auth(msg.body):
@@ -126,98 +170,24 @@ class Links(RouterState):
     def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
         """The transport is gone (or we dropped it): repair every flow that used it."""
         link = self.links.pop(link_id, None)
-        self._handshaking.discard(link_id)
-        self.meters.pop(link_id, None)
-        self._configured.pop(link_id, None)
+        self.handshaking.discard(link_id)
+        self.meters.link_closed(link_id)
         self.trust.on_close(link_id)
         if link is None:
             return []
-        self._link_changed(link_id)
-        self._soft_link_closed(link_id)
+        self.state.link_changed(link_id)
+        self.liveness.link_closed(link_id)
         was_up = link.state is LinkState.UP
         link.state = LinkState.DOWN
-        self.generation += 1
+        self.state.generation += 1
         log.info("%s %s: %s", "lost" if was_up else "gave up on", link.describe(), reason)
         self.counters["links.down"] += 1
-        if self._tracing:
-            self.tracer.link_down(now, link_id, link.peer_name, link.role, reason)
+        if self.state.tracing:
+            self.state.tracer.link_down(now, link_id, link.peer_name, link.role, reason)
         out: list[Action] = []
         if link.role is C.Role.ROUTER:
-            out += self._advertise_routes(self.routing.link_down(link_id), now)
-        for key in sorted(link.dependent):  # sorted: the same order in every process
-            entry = self.flows.get(key)
-            if entry is None:
-                continue
-            fault = C.Fault(C.FaultKind.LINK_DOWN, self.p.name,
-                            f"{link.describe()} went down: {reason}",
-                            {"peer": link.peer_name, "flow": flow_text(key)})
-            if entry.upstream == link_id:
-                entry.upstream = None
-                entry.joined = False
-                self._entry_changed(key)
-                out += self._rejoin(key, entry, now)
-                if entry.upstream is None and not entry.joined:
-                    self.counters["flows.orphaned"] += 1
-                    self._orphans.add(key)
-            else:
-                if entry.sib:
-                    entry.sib.pop(link_id, None)
-                self._drop_down(entry, key, link_id, "link-down", now, link)
-                entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
-            if key in self.flows:
-                # Router links carry whole subtrees: their loss is news for every member.
-                # An application going away is a membership change, not a fault (heartbeats
-                # tell members about each other), and must not let one flaky client flood
-                # the tree with notices.
-                if link.role is C.Role.ROUTER:
-                    out += self._emit_fault(key, entry, fault)
-                out += self._after_change(key, entry, now, "link-down")
-        return out
-
-    def measure_rtt(self, link_id: int, rtt: float, now: float) -> bool:
-        """One RTT sample of a link (from the link liveness echo). With measured locality on
-        (``RouterParams.locality_mapping``) the link's delay modifier follows the smoothed RTT
-        (flowrouter.core.measured); True if its costs changed."""
-        meter = self._meter(link_id)
-        return meter is not None and meter.rtt_sample(rtt, now) and self._apply_meter(link_id)
-
-    def measure_throughput(self, link_id: int, bps: float, now: float) -> bool:
-        """One throughput sample (bits/s over a period the link had data waiting)."""
-        meter = self._meter(link_id)
-        return (meter is not None and meter.throughput_sample(bps, now)
-                and self._apply_meter(link_id))
-
-    def _meter(self, link_id: int) -> LinkMeter | None:
-        link = self.links.get(link_id)
-        if self.p.locality_mapping is None or link is None or link.role is not C.Role.ROUTER:
-            return None
-        meter = self.meters.get(link_id)
-        if meter is None:
-            meter = self.meters[link_id] = LinkMeter(self.p.locality_mapping)
-            mods = link.modifiers
-            self._configured[link_id] = Modifiers(
-                bandwidth=mods[Locality.BANDWIDTH], delay=mods[Locality.DELAY],
-                geography=mods[Locality.GEOGRAPHY])
-        return meter
-
-    def _apply_meter(self, link_id: int) -> bool:
-        return self.set_link_modifiers(
-            link_id, self.meters[link_id].modifiers(self._configured[link_id]))
-
-    def set_link_modifiers(self, link_id: int, modifiers: Modifiers) -> bool:
-        """Give a link new locality costs (measured locality, flowrouter.core.measured: its
-        delay and bandwidth measured, its geography as configured); True if they changed.
-        The forwarding fast path is told, so both paths apply the same costs."""
-        link = self.links.get(link_id)
-        if link is None:
-            return False
-        new = modifiers.as_tuple()
-        if link.modifiers == new:
-            return False
-        link.modifiers = new
-        self._link_changed(link_id)
-        self.counters["locality.modifier-changes"] += 1
-        return True
+            out += self.routes.advertise_routes(self.routing.link_down(link_id), now)
+        return out + self.trees.link_down(link, reason, now)
 
     def drop_link(self, link_id: int, exc: MalformedFrame, now: float) -> list[Action]:
         """Count and report a malformed frame, tell the peer why, and drop only that link."""
@@ -233,14 +203,14 @@ class Links(RouterState):
         out.append(Close(link_id, f"malformed frame: {exc}"))
         return out
 
-    def _handshake(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
+    def handshake(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
                    now: float) -> list[Action]:
         if bytes(header[:16]) != LINK_KEY:
             raise MalformedFrame("no-hello", "first frame on a link must be HELLO")
         try:
             msg = C.decode(payload)
         except C.UnknownControlType:
-            return self._unknown_control(link)
+            return self.unknown_control(link)
         if isinstance(msg, (C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree,
                             C.LsRoutes, C.PolicyMsg)):
             # the peer is up and we missed its HELLO (lost datagram, one-way outage): not
@@ -294,7 +264,7 @@ class Links(RouterState):
             return [_link_frame(link.link_id, link.auth_body)]
         return self._link_up(link, msg, now)
 
-    def _unknown_control(self, link: Link) -> list[Action]:
+    def unknown_control(self, link: Link) -> list[Action]:
         """A control message of a type we do not know (a newer peer's): counted and
         ignored, the link stays up (flowrouter.wire.control: forward compatibility)."""
         self.counters["control.unknown-type"] += 1
@@ -316,7 +286,7 @@ class Links(RouterState):
         """The trust boundary refused this link: say why, count, log, alert, drop it."""
         self.counters[f"refused.{refusal.kind}"] += 1
         log.warning("%s: refused: %s", link.describe(), refusal.text)
-        out = self.alert(refusal.kind, refusal.text, now)
+        out = self.admission.alert(refusal.kind, refusal.text, now)
         err = C.Error(3, refusal.text).encode()
         out.append(Send(link.link_id, pack_header(LINK_KEY, len(err), BAND_MEMBERSHIP), err))
         out += self.close_link(link.link_id, now, f"refused ({refusal.kind})")
@@ -338,23 +308,20 @@ class Links(RouterState):
         link.max_payload = min(link.max_payload, self.p.max_payload, msg.max_payload)
         link.state = LinkState.UP
         link.up_at = now
-        self._link_changed(link.link_id)
-        self._handshaking.discard(link.link_id)
+        self.state.link_changed(link.link_id)
+        self.handshaking.discard(link.link_id)
         self.trust.on_up(link)
-        self.generation += 1
+        self.state.generation += 1
         self.counters["links.up"] += 1
-        if self._tracing:
-            self.tracer.link_up(now, link.link_id, msg.name, msg.role)
+        if self.state.tracing:
+            self.state.tracer.link_up(now, link.link_id, msg.name, msg.role)
         log.info("%s is up (peer %s %r)", link.describe(), msg.role.name.lower(), msg.name)
-        self._soft_link_up(link, now)
+        self.liveness.link_up(link, now)
         if msg.role is C.Role.ROUTER:
             self.routing.link_up(link.link_id, msg.name)
-            out = self._advertise_routes(True, now, only=link.link_id)
-            for raw in self._policy_raws:  # a new neighbour learns the policies in force
-                body = C.PolicyMsg(raw).encode()
-                out.append(Send(link.link_id, pack_header(LINK_KEY, len(body),
-                                                          BAND_MEMBERSHIP), body))
-            return out
+            out = self.routes.advertise_routes(True, now, only=link.link_id)
+            # a new neighbour learns the policies in force
+            return out + self.admission.policy_frames(link.link_id)
         return []
 
 

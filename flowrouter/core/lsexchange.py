@@ -2,34 +2,49 @@
 
 LS route vectors (a distance vector over :class:`~flowrouter.core.lsroutes.LsRouting`),
 the subtree masks that members of one location service (sibling cores) send each other,
-and the re-grafting of orphaned subtrees as soon as a route changes.
+and, as soon as a route changes, the re-grafting of orphaned subtrees (by membership).
 
-May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, tracers); never another part (calls into other parts go through ``self``,
-declared in :class:`~flowrouter.core.state.RouterState`).
+A part of the router (see :mod:`flowrouter.core.router`): its own object over the shared
+:class:`~flowrouter.core.state.RouterState` (whose LS routing table it keeps). It has
+membership re-graft orphans and drop entries (:class:`~flowrouter.core.interfaces.TreeRepair`)
+and raises alerts through admission (:class:`~flowrouter.core.interfaces.Alerts`); the links
+part has it advertise routes, the soft state hands it sibling masks from digests.
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
+tables, lsroutes, tracers); never another part.
 """
 
 from __future__ import annotations
 
-from flowrouter.core.actions import Action, Send
-from flowrouter.core.state import LINK_KEY, RouterState, log
+from flowrouter.core.actions import Action
+from flowrouter.core.interfaces import Alerts, TreeRepair
+from flowrouter.core.state import RouterState, control_frame, link_message, log
 from flowrouter.core.tables import FlowEntry, Link, LinkState
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_LS, BAND_MEMBERSHIP
+from flowrouter.wire.bands import BAND_LS
 from flowrouter.wire.flowid import key_lsid
-from flowrouter.wire.header import pack_header
 
 
-class LsExchange(RouterState):
+class LsExchange:
     """LS routes and sibling-member masks between routers."""
 
-    def _on_ls_routes(self, link: Link, msg: C.LsRoutes, now: float) -> list[Action]:
+    def __init__(self, state: RouterState, trees: TreeRepair, alerts: Alerts) -> None:
+        self.state = state
+        self.trees = trees
+        self.alerts = alerts
+        self.p = state.p
+        self.links = state.links
+        self.flows = state.flows
+        self.counters = state.counters
+        self.routing = state.routing
+
+    def on_ls_routes(self, link: Link, msg: C.LsRoutes, now: float) -> list[Action]:
         """A router neighbour's LS route vector: update, re-advertise, sync new siblings."""
         before = self.routing.sibling_map()
-        out = self._advertise_routes(self.routing.update(link.link_id, msg.routes), now)
+        out = self.advertise_routes(self.routing.update(link.link_id, msg.routes), now)
         if self.routing.refused:
             self.counters["refused.ls-routes"] += self.routing.refused
-            out += self.alert("ls-routes", f"{link.describe()} announced more LSIDs "
+            out += self.alerts.alert("ls-routes", f"{link.describe()} announced more LSIDs "
                               f"than the limit of {self.p.max_ls_routes}; "
                               f"{self.routing.refused} ignored", now)
         after = self.routing.sibling_map()
@@ -37,34 +52,20 @@ class LsExchange(RouterState):
             out += self._sync_siblings(before, after)
         return out
 
-    def _advertise_routes(self, changed: bool, now: float, only: int | None = None
+    def advertise_routes(self, changed: bool, now: float, only: int | None = None
                           ) -> list[Action]:
         if not changed:
             return []
-        self.generation += 1
-        out: list[Action] = self._retry_orphans(now) if self._orphans else []
+        self.state.generation += 1
+        out = self.trees.retry_orphans(now)
         targets = [only] if only is not None else [
             lid for lid, lk in self.links.items()
             if lk.role is C.Role.ROUTER and lk.state is LinkState.UP]
         for lid in targets:
-            body = C.LsRoutes(self.routing.vector_for(lid)).encode()
-            out.append(Send(lid, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body))
+            out.append(link_message(lid, C.LsRoutes(self.routing.vector_for(lid))))
         return out
 
-    def _retry_orphans(self, now: float) -> list[Action]:
-        """Routes changed: graft cut-off subtrees back now rather than at the next GC visit."""
-        out: list[Action] = []
-        for key in sorted(self._orphans):
-            entry = self.flows.get(key)
-            if entry is None or entry.upstream is not None or entry.joined:
-                self._orphans.discard(key)
-                continue
-            out += self._rejoin(key, entry, now)
-            if entry.up_req is not None:
-                self._orphans.discard(key)
-        return out
-
-    def _on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask, now: float
+    def on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask, now: float
                          ) -> list[Action]:
         """Another member of our location service announces its subtree mask for a flow."""
         lid = link.link_id
@@ -80,9 +81,9 @@ class LsExchange(RouterState):
                 return []
             entry = self.flows[key] = FlowEntry(None, True, now)
             self.counters["flows.created"] += 1
-            if self._tracing:
-                self.tracer.entry_add(now, key, None)
-        self._entry_changed(key)
+            if self.state.tracing:
+                self.state.tracer.entry_add(now, key, None)
+        self.state.entry_changed(key)
         if msg.mask:
             if entry.sib is None:
                 entry.sib = {}
@@ -92,7 +93,7 @@ class LsExchange(RouterState):
             entry.sib.pop(lid, None)
             link.dependent.discard(key)
         if not entry.down and not entry.sib:
-            self._remove_entry(key, entry, "leave", now)
+            self.trees.remove_entry(key, entry, "leave", now)
         return []
 
     def _sync_siblings(self, before: dict[int, tuple[int, ...]],
@@ -108,5 +109,5 @@ class LsExchange(RouterState):
             for key, entry in self.flows.items():
                 if entry.upstream is None and entry.agg and key_lsid(key) == lsid:
                     msg = C.Mask(entry.agg)
-                    out += [self._control(lid, key, msg, BAND_LS) for lid in sorted(new)]
+                    out += [control_frame(lid, key, msg, BAND_LS) for lid in sorted(new)]
         return out

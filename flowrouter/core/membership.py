@@ -5,36 +5,63 @@ the tree; each router keeps the masks of its downstream links and tells its upst
 only the aggregate, so unwanted bands are filtered as early as possible. Entries cut off
 from their core become orphans that keep local delivery and re-graft.
 
-May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
-lsroutes, tracers); never another part (calls into other parts go through ``self``,
-declared in :class:`~flowrouter.core.state.RouterState`).
+A part of the router (see :mod:`flowrouter.core.router`): its own object over the shared
+:class:`~flowrouter.core.state.RouterState` (whose flow route table it keeps), owning the
+joins awaiting their upstream answer and the orphans. It asks admission about
+applications' joins (:class:`~flowrouter.core.interfaces.JoinAdmission`) and tells
+application membership of every local change (:class:`~flowrouter.core.interfaces.MemberLog`);
+the LS exchange, the soft state and the links part change the trees through its public
+methods (:class:`~flowrouter.core.interfaces.TreeRepair`, ``TreeUpkeep``, ``LinkLoss``).
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
+tables, lsroutes, tracers); never another part.
 """
 
 from __future__ import annotations
 
-from flowrouter.core.actions import Action, Send
-from flowrouter.core.state import RouterState, log
+from flowrouter.core.actions import Action
+from flowrouter.core.interfaces import JoinAdmission, MemberLog
+from flowrouter.core.state import RouterState, control_frame, log
 from flowrouter.core.tables import FlowEntry, Link
 from flowrouter.wire import control as C
 from flowrouter.wire.appmembers import MemberEvent
-from flowrouter.wire.bands import BAND_FAULT, BAND_LS
+from flowrouter.wire.bands import BAND_LS
 from flowrouter.wire.flowid import flow_text, key_lsid
-from flowrouter.wire.header import DEFAULT_TTL, pack_header
 
 
-class Membership(RouterState):
-    """Tree membership: join/leave/mask, aggregates, faults to members."""
+class Membership:
+    """Tree membership: join/leave/mask, aggregates, orphans, repairs after a link loss."""
 
-    def _on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
+    def __init__(self, state: RouterState, admission: JoinAdmission, members: MemberLog,
+                 now: float) -> None:
+        self.state = state
+        self.admission = admission
+        self.members = members
+        self.p = state.p
+        self.links = state.links
+        self.flows = state.flows
+        self.counters = state.counters
+        self.routing = state.routing
+        self.tracer = state.tracer
+        self.tracing = state.tracing
+        self._next_req = 1
+        #: entries cut off from their core: retried as soon as any route changes, and
+        #: every refresh interval
+        self._orphans: set[bytes] = set()
+        self._orphan_retry_at = now
+        #: flows with a join awaiting the upstream answer (checked every tick)
+        self._pending: dict[bytes, FlowEntry] = {}
+
+    def on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]:
         lid = link.link_id
         if link.role is C.Role.ENDPOINT:
-            refused = self._over_quota(link, key, msg, now)
+            refused = self.admission.over_quota(link, key, msg, now)
             if refused:
                 return refused
-        if self._policies_active and link.role is C.Role.ENDPOINT:
-            refusal = self._authorize_join(link, key, msg, now)
+        if self.state.policies_active and link.role is C.Role.ENDPOINT:
+            refusal = self.admission.authorize_join(link, key, msg, now)
             if refusal is not None:
-                return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
+                return [control_frame(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
                                                           refusal))]
         entry = self.flows.get(key)
         if entry is None:
@@ -42,7 +69,7 @@ class Membership(RouterState):
                 self.counters["refused.flow-limit"] += 1
                 log.warning("flow table full (%d entries): refusing join of %s from %s",
                             len(self.flows), flow_text(key), link.describe())
-                return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.LIMIT,
+                return [control_frame(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.LIMIT,
                                                           "router flow table is full"))]
             lsid = key_lsid(key)
             if lsid in self.p.core_lsids:
@@ -51,31 +78,31 @@ class Membership(RouterState):
                 up = self.routing.link_for(lsid)
                 if up is None or up == lid:
                     self.counters["refused.no-route"] += 1
-                    return [self._control(lid, key, C.JoinAck(
+                    return [control_frame(lid, key, C.JoinAck(
                         msg.req_id, C.JoinStatus.NO_ROUTE,
                         f"router {self.p.name} has no route to location service {lsid:#x}"))]
                 entry = FlowEntry(up, False, now)
                 self.links[up].dependent.add(key)
             self.flows[key] = entry
             self.counters["flows.created"] += 1
-            if self._tracing:
+            if self.tracing:
                 self.tracer.entry_add(now, key, entry.upstream)
         elif lid == entry.upstream:
-            return [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
+            return [control_frame(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
                                                       "join arrived from the upstream side"))]
         if (link.role is C.Role.ENDPOINT and key not in link.dependent
                 and len(link.dependent) >= self.p.max_flows_per_endpoint):
             self.counters["refused.endpoint-quota"] += 1
             if not entry.down and not entry.sib:
-                self._remove_entry(key, entry, "refused", now)
-            alerts = self.refusal_alert(
+                self.remove_entry(key, entry, "refused", now)
+            alerts = self.admission.refusal_alert(
                 "endpoint-quota", f"{link.describe()} holds {len(link.dependent)} flows, "
                 "the per-application limit", f"an application connection already holds the "
                 f"{self.p.max_flows_per_endpoint} flows it may", now, key)
-            return alerts + [self._control(lid, key, C.JoinAck(
+            return alerts + [control_frame(lid, key, C.JoinAck(
                 msg.req_id, C.JoinStatus.LIMIT, f"this application already holds "
                 f"{self.p.max_flows_per_endpoint} flows at router {self.p.name}"))]
-        if self._tracing:
+        if self.tracing:
             self.tracer.link_add(now, key, lid, msg.mask,
                                  "mask" if lid in entry.down else "join", link.role)
         if lid not in entry.down:
@@ -83,26 +110,27 @@ class Membership(RouterState):
         old = entry.down.get(lid)
         entry.down[lid] = msg.mask
         entry.traffic[lid] = now
-        self._member_changed(key, link, MemberEvent.JOIN if old is None else MemberEvent.MASK,
-                             msg.mask, old or 0)
+        self.members.member_changed(key, link,
+                                    MemberEvent.JOIN if old is None else MemberEvent.MASK,
+                                    msg.mask, old or 0)
         link.dependent.add(key)
         entry.recompute()
-        self._entry_changed(key)
+        self.state.entry_changed(key)
         if entry.joined:
-            out: list[Action] = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
-            return out + self._push_mask(key, entry)
+            out: list[Action] = [control_frame(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
+            return out + self.push_mask(key, entry)
         if entry.upstream is None:
             # An orphaned subtree (cut off from the core): it still delivers among its own
             # members, so the joiner is accepted locally while the graft is retried. A
             # partition must not stop a site talking to itself.
-            out = [self._control(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
+            out = [control_frame(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.OK))]
             if entry.up_req is None:
                 out += self._rejoin(key, entry, now)
             return out
         entry.waiting.append((lid, msg.req_id))
         if entry.up_req is not None:
             return []
-        return self._send_join_up(key, entry, now)
+        return self.send_join_up(key, entry, now)
 
     def _join_failed(self, key: bytes, entry: FlowEntry, status: C.JoinStatus,
                      reason: str, now: float) -> list[Action]:
@@ -113,24 +141,24 @@ class Membership(RouterState):
         """
         waiting, entry.waiting = entry.waiting, []
         entry.up_req = None
-        out: list[Action] = [self._control(lk, key, C.JoinAck(r, status, reason))
+        out: list[Action] = [control_frame(lk, key, C.JoinAck(r, status, reason))
                              for lk, r in waiting]
         cause = "timeout" if status is C.JoinStatus.TIMEOUT else "refused"
         for lk, _ in waiting:
-            self._drop_down(entry, key, lk, "refused", now)
+            self.drop_down(entry, key, lk, "refused", now)
         if not entry.down and not entry.sib:
-            self._remove_entry(key, entry, cause, now)
+            self.remove_entry(key, entry, cause, now)
             return out
         if entry.upstream is not None and entry.upstream in self.links:
             self.links[entry.upstream].dependent.discard(key)
         entry.upstream = None
         entry.joined = False
-        self._entry_changed(key)
+        self.state.entry_changed(key)
         self.counters["flows.orphaned"] += 1
         self._orphans.add(key)
         return out
 
-    def _send_join_up(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+    def send_join_up(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
         assert entry.upstream is not None
         req = self._next_req
         self._next_req = (req + 1) & 0xFFFFFFFF or 1
@@ -138,9 +166,9 @@ class Membership(RouterState):
         entry.up_req_at = now
         entry.sent_up_mask = entry.agg
         self._pending[key] = entry
-        return [self._control(entry.upstream, key, C.Join(req, entry.agg))]
+        return [control_frame(entry.upstream, key, C.Join(req, entry.agg))]
 
-    def _on_join_ack(self, link: Link, key: bytes, msg: C.JoinAck, now: float) -> list[Action]:
+    def on_join_ack(self, link: Link, key: bytes, msg: C.JoinAck, now: float) -> list[Action]:
         entry = self.flows.get(key)
         if entry is None or link.link_id != entry.upstream or entry.up_req != msg.req_id:
             self.counters["control.stale-ack"] += 1
@@ -149,35 +177,35 @@ class Membership(RouterState):
             entry.up_req = None
             waiting, entry.waiting = entry.waiting, []
             entry.joined = True
-            out: list[Action] = [self._control(lk, key, C.JoinAck(r, C.JoinStatus.OK))
+            out: list[Action] = [control_frame(lk, key, C.JoinAck(r, C.JoinStatus.OK))
                                  for lk, r in waiting]
-            return out + self._push_mask(key, entry)
+            return out + self.push_mask(key, entry)
         log.info("join of %s refused upstream: %s (%s)", flow_text(key), msg.status.name,
                  msg.reason)
         return self._join_failed(key, entry, msg.status, msg.reason, now)
 
-    def _on_leave(self, link: Link, key: bytes, now: float) -> list[Action]:
+    def on_leave(self, link: Link, key: bytes, now: float) -> list[Action]:
         entry = self.flows.get(key)
         if entry is None or link.link_id not in entry.down:
             self.counters["control.stale-leave"] += 1
             return []
-        self._drop_down(entry, key, link.link_id, "leave", now)
-        return self._after_change(key, entry, now, "leave")
+        self.drop_down(entry, key, link.link_id, "leave", now)
+        return self.after_change(key, entry, now, "leave")
 
-    def _on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]:
+    def on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]:
         entry = self.flows.get(key)
         if entry is None or link.link_id not in entry.down:
             self.counters["control.stale-mask"] += 1
             return []
-        if self._tracing:
+        if self.tracing:
             self.tracer.link_add(now, key, link.link_id, msg.mask, "mask", link.role)
         old = entry.down[link.link_id]
         entry.down[link.link_id] = msg.mask
         entry.traffic[link.link_id] = now
-        self._member_changed(key, link, MemberEvent.MASK, msg.mask, old)
+        self.members.member_changed(key, link, MemberEvent.MASK, msg.mask, old)
         entry.recompute()
-        self._entry_changed(key)
-        return self._push_mask(key, entry)
+        self.state.entry_changed(key)
+        return self.push_mask(key, entry)
 
     def _rejoin(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
         """Our path to the core broke: graft the subtree back on by the next best route."""
@@ -189,11 +217,11 @@ class Membership(RouterState):
         if up is None or up in entry.down:
             return []
         entry.upstream = up
-        self._entry_changed(key)
+        self.state.entry_changed(key)
         self.links[up].dependent.add(key)
-        return self._send_join_up(key, entry, now)
+        return self.send_join_up(key, entry, now)
 
-    def _push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]:
+    def push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]:
         """Tell upstream our aggregate when it changed, so filtering happens early.
 
         At a core the "upstream" is the other members of the location service.
@@ -204,19 +232,19 @@ class Membership(RouterState):
             siblings = self.routing.siblings(key_lsid(key))
             entry.sent_sib_mask = entry.agg
             msg = C.Mask(entry.agg)
-            return [self._control(lid, key, msg, BAND_LS) for lid in siblings]
+            return [control_frame(lid, key, msg, BAND_LS) for lid in siblings]
         if not entry.joined or entry.sent_up_mask == entry.agg:
             return []
         entry.sent_up_mask = entry.agg
-        return [self._control(entry.upstream, key, C.Mask(entry.agg))]
+        return [control_frame(entry.upstream, key, C.Mask(entry.agg))]
 
-    def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int, cause: str,
+    def drop_down(self, entry: FlowEntry, key: bytes, link_id: int, cause: str,
                    now: float, gone: Link | None = None) -> None:
         """Take *link_id* out of the entry (*gone*: the link itself, when it has already
         left the link table because it closed)."""
         mask = entry.down.pop(link_id, None)
         last = entry.traffic.pop(link_id, None)
-        if self._tracing and mask is not None:
+        if self.tracing and mask is not None:
             lk = self.links.get(link_id)
             self.tracer.link_del(now, key, link_id, mask, cause,
                                  last, lk.role if lk else None)
@@ -226,42 +254,124 @@ class Membership(RouterState):
             if mask is not None:
                 link.downstream -= 1
         if mask is not None:
-            self._member_changed(key, link or gone, MemberEvent.LEAVE, 0)
+            self.members.member_changed(key, link or gone, MemberEvent.LEAVE, 0)
         entry.recompute()
-        self._entry_changed(key)
+        self.state.entry_changed(key)
 
-    def _after_change(self, key: bytes, entry: FlowEntry, now: float, cause: str
+    def after_change(self, key: bytes, entry: FlowEntry, now: float, cause: str
                       ) -> list[Action]:
         if entry.down or entry.sib:
-            return self._push_mask(key, entry)
+            return self.push_mask(key, entry)
         out: list[Action] = []
         if entry.upstream is not None and entry.upstream in self.links:
-            out.append(self._control(entry.upstream, key, C.Leave()))
+            out.append(control_frame(entry.upstream, key, C.Leave()))
         elif entry.upstream is None:
-            out += self._push_mask(key, entry)  # tells sibling LS members we have no one
-        self._remove_entry(key, entry, cause, now)
+            out += self.push_mask(key, entry)  # tells sibling LS members we have no one
+        self.remove_entry(key, entry, cause, now)
         return out
 
-    def _remove_entry(self, key: bytes, entry: FlowEntry, cause: str, now: float) -> None:
+    def remove_entry(self, key: bytes, entry: FlowEntry, cause: str, now: float) -> None:
         self.flows.pop(key, None)
-        self._entry_changed(key)
+        self.state.entry_changed(key)
         self.counters["flows.removed"] += 1
-        if self._tracing:
+        if self.tracing:
             self.tracer.entry_del(now, key, cause)
         for lid in [*entry.down, *(entry.sib or ()), entry.upstream]:
             if lid is not None and lid in self.links:
                 self.links[lid].dependent.discard(key)
 
-    def _emit_fault(self, key: bytes, entry: FlowEntry, fault: C.Fault) -> list[Action]:
-        """Tell the flow's members (those listening on the fault band) about a fault."""
-        body = fault.encode()
-        targets = [lk for lk, m in entry.down.items() if m >> BAND_FAULT & 1]
-        if entry.upstream is not None:
-            targets.append(entry.upstream)
-        elif entry.sib:
-            targets += [lk for lk, m in entry.sib.items() if m >> BAND_FAULT & 1]
-        if not targets:
+    # ------------------------------------------------------------------ repairs
+    def link_down(self, link: Link, reason: str, now: float) -> list[Action]:
+        """*link* closed (it has left the link table): repair every flow that used it."""
+        link_id = link.link_id
+        out: list[Action] = []
+        for key in sorted(link.dependent):  # sorted: the same order in every process
+            entry = self.flows.get(key)
+            if entry is None:
+                continue
+            fault = C.Fault(C.FaultKind.LINK_DOWN, self.p.name,
+                            f"{link.describe()} went down: {reason}",
+                            {"peer": link.peer_name, "flow": flow_text(key)})
+            if entry.upstream == link_id:
+                entry.upstream = None
+                entry.joined = False
+                self.state.entry_changed(key)
+                out += self._rejoin(key, entry, now)
+                if entry.upstream is None and not entry.joined:
+                    self.counters["flows.orphaned"] += 1
+                    self._orphans.add(key)
+            else:
+                if entry.sib:
+                    entry.sib.pop(link_id, None)
+                self.drop_down(entry, key, link_id, "link-down", now, link)
+                entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
+            if key in self.flows:
+                # Router links carry whole subtrees: their loss is news for every member.
+                # An application going away is a membership change, not a fault (heartbeats
+                # tell members about each other), and must not let one flaky client flood
+                # the tree with notices.
+                if link.role is C.Role.ROUTER:
+                    out += self.state.fault_frames(key, entry, fault)
+                out += self.after_change(key, entry, now, "link-down")
+        return out
+
+    def withdraw(self, link: Link, key: bytes, why: str, now: float) -> list[Action]:
+        """Take an application off a flow whose capability is no longer valid (revoked by a
+        policy, or expired), and tell it (PRUNE): it may re-join with a new capability."""
+        if link.caps:
+            link.caps.pop(key, None)
+        self.counters[f"capability.{why}"] += 1
+        entry = self.flows.get(key)
+        if entry is None or link.link_id not in entry.down:
             return []
-        self.counters["faults.sent"] += len(targets)
-        hdr = pack_header(key, len(body), BAND_FAULT, 0, 0, DEFAULT_TTL)
-        return [Send(t, hdr, body) for t in targets]
+        log.info("%s: capability for %s %s; removed from the flow", link.describe(),
+                 flow_text(key), why)
+        self.drop_down(entry, key, link.link_id, "refused", now)
+        self.state.notices.prune(link.link_id, key)
+        return self.after_change(key, entry, now, "refused")
+
+    def retry_orphans(self, now: float) -> list[Action]:
+        """Routes changed: graft cut-off subtrees back now rather than at the next tick's
+        retry."""
+        out: list[Action] = []
+        for key in sorted(self._orphans):
+            entry = self.flows.get(key)
+            if entry is None or entry.upstream is not None or entry.joined:
+                self._orphans.discard(key)
+                continue
+            out += self._rejoin(key, entry, now)
+            if entry.up_req is not None:
+                self._orphans.discard(key)
+        return out
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float) -> list[Action]:
+        """Joins unanswered upstream, and orphans' grafts (once per refresh interval; at
+        once when routes change: :meth:`retry_orphans`)."""
+        out = self._join_timeouts(now) if self._pending else []
+        if self._orphans and now >= self._orphan_retry_at:
+            self._orphan_retry_at = now + self.p.refresh_interval
+            out += self.retry_orphans(now)
+        return out
+
+    def _join_timeouts(self, now: float) -> list[Action]:
+        """Fail joins unanswered for ``join_timeout``; send the JOIN again every quarter of
+        it before that (a lost JOIN or JOIN_ACK costs a retry, not the member's join; the
+        upstream answers a repeated JOIN like the first)."""
+        out: list[Action] = []
+        limit = self.p.join_timeout
+        retry = limit / 4
+        for key, entry in list(self._pending.items()):
+            if entry.up_req is None or self.flows.get(key) is not entry:
+                del self._pending[key]
+            elif now - entry.up_req_at > limit:
+                del self._pending[key]
+                self.counters["join.timeouts"] += 1
+                out += self._join_failed(key, entry, C.JoinStatus.TIMEOUT,
+                                         "no answer from the core", now)
+            elif (entry.upstream is not None
+                  and now - max(entry.up_req_at, entry.up_req_resent) >= retry):
+                entry.up_req_resent = now
+                self.counters["join.resent"] += 1
+                out.append(control_frame(entry.upstream, key, C.Join(entry.up_req, entry.agg)))
+        return out

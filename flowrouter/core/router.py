@@ -22,18 +22,40 @@ links (the same host), and geography value 2 stays within the site when inter-si
 cost 3. TTL counts routers: a router drops a message that arrives with TTL 0 and does not
 hand a TTL-0 copy to another router (endpoints still get it).
 
-The Router is a thin coordinator: it dispatches each received frame and inherits the parts
-that do the work, one job each, all over the shared :class:`~flowrouter.core.state.RouterState`:
+The Router is a coordinator (h11's ``Connection`` is the model): it builds one
+:class:`~flowrouter.core.state.RouterState` (the link table, the flow route table, the LS
+routing table, counters), builds the parts over it, each its own object owning its own
+state, and hands each part the others it calls, typed by the small protocols of
+:mod:`flowrouter.core.interfaces` (the parts never import each other, and their calls form
+no cycle). It dispatches each event to the part whose job it is and merges the actions they
+return:
 
-* :mod:`~flowrouter.core.links` — handshake (HELLO/AUTH), link up, link down and its repairs;
+* :mod:`~flowrouter.core.links` — handshake (HELLO/AUTH), link up, link down;
 * :mod:`~flowrouter.core.forwarding` — data frames: output links, TTL and locality per link;
-* :mod:`~flowrouter.core.membership` — the flow trees: join, leave, masks, orphans, faults;
+* :mod:`~flowrouter.core.membership` — the flow trees: join, leave, masks, orphans, faults,
+  joins awaiting their answer, repairs after a link loss;
 * :mod:`~flowrouter.core.lsexchange` — LS route vectors and sibling LS members' masks;
-* :mod:`~flowrouter.core.gc` — the clock: epochs, time-outs, orphan retries;
 * :mod:`~flowrouter.core.softstate` — link liveness (ECHO), refresh digests, hold times,
   PRUNE and NOT_ON_TREE: the soft state that repairs itself;
 * :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts;
-* :mod:`~flowrouter.core.appmembers` — applications' joins and leaves, told on band 19.
+* :mod:`~flowrouter.core.appmembers` — applications' joins and leaves, told on band 19;
+* :mod:`~flowrouter.core.locality` — measured locality: link costs from RTT and throughput.
+
+The clock (``tick``) is the Router's too: epochs and trace snapshots, then each part's timers
+in a fixed order (handshake time-outs, join time-outs and orphan re-grafts, the soft state's
+timer wheel, membership notices). The seed's epoch GC (ping each idle (flow, link), drop it
+after T2: a walk of the whole table every epoch) became aggregated refresh digests with hold
+times on a timer wheel: a tick does only the work that fell due, never a table walk. PING and
+PONG from older peers are counted and ignored.
+
+Two decisions travel back through the Router rather than between parts, so no two parts call
+each other: a peer the soft state finds dead is closed here by the links part, and the members
+a new policy revokes are withdrawn here by membership.
+
+The per-frame path stays flat: ``receive`` calls the forwarding part's bound method, kept in
+an attribute of the Router, and that part holds its tables directly; the compiled fast path
+(:mod:`flowrouter.core.fastpath`) mirrors the shared tables and is told of every change by
+``RouterState.entry_changed`` / ``link_changed``.
 
 This module is the core's public face (``Router``, ``RouterParams`` and the actions
 ``Send``, ``Close``, ``Secure``). May import :mod:`flowrouter.wire` and the rest of the core.
@@ -41,20 +63,22 @@ This module is the core's public face (``Router``, ``RouterParams`` and the acti
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from flowrouter.core.actions import Action, Close, Secure, Send
 from flowrouter.core.admission import Admission
 from flowrouter.core.appmembers import AppMembership
 from flowrouter.core.forwarding import Forwarding
-from flowrouter.core.gc import GarbageCollection
 from flowrouter.core.links import Links
+from flowrouter.core.locality import MeasuredLocality
 from flowrouter.core.lsexchange import LsExchange
 from flowrouter.core.membership import Membership
 from flowrouter.core.params import RouterParams
 from flowrouter.core.softstate import SoftState
 from flowrouter.core.state import ZERO_LSID, RouterState, log
-from flowrouter.core.tables import Link, LinkState
+from flowrouter.core.tables import Link, LinkState, Modifiers
+from flowrouter.core.tracers import NULL_TRACER, Tracer, snapshot_fields
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_LS, ROUTER_BANDS_END, BandMask
 from flowrouter.wire.flowid import flow_text
@@ -63,10 +87,65 @@ from flowrouter.wire.header import MalformedFrame
 __all__ = ["Action", "Close", "Router", "RouterParams", "Secure", "Send"]
 
 
-class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftState,
-             Admission, AppMembership, RouterState):
-    """One overlay router's state machine."""
+class Router:
+    """One overlay router's state machine: the coordinator of its parts."""
 
+    def __init__(self, params: RouterParams, now: float = 0.0,
+                 tracer: Tracer = NULL_TRACER) -> None:
+        st = self.state = RouterState(params, now, tracer)
+        #: the shared tables, for shells, tests and the status query (the very objects the
+        #: parts hold: never rebound)
+        self.p = params
+        self.links = st.links
+        self.flows = st.flows
+        self.counters = st.counters
+        self.routing = st.routing
+        self.tracer = st.tracer
+        self.trust = st.trust
+        self.policies = st.policies
+        self._snapshot_epoch = -1
+        # the parts, bottom up: each gets the others it calls (flowrouter.core.interfaces)
+        admission = self._admission = Admission(st)
+        members = self._members = AppMembership(st, now)
+        locality = self._locality = MeasuredLocality(st)
+        trees = self._trees = Membership(st, admission, members, now)
+        ls = self._ls = LsExchange(st, trees, admission)
+        soft = self._soft = SoftState(st, trees, ls, locality)
+        self._link_life = Links(st, admission=admission, routes=ls, trees=trees,
+                                liveness=soft, meters=locality)
+        forwarding = Forwarding(st, admission)
+        #: recent tripped limits, newest last (admission's; shown by the status query)
+        self.alerts = admission.alerts
+        # the per-frame path calls bound methods kept here: no attribute hop per frame
+        self._forward = forwarding.forward
+        self._handshake = self._link_life.handshake
+
+    # ------------------------------------------------------------------ shared fields
+    #: read per read by the shells (a C getter: no Python call); see RouterState
+    generation = property(operator.attrgetter("state.generation"),
+                          doc="Bumped whenever links or LS routes change.")
+    epoch = property(operator.attrgetter("state.epoch"), doc="The current epoch.")
+    started = property(operator.attrgetter("state.started"), doc="When the router started.")
+
+    @property
+    def wall_offset(self) -> float:
+        """Add to ``now`` to get Unix time (capability expiry); the runtime sets it."""
+        return self.state.wall_offset
+
+    @wall_offset.setter
+    def wall_offset(self, value: float) -> None:
+        self.state.wall_offset = value
+
+    @property
+    def fib(self) -> Any:
+        """The forwarding fast path's mirror (flowrouter.core.fastpath), or None."""
+        return self.state.fib
+
+    @fib.setter
+    def fib(self, mirror: Any) -> None:
+        self.state.fib = mirror
+
+    # ------------------------------------------------------------------ events
     def receive(self, link_id: int, header: memoryview | bytes, payload: memoryview | bytes,
                 now: float) -> list[Action]:
         """One frame arrived on *link_id* (already split by the FrameDecoder or datagram)."""
@@ -83,61 +162,146 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftS
                 return self._admin(link, header, payload, band, now)
             return self._forward(link_id, link, header, payload, band, now)
         except MalformedFrame as exc:
-            return self.drop_link(link_id, exc, now)
+            return self._link_life.drop_link(link_id, exc, now)
 
     def _admin(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
                band: int, now: float) -> list[Action]:
         try:
             msg = C.decode(payload)
         except C.UnknownControlType:
-            return self._unknown_control(link)
+            return self._link_life.unknown_control(link)
         key = bytes(header[:16])
         if key[8:12] == ZERO_LSID:
             if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:
-                return self._on_ls_routes(link, msg, now)
+                return self._ls.on_ls_routes(link, msg, now)
             if isinstance(msg, C.Error):
                 log.warning("%s reports: %s", link.describe(), msg.text)
                 return []
             if isinstance(msg, C.PolicyMsg):
                 return self._on_policy(link, msg.raw, now)
             if isinstance(msg, _SOFT_MESSAGES):
-                return self._on_soft(link, msg, now)
+                return self._soft.on_message(link, msg, now)
             if isinstance(msg, C.Hello):
-                return self._hello_on_up_link(link, msg, now)
+                return self._link_life.hello_on_up_link(link, msg, now)
             if isinstance(msg, C.Auth):
-                return self._auth_on_up_link(link, msg, now)
+                return self._link_life.auth_on_up_link(link, msg, now)
             raise MalformedFrame("bad-control", f"{type(msg).__name__} is not a link-local "
                                                 "message")
         if band >= ROUTER_BANDS_END:  # pragma: no cover - guarded by the caller
             raise MalformedFrame("bad-control", "admin message on a data band")
         self.counters[f"control.{type(msg).__name__.lower()}"] += 1
+        trees = self._trees
         if isinstance(msg, C.Join):
-            return self._on_join(link, key, msg, now)
+            return trees.on_join(link, key, msg, now)
         if isinstance(msg, C.JoinAck):
-            return self._on_join_ack(link, key, msg, now)
+            return trees.on_join_ack(link, key, msg, now)
         if isinstance(msg, C.Leave):
-            return self._on_leave(link, key, now)
+            return trees.on_leave(link, key, now)
         if isinstance(msg, C.Mask):
             if band == BAND_LS:
-                return self._on_sibling_mask(link, key, msg, now)
-            return self._on_mask(link, key, msg, now)
+                return self._ls.on_sibling_mask(link, key, msg, now)
+            return trees.on_mask(link, key, msg, now)
         if isinstance(msg, (C.Ping, C.Pong)):
             return []  # the per-flow GC of older peers: refresh digests replaced it
         raise MalformedFrame("bad-control", f"{type(msg).__name__} on band {band} of a flow")
 
+    def _on_policy(self, link: Link, raw: bytes, now: float) -> list[Action]:
+        """A creator's signed policy: install it, withdraw the members it revokes, and pass
+        it on to the other router neighbours once."""
+        pol = self._admission.install_policy(link, raw)
+        if pol is None:
+            return []
+        out: list[Action] = []
+        for lk, key in self._admission.revoked_by(pol):
+            out += self._trees.withdraw(lk, key, "revoked", now)
+        return out + self._admission.gossip(raw, link.link_id)
+
+    def tick(self, now: float) -> list[Action]:
+        """Advance the clock. Cost: the handshaking links, the pending joins, the orphans
+        (once per refresh interval) and the soft-state timers that fell due."""
+        st = self.state
+        st.epoch = int((now - st.started) / self.p.epoch_length)
+        if st.tracing and st.epoch != self._snapshot_epoch:
+            self._snapshot_epoch = st.epoch  # one table snapshot per epoch
+            self.tracer.snapshot(now, **snapshot_fields(st))
+        out = self._link_life.tick(now)
+        out += self._trees.tick(now)
+        soft, dead = self._soft.tick(now)
+        out += soft
+        for lid, reason in dead:  # peers silent past dead_after: closed like failed links
+            out += self._link_life.close_link(lid, now, reason)
+            out.append(Close(lid, reason))
+        out += self._members.notices(now)
+        return out
+
+    def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
+                  modifiers: Modifiers | None = None, expected_peer: str | None = None
+                  ) -> list[Action]:
+        """A transport connected (either direction): say HELLO and await the peer's."""
+        return self._link_life.open_link(link_id, now, transport=transport, address=address,
+                                         modifiers=modifiers, expected_peer=expected_peer)
+
+    def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
+        """The transport is gone (or we dropped it): repair every flow that used it."""
+        return self._link_life.close_link(link_id, now, reason)
+
+    def drop_link(self, link_id: int, exc: MalformedFrame, now: float) -> list[Action]:
+        """Count and report a malformed frame, tell the peer why, and drop only that link."""
+        return self._link_life.drop_link(link_id, exc, now)
+
+    def input_paused(self, link_id: int, paused: bool, now: float) -> None:
+        """The shell stopped (or resumed) reading *link_id* (input credit): while it does
+        not read, the peer's silence proves nothing, so liveness leaves the link alone."""
+        self._soft.input_paused(link_id, paused, now)
+
+    def measure_rtt(self, link_id: int, rtt: float, now: float) -> bool:
+        """One RTT sample of a link. With measured locality on
+        (``RouterParams.locality_mapping``) the link's delay modifier follows the smoothed RTT
+        (flowrouter.core.measured); True if its costs changed."""
+        return self._locality.measure_rtt(link_id, rtt, now)
+
+    def measure_throughput(self, link_id: int, bps: float, now: float) -> bool:
+        """One throughput sample (bits/s over a period the link had data waiting)."""
+        return self._locality.measure_throughput(link_id, bps, now)
+
+    def set_link_modifiers(self, link_id: int, modifiers: Modifiers) -> bool:
+        """Give a link new locality costs; True if they changed (the fast path is told)."""
+        return self._locality.set_link_modifiers(link_id, modifiers)
+
+    def default_lsid(self) -> int:
+        """The LSID this router announces in its HELLO (configured, else the lowest known)."""
+        return self._link_life.default_lsid()
+
+    def alert(self, kind: str, detail: str, now: float, key: bytes | None = None, *,
+              notice: str | None = None, budget: bool = False) -> list[Action]:
+        """A limit tripped (the shells' too, e.g. a congested link): count it, log it, keep
+        it for the status query, and tell the affected flow's members on the fault band."""
+        return self._admission.alert(kind, detail, now, key, notice=notice, budget=budget)
+
+    def refusal_alert(self, kind: str, detail: str, limit: str, now: float, key: bytes
+                      ) -> list[Action]:
+        """A join of flow *key* was refused over a quota: alert, and tell the flow."""
+        return self._admission.refusal_alert(kind, detail, limit, now, key)
+
+    # ------------------------------------------------------------------ inspection
     def status(self, now: float | None = None) -> dict[str, Any]:
         """Tables, counters and alerts; with *now*, also how long each link's peer has been
         silent."""
-        links = [{
-            "id": lk.link_id, "peer": lk.peer_name, "role": lk.role.name.lower()
-            if lk.role else "?", "state": lk.state.value, "transport": lk.transport,
-            "address": lk.address, "flows": len(lk.dependent), "rx": lk.rx, "tx": lk.tx,
-            "max_payload": lk.max_payload,
-            "modifiers": dict(zip(("bandwidth", "delay", "geography"), lk.modifiers[1:])),
-            **self._liveness_status(lk, now),
-            **({"measured": self.meters[lk.link_id].status()}
-               if lk.link_id in self.meters else {}),
-        } for lk in self.links.values()]
+        measured = self._locality.status
+        links = []
+        for lk in self.links.values():
+            row = {
+                "id": lk.link_id, "peer": lk.peer_name, "role": lk.role.name.lower()
+                if lk.role else "?", "state": lk.state.value, "transport": lk.transport,
+                "address": lk.address, "flows": len(lk.dependent), "rx": lk.rx, "tx": lk.tx,
+                "max_payload": lk.max_payload,
+                "modifiers": dict(zip(("bandwidth", "delay", "geography"), lk.modifiers[1:])),
+                **self._soft.liveness_status(lk, now),
+            }
+            meter = measured(lk.link_id)
+            if meter is not None:
+                row["measured"] = meter
+            links.append(row)
         flows = [{
             "flow": flow_text(key),
             "upstream": e.upstream,
@@ -154,7 +318,6 @@ class Router(Links, Forwarding, Membership, LsExchange, GarbageCollection, SoftS
             "alerts": list(self.alerts),
             "quota": self.trust.status(self.links),
         }
-
 
 _SOFT_MESSAGES = (C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree)
 

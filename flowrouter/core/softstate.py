@@ -1,10 +1,17 @@
 """Soft state that repairs itself: link liveness, refresh digests, prunes.
 
-A part of the router (see :mod:`flowrouter.core.router`): :class:`SoftState` is a class over
-the shared :class:`~flowrouter.core.state.RouterState`, called from ``receive`` (soft-state
-messages), from the clock's ``tick`` and on link events; it changes the tables through the
-other parts' methods (declared in RouterState). May import :mod:`flowrouter.wire` and the
-core's shared modules (state, actions, tables, timers, traces); never another part.
+A part of the router (see :mod:`flowrouter.core.router`): :class:`SoftState` is its own
+object, owning the timer wheel, the digest rounds being sent and received and the per-link
+timer generations, over the shared :class:`~flowrouter.core.state.RouterState`. The Router
+hands it the soft-state messages and calls its ``tick``; the links part tells it when a link
+comes up or closes (:class:`~flowrouter.core.interfaces.LinkLiveness`). It changes the trees
+through membership (:class:`~flowrouter.core.interfaces.TreeUpkeep`), hands sibling masks to
+the LS exchange (``SiblingMasks``) and RTT samples to measured locality (``RttSink``). A peer
+it finds dead is returned by ``tick`` for the Router to close (the links part calls the soft
+state, so the soft state does not call it back). It sends the PRUNE and NOT_ON_TREE notices
+any part files in the shared outbox (:class:`~flowrouter.core.state.LinkNotices`).
+May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
+tables, timers, traces); never another part.
 
 How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way PIM-SM is):
 
@@ -49,13 +56,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from flowrouter.core.actions import Action, Close, Send
-from flowrouter.core.state import LINK_KEY, RouterState
+from flowrouter.core.actions import Action
+from flowrouter.core.interfaces import RttSink, SiblingMasks, TreeUpkeep
+from flowrouter.core.state import RouterState, link_message
 from flowrouter.core.tables import Link, LinkState
+from flowrouter.core.timers import TimerWheel
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.flowid import key_lsid
-from flowrouter.wire.header import pack_header
 
 _ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, link id, gen)
 #: share of the refresh interval a round's chunks are spread over (the rest is slack, so a
@@ -99,15 +106,42 @@ class RxRound:
     fresh: int = 0
 
 
-class SoftState(RouterState):
+class SoftState:
     """Liveness, refresh digests, hold times and prunes (see the module docs)."""
 
+    def __init__(self, state: RouterState, trees: TreeUpkeep, siblings: SiblingMasks,
+                 rtt: RttSink) -> None:
+        p = state.p
+        self.state = state
+        self.trees = trees
+        self.siblings = siblings
+        self.rtt = rtt
+        self.p = p
+        self.links = state.links
+        self.flows = state.flows
+        self.counters = state.counters
+        self.routing = state.routing
+        self.policies = state.policies
+        self.tracer = state.tracer
+        self.tracing = state.tracing
+        #: echoes, digest rounds and hold-time sweeps, filed as (kind, link id, generation)
+        self.wheel = TimerWheel(min(p.liveness_interval, p.refresh_interval) / 4)
+        self._round = 0
+        #: digest rounds being sent / received per link; per-link timer generations
+        self._tx: dict[int, TxRound] = {}
+        self._rx: dict[int, RxRound] = {}
+        self._gen: dict[int, int] = {}
+        #: per link: keys a hold-time sweep found expired, still to collect (a few a tick)
+        self._expiring: dict[int, list[bytes]] = {}
+        #: peers found dead during this tick, for the Router to close: (link id, reason)
+        self._dead: list[tuple[int, str]] = []
+
     # ------------------------------------------------------------------ link events
-    def _soft_link_up(self, link: Link, now: float) -> None:
+    def link_up(self, link: Link, now: float) -> None:
         """A link came up: start its echoes, its digest rounds (router peers) and its
         hold-time backstop."""
         lid = link.link_id
-        gen = self._soft_gen[lid] = self._soft_gen.get(lid, 0) + 1
+        gen = self._gen[lid] = self._gen.get(lid, 0) + 1
         link.heard = now
         wheel = self.wheel
         if _speaks_soft_state(link):  # the first echo at once: an RTT right away
@@ -118,13 +152,13 @@ class SoftState(RouterState):
             wheel.schedule((_ROUND, lid, gen), now)
         wheel.schedule((_HOLD, lid, gen), now + self.p.hold)
 
-    def _soft_link_closed(self, link_id: int) -> None:
-        self._soft_gen.pop(link_id, None)
+    def link_closed(self, link_id: int) -> None:
+        """A link closed (or was found dead): its timers, rounds and notices go."""
+        self._gen.pop(link_id, None)
         self._expiring.pop(link_id, None)
-        self._soft_tx.pop(link_id, None)
-        self._soft_rx.pop(link_id, None)
-        for k in [k for k in self._notices if k[0] == link_id]:
-            del self._notices[k]
+        self._tx.pop(link_id, None)
+        self._rx.pop(link_id, None)
+        self.state.notices.forget(link_id)
 
     def input_paused(self, link_id: int, paused: bool, now: float) -> None:
         """The shell stopped (or resumed) reading *link_id* (input credit): while it does
@@ -135,18 +169,18 @@ class SoftState(RouterState):
             link.heard = now
 
     # ------------------------------------------------------------------ messages
-    def _on_soft(self, link: Link, msg: Any, now: float) -> list[Action]:
+    def on_message(self, link: Link, msg: Any, now: float) -> list[Action]:
         """A link-local soft-state message (ECHO, ECHO_REPLY, REFRESH, PRUNE, NOT_ON_TREE)."""
         if isinstance(msg, C.Echo):
             link.speaks_liveness = True
-            return [_link_msg(link.link_id, C.EchoReply(msg.seq, msg.stamp))]
+            return [link_message(link.link_id, C.EchoReply(msg.seq, msg.stamp))]
         if isinstance(msg, C.EchoReply):
             link.speaks_liveness = True
             sample = now - msg.stamp / 1e6
             if 0 <= sample < 3600:
                 link.last_rtt = sample
                 link.rtt = sample if link.rtt is None else 0.875 * link.rtt + 0.125 * sample
-                self.measure_rtt(link.link_id, sample, now)  # measured locality (links)
+                self.rtt.measure_rtt(link.link_id, sample, now)  # measured locality
             else:
                 self.counters["liveness.bad-echo-reply"] += 1
             return []
@@ -158,21 +192,21 @@ class SoftState(RouterState):
         lid = link.link_id
         counters = self.counters
         counters["refresh.chunks-received"] += 1
-        rx = self._soft_rx.get(lid)
+        rx = self._rx.get(lid)
         if rx is None or rx.number != msg.round or rx.count != msg.count:
-            rx = self._soft_rx[lid] = RxRound(msg.round, msg.count, now)
+            rx = self._rx[lid] = RxRound(msg.round, msg.count, now)
         rx.got.add(msg.index)
         if msg.hold_ms:
             link.hold = min(MAX_HOLD, max(MIN_HOLD, msg.hold_ms / 1000))
         out: list[Action] = []
         unknown: list[bytes] = []
         flows = self.flows
-        strict = self._policies_active and link.role is C.Role.ENDPOINT
-        wall = now + self.wall_offset
+        strict = self.state.policies_active and link.role is C.Role.ENDPOINT
+        wall = now + self.state.wall_offset
         for key, mask, flags in msg.entries:
             rx.entries += 1
             if flags & C.REFRESH_SIBLING:
-                out += self._on_sibling_mask(link, key, C.Mask(mask), now)
+                out += self.siblings.on_sibling_mask(link, key, C.Mask(mask), now)
                 continue
             entry = flows.get(key)
             if entry is None or lid not in entry.down:
@@ -184,7 +218,7 @@ class SoftState(RouterState):
             if strict and link.caps:
                 cap = link.caps.get(key)
                 if cap is not None and cap.expiry <= wall:  # refreshing re-checks it
-                    out += self._withdraw(link, key, "expired", now)
+                    out += self.trees.withdraw(link, key, "expired", now)
                     continue
             traffic = entry.traffic
             if traffic.get(lid, -1.0) < rx.started:
@@ -198,15 +232,15 @@ class SoftState(RouterState):
                 entry.recompute()
                 rx.repaired += 1
                 counters["refresh.masks-repaired"] += 1
-                if self._tracing:
+                if self.tracing:
                     self.tracer.link_add(now, key, lid, mask, "refresh", link.role)
-                out += self._push_mask(key, entry)
+                out += self.trees.push_mask(key, entry)
         if unknown:
             rx.unknown += len(unknown)
             counters["refresh.unknown"] += len(unknown)
-            self._notices.setdefault((lid, C.MsgType.NOT_ON_TREE), set()).update(unknown)
+            self.state.notices.not_on_tree(lid, unknown)
         if len(rx.got) == rx.count:
-            del self._soft_rx[lid]
+            del self._rx[lid]
             out += self._round_complete(link, rx, now)
         return out
 
@@ -228,11 +262,11 @@ class SoftState(RouterState):
         removed = len(stale)
         for key in sorted(stale):  # sorted: the same order in every process
             entry = flows[key]
-            self._drop_down(entry, key, lid, "refresh", now)
-            out += self._after_change(key, entry, now, "refresh")
+            self.trees.drop_down(entry, key, lid, "refresh", now)
+            out += self.trees.after_change(key, entry, now, "refresh")
         if removed:
             self.counters["refresh.links-removed"] += removed
-        if self._tracing:
+        if self.tracing:
             self.tracer.refresh(now, lid, "received", rx.entries, rx.count, rx.repaired,
                                 removed, rx.unknown)
         return out
@@ -242,7 +276,7 @@ class SoftState(RouterState):
         lid = link.link_id
         what = "prune" if isinstance(msg, C.Prune) else "not-on-tree"
         self.counters[f"refresh.{what}-received"] += 1
-        if self._tracing:
+        if self.tracing:
             self.tracer.prune(now, lid, "received", what, len(msg.keys))
         out: list[Action] = []
         for key in msg.keys:
@@ -254,27 +288,19 @@ class SoftState(RouterState):
                 entry.joined = False
                 if entry.up_req is None:
                     self.counters["refresh.regrafts"] += 1
-                    out += self._send_join_up(key, entry, now)
+                    out += self.trees.send_join_up(key, entry, now)
             elif lid in entry.down:
-                self._drop_down(entry, key, lid, what, now)
-                out += self._after_change(key, entry, now, what)
+                self.trees.drop_down(entry, key, lid, what, now)
+                out += self.trees.after_change(key, entry, now, what)
         return out
 
-    def _not_on_tree(self, link_id: int, key: bytes) -> None:
-        """Traffic came from the tree's side for a flow we hold nothing for: say so (batched
-        per link, at most once per tick and flow)."""
-        self._notices.setdefault((link_id, C.MsgType.NOT_ON_TREE), set()).add(key)
-
-    def _prune_notice(self, link_id: int, key: bytes) -> None:
-        """We dropped (key, link) ourselves (hold time, a limit, a withdrawn capability):
-        tell the neighbour with the next tick's PRUNE."""
-        self._notices.setdefault((link_id, C.MsgType.PRUNE), set()).add(key)
-
     # ------------------------------------------------------------------ time
-    def _soft_tick(self, now: float) -> list[Action]:
-        """Timers that fell due, the chunks due by now, and batched notices."""
+    def tick(self, now: float) -> tuple[list[Action], list[tuple[int, str]]]:
+        """Timers that fell due, the chunks due by now, and batched notices; and the peers
+        found dead, (link id, reason), for the Router to close (their timers, rounds and
+        notices are already gone)."""
         out: list[Action] = []
-        gens = self._soft_gen
+        gens = self._gen
         links = self.links
         for item in self.wheel.pop_due(now):
             kind, lid, gen = cast(tuple[int, int, int], item)
@@ -292,14 +318,15 @@ class SoftState(RouterState):
                 # the LS route vector is soft state too: sent on change, repeated here so a
                 # lost update cannot leave a neighbour with a stale route
                 vector = C.LsRoutes(self.routing.vector_for(lid))
-                out.append(_link_msg(lid, vector))
+                out.append(link_message(lid, vector))
             else:
                 out += self._hold_sweep(link, gen, now)
-        if self._soft_tx:
+        if self._tx:
             out += self._send_chunks(now)
-        if self._notices:
+        if self.state.notices:
             out += self._flush_notices(now)
-        return out
+        dead, self._dead = self._dead, []
+        return out, dead
 
     def _echo(self, link: Link, gen: int, now: float) -> list[Action]:
         p = self.p
@@ -308,7 +335,9 @@ class SoftState(RouterState):
             self.counters["liveness.dead"] += 1
             reason = (f"peer silent for {silent:.1f}s (dead after {p.dead_after:g}s): hung or "
                       "unreachable")
-            return self.close_link(link.link_id, now, reason) + [Close(link.link_id, reason)]
+            self.link_closed(link.link_id)
+            self._dead.append((link.link_id, reason))
+            return []
         self.wheel.schedule((_ECHO, link.link_id, gen), now + p.liveness_interval)
         if (silent < p.liveness_interval and link.tx != link.tx_at_echo
                 and now - link.echo_at < RTT_EVERY * p.liveness_interval):
@@ -323,7 +352,7 @@ class SoftState(RouterState):
         link.echo_seq = (link.echo_seq + 1) & 0xFFFFFFFF
         self.counters["liveness.echoes"] += 1
         stamp = int(now * 1e6) & 0xFFFFFFFFFFFFFFFF
-        return [_link_msg(link.link_id, C.Echo(link.echo_seq, stamp))]
+        return [link_message(link.link_id, C.Echo(link.echo_seq, stamp))]
 
     def _start_round(self, link: Link, now: float) -> float:
         """Snapshot the flows we want from this upstream neighbour; chunks follow, spread
@@ -337,33 +366,33 @@ class SoftState(RouterState):
         if sib_lsids:  # fellow LS members: our subtree masks for their LSIDs
             keys += [k for k, e in flows.items()
                      if e.upstream is None and e.joined and key_lsid(k) in sib_lsids]
-        self._soft_round = (self._soft_round + 1) & 0xFFFFFFFF
+        self._round = (self._round + 1) & 0xFFFFFFFF
         per = C.refresh_capacity(link.max_payload)
         count = max(1, -(-len(keys) // per))
         if count > 0xFFFF:  # pragma: no cover - over 67 million flows on one link
             per = -(-len(keys) // 0xFFFF)
             count = -(-len(keys) // per)
         period = C.refresh_period(len(keys), self.p.refresh_interval, self.p.max_refresh_rate)
-        self._soft_tx[lid] = TxRound(self._soft_round, keys, per, count, now, period)
+        self._tx[lid] = TxRound(self._round, keys, per, count, now, period)
         self.counters["refresh.rounds-sent"] += 1
-        if self._tracing:
+        if self.tracing:
             self.tracer.refresh(now, lid, "sent", len(keys), count)
         return period
 
     def _send_chunks(self, now: float) -> list[Action]:
         out: list[Action] = []
-        for lid, tx in list(self._soft_tx.items()):
+        for lid, tx in list(self._tx.items()):
             if lid not in self.links:
-                del self._soft_tx[lid]
+                del self._tx[lid]
                 continue
             hold_ms = min(0xFFFFFFFF, int(self.p.hold_factor * tx.period * 1000))
             due = min(tx.count, 1 + int(tx.count * (now - tx.started) / (tx.period * SPREAD)))
             while tx.sent < due:
-                out.append(_link_msg(lid, self._chunk(lid, tx, tx.sent, hold_ms)))
+                out.append(link_message(lid, self._chunk(lid, tx, tx.sent, hold_ms)))
                 tx.sent += 1
                 self.counters["refresh.chunks-sent"] += 1
             if tx.sent >= tx.count:
-                del self._soft_tx[lid]
+                del self._tx[lid]
         return out
 
     def _chunk(self, lid: int, tx: TxRound, index: int, hold_ms: int) -> C.Refresh:
@@ -408,17 +437,17 @@ class SoftState(RouterState):
         out: list[Action] = []
         for key in sorted(stale):  # sorted: the same order in every process
             entry = flows[key]
-            self._drop_down(entry, key, lid, "expired", now)
+            self.trees.drop_down(entry, key, lid, "expired", now)
             self.counters["gc.links-collected"] += 1
             if not entry.down:
                 self.counters["gc.entries-collected"] += 1
-            self._prune_notice(lid, key)
-            out += self._after_change(key, entry, now, "expired")
+            self.state.notices.prune(lid, key)
+            out += self.trees.after_change(key, entry, now, "expired")
         return out
 
     def _flush_notices(self, now: float) -> list[Action]:
         out: list[Action] = []
-        notices, self._notices = self._notices, {}
+        notices = self.state.notices.take()
         for (lid, mtype), keys in sorted(notices.items()):
             link = self.links.get(lid)
             if link is None or link.state is not LinkState.UP:
@@ -430,15 +459,15 @@ class SoftState(RouterState):
             per = C.keys_capacity(link.max_payload)
             cls = C.Prune if mtype == C.MsgType.PRUNE else C.NotOnTree
             what = "prune" if cls is C.Prune else "not-on-tree"
-            out += [_link_msg(lid, cls(tuple(ordered[i:i + per])))
+            out += [link_message(lid, cls(tuple(ordered[i:i + per])))
                     for i in range(0, len(ordered), per)]
             self.counters[f"refresh.{what}-sent"] += 1
-            if self._tracing:
+            if self.tracing:
                 self.tracer.prune(now, lid, "sent", what, len(ordered))
         return out
 
     # ------------------------------------------------------------------ inspection
-    def _liveness_status(self, link: Link, now: float | None) -> dict[str, Any]:
+    def liveness_status(self, link: Link, now: float | None) -> dict[str, Any]:
         """What the status query shows of a link's liveness (RTT for measured locality)."""
         return {"rtt_ms": None if link.rtt is None else round(link.rtt * 1000, 3),
                 "last_rtt_ms": None if link.last_rtt is None
@@ -453,8 +482,3 @@ def _speaks_soft_state(link: Link) -> bool:
     has sent one itself; no other peer is sent any (a node from before them would drop the
     link): it is never declared dead for silence, and what it holds lasts the hold time."""
     return bool(link.features & C.FEATURE_SOFT_STATE) or link.speaks_liveness
-
-
-def _link_msg(link_id: int, msg: C.ControlMessage) -> Send:
-    body = msg.encode()
-    return Send(link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body)

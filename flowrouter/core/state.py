@@ -1,35 +1,38 @@
-"""RouterState: the tables and counters every part of the router shares.
+"""RouterState: the tables every part of the router shares, and the outbox of link notices.
 
-The :class:`~flowrouter.core.router.Router` is assembled from parts with one job each
-(links, forwarding, membership, lsexchange, gc, admission, appmembers); each part is a class
-over this shared state, and the Router inherits them all, so the hot path calls plain methods
-with no per-message indirection. This module holds the state, the one helper every part uses
-to build a control frame, and, for the type checker only, the calls parts make into each other (each
-one is implemented by the part named beside it).
+The :class:`~flowrouter.core.router.Router` is a coordinator over parts with one job each
+(links, forwarding, membership, lsexchange, softstate, admission, appmembers, locality).
+Each part is its own object that owns its own state; what they all read and change is here,
+in one :class:`RouterState` the Router builds and hands to every part at construction: the
+link table, the flow route table, the LS routing table, the counters, the tracer, the trust
+boundary and the policies in force. What a part calls in another part is declared in
+:mod:`flowrouter.core.interfaces`, never reached through a shared ``self``.
+
+The containers here (``links``, ``flows``, ``counters``, ``routing`` ...) are created once
+and never rebound, so a part may keep a direct reference to one (the forwarding hot path
+does, to stay one attribute away from its tables).
 
 May import :mod:`flowrouter.wire` and the core's data modules (tables, lsroutes, tracers,
-policystore, params, actions, trust, quotas); never another part.
+policystore, params, actions, trust, quotas, timers); never a part.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, deque
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import Any
 
 from flowrouter.core.actions import Action, Send
 from flowrouter.core.lsroutes import LsRouting
 from flowrouter.core.params import RouterParams
 from flowrouter.core.policystore import PolicyStore
 from flowrouter.core.tables import FlowEntry, Link
-from flowrouter.core.timers import TimerWheel
 from flowrouter.core.tracers import NULL_TRACER, Tracer
 from flowrouter.core.trust import TrustBoundary
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_MEMBERSHIP
+from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
-from flowrouter.wire.header import pack_header
-from flowrouter.wire.linkauth import ReplayCache
+from flowrouter.wire.header import DEFAULT_TTL, pack_header
 
 log = logging.getLogger("flowrouter.core")
 
@@ -39,140 +42,117 @@ LINK_KEY = LINK_LOCAL_FLOW.key
 ZERO_LSID = b"\0\0\0\0"
 
 
+class LinkNotices:
+    """PRUNE and NOT_ON_TREE keys waiting for the next tick, per link.
+
+    Any part may file one (forwarding: traffic from the tree's side for a flow we hold
+    nothing for; membership: a branch we dropped ourselves); the soft state sends them,
+    batched per link and kind, at most once per tick and flow."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[int, int], set[bytes]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def not_on_tree(self, link_id: int, keys: bytes | list[bytes]) -> None:
+        """Tell *link_id* we hold no state for *keys* (one key or several)."""
+        self._file(link_id, C.MsgType.NOT_ON_TREE, keys)
+
+    def prune(self, link_id: int, key: bytes) -> None:
+        """Tell *link_id* we dropped (key, link) ourselves (hold time, a limit, a withdrawn
+        capability): it may re-join."""
+        self._file(link_id, C.MsgType.PRUNE, key)
+
+    def _file(self, link_id: int, kind: int, keys: bytes | list[bytes]) -> None:
+        held = self.pending.setdefault((link_id, kind), set())
+        if isinstance(keys, bytes):
+            held.add(keys)
+        else:
+            held.update(keys)
+
+    def take(self) -> dict[tuple[int, int], set[bytes]]:
+        """Everything filed so far, ((link, kind) -> keys); the outbox starts empty again."""
+        pending, self.pending = self.pending, {}
+        return pending
+
+    def forget(self, link_id: int) -> None:
+        """The link is gone: nothing is to be told to it."""
+        for k in [k for k in self.pending if k[0] == link_id]:
+            del self.pending[k]
+
+
 class RouterState:
-    """One router's tables, counters and clocks, shared by its parts."""
+    """One router's shared tables, counters and clock fields (see the module docs)."""
 
     def __init__(self, params: RouterParams, now: float = 0.0,
                  tracer: Tracer = NULL_TRACER) -> None:
         self.p = params
-        #: trace records (flowrouter.core.traces); ``_tracing`` keeps the hot path at one test
+        #: trace records (flowrouter.core.traces); ``tracing`` keeps the hot path at one test
         self.tracer = tracer
-        self._tracing = bool(tracer.enabled)
-        self._snapshot_epoch = -1
+        self.tracing = bool(tracer.enabled)
+        #: the link table and the flow route table
         self.links: dict[int, Link] = {}
         self.flows: dict[bytes, FlowEntry] = {}
         self.counters: Counter[str] = Counter()
+        #: the LS routing table (LS route vectors from router neighbours)
         self.routing = LsRouting(params.core_lsids, params.routes, params.default_route,
                                  params.max_ls_routes)
         self.started = now
         self.epoch = 0
-        self._next_req = 1
-        #: soft state (flowrouter.core.softstate): the timer wheel of echoes, digest rounds
-        #: and hold-time sweeps; digest rounds being sent / received per link; per-link
-        #: timer generations; PRUNE / NOT_ON_TREE keys waiting for the next tick
-        self.wheel = TimerWheel(min(params.liveness_interval, params.refresh_interval) / 4)
-        self._soft_round = 0
-        self._soft_tx: dict[int, Any] = {}
-        self._soft_rx: dict[int, Any] = {}
-        self._soft_gen: dict[int, int] = {}
-        self._notices: dict[tuple[int, int], set[bytes]] = {}
-        #: per link: keys a hold-time sweep found expired, still to collect (a few a tick)
-        self._expiring: dict[int, list[bytes]] = {}
-        self._orphan_retry_at = now
-        #: recent tripped limits, newest last (shown by the status query)
-        self.alerts: deque[dict[str, Any]] = deque(maxlen=100)
-        self._alerted: dict[tuple[str, bytes | None], float] = {}
-        #: limit kind -> (start of its alert interval, flows told in it): Admission.alert
-        self._notice_window: dict[str, tuple[float, int]] = {}
-        #: flow policies in force (capabilities.PolicyStore) and their raw records, which
-        #: are gossiped to every router neighbour; ``_policies_active`` keeps the data path
+        #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
+        self.generation = 0
+        #: flow policies in force (capabilities.PolicyStore): installed by admission, checked
+        #: by forwarding, membership and soft state; ``policies_active`` keeps the data path
         #: at one test while no flow is protected
         self.policies = PolicyStore()
-        self._policy_raws: dict[bytes, None] = {}
-        self._policies_active = False
+        self.policies_active = False
         #: add to ``now`` to get Unix time (capability expiry is in Unix seconds); the
         #: runtime sets it, the simulator leaves 0
         self.wall_offset = 0.0
-        self._replay = ReplayCache()
         #: who may be a router, and the quotas of everyone else (flowrouter.core.trust)
         self.trust = TrustBoundary(params.quota, params.accept_routers)
-        #: links still in their handshake (the only ones a tick must check for time-outs)
-        self._handshaking: set[int] = set()
-        #: entries cut off from their core: retried as soon as any route changes
-        self._orphans: set[bytes] = set()
-        #: flows with a join awaiting the upstream answer (checked every tick, not by the GC)
-        self._pending: dict[bytes, FlowEntry] = {}
-        #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
-        self.generation = 0
+        #: PRUNE / NOT_ON_TREE keys for the soft state to send at the next tick
+        self.notices = LinkNotices()
         #: the forwarding fast path's mirror of our tables (flowrouter.core.fastpath), told
         #: of every change to an entry or link; None while no fast path is attached
         self.fib: Any = None
-        #: application membership (flowrouter.core.appmembers): pending changes per flow
-        #: (link -> latest change), flows owing a snapshot, when each flow's last snapshot went
-        self._member_changes: dict[bytes, dict[int, Any]] = {}
-        self._member_snapshot_due: set[bytes] = set()
-        self._member_refresh_at: dict[bytes, float] = {}
-        self._member_last = now
-        self._member_clock = now
-        self._member_seq = 0
-        #: measured locality (flowrouter.core.measured): a meter per router link once it has
-        #: samples, and the link's configured costs (geography stays; the rest when unmeasured)
-        self.meters: dict[int, Any] = {}
-        self._configured: dict[int, Any] = {}
 
-    def _entry_changed(self, key: bytes) -> None:
+    def entry_changed(self, key: bytes) -> None:
         """Any change to the route entry of *key* (links, masks, upstream, removal): the
         fast path forgets its copy (the parts call this wherever they change an entry)."""
         if self.fib is not None:
             self.fib.flow_changed(key)
 
-    def _link_changed(self, link_id: int) -> None:
+    def link_changed(self, link_id: int) -> None:
+        """Any change to a link that forwarding reads (state, role, costs, removal)."""
         if self.fib is not None:
             self.fib.link_changed(link_id)
 
-    def _control(self, link_id: int, key: bytes, msg: C.ControlMessage,
-                 band: int = BAND_MEMBERSHIP) -> Send:
-        body = msg.encode()
-        return Send(link_id, pack_header(key, len(body), band), body)
+    def fault_frames(self, key: bytes, entry: FlowEntry, fault: C.Fault) -> list[Action]:
+        """Tell the flow's members (those listening on the fault band) about a fault."""
+        body = fault.encode()
+        targets = [lk for lk, m in entry.down.items() if m >> BAND_FAULT & 1]
+        if entry.upstream is not None:
+            targets.append(entry.upstream)
+        elif entry.sib:
+            targets += [lk for lk, m in entry.sib.items() if m >> BAND_FAULT & 1]
+        if not targets:
+            return []
+        self.counters["faults.sent"] += len(targets)
+        hdr = pack_header(key, len(body), BAND_FAULT, 0, 0, DEFAULT_TTL)
+        return [Send(t, hdr, body) for t in targets]
 
-    if TYPE_CHECKING:  # the calls parts make into each other (no runtime definitions here)
-        def close_link(self, link_id: int, now: float,  # links
-                       reason: str = ...) -> list[Action]: ...
-        def _advertise_routes(self, changed: bool, now: float,  # lsexchange
-                              only: int | None = None) -> list[Action]: ...
-        def _rejoin(self, key: bytes, entry: FlowEntry,  # membership
-                    now: float) -> list[Action]: ...
-        def _join_failed(self, key: bytes, entry: FlowEntry,  # membership
-                         status: C.JoinStatus, reason: str, now: float) -> list[Action]: ...
-        def _drop_down(self, entry: FlowEntry, key: bytes, link_id: int,  # membership
-                       cause: str, now: float, gone: Link | None = ...) -> None: ...
-        def _after_change(self, key: bytes, entry: FlowEntry, now: float,  # membership
-                          cause: str) -> list[Action]: ...
-        def _remove_entry(self, key: bytes, entry: FlowEntry, cause: str,  # membership
-                          now: float) -> None: ...
-        def _push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]: ...  # membership
-        def _send_join_up(self, key: bytes, entry: FlowEntry,  # membership
-                          now: float) -> list[Action]: ...
-        def _on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask,  # lsexchange
-                             now: float) -> list[Action]: ...
-        def _soft_link_up(self, link: Link, now: float) -> None: ...  # softstate
-        def _soft_link_closed(self, link_id: int) -> None: ...  # softstate
-        def _not_on_tree(self, link_id: int, key: bytes) -> None: ...  # softstate
-        def _prune_notice(self, link_id: int, key: bytes) -> None: ...  # softstate
-        def _soft_tick(self, now: float) -> list[Action]: ...  # softstate
-        def _retry_orphans(self, now: float) -> list[Action]: ...  # lsexchange
-        def _repeat_hellos(self, now: float) -> list[Action]: ...  # links
-        def _hello_on_up_link(self, link: Link, msg: C.Hello,  # links
-                              now: float) -> list[Action]: ...
-        def _unknown_control(self, link: Link) -> list[Action]: ...  # links
-        def _auth_on_up_link(self, link: Link, msg: C.Auth,  # links
-                             now: float) -> list[Action]: ...
-        def _emit_fault(self, key: bytes, entry: FlowEntry,  # membership
-                        fault: C.Fault) -> list[Action]: ...
-        def measure_rtt(self, link_id: int, rtt: float, now: float) -> bool: ...  # links
-        def _member_changed(self, key: bytes, link: Link | None,  # appmembers
-                            event: Any, mask: int, old_mask: int = ...) -> None: ...
-        def _member_notices(self, now: float) -> list[Action]: ...  # appmembers
-        def _authorize_join(self, link: Link, key: bytes, msg: C.Join,  # admission
-                            now: float) -> str | None: ...
-        def _over_quota(self, link: Link, key: bytes, msg: C.Join,  # admission
-                        now: float) -> list[Action]: ...
-        def _may_send(self, link: Link, key: bytes, header: memoryview | bytes,  # admission
-                      band: int, now: float) -> bool: ...
-        def _withdraw(self, link: Link, key: bytes, why: str,  # admission
-                      now: float) -> list[Action]: ...
-        def alert(self, kind: str, detail: str, now: float,  # admission
-                  key: bytes | None = None, *, notice: str | None = None,
-                  budget: bool = False) -> list[Action]: ...
-        def refusal_alert(self, kind: str, detail: str, limit: str,  # admission
-                          now: float, key: bytes) -> list[Action]: ...
+
+def control_frame(link_id: int, key: bytes, msg: C.ControlMessage,
+                  band: int = BAND_MEMBERSHIP) -> Send:
+    """A control message of flow *key* (JOIN, JOIN_ACK, LEAVE, MASK) for *link_id*."""
+    body = msg.encode()
+    return Send(link_id, pack_header(key, len(body), band), body)
+
+
+def link_message(link_id: int, msg: C.ControlMessage) -> Send:
+    """A link-local control message (ERROR, LS routes, policies, soft state)."""
+    return control_frame(link_id, LINK_KEY, msg)

@@ -484,9 +484,11 @@ class TraceWriter(BaseTracer):
 
 
 def snapshot_fields(router: Any) -> dict[str, Any]:
-    """The ``snapshot`` arguments for a :class:`flowrouter.core.router.Router` (duck-typed).
+    """The ``snapshot`` arguments for a router's shared tables
+    (:class:`flowrouter.core.state.RouterState`, duck-typed: ``epoch``, ``started``, ``p``,
+    ``links``, ``flows``).
 
-    Usage in the core: ``self.tracer.snapshot(now, **snapshot_fields(self))``. Walks the flow
+    Usage in the core: ``tracer.snapshot(now, **snapshot_fields(state))``. Walks the flow
     table once (O(entries)), so call it at the snapshot period, not per message. An entry is
     *active* when some downstream link joined or refreshed it in the current or the previous
     epoch (``entry.traffic`` holds those times, on the router's clock).
