@@ -56,7 +56,7 @@ class Links:
         self.trust = state.trust
         self._replay = ReplayCache()
         #: links still in their handshake (the only ones a tick must check for time-outs)
-        self.handshaking: set[int] = set()
+        self._handshaking: set[int] = set()
 
     def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
                   modifiers: Modifiers | None = None, expected_peer: str | None = None
@@ -68,7 +68,7 @@ class Links:
         self.links[link_id] = Link(link_id, transport, address, mods, expected_peer,
                                    modifiers_configured=modifiers is not None, opened_at=now)
         self.state.link_changed(link_id)
-        self.handshaking.add(link_id)
+        self._handshaking.add(link_id)
         refusal = self.trust.on_open(self.links[link_id])
         if refusal is not None:
             return self._refuse_untrusted(self.links[link_id], refusal, now)
@@ -91,14 +91,14 @@ class Links:
     def tick(self, now: float) -> list[Action]:
         """Links whose handshake timed out are closed; datagram links still in their
         handshake repeat it."""
-        if not self.handshaking:
+        if not self._handshaking:
             return []
         out: list[Action] = []
-        for lid in sorted(self.handshaking):
+        for lid in sorted(self._handshaking):
             if now - self.links[lid].opened_at > self.p.handshake_timeout:
                 out += self.close_link(lid, now, "no HELLO within the handshake time-out")
                 out.append(Close(lid, "handshake time-out"))
-        if self.handshaking:
+        if self._handshaking:
             out += self._repeat_hellos(now)
         return out
 
@@ -110,7 +110,7 @@ class Links:
         (:meth:`LinkAuthenticator.is_repeated_hello`): no proof is ever replayed into a new
         session, and a lost datagram costs one interval, not a handshake time-out."""
         out: list[Action] = []
-        for lid in sorted(self.handshaking):
+        for lid in sorted(self._handshaking):
             lk = self.links[lid]
             if (lk.transport != "udp" or not lk.hello_body
                     or now - lk.hello_at < self.p.liveness_interval):
@@ -170,7 +170,7 @@ class Links:
     def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
         """The transport is gone (or we dropped it): repair every flow that used it."""
         link = self.links.pop(link_id, None)
-        self.handshaking.discard(link_id)
+        self._handshaking.discard(link_id)
         self.meters.link_closed(link_id)
         self.trust.on_close(link_id)
         if link is None:
@@ -309,7 +309,7 @@ class Links:
         link.state = LinkState.UP
         link.up_at = now
         self.state.link_changed(link.link_id)
-        self.handshaking.discard(link.link_id)
+        self._handshaking.discard(link.link_id)
         self.trust.on_up(link)
         self.state.generation += 1
         self.counters["links.up"] += 1
