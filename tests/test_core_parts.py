@@ -28,7 +28,7 @@ from flowrouter.core.params import RouterParams
 from flowrouter.core.router import Router
 from flowrouter.core.softstate import SoftState
 from flowrouter.core.state import RouterState
-from flowrouter.core.tables import Link, LinkState
+from flowrouter.core.tables import FlowEntry, Link, LinkState
 from flowrouter.wire import control as C
 from flowrouter.wire.appmembers import MemberEvent
 from flowrouter.wire.flowid import FlowID
@@ -134,3 +134,18 @@ def test_admission_returns_the_members_a_policy_revokes() -> None:
     app.caps = {KEY: Cap()}
     assert adm.revoked_by(Pol()) == [(app, KEY)]  # type: ignore[arg-type]
     assert app.caps == {KEY: app.caps[KEY]}  # nothing withdrawn here: membership does it
+
+
+def test_a_mask_repaired_by_a_digest_reaches_the_fast_path_mirror() -> None:
+    state = RouterState(RouterParams("core", 1, core_lsids=frozenset({LSID})))
+    fib = state.fib = Recorder()
+    soft = SoftState(state, Recorder(push_mask=[]), Recorder(), Recorder())
+    app = _up_link(state, 5, C.Role.ENDPOINT)
+    entry = state.flows[KEY] = FlowEntry(None, True, 0.0)
+    entry.down[5] = 1 << 32  # the JOIN said band 32; a later MASK (band 33) was lost
+    entry.traffic[5] = 0.0
+    entry.recompute()
+    digest = C.Refresh(1, 0, 1, 0, ((KEY, 1 << 33, 0),))
+    assert soft.on_message(app, digest, 1.0) == []
+    assert entry.down[5] == 1 << 33 and state.counters["refresh.masks-repaired"] == 1
+    assert ("flow_changed", (KEY,)) in fib.calls  # else the mirror forwards band 32 still

@@ -230,6 +230,7 @@ class SoftState:
                     continue
                 entry.down[lid] = mask
                 entry.recompute()
+                self.state.entry_changed(key)  # the fast path forwards by the new mask
                 rx.repaired += 1
                 counters["refresh.masks-repaired"] += 1
                 if self.tracing:
