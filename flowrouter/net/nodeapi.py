@@ -7,11 +7,12 @@ never as :class:`~flowrouter.net.node.RouterNode` itself; so they import nothing
 module, and the node is free to change how it keeps its tables.
 
 :class:`ReadBatch` is the bracket around one read of one input link, the same for every
-read path (a TCP read in place, a copied-out TCP read, a run of UDP datagrams from one
-address): it owns which input link is being read and the read's number (what flow control
-reasons with), gathers the outputs the read gave frames to (each writes its batch once, at
-the end: one system call per output link per read, as nats-server's ``flushClients``), and
-when the read ends it flushes them and tells the node if the read changed the links.
+read path (a TCP read in place, a copied-out TCP read, the handshake frames of a read, a
+run of UDP datagrams from one address): it owns which input link is being read and the
+read's number (what flow control reasons with), gathers the outputs the read gave frames to
+(each writes its batch once, at the end: one system call per output link per read, as
+nats-server's ``flushClients``), and when the read ends it flushes them and tells the node
+if the read changed the links.
 
 :class:`Link`, :class:`Output` and :class:`FlowShell` are the views the node, the links and
 flow control have of each other (typing protocols, so none imports another's module).
