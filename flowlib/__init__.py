@@ -31,6 +31,7 @@ from flowrouter.wire.header import Locality
 from .client import (
                      DEFAULT_FAILOVER_TIMEOUT,
                      DEFAULT_REQUEST_TIMEOUT,
+                     ClientOptions,
                      FailoverEvent,
                      FlowClient,
                      connect,
@@ -56,7 +57,8 @@ from .sync import SyncFlowClient, flow_connect
 
 __all__ = [
     # async API
-    "connect", "FlowClient", "Listener", "Message", "Overflow", "decode_fault", "listen_mask",
+    "connect", "FlowClient", "ClientOptions", "Listener", "Message", "Overflow", "decode_fault",
+    "listen_mask",
     "FailoverEvent", "Heartbeat", "MembershipChange", "Peer", "PeerState",
     "Member", "MemberUpdate", "MemberView", "MemberWatch",
     # sync facade

@@ -1,45 +1,41 @@
 """The asyncio flow client: a TCP link to a flow router (failing over to another router when
 that one dies), flows joined and sent to over it.
 
-:class:`FlowClient` is a thin coordinator: it takes the options, closes politely, and
-inherits one layer per concern, each in its own module and each building on the one below
-(README "Wire format" and :mod:`flowrouter.wire` describe the protocol):
+:class:`FlowClient` is the asyncio shell around the sans-I/O client protocol
+(:mod:`flowlib.protocol`); it composes small parts, each an object of its own:
 
 =============================  ==============================================================
-:mod:`flowlib.link`            one TCP connection: bytes -> frames, sealed records
-:mod:`flowlib.connection`      the router link's life cycle: HELLO/AUTH handshake, up, lost
-:mod:`flowlib.membership`      flows and listeners: JOIN/LEAVE/acks, advertise,
-                               capability policies
-:mod:`flowlib.receiving`       data frames to listeners, reassembly, overflow notices
-:mod:`flowlib.failover`        the next router after a loss, and re-joining there
-:mod:`flowlib.sending`         ``send``/``send_nowait``, back-pressure, fragmentation
-:mod:`flowlib.softstate`       router liveness (ECHO, dead-router detection), refresh
-                               digests of our joins, re-joins on NOT_ON_TREE / PRUNE
-:mod:`flowlib.checks`          argument checks and the public type aliases
+:mod:`flowlib.options`         :class:`ClientOptions`, every keyword a client takes, checked
+:mod:`flowlib.connection`      the current router link and the client's life cycle
+:mod:`flowlib.link`            one TCP connection: feeds the protocol, writes its output,
+                               keeps its timer
+:mod:`flowlib.membership`      create, listen, advertise: JOIN/LEAVE requests and their acks
+:mod:`flowlib.delivery`        listeners, and local notices (overflow, drops, failovers)
+:mod:`flowlib.failover`        the next router after a loss, replaying the flow table there
+:mod:`flowlib.sending`         ``send``/``send_nowait``, back-pressure, paced fragments
 =============================  ==============================================================
+
+Below them the protocol owns its parts (:mod:`flowlib.framing`, :mod:`flowlib.handshake`,
+:mod:`flowlib.liveness`) and is given the two that outlive a link (:mod:`flowlib.flowtable`,
+the reassembler of :mod:`flowlib.fragment`).
 
 :func:`connect` tries the given router addresses in order and raises
 :class:`~flowlib.errors.ConnectError` naming every address and what each one answered when
 none completes the handshake.
 
-The receive path is an :class:`asyncio.Protocol` fed by a
-:class:`~flowrouter.wire.header.FrameDecoder` (no stream-reader task, no per-frame await), and
-frames are written with ``transport.writelines([header, payload])``.
-
-Imports asyncio and the wire layer of flowrouter.
+Imports asyncio and flowlib's shell parts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
-from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_APP_MEMBERSHIP, BAND_MEMBERSHIP
+from flowrouter.wire.bands import BAND_APP_MEMBERSHIP, DEFAULT_DATA_BAND
 from flowrouter.wire.flowid import FlowID
-from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
+from flowrouter.wire.header import DEFAULT_TTL
 
 from .checks import (
     Address,
@@ -50,90 +46,319 @@ from .checks import (
     listen_mask,
     parse_router_address,
 )
-from .connection import DEFAULT_REQUEST_TIMEOUT, DisconnectHook, log
+from .connection import Connection, log
+from .credentials import load_capability
+from .delivery import Delivery
 from .errors import ConnectError
-from .failover import (
+from .events import Event, JoinAnswered, MessageDropped, MessageReceived, RejoinNeeded
+from .failover import Failover, FailoverEvent
+from .flowtable import FlowTable
+from .fragment import Reassembler
+from .members import MemberWatch
+from .membership import Membership
+from .options import (
     DEFAULT_FAILOVER_TIMEOUT,
-    DEFAULT_RECONNECT_MAX,
-    DEFAULT_RECONNECT_MIN,
-    FailoverEvent,
+    DEFAULT_REQUEST_TIMEOUT,
+    ClientOptions,
+    DisconnectHook,
     FailoverHook,
 )
-from .fragment import (
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_REASSEMBLY_BYTES,
-    DEFAULT_REASSEMBLY_TIMEOUT,
-    FRAGMENT_HEADER_SIZE,
-)
-from .members import MemberWatch
-from .notices import DEFAULT_NOTICE_EVERY, DEFAULT_NOTICE_INTERVAL, NoticeLimiter
-from .queue import DEFAULT_QUEUE_SIZE
-from .softstate import SoftState
+from .queue import DEFAULT_QUEUE_SIZE, Listener, Overflow
+from .sending import Payload, Sender
 
 
-class FlowClient(SoftState):
+class FlowClient:
     """A connection to the flow overlay through one router at a time. Make one with
     :func:`connect`.
 
-    Use it as an async context manager (``async with client:``) or call :meth:`close`. All
-    methods must be called from the event loop the client was connected on.
+    Takes a :class:`~flowlib.options.ClientOptions` or its fields as keywords (the same
+    keywords as :func:`connect`, with ``addresses`` and ``connect_timeout``). Use it as an
+    async context manager (``async with client:``) or call :meth:`close`. All methods must be
+    called from the event loop the client was connected on.
     """
 
-    def __init__(self, *, name: str = "flowlib", state_dir: str | os.PathLike[str] | None = None,
-                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD, credentials: bytes = b"",
-                 on_disconnect: DisconnectHook | None = None,
-                 addresses: Sequence[Address] = (), connect_timeout: float = 5.0,
-                 failover: bool = False,
-                 failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT,
-                 failover_send_timeout: float | None = None,
-                 reconnect_min: float = DEFAULT_RECONNECT_MIN,
-                 reconnect_max: float = DEFAULT_RECONNECT_MAX,
-                 on_failover: FailoverHook | None = None,
-                 max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-                 max_reassembly_bytes: int = DEFAULT_MAX_REASSEMBLY_BYTES,
-                 reassembly_timeout: float = DEFAULT_REASSEMBLY_TIMEOUT,
-                 fragment_size: int | None = None,
-                 overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
-                 overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
-                 link_key: tuple[str, str | bytes] | None = None,
-                 encrypt: bool = False, capabilities: Iterable[Any] = (),
-                 liveness_interval: float = C.DEFAULT_LIVENESS_INTERVAL,
-                 dead_after: float = C.DEFAULT_DEAD_AFTER,
-                 refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL) -> None:
-        for what, value in (("failover_timeout", failover_timeout),
-                            ("reconnect_min", reconnect_min), ("reconnect_max", reconnect_max),
-                            ("reassembly_timeout", reassembly_timeout),
-                            ("connect timeout", connect_timeout)):
-            if not value > 0:
-                raise ValueError(f"{what} must be positive, got {value!r}")
-        if failover_send_timeout is not None and failover_send_timeout < 0:
-            raise ValueError("failover_send_timeout must be >= 0 or None")
-        if fragment_size is not None and not fragment_size > FRAGMENT_HEADER_SIZE:
-            raise ValueError(f"fragment_size must exceed the {FRAGMENT_HEADER_SIZE}-byte "
-                             f"fragment header, got {fragment_size!r}")
-        if max_message_size < 1 or max_reassembly_bytes < 1:
-            raise ValueError("max_message_size and max_reassembly_bytes must be positive")
-        if overflow_notice_every is not None:
-            NoticeLimiter(overflow_notice_every, overflow_notice_interval)  # validates
-        self._init_connection(name=name, request_timeout=request_timeout,
-                              max_payload=max_payload, credentials=credentials,
-                              on_disconnect=on_disconnect, addresses=addresses,
-                              connect_timeout=connect_timeout, failover=failover,
-                              link_key=link_key, encrypt=encrypt)
-        self._init_membership(state_dir=state_dir, capabilities=capabilities)
-        self._init_receiving(max_message_size=max_message_size,
-                             max_reassembly_bytes=max_reassembly_bytes,
-                             reassembly_timeout=reassembly_timeout,
-                             overflow_notice_every=overflow_notice_every,
-                             overflow_notice_interval=overflow_notice_interval)
-        self._init_failover(failover_timeout=failover_timeout,
-                            failover_send_timeout=failover_send_timeout,
-                            reconnect_min=reconnect_min, reconnect_max=reconnect_max,
-                            on_failover=on_failover)
-        self._init_sending(fragment_size=fragment_size)
-        self._init_softstate(liveness_interval=liveness_interval, dead_after=dead_after,
-                             refresh_interval=refresh_interval)
+    def __init__(self, options: ClientOptions | None = None, **keywords: Any) -> None:
+        o = self.options = ClientOptions.build(options, **keywords)
+        self.name = o.name
+        self.request_timeout = o.request_timeout
+        self.connect_timeout = o.connect_timeout
+        self.failover_timeout = o.failover_timeout
+        self.failover_send_timeout = o.failover_send_timeout
+        self.reconnect_min = o.reconnect_min
+        self.reconnect_max = max(o.reconnect_max, o.reconnect_min)
+        self.max_message_size = o.max_message_size
+        self.fragment_size = o.fragment_size
+        self.liveness_interval = o.liveness_interval
+        self.dead_after = o.dead_after
+        self.refresh_interval = o.refresh_interval
+        #: counters of things worth seeing that are not errors (unwanted frames, ...)
+        self.counters: Counter[str] = Counter()
+        #: capabilities presented by default with the joins of the flows they cover
+        self.capabilities = [load_capability(c) for c in o.capabilities]
+        self._flows = FlowTable(o.name, self.capabilities)
+        self._reassembler = Reassembler(o.max_message_size, o.max_reassembly_bytes,
+                                        o.reassembly_timeout)
+        self._conn = Connection(o, self._flows, self._reassembler, self.counters)
+        self._delivery = Delivery(o.name, self.counters, o.overflow_notice_every,
+                                  o.overflow_notice_interval,
+                                  lambda: asyncio.get_running_loop().time())
+        self._members = Membership(self._conn, self._flows, self._delivery, o.state_dir)
+        self._failover = Failover(self._conn, self._members, self._delivery)
+        self._sender = Sender(self._conn)
+        self._conn.on_event = self._on_event
+        self.node_id = self._conn.node_id
+
+    def _on_event(self, event: Event) -> None:
+        """The current link's protocol events (the link handles the handshake's and
+        failures itself)."""
+        if isinstance(event, MessageReceived):
+            self._delivery.deliver(event, None)
+        elif isinstance(event, JoinAnswered):
+            self._members.on_join_answered(event)
+        elif isinstance(event, MessageDropped):
+            fe = self._flows.get(event.key)
+            if fe is not None:
+                self._delivery.dropped(event, fe)
+        elif isinstance(event, RejoinNeeded):
+            self._members.rejoin(event.key)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def on_disconnect(self) -> DisconnectHook | None:
+        """Called once when the client is disconnected for good: with
+        :class:`~flowlib.errors.ConnectionLost`, or None after :meth:`close`."""
+        return self._conn.on_disconnect
+
+    @on_disconnect.setter
+    def on_disconnect(self, hook: DisconnectHook | None) -> None:
+        self._conn.on_disconnect = hook
+
+    @property
+    def on_failover(self) -> FailoverHook | None:
+        """Called after each successful failover with a :class:`FailoverEvent`."""
+        return self._conn.on_failover
+
+    @on_failover.setter
+    def on_failover(self, hook: FailoverHook | None) -> None:
+        self._conn.on_failover = hook
+
+    @property
+    def address(self) -> str:
+        """The current (or last) router's address."""
+        return self._conn.address
+
+    @property
+    def router_name(self) -> str:
+        return self._conn.router_name
+
+    @property
+    def router_node_id(self) -> int:
+        return self._conn.router_node_id
+
+    @property
+    def max_payload(self) -> int:
+        """The router's largest payload (from its HELLO)."""
+        return self._conn.max_payload
+
+    @property
+    def default_lsid(self) -> int:
+        """The LSID the router suggests for new flows (from its HELLO)."""
+        return self._conn.default_lsid
+
+    @property
+    def closed(self) -> bool:
+        """True once the client is disconnected for good (lost or closed)."""
+        return self._conn.closed
+
+    @property
+    def connected(self) -> bool:
+        """True while a router link is up (False during a failover and once closed)."""
+        return self._conn.up and not self._conn.closing
+
+    @property
+    def failing_over(self) -> bool:
+        """True while the client looks for a new router after losing one."""
+        return self._conn.failing_since is not None and not self.closed
+
+    @property
+    def failover(self) -> bool:
+        """Whether losing the router makes this client look for another."""
+        return self._failover.enabled
+
+    @property
+    def failovers(self) -> int:
+        """Completed failovers."""
+        return self._failover.count
+
+    @property
+    def last_failover(self) -> FailoverEvent | None:
+        return self._failover.last
+
+    @property
+    def addresses(self) -> list[str]:
+        """The routers this client may use, in order."""
+        return [address_text(a) for a in self._conn.addresses]
+
+    @property
+    def close_reason(self) -> str | None:
+        """Why the client was disconnected (None while it is usable)."""
+        return self._conn.close_reason if self.closed else None
+
+    @property
+    def rtt(self) -> float | None:
+        """Smoothed round trip of our echoes to the router (seconds; None before the
+        first)."""
+        link = self._conn.link
+        return link.protocol.liveness.rtt if link is not None else self._conn.rtt
+
+    @property
+    def encrypted(self) -> bool:
+        """True while the router link travels in sealed records."""
+        link = self._conn.link
+        return link is not None and link.protocol.framing.secure is not None
+
+    @property
+    def reassembler(self) -> Reassembler:
+        """The reassembly of fragmented messages (its bounds and what it holds now)."""
+        return self._reassembler
+
+    async def wait_closed(self) -> None:
+        """Wait until the client is disconnected for good."""
+        await self._conn.closed_event.wait()
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until a router link is up (returns at once when it is); raises
+        :class:`~flowlib.errors.ConnectionLost` if the client is disconnected for good and
+        :class:`~flowlib.errors.FailoverInProgress` if *timeout* passes first."""
+        await self._conn.ready(timeout)
+
+    async def open(self, addresses: Sequence[Address], timeout: float) -> list[tuple[str, str]]:
+        """Try *addresses* in order until one completes the handshake; the failed attempts
+        (address, why), or raise :class:`~flowlib.errors.ConnectError` naming them all."""
+        attempts: list[tuple[str, str]] = []
+        for i, addr in enumerate(addresses):
+            text = address_text(addr)
+            why = await self._conn.try_open(addr, timeout)
+            if why is None:
+                self._conn.addr_index = i
+                return attempts
+            log.info("flow router %s: %s", text, why)
+            attempts.append((text, why))
+        raise ConnectError(attempts)
+
+    # ------------------------------------------------------------------ flows
+    async def create(self, lsid: int | None = None) -> FlowID:
+        """Name a new flow: our creator ID, the LSID of its core, a never-reused local ID.
+
+        No message goes to the network: a flow exists once someone advertises, listens or
+        sends. The LSID defaults to the one the router suggested in its HELLO. Local IDs come
+        from :class:`~flowrouter.wire.flowid.LocalIdAllocator`, persisted in ``state_dir`` (or
+        ``$FLOWNET_STATE_DIR``), so they are unique across restarts of this host; its file I/O
+        runs in a worker thread to keep the event loop responsive.
+        """
+        return await self._members.create(lsid)
+
+    async def advertise(self, flow: FlowID | str, locality: LocalitySpec = None, *,
+                        timeout: float | None = None, capability: Any = None) -> None:
+        """Install this flow's path toward its core so anyone can send to it (seed 3.4).
+
+        Sent as a JOIN flagged ADVERTISE with the current listening mask (0 with no
+        listener), acknowledged like a join; a refusal raises
+        :class:`~flowlib.errors.JoinRefused`. The advertisement lasts until
+        :meth:`unadvertise` or the client closes (the client keeps answering GC pings, and
+        re-advertises after a failover).
+
+        *locality* is the seed's limit on how far the advertisement spreads; it travels in
+        the JOIN's header, but the router core currently always advertises to the core (the
+        seed's own retrospective recommendation).
+        """
+        await self._members.advertise(flow, locality, timeout, capability)
+
+    def publish_policy(self, policy: Any) -> None:
+        """Give the router a creator-signed flow policy
+        (:class:`flowrouter.wire.capabilities.Policy` or its bytes); routers pass it to each
+        other and keep it, so from then on joins and sends on the flows it covers need
+        capabilities. Publishing a newer version replaces it (e.g. to revoke tokens)."""
+        raw = policy.encode() if hasattr(policy, "encode") else bytes(policy)
+        link = self._conn.check_open()
+        link.protocol.publish_policy(raw)
+        link.flush()
+
+    async def unadvertise(self, flow: FlowID | str) -> None:
+        """Withdraw an advertisement (listeners on the flow stay)."""
+        await self._members.unadvertise(flow)
+
+    async def listen(self, flow: FlowID | str, bands: BandsSpec = "data", *,
+                     size: int = DEFAULT_QUEUE_SIZE, overflow: str | Overflow = "drop-oldest",
+                     timeout: float | None = None, name: str | None = None,
+                     capability: Any = None) -> Listener:
+        """Attach a receive queue to *bands* of *flow* and join the flow with them.
+
+        *bands* is a :class:`~flowrouter.wire.bands.BandMask`, a band number, a list of bands or
+        text (``"data"``, ``"32-40,fault"``); bands below 16 never reach applications and are
+        ignored. The call returns once the router acknowledged the join (the tree toward the
+        core is built by then, so messages sent afterwards arrive); it raises
+        :class:`~flowlib.errors.JoinRefused` with the router's reason, or
+        :class:`~flowlib.errors.FlowTimeout` after *timeout* seconds (default: the client's
+        ``request_timeout``). *name* names the listener in overflow notices (default
+        ``listener-N``). Add ``"fault"`` to hear about failovers and router faults, and
+        ``"overflow"`` to hear about messages this client dropped.
+
+        *capability* (a :class:`flowrouter.wire.capabilities.Capability` or its bytes) is
+        presented with the join for flows whose creator published a policy; it stays with
+        the flow (re-joins after a failover present it again). ``advertise`` takes one too,
+        which is what lets this client send on a protected flow.
+        """
+        return await self._members.listen(flow, bands, size, overflow, timeout, name,
+                                          capability)
+
+    async def unlisten(self, listener: Listener, *, timeout: float | None = None) -> None:
+        """Remove a listener: narrow our mask on its flow with a new JOIN, or LEAVE the flow
+        when nothing else here listens on or advertises it.
+
+        The listener is closed at once (queued messages stay readable, then iteration ends).
+        Removing a listener never fails: if the router does not confirm the narrower mask,
+        the extra bands cost traffic, not correctness, and are logged.
+        """
+        await self._members.unlisten(listener, timeout)
+
+    def listeners(self, flow: FlowID | str | None = None) -> list[Listener]:
+        """The open listeners, all or those of one flow."""
+        return self._members.listeners(flow)
+
+    # ------------------------------------------------------------------ sending
+    def send_nowait(self, flow: FlowID | str, payload: Payload, band: int = DEFAULT_DATA_BAND,
+                    locality: LocalitySpec = None, ttl: int = DEFAULT_TTL, *,
+                    fragment: bool | None = None) -> None:
+        """Write one message to *flow* now (no back-pressure; see :meth:`send`).
+
+        Messages go to the flow's members, never back to this client. *band* must be an
+        application band (16..127); *locality* is ``None`` or ``(type, value)`` such as
+        ``(Locality.GEOGRAPHY, 2)``; *ttl* counts router hops (1..255).
+
+        A payload larger than the router's maximum is fragmented (all fragments are written at
+        once: prefer :meth:`send` for large messages, which paces them); *fragment* ``False``
+        refuses to and raises :class:`~flowlib.errors.MessageTooLarge` instead, ``True``
+        fragments even a message that would fit. A message over ``max_message_size`` raises
+        :class:`~flowlib.errors.MessageTooLarge` and sends nothing. During a failover this
+        raises :class:`~flowlib.errors.FailoverInProgress` (nothing is sent).
+        """
+        self._sender.send_nowait(flow, payload, band, locality, ttl, fragment)
+
+    async def send(self, flow: FlowID | str, payload: Payload, band: int = DEFAULT_DATA_BAND,
+                   locality: LocalitySpec = None, ttl: int = DEFAULT_TTL, *,
+                   fragment: bool | None = None) -> None:
+        """Like :meth:`send_nowait`, then wait while the link's write buffer is full, so a
+        fast sender is slowed to what the router takes instead of growing memory.
+
+        Large messages are sent fragment by fragment at the pace the link takes them. During
+        a failover this waits for the next router (at most ``failover_send_timeout`` seconds
+        if set, else as long as the failover lasts) and then raises
+        :class:`~flowlib.errors.FailoverInProgress` or, if every router failed,
+        :class:`~flowlib.errors.ConnectionLost`. A fragmented message cut by a failover is
+        sent again whole on the new router.
+        """
+        await self._sender.send(flow, payload, band, locality, ttl, fragment)
 
     async def watch_members(self, flow: FlowID | str, *, timeout: float | None = None,
                             size: int = DEFAULT_QUEUE_SIZE) -> MemberWatch:
@@ -158,31 +383,26 @@ class FlowClient(SoftState):
         going down as a fault to the flows we were on). Listeners are closed: their queued
         messages can still be read, then iteration ends. Closing stops a failover in progress.
         """
-        if not self._closing and not self._lost:
-            self._closing = True
-            task = self._failover_task
-            if task is not None:
-                task.cancel()
-            transport = self._transport
-            if transport is not None and self._up:
-                for fs in self._flows.values():
-                    if fs.on_router:
-                        self._write_control(fs.flow.key, BAND_MEMBERSHIP, C.Leave())
-                        fs.on_router = False
-                transport.close()
+        conn = self._conn
+        if not conn.closing and not conn.lost:
+            conn.closing = True
+            self._failover.stop()
+            link = conn.link
+            if link is not None and conn.up:
+                self._members.leave_all()
+                link.close()
             else:
-                if transport is not None:
-                    transport.abort()
-                self._link = None
-                self._transport = None
-                self._finish("the client was closed", user=True)
-        self._closing = True
+                if link is not None:
+                    link.abort()
+                conn.link = None
+                conn.finish("the client was closed", user=True)
+        conn.closing = True
         try:
-            await asyncio.wait_for(self._closed_event.wait(), timeout)
+            await asyncio.wait_for(conn.closed_event.wait(), timeout)
         except TimeoutError:
-            if self._transport is not None:
-                self._transport.abort()
-            await self._closed_event.wait()
+            if conn.link is not None:
+                conn.link.abort()
+            await conn.closed_event.wait()
 
     async def __aenter__(self) -> FlowClient:
         return self
@@ -196,28 +416,9 @@ class FlowClient(SoftState):
         return f"<FlowClient {self.name!r} -> {self.router_name!r} at {self.address} {state}>"
 
 
-async def connect(addresses: Address | Sequence[Address], *, name: str = "flowlib",
-                  timeout: float = 5.0, state_dir: str | os.PathLike[str] | None = None,
-                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                  max_payload: int = DEFAULT_MAX_PAYLOAD, credentials: bytes = b"",
-                  on_disconnect: DisconnectHook | None = None,
-                  failover: bool | None = None,
-                  failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT,
-                  failover_send_timeout: float | None = None,
-                  reconnect_min: float = DEFAULT_RECONNECT_MIN,
-                  reconnect_max: float = DEFAULT_RECONNECT_MAX,
-                  on_failover: FailoverHook | None = None,
-                  max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-                  max_reassembly_bytes: int = DEFAULT_MAX_REASSEMBLY_BYTES,
-                  reassembly_timeout: float = DEFAULT_REASSEMBLY_TIMEOUT,
-                  fragment_size: int | None = None,
-                  overflow_notice_every: int | None = DEFAULT_NOTICE_EVERY,
-                  overflow_notice_interval: float = DEFAULT_NOTICE_INTERVAL,
-                  link_key: tuple[str, str | bytes] | None = None,
-                  encrypt: bool = False, capabilities: Iterable[Any] = (),
-                  liveness_interval: float = C.DEFAULT_LIVENESS_INTERVAL,
-                  dead_after: float = C.DEFAULT_DEAD_AFTER,
-                  refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL) -> FlowClient:
+async def connect(addresses: Address | Sequence[Address], *, timeout: float = 5.0,
+                  failover: bool | None = None, options: ClientOptions | None = None,
+                  **keywords: Any) -> FlowClient:
     """Connect to the first router in *addresses* that completes the handshake.
 
     Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)``, tried in order; each
@@ -257,12 +458,13 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
     every flow one of them covers for this client's *name* (unless ``listen``/``advertise``
     is given its own); a file that cannot be read raises ``ValueError`` before connecting.
 
-    Soft state (:mod:`flowlib.softstate`): an ECHO to the router every *liveness_interval*
+    Soft state (:mod:`flowlib.liveness`): an ECHO to the router every *liveness_interval*
     seconds; a router silent for *dead_after* seconds (hung, or cut off without a reset) is
     dropped like a lost link (and failed over from); a digest of our joins and
     advertisements every *refresh_interval* keeps the router's state and repairs it.
     """
-    check_identity(name, credentials)
+    o = ClientOptions.build(options, **keywords)
+    check_identity(o.name, o.credentials)
     if isinstance(addresses, str) or (isinstance(addresses, tuple) and len(addresses) == 2
                                       and isinstance(addresses[1], int)):
         addrs: list[Address] = [addresses]
@@ -276,34 +478,17 @@ async def connect(addresses: Address | Sequence[Address], *, name: str = "flowli
             valid.append(addr)
         except ValueError as exc:
             bad[i] = f"bad address ({exc})"
-    client = FlowClient(
-        name=name, state_dir=state_dir, request_timeout=request_timeout,
-        max_payload=max_payload, credentials=credentials, on_disconnect=on_disconnect,
-        addresses=valid, connect_timeout=timeout,
-        failover=len(valid) > 1 if failover is None else failover,
-        failover_timeout=failover_timeout, failover_send_timeout=failover_send_timeout,
-        reconnect_min=reconnect_min, reconnect_max=reconnect_max, on_failover=on_failover,
-        max_message_size=max_message_size, max_reassembly_bytes=max_reassembly_bytes,
-        reassembly_timeout=reassembly_timeout, fragment_size=fragment_size,
-        overflow_notice_every=overflow_notice_every,
-        overflow_notice_interval=overflow_notice_interval, link_key=link_key,
-        encrypt=encrypt, capabilities=capabilities, liveness_interval=liveness_interval,
-        dead_after=dead_after, refresh_interval=refresh_interval)
-    attempts: list[tuple[str, str]] = []
-    vi = 0
-    for i, addr in enumerate(addrs):
-        text = address_text(addr)
-        if i in bad:
-            attempts.append((text, bad[i]))
-            continue
-        why = await client._try_open(addr, timeout)
-        if why is None:
-            client._addr_index = vi
-            return client
-        vi += 1
-        log.info("flow router %s: %s", text, why)
-        attempts.append((text, why))
-    raise ConnectError(attempts)
+    client = FlowClient(o, addresses=valid, connect_timeout=timeout,
+                        failover=len(valid) > 1 if failover is None else failover)
+    try:
+        await client.open(valid, timeout)
+    except ConnectError as exc:
+        tried = iter(exc.attempts)
+        attempts = [(address_text(addr), bad[i]) if i in bad else next(tried)
+                    for i, addr in enumerate(addrs)]
+        raise ConnectError(attempts) from None
+    return client
 
-__all__ = ["FlowClient", "FailoverEvent", "connect", "listen_mask", "DEFAULT_REQUEST_TIMEOUT",
-           "DEFAULT_FAILOVER_TIMEOUT", "Address", "BandsSpec", "LocalitySpec"]
+__all__ = ["FlowClient", "FailoverEvent", "ClientOptions", "connect", "listen_mask",
+           "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_FAILOVER_TIMEOUT", "Address", "BandsSpec",
+           "LocalitySpec"]

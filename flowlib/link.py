@@ -1,85 +1,98 @@
-"""One TCP connection to a flow router, as the asyncio protocol that reads it.
+"""One TCP connection to a flow router: the asyncio shell around one
+:class:`~flowlib.protocol.ClientProtocol`.
 
-:class:`Link` turns bytes into frames with a
-:class:`~flowrouter.wire.streamcodec.StreamCodec` (the stream reader the routers use too:
-handshake frames, then sealed records or plain frames) and hands them to its client's
-handlers; :class:`SealingTransport` seals every write once the link is encrypted. The
-decisions (what a frame means, when the link is up or lost) are the client's
-(:mod:`flowlib.connection`). Imports asyncio, socket and the wire layer of flowrouter.
+:class:`Link` is an :class:`asyncio.Protocol`: it feeds each read to the protocol with the
+loop's time, writes what the protocol has to send, keeps one timer armed at the protocol's
+``next_deadline()``, and hands the protocol's events to its owner (the client) through the
+two callables it was given. It also keeps the transport's flow control (``drain``). The
+handshake's end resolves :attr:`Link.hello`, which :func:`open_link` awaits. Imports
+asyncio, socket and flowlib's protocol layer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from flowrouter.wire.bands import ROUTER_BANDS_END
-from flowrouter.wire.header import MalformedFrame
-from flowrouter.wire.streamcodec import BadRecord, StreamCodec
+from flowrouter.wire import control as C
 
-if TYPE_CHECKING:
-    from .connection import Connection
+from .checks import Address, address_text, parse_router_address
+from .errors import ConnectionLost
+from .events import Event, HandshakeDone, LinkFailed
+from .protocol import ClientProtocol
+
+EventHandler = Callable[["Link", Event], None]
+LostHandler = Callable[["Link", str], None]
 
 
-class SealingTransport:
-    """The link's transport once it is encrypted: every write becomes one sealed record
-    (header and payload are joined for sealing anyway); everything else passes through."""
-
-    def __init__(self, inner: Any, codec: StreamCodec) -> None:
-        self._inner = inner
-        self._codec = codec
-
-    def write(self, data: Any) -> None:
-        self._inner.write(self._codec.send_data(data))
-
-    def writelines(self, buffers: Any) -> None:
-        self._inner.write(self._codec.send_data(b"".join(buffers)))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+def attempt_failure(exc: BaseException, timeout: float, stage: str) -> str:
+    """One line saying why a connection attempt failed."""
+    if isinstance(exc, TimeoutError):
+        return f"timed out after {timeout:g}s ({stage})"
+    if isinstance(exc, ConnectionLost):
+        return exc.reason
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host name ({exc.strerror or exc})"
+    if isinstance(exc, OSError):
+        # asyncio words a refusal as "Connect call failed (addr)": say what errno says
+        return (os.strerror(exc.errno).lower() if exc.errno else str(exc)) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}"
 
 
 class Link(asyncio.Protocol):
-    """One TCP connection's receive path: bytes -> frames -> the client's handlers.
+    """One router connection: bytes to the protocol, its output to the socket, its timer.
 
-    A client makes a new one per connection attempt; callbacks from any link but the client's
-    current one are ignored, so a failed attempt or a dead link can never disturb the next.
+    The client makes a new one per connection attempt; a link reports to its owner only
+    while the owner still holds it, so a failed attempt or a dead link cannot disturb the
+    next.
     """
 
-    def __init__(self, client: Connection, address: str) -> None:
-        self.client = client
+    def __init__(self, protocol: ClientProtocol, address: str, *, keepalive: bool,
+                 on_event: EventHandler, on_lost: LostHandler) -> None:
+        self.protocol = protocol
         self.address = address
-        #: bytes -> frames: the handshake, then sealed records or plain frames (the client
-        #: ends the handshake, or installs keys, when the router's HELLO or AUTH says so)
-        self.codec = StreamCodec(client._own_max_payload)
-        self.transport: asyncio.Transport | None = None
-        self.router_name = ""
-        #: the feature bits of the router's HELLO (flowrouter.wire.control.FEATURES): no
-        #: soft-state message goes to a router that does not announce them
-        self.router_features = 0
-        #: we gave up on this link (protocol error, refusal): stop reading it
+        self.keepalive = keepalive
+        self.on_event = on_event
+        self.on_lost = on_lost
+        self.loop = asyncio.get_running_loop()
+        #: the router's HELLO once the handshake is over
+        self.hello: asyncio.Future[C.Hello] = self.loop.create_future()
+        self.transport: Any = None
+        #: we gave up on this link (protocol error, refusal, silence): stop reading it
         self.dead = False
         #: why this link ended, when we ended it
         self.reason: str | None = None
-        #: reads so far: the soft-state layer's sign of life from the router (one increment
-        #: per read, not per frame)
-        self.reads = 0
+        #: the transport's write buffer is full
+        self.paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
 
+    @property
+    def router_name(self) -> str:
+        hello = self.protocol.hello
+        return hello.name if hello is not None else ""
+
+    @property
+    def up(self) -> bool:
+        return self.protocol.up and not self.dead
+
+    # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, base: asyncio.BaseTransport) -> None:
-        # duck-typed: uvloop's transports are not asyncio.Transport subclasses (an isinstance
-        # check here made `flowrouter --uvloop demo` time out)
+        # duck-typed: uvloop's transports are not asyncio.Transport subclasses
         transport: Any = base
         self.transport = transport
-        client = self.client
-        if client._link is not self:
+        if self.dead:
             transport.abort()
             return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if client._failover:
+                if self.keepalive:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                     for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2),
                                        ("TCP_KEEPCNT", 3)):
@@ -87,39 +100,142 @@ class Link(asyncio.Protocol):
                             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
             except OSError:
                 pass
-        client._connection_made(transport)
-
-    @property
-    def secure(self) -> Any:
-        """The record layer once the link is encrypted (None on a plain link)."""
-        return self.codec.sealed
+        self.pump()
 
     def data_received(self, data: bytes) -> None:
-        self.reads += 1
-        client = self.client
-        if self.dead or client._link is not self:
+        if self.dead:
             return
-        deliver = client._deliver
-        try:
-            for header, payload in self.codec.receive_data(data):
-                if header[20] >= ROUTER_BANDS_END:
-                    deliver(header, payload)
-                else:
-                    client._on_control(self, header, payload)
-                if self.dead:
-                    return
-        except BadRecord as exc:
-            client._protocol_error(self, f"bad sealed record from the router: {exc.detail}")
-        except MalformedFrame as exc:
-            client._protocol_error(self, f"malformed frame from the router: {exc}")
+        self.protocol.receive_data(data, self.loop.time())
+        self.pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client._connection_lost(self, exc)
+        self.transport = None
+        self._cancel_timer()
+        self.paused = False
+        self.release_drain_waiters()
+        reason = self.reason or (f"{exc}" if exc else f"router {self.router_name or self.address}"
+                                                      f" closed the connection")
+        self.reason = reason
+        self.dead = True
+        if not self.hello.done():
+            self.hello.set_exception(ConnectionLost(reason))  # a failed attempt
+            return
+        self.on_lost(self, reason)
 
     def pause_writing(self) -> None:
-        if self.client._link is self:
-            self.client._paused = True
+        self.paused = True
 
     def resume_writing(self) -> None:
-        if self.client._link is self:
-            self.client._resume_writing()
+        self.paused = False
+        self.release_drain_waiters()
+
+    # ------------------------------------------------------------------ driving the protocol
+    def pump(self) -> None:
+        """Act on the protocol's events, write its output, re-arm its timer."""
+        protocol = self.protocol
+        while (event := protocol.next_event()) is not None:
+            if isinstance(event, HandshakeDone):
+                if not self.hello.done():
+                    self.hello.set_result(event.hello)
+            elif isinstance(event, LinkFailed):
+                self.fail(event.reason)
+            elif not self.dead:
+                self.on_event(self, event)
+        self.flush()
+        deadline = protocol.next_deadline()
+        if deadline is not None and not self.dead and (
+                self._timer_at is None or deadline < self._timer_at):
+            self._cancel_timer()
+            self._timer_at = deadline
+            self._timer = self.loop.call_at(deadline, self._on_timer)
+
+    def flush(self) -> None:
+        """Write what the protocol has to send (dropped once the transport is gone)."""
+        out = self.protocol.data_to_send()
+        if out and self.transport is not None and not self.dead:
+            self.transport.writelines(out)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        if self.dead:
+            return
+        self.protocol.handle_timer(self.loop.time())
+        self.pump()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_at = None
+
+    def fail(self, reason: str) -> None:
+        """Give up on this link: say why, wake the handshake's waiter, drop the connection."""
+        if self.reason is None:
+            self.reason = reason
+        self.flush()
+        self.dead = True
+        self._cancel_timer()
+        if not self.hello.done():
+            self.hello.set_exception(ConnectionLost(reason))
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        """Close politely: what was written goes out first."""
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.dead = True
+        self._cancel_timer()
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ------------------------------------------------------------------ flow control
+    def release_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait while the write buffer is full (returns at once once the link is lost: what
+        was buffered went with it)."""
+        while self.paused and not self.dead and self.transport is not None:
+            waiter: asyncio.Future[None] = self.loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+
+async def open_link(addr: Address, protocol: ClientProtocol, timeout: float, *,
+                    keepalive: bool, on_event: EventHandler, on_lost: LostHandler,
+                    started: Callable[[Link], None]) -> Link:
+    """Connect to one router and complete the handshake, or raise (``ConnectionLost``,
+    ``TimeoutError``, ``OSError``); the exception's ``stage`` note says how far it got.
+    *started* is told the link before the connection is made (the owner holds it from
+    then on)."""
+    host, port = parse_router_address(addr)
+    loop = asyncio.get_running_loop()
+    link = Link(protocol, address_text(addr), keepalive=keepalive, on_event=on_event,
+                on_lost=on_lost)
+    started(link)
+    try:
+        async with asyncio.timeout(timeout):
+            await loop.create_connection(lambda: link, host, port)
+            await link.hello
+    except BaseException as exc:
+        stage = "no HELLO from it" if link.transport is not None else "TCP connect"
+        exc.add_note(f"stage: {stage}")
+        link.abort()
+        if link.hello.done() and not link.hello.cancelled():
+            link.hello.exception()  # retrieved: the caller reports it
+        raise
+    return link
+
+
+def failure_stage(exc: BaseException) -> str:
+    """How far an attempt of :func:`open_link` got before *exc*."""
+    for note in getattr(exc, "__notes__", ()):
+        if note.startswith("stage: "):
+            return note[7:]
+    return "TCP connect"

@@ -58,8 +58,8 @@ class Listener:
     a loss: readers keep waiting and the listener keeps receiving once the client re-joined.
     """
 
-    __slots__ = ("flow", "name", "_mask", "size", "overflow", "dropped", "received", "_items",
-                 "_getters", "_error", "_notices", "__weakref__")
+    __slots__ = ("flow", "name", "bits", "size", "overflow", "dropped", "received", "_items",
+                 "_getters", "_error", "notices", "__weakref__")
 
     def __init__(self, flow: FlowID, mask: int, size: int = DEFAULT_QUEUE_SIZE,
                  overflow: str | Overflow = Overflow.DROP_OLDEST, name: str = "") -> None:
@@ -68,7 +68,8 @@ class Listener:
         self.flow = flow
         #: how overflow notices name this listener (``listen(name=...)``, else numbered)
         self.name = name
-        self._mask = mask
+        #: the bands as a bit mask (bit n: band n)
+        self.bits = mask
         self.size = size
         self.overflow = Overflow.parse(overflow)
         #: messages discarded because the queue was full (either policy)
@@ -80,13 +81,13 @@ class Listener:
         #: set once closed: builds the error a reader gets after draining the queue
         self._error: Callable[[], FlowError] | None = None
         #: rate limiter of this listener's overflow notices (made at its first drop)
-        self._notices: NoticeLimiter | None = None
+        self.notices: NoticeLimiter | None = None
 
     # --- properties -------------------------------------------------------------------------
     @property
     def mask(self) -> BandMask:
         """The bands this listener receives."""
-        return BandMask(self._mask)
+        return BandMask(self.bits)
 
     @property
     def closed(self) -> bool:
@@ -155,7 +156,7 @@ class Listener:
             raise StopAsyncIteration from None
 
     # --- feeding (the client's receive path) ------------------------------------------------
-    def _put(self, msg: Message) -> bool:
+    def feed(self, msg: Message) -> bool:
         """Queue *msg*; return True if a message was dropped to make room (or *msg* itself),
         so the client can send an overflow notice."""
         if self._error is not None:
@@ -181,7 +182,7 @@ class Listener:
                 getter.set_result(None)
                 return
 
-    def _close(self, error: Callable[[], FlowError] | None = None) -> None:
+    def end(self, error: Callable[[], FlowError] | None = None) -> None:
         """Stop accepting messages and wake every waiting reader.
 
         *error* builds the exception readers get once the queue is drained (a fresh instance

@@ -127,7 +127,7 @@ def test_kill_routers_receivers_fail_over_and_resume(capsys: pytest.CaptureFixtu
             tx = await flowlib.connect([addr(r0)], name="tx")
             rx_a = await flowlib.connect([addr(r3), addr(r4)], name="rxA")
             rx_b = await flowlib.connect([addr(r1), addr(r2)], name="rxB")
-            assert rx_a._failover and rx_b._failover and not tx._failover
+            assert rx_a.failover and rx_b.failover and not tx.failover
             events: list[flowlib.FailoverEvent] = []
             rx_a.on_failover = events.append
             flow = await tx.create()
@@ -426,7 +426,7 @@ def test_clean_close_and_single_router_do_not_fail_over() -> None:
             assert app.failovers == 0 and app.counters["failover.started"] == 0
             # one address and no failover=True: the old behaviour
             solo = await flowlib.connect([addr(r1)], name="solo")
-            assert not solo._failover
+            assert not solo.failover
             sl = await solo.listen(flow, "data")
             await r1.stop()
             with pytest.raises(ConnectionLost):

@@ -507,8 +507,8 @@ def test_queue_overflow_policies_unit() -> None:
     oldest = Listener(FlowID(1, LSID, 1), 1 << 32, size=3)
     newest = Listener(FlowID(1, LSID, 1), 1 << 32, size=3, overflow="drop-newest")
     for i in range(10):
-        oldest._put(_msg(i))
-        newest._put(_msg(i))
+        oldest.feed(_msg(i))
+        newest.feed(_msg(i))
     assert [oldest.get_nowait().payload for _ in range(3)] == [b"7", b"8", b"9"]
     assert [newest.get_nowait().payload for _ in range(3)] == [b"0", b"1", b"2"]
     assert oldest.dropped == newest.dropped == 7
@@ -521,16 +521,16 @@ def test_queue_get_wakes_and_cancel_loses_nothing() -> None:
     async def main() -> None:
         lst = Listener(FlowID(1, LSID, 1), 1 << 32, size=4)
         waiter = asyncio.ensure_future(lst.get())
-        lst._put(_msg(1))
+        lst.feed(_msg(1))
         assert (await asyncio.wait_for(waiter, 1)).payload == b"1"
         # a timed-out get() must not swallow a message
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(lst.get(), 0.01)
-        lst._put(_msg(2))
+        lst.feed(_msg(2))
         assert lst.get_nowait().payload == b"2"
         # closing drains first, then ends iteration
-        lst._put(_msg(3))
-        lst._close()
+        lst.feed(_msg(3))
+        lst.end()
         assert [m.payload async for m in lst] == [b"3"]
         with pytest.raises(ListenerClosed):
             lst.get_nowait()

@@ -82,7 +82,7 @@ def test_ten_megabytes_across_three_routers() -> None:
                 assert rx1.counters["fragments.received"] == count
                 assert rx1.counters["fragments.messages"] == 1
                 assert tx.counters["fragments.sent-messages"] == 1
-                assert rx1._reasm.reserved == 0 and not rx1._reasm.partials
+                assert rx1.reassembler.reserved == 0 and not rx1.reassembler.partials
                 assert drops(r1, r2, r3) == {}
                 assert l2.empty()  # no overflow notice
     run(main())
@@ -117,7 +117,7 @@ def test_interleaved_senders_and_plain_messages() -> None:
                         assert sent.pop(digest) == m.band
                     assert not sent
                     assert rx.counters["fragments.messages"] == 9
-                    assert rx._reasm.peak >= 2  # messages of several senders were in flight
+                    assert rx.reassembler.peak >= 2  # messages of several senders were in flight
                     assert drops(r1, r2, r3) == {}
                 finally:
                     for tx in txs:
@@ -198,7 +198,7 @@ def test_max_message_size_at_sender_and_receiver() -> None:
                 assert fault.extra["bytes"] == "80000" and fault.extra["flow"] == str(flow)
                 assert notes.empty()  # one notice, not one per fragment
                 assert rx.counters["fragments.too-large"] == 1
-                assert rx._reasm.reserved == 0
+                assert rx.reassembler.reserved == 0
     run(main())
 
 
@@ -223,7 +223,7 @@ def test_incomplete_message_times_out_with_a_notice() -> None:
                 assert fault.extra["fragments"] == "3/5"
                 assert fault.extra["sender"] == f"{0xABC:016x}" and fault.extra["message"] == "7"
                 assert rx.counters["fragments.reassembly-timeout"] == 1
-                assert rx._reasm.reserved == 0 and data.empty()
+                assert rx.reassembler.reserved == 0 and data.empty()
                 # the whole message again (same id, out of order): reassembled
                 for fh, chunk in reversed(frags):
                     raw.send(flow, fh + bytes(chunk))
@@ -248,7 +248,7 @@ def test_reassembly_memory_is_bounded() -> None:
                 note = await get(data)
                 assert note.is_overflow and note.fault().extra["reason"] == "memory"
                 assert rx.counters["fragments.memory"] == 1
-                assert rx._reasm.reserved == 100_000
+                assert rx.reassembler.reserved == 100_000
                 # the rest of the refused message is ignored quietly
                 for fh, chunk in b[1:]:
                     raw.send(flow, fh + bytes(chunk))

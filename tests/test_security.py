@@ -233,7 +233,7 @@ def test_flowlib_with_link_keys_and_capabilities(tmp_path) -> None:  # type: ign
             assert (await within(lst.get())).payload == b"through the gate"
             assert node.core.counters["auth.ok"] >= 3
             # The router asked for encryption: both ends of the application links are sealed.
-            assert rx._link.secure is not None and tx._link.secure is not None
+            assert rx.encrypted and tx.encrypted
             sealed = [lk for lk in node.links.values() if getattr(lk, "secure", None)]
             assert len(sealed) >= 3
             for c in (owner, rx, tx):
@@ -256,7 +256,7 @@ def test_application_may_ask_for_an_encrypted_link(tmp_path) -> None:  # type: i
             secret = await flowlib.connect([a], name="secret", state_dir=sd,
                                            link_key=("app", KEY_A), encrypt=True)
             plain = await flowlib.connect([a], name="plain-app", state_dir=sd)
-            assert secret._link.secure is not None and plain._link.secure is None
+            assert secret.encrypted and not plain.encrypted
             flow = await plain.create()
             lst = await secret.listen(flow, [33])
             await plain.send(flow, b"to the sealed link", band=33)

@@ -1,0 +1,74 @@
+"""What the client protocol (:mod:`flowlib.protocol`) tells its shell: small frozen events.
+
+The shell (:class:`flowlib.FlowClient`) takes them with ``ClientProtocol.next_event()`` and
+acts on them: hands messages to listeners, answers awaiting joins, fails over when the link is
+lost. Imports the wire layer of flowrouter and :mod:`flowlib.message`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flowrouter.wire import control as C
+
+from .message import Message
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeDone:
+    """The router accepted us: its HELLO (name, max payload, suggested LSID)."""
+
+    hello: C.Hello
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFailed:
+    """We give up on this link (refusal, protocol error, a router silent too long): the shell
+    closes the transport; *reason* says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAnswered:
+    """The router answered JOIN *req_id* on flow *key*."""
+
+    req_id: int
+    key: bytes
+    ack: C.JoinAck
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    """A message (a whole frame's payload, or a reassembled one) for the listeners of flow
+    *key* whose mask has *band*."""
+
+    key: bytes
+    band: int
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDropped:
+    """A fragmented message on flow *key* was dropped (bounds, timeout); the shell may tell
+    the flow's listeners with a rate-limited notice."""
+
+    key: bytes
+    band: int
+    reason: str
+    detail: str
+    origin: int
+    msg_id: int
+    total: int
+    fragments: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RejoinNeeded:
+    """The router holds no state for flow *key* (NOT_ON_TREE / PRUNE): join it again."""
+
+    key: bytes
+
+
+Event = HandshakeDone | LinkFailed | JoinAnswered | MessageReceived | MessageDropped | \
+    RejoinNeeded

@@ -1,0 +1,422 @@
+"""The flow client's protocol with one router link, sans-I/O: bytes and time in; events,
+bytes to send and the next timer out.
+
+:class:`ClientProtocol` is what :class:`flowlib.FlowClient` (the asyncio shell) drives, the
+way aioquic's ``QuicConnection`` is driven by its asyncio protocol: the shell calls
+:meth:`~ClientProtocol.receive_data` with each read and the loop's time,
+:meth:`~ClientProtocol.handle_timer` when :meth:`~ClientProtocol.next_deadline` comes, and
+the commands (:meth:`~ClientProtocol.join`, :meth:`~ClientProtocol.leave`,
+:meth:`~ClientProtocol.send_message`, ...); then it writes
+:meth:`~ClientProtocol.data_to_send` and acts on :meth:`~ClientProtocol.next_event`
+(:mod:`flowlib.events`). One protocol serves one link: failover makes a fresh one for the
+next router and replays the flow table into it.
+
+It owns small parts, each its own object: the stream framing (:mod:`flowlib.framing`), the
+handshake (:mod:`flowlib.handshake`), liveness and refresh digests (:mod:`flowlib.liveness`);
+the flow table (:mod:`flowlib.flowtable`) and the reassembler (:mod:`flowlib.fragment`) are
+given to it, because they outlive the link. Imports only the wire layer of flowrouter and
+flowlib's parts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from typing import Any
+
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+from flowrouter.wire.header import MalformedFrame, pack_header
+
+from .errors import MessageTooLarge
+from .events import (
+    Event,
+    HandshakeDone,
+    JoinAnswered,
+    LinkFailed,
+    MessageDropped,
+    MessageReceived,
+    RejoinNeeded,
+)
+from .flowtable import FlowEntry, FlowTable
+from .fragment import (
+    ESCAPE_PREFIX,
+    ESCAPE_SIZE,
+    FRAGMENT_HEADER_SIZE,
+    KIND_ESCAPE,
+    KIND_FRAGMENT,
+    MAGIC,
+    FragmentDropped,
+    Reassembler,
+    iter_fragments,
+    needs_escape,
+)
+from .framing import FramingError, StreamFraming
+from .handshake import Handshake
+from .liveness import Liveness, RefreshDigests
+from .message import Message
+
+log = logging.getLogger("flowlib")
+
+LINK_KEY = LINK_LOCAL_FLOW.key
+_ZERO_LSID = b"\0\0\0\0"
+
+
+class ClientProtocol:
+    """One router link's protocol state: handshake, then joins, data, liveness, refresh."""
+
+    def __init__(self, handshake: Handshake, flows: FlowTable, reassembler: Reassembler, *,
+                 now: float, liveness_interval: float, dead_after: float,
+                 refresh_interval: float, counters: Counter[str] | None = None,
+                 rtt: float | None = None, address: str = "", first_request: int = 1
+                 ) -> None:
+        self.handshake = handshake
+        self.flows = flows
+        self.reassembler = reassembler
+        self.address = address
+        #: counters of things worth seeing that are not errors (shared with the shell)
+        self.counters: Counter[str] = Counter() if counters is None else counters
+        self.framing = StreamFraming(handshake.max_payload)
+        self.liveness = Liveness(liveness_interval, dead_after, now, rtt)
+        self.refresh = RefreshDigests(refresh_interval, now)
+        #: the router's HELLO once the handshake is over
+        self.hello: C.Hello | None = None
+        #: we gave up on this link (refusal, protocol error, silence): nothing more is read
+        self.failed: str | None = None
+        self._now = now
+        self._events: deque[Event] = deque()
+        self._out: list[Any] = list(handshake.opening())
+        self._next_req = first_request
+        self._pending: dict[int, bytes] = {}  # JOIN request -> flow key
+        self._sweep_due: float | None = None
+        self._arm_sweep(now)
+
+    # ------------------------------------------------------------------ what the shell reads
+    @property
+    def up(self) -> bool:
+        """The handshake is over and the link was not given up."""
+        return self.hello is not None and self.failed is None
+
+    @property
+    def max_payload(self) -> int:
+        """The router's largest payload (0 before its HELLO)."""
+        return self.hello.max_payload if self.hello is not None else 0
+
+    @property
+    def speaks_soft_state(self) -> bool:
+        """The router takes ECHO and REFRESH (its HELLO says so, or it sent an ECHO)."""
+        return bool(self.handshake.router_features & C.FEATURE_SOFT_STATE) \
+            or self.liveness.router_speaks
+
+    @property
+    def next_request(self) -> int:
+        """The ID the next JOIN gets (the next link's protocol continues from it, so an
+        answer meant for the old link is never taken for a new request's)."""
+        return self._next_req
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    def data_to_send(self) -> list[Any]:
+        """The buffers to write, in order (each sealed record is one)."""
+        out, self._out = self._out, []
+        return out
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`handle_timer` must run next (None: nothing pending)."""
+        due = self._sweep_due
+        if self.up:
+            soft = self.speaks_soft_state
+            t = self.liveness.next_deadline(soft)
+            if soft:
+                t = min(t, self.refresh.next_deadline())
+            if due is None or t < due:
+                due = t
+        return due
+
+    # ------------------------------------------------------------------ time
+    def handle_timer(self, now: float) -> None:
+        """Echoes, the dead-router check, digest chunks, the reassembly sweep."""
+        self._now = now
+        if self._sweep_due is not None and now >= self._sweep_due:
+            self._sweep(now)
+        if not self.up:
+            return
+        silent = self.liveness.silent_for(now)
+        if silent is not None:
+            self.counters["liveness.dead"] += 1
+            name = self.handshake.hello.name if self.handshake.hello else self.address
+            log.warning("router %r silent for %.1fs (dead after %gs): dropping the link",
+                        name, silent, self.liveness.dead_after)
+            self._fail(f"router {name!r} silent for {silent:.1f}s: hung or unreachable")
+            return
+        if not self.speaks_soft_state:
+            return  # a router from before soft state would drop the link on our first ECHO
+        echo = self.liveness.echo(now)
+        if echo is not None:
+            self.write_control(LINK_KEY, BAND_MEMBERSHIP, echo)
+        before = self.refresh.rounds
+        for chunk in self.refresh.poll(now, self._refresh_snapshot, self._refresh_line,
+                                       self.max_payload):
+            self.write_control(LINK_KEY, BAND_MEMBERSHIP, chunk)
+        if self.refresh.rounds != before:
+            self.counters["refresh.rounds"] += 1
+
+    def _refresh_snapshot(self) -> list[bytes]:
+        return [fe.flow.key for fe in self.flows if fe.on_router and fe.wanted]
+
+    def _refresh_line(self, key: bytes) -> tuple[bytes, int, int] | None:
+        fe = self.flows.get(key)
+        if fe is None or not fe.on_router or not fe.wanted:
+            return None
+        return fe.refresh_entry()
+
+    def _arm_sweep(self, now: float) -> None:
+        if self._sweep_due is None and self.reassembler.partials:
+            self._sweep_due = now + max(0.02, self.reassembler.timeout / 4)
+
+    def _sweep(self, now: float) -> None:
+        """Drop incomplete messages that stopped receiving fragments (seed 000, 5.1)."""
+        self._sweep_due = None
+        for ex in self.reassembler.expire(now):
+            self.counters["fragments.reassembly-timeout"] += 1
+            fe = self.flows.get(ex.flow_key)
+            detail = (f"incomplete message of {ex.total} bytes timed out with {ex.received} "
+                      f"of {ex.count} fragments")
+            log.info("flow %s band %d: %s", fe.flow if fe else "?", ex.band, detail)
+            if fe is not None:
+                self._events.append(MessageDropped(
+                    ex.flow_key, ex.band, "reassembly-timeout", detail, ex.origin, ex.msg_id,
+                    ex.total, f"{ex.received}/{ex.count}"))
+        self._arm_sweep(now)
+
+    # ------------------------------------------------------------------ bytes in
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes read from the router at time *now*."""
+        if self.failed is not None:
+            return
+        self._now = now
+        self.liveness.heard_from(now)
+        framing = self.framing
+        framing.feed(data)
+        try:
+            while True:
+                frames = framing.pop()
+                if not frames:
+                    return
+                for header, payload in frames:
+                    if header[20] >= ROUTER_BANDS_END:
+                        self._on_data(header, payload, now)
+                    else:
+                        self._on_control(header, payload)
+                    if self.failed is not None:
+                        return
+        except FramingError as exc:
+            self._protocol_error(str(exc))
+
+    def _protocol_error(self, reason: str) -> None:
+        """The router sent something we cannot trust: drop the link, say why."""
+        log.warning("router %s: %s; closing the link", self.address, reason)
+        self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+            self._events.append(LinkFailed(reason))
+
+    def _on_control(self, header: memoryview, payload: memoryview) -> None:
+        """A router band (< 16): link-local HELLO/ERROR/AUTH and soft state, join acks and
+        GC pings. Other router bands (e.g. location-service coordination) are not meant for
+        endpoints and are ignored rather than parsed."""
+        key = bytes(header[:16])
+        band = header[20]
+        link_local = key[8:12] == _ZERO_LSID
+        if not link_local and band not in (BAND_MEMBERSHIP, BAND_GC):
+            self.counters["control.ignored-band"] += 1
+            return
+        try:
+            msg = C.decode(payload)
+        except C.UnknownControlType:
+            # a newer router's message: counted and ignored (flowrouter.wire.control)
+            self.counters["control.unknown-type"] += 1
+            return
+        except MalformedFrame as exc:
+            self._protocol_error(f"malformed control message: {exc}")
+            return
+        if link_local:
+            self._on_link_control(msg, header)
+        elif self.hello is None:
+            self._protocol_error("the router sent flow traffic before its HELLO")
+        else:
+            self._on_flow_control(key, band, msg)
+
+    def _on_link_control(self, msg: C.ControlMessage, header: memoryview) -> None:
+        if isinstance(msg, C.Echo):
+            self.write_control(LINK_KEY, BAND_MEMBERSHIP, self.liveness.on_echo(msg))
+            return
+        if isinstance(msg, C.EchoReply):
+            self.liveness.on_echo_reply(msg, self._now)
+            return
+        if isinstance(msg, (C.NotOnTree, C.Prune)):
+            what = "prune" if isinstance(msg, C.Prune) else "not-on-tree"
+            self.counters[f"refresh.{what}-received"] += 1
+            for key in msg.keys:
+                fe = self.flows.get(key)
+                if fe is None or not fe.wanted:
+                    continue
+                log.info("router %r has no state for flow %s (%s): joining again",
+                         self.hello.name if self.hello else self.address, fe.flow, what)
+                self.counters["refresh.rejoins"] += 1
+                fe.router_forgot()
+                self._events.append(RejoinNeeded(key))
+            return
+        step = self.handshake.on_message(msg, header)
+        if step is None:
+            self.counters[f"control.ignored.{type(msg).__name__.lower()}"] += 1
+            return
+        if step.failed is not None:
+            if step.protocol_error:
+                self._protocol_error(step.failed)
+            else:
+                self._fail(step.failed)
+            return
+        if step.reply is not None:
+            self.write_control(LINK_KEY, BAND_MEMBERSHIP, step.reply)
+        if step.done is not None:
+            self.framing.end_handshake(step.secure)
+            self.hello = step.done
+            self.liveness = Liveness(self.liveness.interval, self.liveness.dead_after,
+                                     self._now, self.liveness.rtt)
+            self.refresh = RefreshDigests(self.refresh.interval, self._now)
+            self._events.append(HandshakeDone(step.done))
+
+    def _on_flow_control(self, key: bytes, band: int, msg: C.ControlMessage) -> None:
+        if band == BAND_MEMBERSHIP and isinstance(msg, C.JoinAck):
+            if self._pending.get(msg.req_id) != key:
+                self.counters["control.stale-ack"] += 1
+                return
+            del self._pending[msg.req_id]
+            self._events.append(JoinAnswered(msg.req_id, key, msg))
+        elif band == BAND_GC and isinstance(msg, C.Ping):
+            fe = self.flows.get(key)
+            if fe is not None and fe.wanted:
+                self.write_control(key, BAND_GC, C.Pong(msg.epoch))
+                self.counters["gc.pongs"] += 1
+            else:
+                self.counters["gc.pings-ignored"] += 1
+        else:
+            self.counters[f"control.ignored.{type(msg).__name__.lower()}"] += 1
+
+    def _on_data(self, header: memoryview, payload: memoryview, now: float) -> None:
+        """A data frame (band >= 16): a message for the listeners whose mask has the band."""
+        key = bytes(header[:16])
+        fe = self.flows.get(key)
+        band = header[20]
+        if fe is None or not fe.union & (1 << band):
+            self.counters["drop.no-listener"] += 1
+            return
+        if payload and payload[0] == 0xFF and len(payload) > 4 and payload[:4] == MAGIC:
+            kind = payload[4]
+            if kind == KIND_FRAGMENT:
+                self._on_fragment(fe, key, header, payload, band, now)
+                return
+            if kind == KIND_ESCAPE:
+                payload = payload[ESCAPE_SIZE:]
+            else:
+                self.counters["fragments.unknown-kind"] += 1  # delivered as it came
+        self.counters["received"] += 1
+        self._events.append(MessageReceived(key, band, Message(
+            fe.flow, band, bytes(payload), header[21], header[22], header[23])))
+
+    def _on_fragment(self, fe: FlowEntry, key: bytes, header: memoryview,
+                     payload: memoryview, band: int, now: float) -> None:
+        reasm = self.reassembler
+        try:
+            data = reasm.feed(key, band, payload, now)
+        except FragmentDropped as exc:
+            self.counters[f"fragments.{exc.reason}"] += 1
+            log.info("flow %s band %d: dropped a fragmented message: %s", fe.flow, band,
+                     exc.detail)
+            self._events.append(MessageDropped(key, band, exc.reason, exc.detail, exc.origin,
+                                               exc.msg_id, exc.total))
+            return
+        self.counters["fragments.received"] += 1
+        if data is None:
+            self._arm_sweep(now)
+            return
+        self.counters["fragments.messages"] += 1
+        self.counters["received"] += 1
+        self._events.append(MessageReceived(key, band, Message(
+            fe.flow, band, data, header[21], header[22], header[23])))
+
+    # ------------------------------------------------------------------ commands: bytes out
+    def write_control(self, key: bytes, band: int, msg: C.ControlMessage,
+                      loc: tuple[int, int] = (0, 0)) -> None:
+        body = msg.encode()
+        self._out += self.framing.encode([pack_header(key, len(body), band, loc[0], loc[1]),
+                                          body])
+
+    def join(self, fe: FlowEntry) -> int:
+        """Send the JOIN that tells the router what we want of *fe* now; its request ID (the
+        answer comes as :class:`~flowlib.events.JoinAnswered`)."""
+        req = self._next_req
+        self._next_req = (req + 1) & 0xFFFFFFFF or 1
+        self._pending[req] = fe.flow.key
+        msg, loc = fe.join(req)
+        self.write_control(fe.flow.key, BAND_MEMBERSHIP, msg, loc)
+        return req
+
+    def forget_request(self, req: int) -> None:
+        """Nobody waits for JOIN *req* any more (a late answer is counted as stale)."""
+        self._pending.pop(req, None)
+
+    def leave(self, fe: FlowEntry) -> None:
+        """Tell the router we want nothing of *fe* any more."""
+        self.write_control(fe.flow.key, BAND_MEMBERSHIP, C.Leave())
+        fe.router_forgot()
+
+    def publish_policy(self, raw: bytes) -> None:
+        self.write_control(LINK_KEY, BAND_MEMBERSHIP, C.PolicyMsg(raw))
+
+    def plan(self, payload: bytes | bytearray | memoryview, size: int, fragment: bool | None,
+             max_message_size: int, fragment_size: int | None) -> int:
+        """How to send a message: 0 plain, -1 plain with the escape prefix, n > 0 in
+        fragments of n data bytes. Raises MessageTooLarge."""
+        max_payload = self.max_payload
+        escape = needs_escape(payload)
+        wire = size + ESCAPE_SIZE if escape else size
+        if fragment is None:
+            fragment = wire > max_payload
+        if not fragment or size == 0:
+            if wire > max_payload:
+                raise MessageTooLarge(size, max_payload)
+            return -1 if escape else 0
+        if size > max_message_size:
+            raise MessageTooLarge(size, max_message_size, "max_message_size")
+        limit = max_payload if fragment_size is None else min(fragment_size, max_payload)
+        data = limit - FRAGMENT_HEADER_SIZE
+        if data < 1:
+            raise MessageTooLarge(size, max_payload)
+        return data
+
+    def send_message(self, key: bytes, payload: bytes | bytearray | memoryview, size: int,
+                     plan: int, band: int, loc_type: int, loc_value: int, ttl: int,
+                     origin: int = 0, msg_id: int = 0) -> None:
+        """Write a message now: plain (*plan* 0), escaped (-1), or all its fragments."""
+        encode = self.framing.encode
+        if plan == 0:
+            self._out += encode([pack_header(key, size, band, loc_type, loc_value, ttl),
+                                 payload])
+        elif plan < 0:
+            self._out += encode([pack_header(key, size + ESCAPE_SIZE, band, loc_type,
+                                             loc_value, ttl), ESCAPE_PREFIX, payload])
+        else:
+            for fh, chunk in iter_fragments(memoryview(payload), origin, msg_id, plan):
+                self.send_fragment(key, fh, chunk, band, loc_type, loc_value, ttl)
+            self.counters["fragments.sent-messages"] += 1
+
+    def send_fragment(self, key: bytes, fh: bytes, chunk: memoryview, band: int,
+                      loc_type: int, loc_value: int, ttl: int) -> None:
+        self._out += self.framing.encode([pack_header(key, len(fh) + len(chunk), band,
+                                                      loc_type, loc_value, ttl), fh, chunk])
