@@ -5,7 +5,8 @@ With several router addresses (or ``failover=True``), losing the link for any re
 :meth:`~flowlib.client.FlowClient.close` makes the client connect to the next router of its
 list that answers (round robin starting after the lost one; each round tries every address
 once, rounds are separated by an exponential back-off from ``reconnect_min`` to
-``reconnect_max``). Each attempt builds a fresh :class:`~flowlib.protocol.ClientProtocol`;
+``reconnect_max``: :mod:`flowlib.reconnect` is that schedule, on virtual time). Each
+attempt builds a fresh :class:`~flowlib.protocol.ClientProtocol`;
 once one is up, the flow table is replayed into it: every wanted flow's JOIN (with the
 listeners' union mask, the advertisement flag and the flow's capability), so the new router
 grafts us onto each tree. Listeners stay open and readers keep waiting; each flow's listeners
@@ -35,6 +36,7 @@ from .flowtable import FlowEntry
 from .link import Link
 from .membership import Membership
 from .notices import failover_fault
+from .reconnect import GiveUp, Pause, ReconnectPlan
 
 log = logging.getLogger("flowlib")
 
@@ -115,37 +117,32 @@ class Failover:
         self.task = asyncio.ensure_future(self.run(old_name, link.address, reason, t0))
 
     async def run(self, old_name: str, old_address: str, reason: str, t0: float) -> None:
+        """Follow the :class:`~flowlib.reconnect.ReconnectPlan` until a router answers or
+        the plan gives up."""
         conn = self.conn
         loop = asyncio.get_running_loop()
         n = len(conn.addresses)
-        start = (conn.addr_index + 1) % n
-        delay = self.reconnect_min
+        plan = ReconnectPlan(n, conn.addr_index, t0, timeout=self.timeout,
+                             connect_timeout=conn.options.connect_timeout,
+                             reconnect_min=self.reconnect_min,
+                             reconnect_max=self.reconnect_max)
         failed: list[tuple[str, str]] = []
-        rnd = 0
-        while True:
-            rnd += 1
-            for k in range(n):
-                left = self.timeout - (loop.time() - t0)
-                if left <= 0:
-                    break
-                idx = (start + k) % n
-                addr = conn.addresses[idx]
-                text = address_text(addr)
-                why = await conn.try_open(addr, min(conn.options.connect_timeout, left))
-                if why is None:
-                    conn.addr_index = idx
-                    self.task = None
-                    self.failed_over(old_name, old_address, reason, t0, failed)
-                    return
-                log.info("failover round %d: router %s: %s", rnd, text, why)
-                failed.append((text, why))
-            left = self.timeout - (loop.time() - t0)
-            if left <= 0:
-                break
-            pause = min(delay, left)
-            log.info("failover round %d: no router answered; next round in %.2fs", rnd, pause)
-            await asyncio.sleep(pause)
-            delay = min(delay * 2, self.reconnect_max)
+        while not isinstance(step := plan.next(loop.time()), GiveUp):
+            if isinstance(step, Pause):
+                log.info("failover round %d: no router answered; next round in %.2fs",
+                         step.round, step.delay)
+                await asyncio.sleep(step.delay)
+                continue
+            addr = conn.addresses[step.index]
+            why = await conn.try_open(addr, step.timeout)
+            if why is None:
+                conn.addr_index = step.index
+                self.task = None
+                self.failed_over(old_name, old_address, reason, t0, failed)
+                return
+            text = address_text(addr)
+            log.info("failover round %d: router %s: %s", step.round, text, why)
+            failed.append((text, why))
         self.task = None
         tail = "; ".join(f"{a}: {w}" for a, w in failed[-n:])
         conn.counters["failover.gave-up"] += 1

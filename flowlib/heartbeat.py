@@ -263,12 +263,11 @@ ChangeHook = Callable[[MembershipChange], Any]
 class ChangeStream:
     """An async iterator of :class:`MembershipChange` (made by :meth:`Heartbeat.changes`)."""
 
-    def __init__(self, hb: Heartbeat) -> None:
-        self._hb = hb
-        self._queue: asyncio.Queue[MembershipChange | None] = asyncio.Queue()
-        self._done = hb._stopped
-        if not self._done:
-            hb._subscribers.append(self._queue)
+    def __init__(self, queue: asyncio.Queue[MembershipChange | None], done: bool,
+                 unsubscribe: Callable[[asyncio.Queue[MembershipChange | None]], None]) -> None:
+        self._queue = queue
+        self._done = done
+        self._unsubscribe = unsubscribe
 
     def __aiter__(self) -> ChangeStream:
         return self
@@ -284,10 +283,7 @@ class ChangeStream:
 
     def close(self) -> None:
         self._done = True
-        try:
-            self._hb._subscribers.remove(self._queue)
-        except ValueError:
-            pass
+        self._unsubscribe(self._queue)
 
 
 class Heartbeat:
@@ -506,7 +502,16 @@ class Heartbeat:
         """Membership changes from this call on, until :meth:`stop`: ``async for change in
         hb.changes()``. The stream subscribes at once (nothing between this call and the
         first iteration is missed); ``close()`` it if you stop reading early."""
-        return ChangeStream(self)
+        q: asyncio.Queue[MembershipChange | None] = asyncio.Queue()
+        if not self._stopped:
+            self._subscribers.append(q)
+        return ChangeStream(q, self._stopped, self._unsubscribe)
+
+    def _unsubscribe(self, q: asyncio.Queue[MembershipChange | None]) -> None:
+        try:
+            self._subscribers.remove(q)
+        except ValueError:
+            pass
 
     async def wait_for(self, peer: str, state: PeerState | str,
                        timeout: float | None = None) -> Peer:
