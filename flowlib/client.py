@@ -112,7 +112,7 @@ class FlowClient:
         """The current link's protocol events (the link handles the handshake's and
         failures itself)."""
         if isinstance(event, MessageReceived):
-            self._delivery.deliver(event, None)
+            self._delivery.deliver(event)
         elif isinstance(event, JoinAnswered):
             self._members.on_join_answered(event)
         elif isinstance(event, MessageDropped):

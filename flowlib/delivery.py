@@ -63,7 +63,7 @@ class Delivery:
             lst.end(error)
 
     # ------------------------------------------------------------------ receiving
-    def deliver(self, event: MessageReceived, fe: FlowEntry | None) -> None:
+    def deliver(self, event: MessageReceived) -> None:
         bit = 1 << event.band
         msg = event.message
         for lst in self.by_flow.get(event.key, ()):

@@ -133,14 +133,17 @@ class Link(asyncio.Protocol):
     def pump(self) -> None:
         """Act on the protocol's events, write its output, re-arm its timer."""
         protocol = self.protocol
+        on_event = self.on_event
         while (event := protocol.next_event()) is not None:
+            if self.dead:
+                continue  # a link we gave up on reports nothing more
             if isinstance(event, HandshakeDone):
                 if not self.hello.done():
                     self.hello.set_result(event.hello)
             elif isinstance(event, LinkFailed):
                 self.fail(event.reason)
-            elif not self.dead:
-                self.on_event(self, event)
+            else:
+                on_event(self, event)
         self.flush()
         deadline = protocol.next_deadline()
         if deadline is not None and not self.dead and (
