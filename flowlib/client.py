@@ -15,9 +15,10 @@ that one dies), flows joined and sent to over it.
 :mod:`flowlib.sending`         ``send``/``send_nowait``, back-pressure, paced fragments
 =============================  ==============================================================
 
-Below them the protocol owns its parts (:mod:`flowlib.framing`, :mod:`flowlib.handshake`,
-:mod:`flowlib.liveness`) and is given the two that outlive a link (:mod:`flowlib.flowtable`,
-the reassembler of :mod:`flowlib.fragment`).
+Below them the protocol owns its parts (the routers' stream codec,
+:mod:`flowrouter.wire.streamcodec`; :mod:`flowlib.handshake`; :mod:`flowlib.liveness`) and
+is given the two that outlive a link (:mod:`flowlib.flowtable`, the reassembler of
+:mod:`flowlib.fragment`).
 
 :func:`connect` tries the given router addresses in order and raises
 :class:`~flowlib.errors.ConnectError` naming every address and what each one answered when
@@ -215,7 +216,7 @@ class FlowClient:
     def encrypted(self) -> bool:
         """True while the router link travels in sealed records."""
         link = self._conn.link
-        return link is not None and link.protocol.framing.secure is not None
+        return link is not None and link.protocol.sealed
 
     @property
     def reassembler(self) -> Reassembler:

@@ -11,8 +11,10 @@ the commands (:meth:`~ClientProtocol.join`, :meth:`~ClientProtocol.leave`,
 (:mod:`flowlib.events`). One protocol serves one link: failover makes a fresh one for the
 next router and replays the flow table into it.
 
-It owns small parts, each its own object: the stream framing (:mod:`flowlib.framing`), the
-handshake (:mod:`flowlib.handshake`), liveness and refresh digests (:mod:`flowlib.liveness`);
+It owns small parts, each its own object: the stream codec the routers use too
+(:class:`flowrouter.wire.streamcodec.StreamCodec`: handshake frames, then sealed records or
+plain frames), the handshake (:mod:`flowlib.handshake`), liveness and refresh digests
+(:mod:`flowlib.liveness`);
 the flow table (:mod:`flowlib.flowtable`) and the reassembler (:mod:`flowlib.fragment`) are
 given to it, because they outlive the link. Imports only the wire layer of flowrouter and
 flowlib's parts.
@@ -28,6 +30,7 @@ from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import MalformedFrame, pack_header
+from flowrouter.wire.streamcodec import BadRecord, StreamCodec
 
 from .errors import MessageTooLarge
 from .events import (
@@ -52,7 +55,6 @@ from .fragment import (
     iter_fragments,
     needs_escape,
 )
-from .framing import FramingError, StreamFraming
 from .handshake import Handshake
 from .liveness import Liveness, RefreshDigests
 from .message import Message
@@ -77,7 +79,8 @@ class ClientProtocol:
         self.address = address
         #: counters of things worth seeing that are not errors (shared with the shell)
         self.counters: Counter[str] = Counter() if counters is None else counters
-        self.framing = StreamFraming(handshake.max_payload)
+        #: bytes <-> frames: the handshake, then sealed records or plain frames
+        self.codec = StreamCodec(handshake.max_payload)
         self.liveness = Liveness(liveness_interval, dead_after, now, rtt)
         self.refresh = RefreshDigests(refresh_interval, now)
         #: the router's HELLO once the handshake is over
@@ -198,22 +201,18 @@ class ClientProtocol:
             return
         self._now = now
         self.liveness.heard_from(now)
-        framing = self.framing
-        framing.feed(data)
         try:
-            while True:
-                frames = framing.pop()
-                if not frames:
+            for header, payload in self.codec.receive_data(data):
+                if header[20] >= ROUTER_BANDS_END:
+                    self._on_data(header, payload, now)
+                else:
+                    self._on_control(header, payload)
+                if self.failed is not None:
                     return
-                for header, payload in frames:
-                    if header[20] >= ROUTER_BANDS_END:
-                        self._on_data(header, payload, now)
-                    else:
-                        self._on_control(header, payload)
-                    if self.failed is not None:
-                        return
-        except FramingError as exc:
-            self._protocol_error(str(exc))
+        except BadRecord as exc:
+            self._protocol_error(f"bad sealed record from the router: {exc.detail}")
+        except MalformedFrame as exc:
+            self._protocol_error(f"malformed frame from the router: {exc}")
 
     def _protocol_error(self, reason: str) -> None:
         """The router sent something we cannot trust: drop the link, say why."""
@@ -284,7 +283,9 @@ class ClientProtocol:
         if step.reply is not None:
             self.write_control(LINK_KEY, BAND_MEMBERSHIP, step.reply)
         if step.done is not None:
-            self.framing.end_handshake(step.secure)
+            if step.secure is not None:
+                self.codec.start_sealed(step.secure)
+            self.codec.end_handshake()
             self.hello = step.done
             self.liveness = Liveness(self.liveness.interval, self.liveness.dead_after,
                                      self._now, self.liveness.rtt)
@@ -351,11 +352,23 @@ class ClientProtocol:
             fe.flow, band, data, header[21], header[22], header[23])))
 
     # ------------------------------------------------------------------ commands: bytes out
+    def _write(self, buffers: list[Any]) -> None:
+        """One message's buffers to send: as they are, or as one sealed record."""
+        codec = self.codec
+        if codec.sealed is None:
+            self._out += buffers
+        else:
+            self._out.append(codec.send_data(b"".join(buffers)))
+
+    @property
+    def sealed(self) -> bool:
+        """The link travels in sealed records."""
+        return self.codec.sealed is not None
+
     def write_control(self, key: bytes, band: int, msg: C.ControlMessage,
                       loc: tuple[int, int] = (0, 0)) -> None:
         body = msg.encode()
-        self._out += self.framing.encode([pack_header(key, len(body), band, loc[0], loc[1]),
-                                          body])
+        self._write([pack_header(key, len(body), band, loc[0], loc[1]), body])
 
     def join(self, fe: FlowEntry) -> int:
         """Send the JOIN that tells the router what we want of *fe* now; its request ID (the
@@ -404,13 +417,11 @@ class ClientProtocol:
                      plan: int, band: int, loc_type: int, loc_value: int, ttl: int,
                      origin: int = 0, msg_id: int = 0) -> None:
         """Write a message now: plain (*plan* 0), escaped (-1), or all its fragments."""
-        encode = self.framing.encode
         if plan == 0:
-            self._out += encode([pack_header(key, size, band, loc_type, loc_value, ttl),
-                                 payload])
+            self._write([pack_header(key, size, band, loc_type, loc_value, ttl), payload])
         elif plan < 0:
-            self._out += encode([pack_header(key, size + ESCAPE_SIZE, band, loc_type,
-                                             loc_value, ttl), ESCAPE_PREFIX, payload])
+            self._write([pack_header(key, size + ESCAPE_SIZE, band, loc_type, loc_value, ttl),
+                         ESCAPE_PREFIX, payload])
         else:
             for fh, chunk in iter_fragments(memoryview(payload), origin, msg_id, plan):
                 self.send_fragment(key, fh, chunk, band, loc_type, loc_value, ttl)
@@ -418,5 +429,5 @@ class ClientProtocol:
 
     def send_fragment(self, key: bytes, fh: bytes, chunk: memoryview, band: int,
                       loc_type: int, loc_value: int, ttl: int) -> None:
-        self._out += self.framing.encode([pack_header(key, len(fh) + len(chunk), band,
-                                                      loc_type, loc_value, ttl), fh, chunk])
+        self._write([pack_header(key, len(fh) + len(chunk), band, loc_type, loc_value, ttl),
+                     fh, chunk])
