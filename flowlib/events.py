@@ -70,5 +70,18 @@ class RejoinNeeded:
     key: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class FailoverEvent:
+    """One completed failover, as given to ``on_failover`` and kept in ``last_failover``."""
+
+    old_router: str
+    old_address: str
+    new_router: str
+    new_address: str
+    reason: str  #: why the old link ended
+    reconnect_ms: float  #: from noticing the loss to the new router's HELLO
+    attempts: tuple[tuple[str, str], ...]  #: failed attempts before success: (address, why)
+
+
 Event = HandshakeDone | LinkFailed | JoinAnswered | MessageReceived | MessageDropped | \
     RejoinNeeded

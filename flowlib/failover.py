@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT
@@ -32,6 +31,7 @@ from flowrouter.wire.bands import BAND_FAULT
 from .checks import address_text
 from .connection import Connection, call_hook
 from .delivery import Delivery
+from .events import FailoverEvent
 from .flowtable import FlowEntry
 from .link import Link
 from .membership import Membership
@@ -39,19 +39,6 @@ from .notices import failover_fault
 from .reconnect import GiveUp, Pause, ReconnectPlan
 
 log = logging.getLogger("flowlib")
-
-
-@dataclass(frozen=True, slots=True)
-class FailoverEvent:
-    """One completed failover, as given to ``on_failover`` and kept in ``last_failover``."""
-
-    old_router: str
-    old_address: str
-    new_router: str
-    new_address: str
-    reason: str  #: why the old link ended
-    reconnect_ms: float  #: from noticing the loss to the new router's HELLO
-    attempts: tuple[tuple[str, str], ...]  #: failed attempts before success: (address, why)
 
 
 class Failover:

@@ -134,7 +134,7 @@ class Link(asyncio.Protocol):
         """Act on the protocol's events, write its output, re-arm its timer."""
         protocol = self.protocol
         on_event = self.on_event
-        while (event := protocol.next_event()) is not None:
+        for event in protocol.events():
             if self.dead:
                 continue  # a link we gave up on reports nothing more
             if isinstance(event, HandshakeDone):

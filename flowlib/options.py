@@ -17,6 +17,8 @@ from flowrouter.wire import control as C
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 
 from .checks import Address
+from .errors import FlowError
+from .events import FailoverEvent
 from .fragment import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_REASSEMBLY_BYTES,
@@ -34,8 +36,10 @@ DEFAULT_FAILOVER_TIMEOUT = 30.0
 DEFAULT_RECONNECT_MIN = 0.05  #: back-off after the first round of failed attempts (seconds)
 DEFAULT_RECONNECT_MAX = 2.0  #: longest back-off between rounds (seconds)
 
-DisconnectHook = Callable[[Any], Any]
-FailoverHook = Callable[[Any], Any]
+#: ``on_disconnect``: called with ConnectionLost, or None after close()
+DisconnectHook = Callable[[FlowError | None], Any]
+#: ``on_failover``: called with each completed failover
+FailoverHook = Callable[[FailoverEvent], Any]
 
 
 @dataclass(frozen=True, slots=True)

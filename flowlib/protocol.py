@@ -75,6 +75,7 @@ class ClientProtocol:
                  ) -> None:
         self.handshake = handshake
         self.flows = flows
+        self._entries = flows.entries  # the receive path's lookup
         self.reassembler = reassembler
         self.address = address
         #: counters of things worth seeing that are not errors (shared with the shell)
@@ -121,6 +122,15 @@ class ClientProtocol:
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
 
+    def events(self) -> list[Event]:
+        """Every pending event, oldest first (what :meth:`next_event` would give one by
+        one)."""
+        if not self._events:
+            return []
+        out = list(self._events)
+        self._events.clear()
+        return out
+
     def data_to_send(self) -> list[Any]:
         """The buffers to write, in order (each sealed record is one)."""
         out, self._out = self._out, []
@@ -134,7 +144,7 @@ class ClientProtocol:
             t = self.liveness.next_deadline(soft)
             if soft:
                 t = min(t, self.refresh.next_deadline())
-            if due is None or t < due:
+            if t != float("inf") and (due is None or t < due):
                 due = t
         return due
 
@@ -312,7 +322,7 @@ class ClientProtocol:
     def _on_data(self, header: memoryview, payload: memoryview, now: float) -> None:
         """A data frame (band >= 16): a message for the listeners whose mask has the band."""
         key = bytes(header[:16])
-        fe = self.flows.get(key)
+        fe = self._entries.get(key)
         band = header[20]
         if fe is None or not fe.union & (1 << band):
             self.counters["drop.no-listener"] += 1

@@ -165,7 +165,7 @@ def test_a_router_from_before_soft_state_gets_no_echo_and_is_never_dead() -> Non
     for t in (0.0, 5.0, 100.0):
         proto.handle_timer(t)
     assert sent(proto) == [] and events(proto) == [] and proto.up
-    assert proto.next_deadline() == float("inf")
+    assert proto.next_deadline() is None
 
 
 def test_liveness_part_alone() -> None:
@@ -259,7 +259,7 @@ def test_an_incomplete_message_is_dropped_by_the_sweep() -> None:
     (ev,) = evs
     assert isinstance(ev, MessageDropped) and ev.reason == "reassembly-timeout"
     assert ev.fragments == "1/3" and 2.0 <= now <= 2.6
-    assert proto.next_deadline() == float("inf")  # nothing left to sweep
+    assert proto.next_deadline() is None  # nothing left to sweep
 
 
 # ============================================================================ failover
