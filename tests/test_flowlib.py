@@ -840,3 +840,32 @@ def test_flowcat_create_send_listen(tmp_path, monkeypatch, capsys) -> None:  # t
         finally:
             await node.stop()
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+# ================================================================== options
+def test_options_are_one_dataclass_built_from_the_same_keywords() -> None:
+    """FlowClient and connect take ClientOptions or its fields as keywords; a wrong value or
+    an unknown keyword is refused before anything connects."""
+    opts = flowlib.ClientOptions(name="app", dead_after=9.0, addresses=["127.0.0.1:1"])
+    assert opts.addresses == ("127.0.0.1:1",)
+    client = flowlib.FlowClient(opts, request_timeout=2.0)
+    assert (client.name, client.dead_after, client.request_timeout) == ("app", 9.0, 2.0)
+    assert client.addresses == ["127.0.0.1:1"] and not client.failover
+    with pytest.raises(TypeError, match="no_such_option"):
+        flowlib.FlowClient(no_such_option=1)
+    with pytest.raises(ValueError, match="dead_after must be longer"):
+        flowlib.ClientOptions(liveness_interval=2.0, dead_after=1.0)
+    with pytest.raises(ValueError, match="needs a link_key"):
+        run(flowlib.connect("127.0.0.1:1", encrypt=True))
+    with pytest.raises(TypeError, match="no_such_option"):
+        run(flowlib.connect("127.0.0.1:1", no_such_option=1))
+
+
+def test_connect_takes_options_too() -> None:
+    async def main() -> None:
+        async with chain(1) as (r1,):
+            opts = flowlib.ClientOptions(name="from-options", request_timeout=3.0)
+            async with await flowlib.connect(addr(r1), options=opts) as c:
+                assert c.name == "from-options" and c.request_timeout == 3.0
+                assert c.options.connect_timeout == 5.0 and c.connected
+    run(main())
