@@ -401,6 +401,11 @@ class FlowControl:
         inp = self.inputs.get(link)
         return inp is not None and inp.state not in NOT_READING
 
+    def over_credit(self, origin: int) -> bool:
+        """Whether input *origin* waits for credit (over it, held or not)."""
+        inp = self.inputs.get(origin)
+        return inp is not None and inp.state in OVER_CREDIT
+
     def holders(self, link: int) -> frozenset[int]:
         """The outputs holding input *link* (empty: not held)."""
         inp = self.inputs.get(link)
@@ -438,11 +443,6 @@ class FlowControl:
         computes them, so that a tick at a deadline always finds it due)."""
         since = rec.slow.over_since
         return since is not None and now >= since + self.limits.slow_consumer_grace
-
-    def over_credit(self, origin: int) -> bool:
-        """Whether input *origin* waits for credit (over it, held or not)."""
-        inp = self.inputs.get(origin)
-        return inp is not None and inp.state in OVER_CREDIT
 
     def _end_hold(self, inp: InputFlow, out: list[Decision]) -> None:
         inp.holders = set()
