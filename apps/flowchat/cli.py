@@ -5,6 +5,7 @@
     flowchat client --server 127.0.0.1:7600 --user alice [--plain]
     flowchat bot --server 127.0.0.1:7600 --rate 2 [--size 1000] [--count N | --duration S]
     flowchat experiment [--only A1,L2] [--duration 90] [--real] [--out DIR]
+    flowchat keygen --site NAME --out FILE
 
 Run ``flowchat COMMAND --help`` for every option.
 """
@@ -36,6 +37,16 @@ published (--policy FILE, by any one server), and every site server presents a c
 for the room flow naming it (subject flowchat-SITE, or '*'; bands: all) with --capability
 FILE. A server without one is refused when it joins. Make the files with 'flowcat
 issue-policy' and 'flowcat issue-capability'.
+
+A keyed room (--site-key FILE --site-keys FILE, at every server of the room): each site signs
+every frame it sends and every message it originates (Ed25519); a frame is believed only
+with its transmitter's signature and a message only with its origin's, so nobody on the
+room flow (a listener, or another site with its own key and capability) can show words
+under a site's name or suppress its messages. Make a site's key with 'flowchat keygen' and
+give every server the same public key file (one 'SITE HEX' line per site). Without keys,
+anyone who can send on the room flow can forge (README: Chat); two different messages
+claiming one site and sequence number are always reported to the users ('WARNING: two
+different messages ...') and counted (status: counters conflict.data), keyed or not.
 
 Modes (seed 003 chapter 4):
   all-to-all  Lamport order among all sites; during a short-term disconnect (until
@@ -134,7 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-directory", action="store_true",
                    help="do not ask the directory for the room's flow")
     s.add_argument("--state-dir", help="flowlib state directory (creator ID)")
+    s.add_argument("--site-key", metavar="FILE",
+                   help="keyed room: this site's Ed25519 private key (PEM or 64 hex digits; "
+                        "'flowchat keygen' makes one); needs --site-keys")
+    s.add_argument("--site-keys", metavar="FILE",
+                   help="keyed room: every site's public key, one 'SITE HEX' line per site "
+                        "(the same file at every server)")
     _igo_options(s)
+
+    k = sub.add_parser("keygen", help="make a site's key for a keyed room",
+                       description="Write a new Ed25519 private key for a site to --out (PEM, "
+                                   "mode 0600, never overwriting) and print its public-key "
+                                   "line ('SITE HEX') for the room's --site-keys file.")
+    k.add_argument("--site", required=True, help="the site the key is for")
+    k.add_argument("--out", required=True, metavar="FILE", help="private key file to create")
 
     c = sub.add_parser("client", help="a terminal chat client",
                        description="Connect to a site server as USER: conversation (late "
@@ -190,7 +214,15 @@ def make_server(a: argparse.Namespace) -> Any:
     from .server import ChatServer
 
     sites = [x.strip() for x in a.sites.split(",") if x.strip()]
+    auth = None
+    if a.site_key or a.site_keys:
+        if not (a.site_key and a.site_keys):
+            raise ValueError("a keyed room needs both --site-key and --site-keys")
+        from .sitekeys import load_site_keys
+
+        auth = load_site_keys(a.site, a.site_key, a.site_keys)
     return ChatServer(a.site, routers(a, None), sites=sites, room=a.room, mode=a.mode,
+                      auth=auth,
                       leader=a.leader, listen=a.listen, flow=a.flow, lsid=a.lsid,
                       use_directory=not a.no_directory, state_dir=a.state_dir,
                       connect_options=connect_kwargs(a), policies=a.policy or [],
@@ -225,7 +257,8 @@ def chat_source(srv: Any) -> Monitored:
     def status() -> dict[str, Any]:
         return {"site": srv.site, "room": srv.room, "mode": srv.config.mode,
                 "flow": str(srv.flow), "router_connected": connected(),
-                "clients": len(srv.clients),
+                "clients": len(srv.clients), "keyed": srv.auth is not None,
+                "conflicts": srv.conflicts,
                 "listen": "%s:%d" % tuple(srv.address[:2]) if srv.address else None,
                 **ordering_status()}
 
@@ -266,6 +299,11 @@ def _main(argv: list[str] | None = None) -> int:
             plain = a.plain or not (sys.stdin.isatty() and sys.stdout.isatty())
             return asyncio.run(run_plain(a.server, a.user) if plain
                                else run_curses(a.server, a.user))
+        if a.cmd == "keygen":
+            from .sitekeys import public_hex, write_private
+
+            print(f"{a.site} {public_hex(write_private(a.out))}")
+            return 0
         if a.cmd == "bot":
             from .client import run_bot
 

@@ -29,8 +29,10 @@ import flowlib
 from flowlib import FlowClient, FlowError, FlowID
 
 from .igo import (
+    Conflict,
     Deliver,
     Delivery,
+    FrameAuth,
     IGOConfig,
     MembershipChange,
     Send,
@@ -48,7 +50,8 @@ class FlowSite:
                  keep: int | None = None, clock_origin: float = 0.0,
                  on_deliver: Callable[[Delivery], Any] | None = None,
                  on_event: Callable[[Any], Any] | None = None,
-                 on_lost: Callable[[Exception], Any] | None = None) -> None:
+                 on_lost: Callable[[Exception], Any] | None = None,
+                 auth: FrameAuth | None = None) -> None:
         self.client = client
         self.flow = flow if isinstance(flow, FlowID) else FlowID.parse(flow)
         self.site = site
@@ -58,7 +61,7 @@ class FlowSite:
         # to a shared origin), so a restarted server's is larger than its last run's
         self.ordering = SiteOrdering(config, site, self.now(),
                                      incarnation=incarnation if incarnation is not None
-                                     else new_incarnation(time.time()))
+                                     else new_incarnation(time.time()), auth=auth)
         #: every delivery (keep=None) or the last *keep* ones
         self.deliveries: deque[Delivery] | list[Delivery] = \
             [] if keep is None else deque(maxlen=keep)
@@ -153,7 +156,7 @@ class FlowSite:
             elif isinstance(a, Deliver):
                 self.deliveries.append(a.delivery)
                 self._call(self.on_deliver, a.delivery)
-            elif isinstance(a, (MembershipChange, StateChange)):
+            elif isinstance(a, (MembershipChange, StateChange, Conflict)):
                 self.events.append(a)
                 self._call(self.on_event, a)
 

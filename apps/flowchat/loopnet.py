@@ -17,17 +17,28 @@ from __future__ import annotations
 import heapq
 import random
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .igo import Deliver, Delivery, IGOConfig, MembershipChange, Send, SiteOrdering, StateChange
+from .igo import (
+    Conflict,
+    Deliver,
+    Delivery,
+    FrameAuth,
+    IGOConfig,
+    MembershipChange,
+    Send,
+    SiteOrdering,
+    StateChange,
+)
 
 
 class LoopNet:
     def __init__(self, config: IGOConfig, *, seed: int = 0, delay: float = 0.01,
                  jitter: float = 0.0, loss: float = 0.0, tick: float = 0.05,
                  sites: Iterable[str] | None = None,
-                 delay_fn: Callable[[str, str, float], float] | None = None) -> None:
+                 delay_fn: Callable[[str, str, float], float] | None = None,
+                 auth: Mapping[str, FrameAuth] | None = None) -> None:
         self.cfg = config
         self.rng = random.Random(seed)
         self.delay = delay
@@ -37,7 +48,8 @@ class LoopNet:
         self.delay_fn = delay_fn
         self.now = 0.0
         names = list(sites) if sites is not None else list(config.sites)
-        self.sites = {s: SiteOrdering(config, s, 0.0, incarnation=1000 + i)
+        self.sites = {s: SiteOrdering(config, s, 0.0, incarnation=1000 + i,
+                                      auth=(auth or {}).get(s))
                       for i, s in enumerate(names)}
         self.bands = {s: set(o.bands()) for s, o in self.sites.items()}
         self._q: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
@@ -100,7 +112,7 @@ class LoopNet:
                 self._multicast(site, a)
             elif isinstance(a, Deliver):
                 self.log[site].append(a.delivery)
-            elif isinstance(a, (MembershipChange, StateChange)):
+            elif isinstance(a, (MembershipChange, StateChange, Conflict)):
                 self.events[site].append(a)
 
     def _multicast(self, src: str, a: Send) -> None:

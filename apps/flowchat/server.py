@@ -33,7 +33,7 @@ import flowlib
 from flowlib import FlowClient, FlowID
 
 from .flow_adapter import FlowSite
-from .igo import Delivery, IGOConfig, MembershipChange, StateChange
+from .igo import Conflict, Delivery, FrameAuth, IGOConfig, MembershipChange, StateChange
 from .protocol import (
     JOIN,
     LEAVE,
@@ -73,6 +73,15 @@ def msg_event(d: Delivery) -> dict[str, Any] | None:
             "delivered": round(d.delivery_time, 6), "late": d.late, "local": d.local}
 
 
+def _chat_text(payload: bytes) -> str:
+    """What a chat payload says, for a conflict report (raw bytes if it is no chat message)."""
+    try:
+        m = decode_chat(payload)
+    except ChatError:
+        return payload[:200].decode("utf-8", "replace")
+    return f"{m.user}: {m.text}"[:200]
+
+
 class ChatServer:
     def __init__(self, site: str, routers: Sequence[str], *, sites: Sequence[str],
                  room: str = "chat", mode: str = "all-to-all", leader: str | None = None,
@@ -82,7 +91,7 @@ class ChatServer:
                  tick: float = 0.1, connect_options: dict[str, Any] | None = None,
                  policies: Sequence[Any] = (), reconnect: bool = True,
                  failover_timeout: float = 30.0, reconnect_max: float = 10.0,
-                 **igo: Any) -> None:
+                 auth: FrameAuth | None = None, **igo: Any) -> None:
         self.site = site
         self.routers = list(routers)
         self.room = room
@@ -108,6 +117,13 @@ class ChatServer:
         if site not in self.config.sites:
             raise ValueError(f"site {site!r} is not one of --sites "
                              f"({', '.join(self.config.sites)})")
+        check = getattr(auth, "check_sites", None)
+        if check is not None:
+            check(self.config.sites)
+        #: keyed room (flowchat.sitekeys): frames signed by their transmitter, DATA by its
+        #: origin; None: frames believed as they come (README: Chat, what an attacker can do)
+        self.auth = auth
+        self.conflicts = 0  #: conflicting versions of one message seen (forgery/equivocation)
         self.client: FlowClient | None = None
         self.igo: FlowSite | None = None
         self.users: dict[str, set[str]] = {s: set() for s in self.config.sites}
@@ -138,7 +154,7 @@ class ChatServer:
         assert self.flow is not None
         self.igo = FlowSite(self.client, self.flow, self.config, self.site, tick=self.tick,
                             keep=1000, on_deliver=self._on_deliver, on_event=self._on_event,
-                            on_lost=self._on_lost)
+                            on_lost=self._on_lost, auth=self.auth)
         await self.igo.start()
         if self.listen:
             host, _, port = self.listen.rpartition(":")
@@ -277,6 +293,20 @@ class ChatServer:
             self._broadcast(ev)
 
     def _on_event(self, e: Any) -> None:
+        if isinstance(e, Conflict):
+            self.conflicts += 1
+            log.warning("site %s: conflicting versions of %s #%d (incarnation %d), the second "
+                        "sent by %s: %s", self.site, e.origin, e.seq, e.incarnation,
+                        e.transmitter, "the origin signed both" if self.auth is not None
+                        else "someone on the room flow forged one (room without keys)")
+            self._broadcast({"ev": "conflict", "site": e.origin, "seq": e.seq,
+                             "incarnation": e.incarnation, "transmitter": e.transmitter,
+                             "kept": _chat_text(e.kept), "other": _chat_text(e.other)})
+            self._broadcast({"ev": "notice", "text": (
+                f"WARNING: two different messages claim to be {e.origin} #{e.seq}; "
+                f"showing the first, the other said: {_chat_text(e.other)!r}"),
+                "time": round(e.time, 3)})
+            return
         if isinstance(e, MembershipChange):
             self._broadcast(self.members_event())
             # sites that (re)joined may have missed our users' JOINs: announce them again

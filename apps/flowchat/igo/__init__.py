@@ -22,7 +22,15 @@ Actions out (plain named tuples, in the order they must be carried out):
   site, sequence number, Lamport time, leader order number, send time, delivery time, late
   flag, local-only flag, payload);
 * :class:`MembershipChange` — the ordering set (the sites this site's order includes) changed;
-* :class:`StateChange` — a peer's state, or this site's overall state, changed (S1/S2/S3).
+* :class:`StateChange` — a peer's state, or this site's overall state, changed (S1/S2/S3);
+* :class:`Conflict` — two frames gave different content for one message (origin,
+  incarnation, seq): a forgery or an origin equivocating; the first stays, the other is
+  reported (``conflict.data``), never swapped in or dropped silently.
+
+**Keyed rooms.** ``SiteOrdering(..., auth=FrameAuth)`` signs every frame it sends and every
+message it originates, and believes a frame only with its transmitter's signature and a
+message only with its origin's (:mod:`.auth`; Ed25519 keys in :mod:`flowchat.sitekeys`).
+Without ``auth`` frames are believed as they come (the README says what that allows).
 
 What it implements (seed sections in brackets)
 ==============================================
@@ -125,7 +133,17 @@ Beyond the seed (its chapter 7):
 
 from flowrouter.wire.bands import BAND_HEARTBEAT, BAND_ORDER, BAND_REPAIR
 
-from .actions import Action, Deliver, Delivery, MembershipChange, PeerState, Send, StateChange
+from .actions import (
+    Action,
+    Conflict,
+    Deliver,
+    Delivery,
+    MembershipChange,
+    PeerState,
+    Send,
+    StateChange,
+)
+from .auth import FrameAuth
 from .config import MODES, IGOConfig, default_config, room_tag
 from .core import new_incarnation
 from .site import SiteOrdering
@@ -149,5 +167,5 @@ __all__ = [
     "StateChange", "PeerState", "ProtocolError", "MODES", "decode", "encode_data",
     "DataMsg", "Heartbeat", "Nack", "Gone", "Order", "room_tag", "Action", "default_config",
     "encode_gone", "encode_heartbeat", "encode_nack", "encode_order", "BAND_HEARTBEAT",
-    "BAND_ORDER", "BAND_REPAIR", "new_incarnation",
+    "BAND_ORDER", "BAND_REPAIR", "new_incarnation", "Conflict", "FrameAuth",
 ]

@@ -52,7 +52,23 @@ class StateChange(NamedTuple):
     new: str
 
 
-Action = Send | Deliver | MembershipChange | StateChange
+class Conflict(NamedTuple):
+    """Two frames gave different content for one message ``(origin, incarnation, seq)``:
+    someone on the room flow forged one (a room without keys), or the origin signed two
+    (keyed room). The first version stays (what was shown cannot be unshown, and in a room
+    without keys nothing tells which is genuine); the conflict is counted
+    (``conflict.data``) and handed to the application to show, never resolved silently."""
+
+    time: float
+    origin: str
+    incarnation: int
+    seq: int
+    transmitter: str  #: the site named as transmitter of the second frame (claimed, unkeyed)
+    kept: bytes  #: the payload kept (delivered or waiting)
+    other: bytes  #: the conflicting payload, not delivered
+
+
+Action = Send | Deliver | MembershipChange | StateChange | Conflict
 
 
 class PeerState(enum.StrEnum):

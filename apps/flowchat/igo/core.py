@@ -15,7 +15,7 @@ from flowrouter.wire.bands import (
     BAND_REPAIR,
 )
 
-from .actions import Action, Deliver, Delivery, PeerState
+from .actions import Action, Deliver, Delivery, PeerState, Send
 from .config import IGOConfig, room_tag
 from .records import Msg, PeerRecord, Stream, TokenBucket
 from .wire import (
@@ -37,6 +37,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
+    from .auth import FrameAuth
     from .states import PeerEvent
 
 
@@ -60,8 +61,10 @@ class SiteCore:
     SiteOrdering` is a subclass adding one concern's methods."""
 
     def __init__(self, config: IGOConfig, site: str, now: float = 0.0,
-                 incarnation: int | None = None) -> None:
+                 incarnation: int | None = None, auth: FrameAuth | None = None) -> None:
         self.cfg = config
+        #: keyed room: frames are signed by their transmitter, DATA by its origin too
+        self.auth = auth
         self.site = site
         self.me = config.index(site)
         self.n = len(config.sites)
@@ -158,6 +161,10 @@ class SiteCore:
                 d = self._display.popleft()
                 self._out.append(Deliver(replace(d, delivery_time=now)))
         out, self._out = self._out, []
+        if self.auth is not None:
+            sign = self.auth.sign
+            out = [Send(a.band, a.payload + sign(a.payload), a.kind) if isinstance(a, Send)
+                   else a for a in out]
         return out
 
     def _stream(self, o: int, inc: int) -> Stream | None:
@@ -190,7 +197,8 @@ class SiteCore:
 
     def _encode_msg(self, m: Msg, flags: int) -> bytes:
         return encode_data(self.tag, self.me, DataMsg(m.origin, m.inc, m.seq, m.lamport,
-                                                      m.send_time, flags, m.deps, m.payload))
+                                                      m.send_time, flags, m.deps, m.payload,
+                                                      m.sig))
 
     if TYPE_CHECKING:  # the parts' methods the others call (defined in their modules)
         def _reachable(self, p: PeerRecord, now: float) -> bool: ...

@@ -10,10 +10,11 @@ from .actions import PeerState
 
 
 class Msg:
-    __slots__ = ("origin", "inc", "seq", "lamport", "send_time", "deps", "payload", "rx")
+    __slots__ = ("origin", "inc", "seq", "lamport", "send_time", "deps", "payload", "rx", "sig")
 
     def __init__(self, origin: int, inc: int, seq: int, lamport: int, send_time: float,
-                 deps: tuple[tuple[int, int, int], ...], payload: bytes, rx: float) -> None:
+                 deps: tuple[tuple[int, int, int], ...], payload: bytes, rx: float,
+                 sig: bytes = b"") -> None:
         self.origin = origin
         self.inc = inc
         self.seq = seq
@@ -22,6 +23,13 @@ class Msg:
         self.deps = deps  #: (origin, incarnation, seq) entries: what its sender had delivered
         self.payload = payload
         self.rx = rx
+        self.sig = sig  #: the origin's signature (keyed rooms; resent unchanged)
+
+    def same_content(self, other: Msg) -> bool:
+        """Whether *other* (same origin, incarnation and seq) says the same thing: two
+        frames that differ here are a conflict (a forgery, or an origin equivocating)."""
+        return (self.lamport == other.lamport and self.send_time == other.send_time
+                and self.deps == other.deps and self.payload == other.payload)
 
 
 class Stream:

@@ -13,6 +13,7 @@ from flowrouter.wire.bands import (
 )
 
 from .actions import Action, PeerState, Send
+from .auth import data_signature_ok, split_trailer
 from .incarnations import Incarnations
 from .lamport import LamportOrdering
 from .leader import LeaderOrdering
@@ -28,9 +29,11 @@ from .wire import (
     K_HEARTBEAT,
     K_NACK,
     KIND_NAMES,
+    DataMsg,
     ForeignFrame,
     OldVersion,
     ProtocolError,
+    data_signed_bytes,
     decode,
 )
 
@@ -62,7 +65,13 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         seq = self.seq
         t = self.clock
         self.clock += 1
-        msg = Msg(self.me, self.inc, seq, t, now, self._dependencies(), bytes(payload), now)
+        deps = self._dependencies()
+        body = bytes(payload)
+        sig = b""
+        if self.auth is not None:
+            sig = self.auth.sign(data_signed_bytes(self.tag, self.me, self.inc, seq, t, now,
+                                                   deps, body))
+        msg = Msg(self.me, self.inc, seq, t, now, deps, body, now, sig)
         own = self.streams[self.me]
         own.contiguous = own.known_high = seq
         own.bound = self.clock
@@ -88,6 +97,9 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
     def on_message(self, band: int, payload: bytes | memoryview, now: float) -> list[Action]:
         """A frame received on the room flow (any band this site listens to)."""
         self._begin(now)
+        sig = b""
+        if self.auth is not None:
+            payload, sig = split_trailer(bytes(payload))
         try:
             kind, tx, msg = decode(payload, self.tag, self.n)
             self._check_band(kind, band, msg)
@@ -105,6 +117,10 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
             return self.finish(now)
         if tx == self.me:
             self.counters["own-echo"] += 1
+            if kind == K_DATA:  # ours, or words someone put under our name: say which
+                self._own_conflict(tx, msg, now)  # type: ignore[arg-type]
+            return self.finish(now)
+        if self.auth is not None and not self._authentic(kind, tx, msg, bytes(payload), sig):
             return self.finish(now)
         self.counters[f"received.{KIND_NAMES[kind]}"] += 1
         try:
@@ -123,6 +139,20 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         except ProtocolError as exc:  # semantically invalid (e.g. ORDER from a non-leader)
             self.counters[f"malformed.{exc.reason}"] += 1
         return self.finish(now)
+
+    def _authentic(self, kind: int, tx: int, msg: object, body: bytes, sig: bytes) -> bool:
+        """Keyed room: the frame is its transmitter's, and DATA its origin's (counted and
+        dropped otherwise: ``auth.bad-signature`` / ``auth.bad-origin-signature``)."""
+        assert self.auth is not None
+        if not self.auth.verify(self.cfg.sites[tx], body, sig):
+            self.counters["auth.bad-signature"] += 1
+            return False
+        if kind == K_DATA:
+            d: DataMsg = msg  # type: ignore[assignment]
+            if not data_signature_ok(self.auth, self.tag, self.cfg.sites[d.origin], d):
+                self.counters["auth.bad-origin-signature"] += 1
+                return False
+        return True
 
     def tick(self, now: float) -> list[Action]:
         """Timers: heartbeats, failure detection, repair requests and answers, pacing."""

@@ -4,7 +4,7 @@ flowrouter.wire and the other IGO modules."""
 
 from __future__ import annotations
 
-from .actions import PeerState
+from .actions import Conflict, PeerState
 from .core import SiteCore
 from .records import Msg, PeerRecord, Stream
 from .wire import F_RESEND, DataMsg
@@ -41,6 +41,7 @@ class FifoTransport(SiteCore):
             # it: what we said before the restart is history to us)
             self.counters["data.own-returned" if d.inc == self.inc
                           else "data.own-earlier-run"] += 1
+            self._own_conflict(tx, d, now)
             if tx != self.me:
                 self._heard(tx, now)
             return
@@ -63,9 +64,10 @@ class FifoTransport(SiteCore):
             if found is None and not st.synced and tx != o:
                 if self.mode == "leader" and not self.is_leader:
                     # fetched for an ORDER entry: no stream position needed
-                    self._ready[(o, d.inc, d.seq)] = Msg(o, d.inc, d.seq, d.lamport,
-                                                         d.send_time, tuple(d.deps),
-                                                         d.payload, now)
+                    fetched = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps),
+                                  d.payload, now, d.sig)
+                    self._check_conflict(self._ready.setdefault((o, d.inc, d.seq), fetched),
+                                         fetched, tx, now)
                     self.counters["data.fetched-unsynced"] += 1
                     return
                 # first we hear of this origin is through another site: start its stream
@@ -85,15 +87,18 @@ class FifoTransport(SiteCore):
                 self.counters["data.earlier-run"] += 1
             st = found
         self.clock = max(self.clock, d.lamport + 1)
-        msg = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps), d.payload, now)
+        msg = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps), d.payload, now,
+                  d.sig)
         if d.flags & F_RESEND:
             self.counters["received.resent"] += 1
         if d.seq <= st.contiguous:
             if self.mode == "leader" and not self.is_leader:
                 # an ORDER entry may name a message our stream skipped: keep it for the drain
+                held: Msg | None = self._ready.get((o, d.inc, d.seq)) or st.store.get(d.seq)
                 if (o, d.inc, d.seq) not in self._ready:
-                    self._ready[(o, d.inc, d.seq)] = msg
+                    self._ready[(o, d.inc, d.seq)] = held or msg
                     self.counters["data.kept-for-order"] += 1
+                self._check_conflict(held, msg, tx, now)
                 return
             if self.cfg.long_term_reconcile and self._unskip(st, d.seq):
                 # long-term reconciliation filling a gap (history, flagged late; the only
@@ -105,9 +110,11 @@ class FifoTransport(SiteCore):
                 self.counters["data.after-skip"] += 1
             else:
                 self.counters["data.duplicate"] += 1
+                self._check_conflict(st.store.get(d.seq), msg, tx, now)
             return
         if d.seq in st.pending:
             self.counters["data.duplicate"] += 1
+            self._check_conflict(st.pending[d.seq], msg, tx, now)
             return
         st.pending[d.seq] = msg
         if d.seq > st.known_high:
@@ -118,6 +125,23 @@ class FifoTransport(SiteCore):
         if o in self.peers and st is self.streams[o]:
             self._check_caught_up(self.peers[o], now)
         self._deliverable(now)
+
+    def _own_conflict(self, tx: int, d: DataMsg, now: float) -> None:
+        """A frame carrying a message of our own run: other words under our name (a
+        forgery that reached us too) are a conflict to report."""
+        if d.origin == self.me and d.inc == self.inc:
+            self._check_conflict(self.streams[self.me].store.get(d.seq),
+                                 Msg(d.origin, d.inc, d.seq, d.lamport, d.send_time,
+                                     tuple(d.deps), d.payload, self._now), tx, now)
+
+    def _check_conflict(self, held: Msg | None, msg: Msg, tx: int, now: float) -> None:
+        """A second frame for a message already held: the same content is a duplicate (a
+        resend), other content a conflict, reported and never swapped in silently."""
+        if held is None or held is msg or held.same_content(msg):
+            return
+        self.counters["conflict.data"] += 1
+        self._emit(Conflict(now, self.cfg.sites[msg.origin], msg.inc, msg.seq,
+                            self.cfg.sites[tx], held.payload, msg.payload))
 
     def _advance(self, o: int, st: Stream, now: float) -> None:
         """Move contiguous messages out of the gap buffer into ordering."""

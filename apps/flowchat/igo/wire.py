@@ -30,7 +30,9 @@ DATA        1     origin (1) | incarnation (8) | seq (4) | lamport (8) | send ti
                   application payload. A dependency names, for a stream of an origin,
                   the highest seq its sender had delivered of it; one origin may have
                   two entries (its current and its previous incarnation, while the
-                  sender still delivers the previous one's last messages).
+                  sender still delivers the previous one's last messages). With flag
+                  4 SIGNED (rooms with keys) the origin's Ed25519 signature (64) of
+                  :func:`data_signed_bytes` sits between the deps and the payload.
 HEARTBEAT   2     incarnation (8) | lamport (8) | highest own seq (4) | view bitmap    16
                   (4) | order number (4: leader: highest assigned; others: highest
                   delivered) | frontier lamport (8) | frontier origin (1) | flags (1:
@@ -58,6 +60,10 @@ to point repairs, GONE, resent ORDER records) goes on that site's **inbox band**
 range, inconsistent lengths, or arrives on a band its kind never uses is counted under
 ``malformed.<reason>`` in :attr:`SiteOrdering.counters` and dropped: malformed input is never
 fatal.
+
+*Keyed rooms* (:class:`~flowchat.igo.auth.FrameAuth`): every frame ends with a 64-byte
+signature by its transmitter's key over the bytes before it, and every DATA frame carries its
+origin's signature (flag SIGNED), which a site resending the message copies unchanged.
 
 *Version 1* (until this version; 4-byte incarnations, dependency vectors and acknowledgements
 of bare sequence numbers) is **refused**, not read: its dependencies cannot say which run of
@@ -110,6 +116,12 @@ F_RESEND = 0x01
 
 
 F_LOW = 0x02  #: low-priority (long-term reconciliation) request / answer
+
+
+F_SIGNED = 0x04  #: DATA: the origin's signature (SIG_LEN bytes) follows the dependencies
+
+
+SIG_LEN = 64  #: an Ed25519 signature (origin signatures of DATA, transmitter trailers)
 
 
 F_LATE = 0x01  #: ORDER entry flag: ordered after a reconciliation
@@ -176,6 +188,7 @@ class DataMsg(NamedTuple):
     flags: int
     deps: tuple[Dep, ...]
     payload: bytes
+    sig: bytes = b""  #: the origin's signature over :func:`data_signed_bytes` (keyed rooms)
 
 
 class Heartbeat(NamedTuple):
@@ -218,10 +231,21 @@ def _prefix(kind: int, tag: int, tx: int) -> bytes:
 
 
 def encode_data(tag: int, tx: int, m: DataMsg) -> bytes:
+    flags = (m.flags | F_SIGNED) if m.sig else (m.flags & ~F_SIGNED)
     return b"".join([_prefix(K_DATA, tag, tx),
-                     _DATA.pack(m.origin, m.inc, m.seq, m.lamport, m.send_time, m.flags,
+                     _DATA.pack(m.origin, m.inc, m.seq, m.lamport, m.send_time, flags,
                                 len(m.deps))]
-                    + [_DEP.pack(*d) for d in m.deps] + [m.payload])
+                    + [_DEP.pack(*d) for d in m.deps] + [m.sig, m.payload])
+
+
+def data_signed_bytes(tag: int, origin: int, inc: int, seq: int, lamport: int,
+                      send_time: float, deps: tuple[Dep, ...], payload: bytes) -> bytes:
+    """What an origin signs for one of its messages: everything that names it or that a
+    receiver shows or orders by, in the room *tag*, never the flags or the transmitter (a
+    resend by another site carries the origin's signature unchanged)."""
+    return b"".join([b"IGO-DATA-2", _PREFIX.pack(MAGIC, VERSION, K_DATA, tag, 0),
+                     _DATA.pack(origin, inc, seq, lamport, send_time, 0, len(deps))]
+                    + [_DEP.pack(*d) for d in deps] + [payload])
 
 
 def encode_heartbeat(tag: int, tx: int, h: Heartbeat) -> bytes:
@@ -292,10 +316,14 @@ def decode(payload: bytes | memoryview, tag: int, nsites: int
                 if do >= nsites or dinc == 0 or ds == 0:
                     raise ProtocolError("deps", f"dependency {do}/{dinc}#{ds}")
                 deps.append((do, dinc, ds))
+            sig = b""
+            if flags & F_SIGNED:
+                sig = b[off:off + SIG_LEN]
+                off += SIG_LEN
             if off > len(b):
                 raise ProtocolError("truncated", "dependencies")
             return kind, tx, DataMsg(origin, inc, seq, lamport, sent, flags, tuple(deps),
-                                     b[off:])
+                                     b[off:], sig)
         if kind == K_HEARTBEAT:
             inc, lamport, high, view, g, fl_t, fl_o, flags, n = _HB.unpack_from(b, off)
             off += _HB.size

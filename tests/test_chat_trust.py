@@ -1,0 +1,246 @@
+"""Chat origins bound to site keys (issue 26): attacks on the room flow as unit tests of the
+IGO state machine on virtual time (flowchat.loopnet), plus the key files and the CLI.
+
+Each attack is an attacker frame injected at a site: a listener of the room forging another
+site's message (origin, incarnation, next sequence number), a forged duplicate sent ahead of
+the real message, and a site that holds its own key forging another site's origin. In a
+keyed room none is shown and the real message is; in a room without keys the forgery can
+be shown (documented) but a conflicting second version is always reported, never dropped
+silently as a duplicate."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowchat import cli
+from flowchat.igo import Conflict, DataMsg, IGOConfig, encode_data, room_tag
+from flowchat.igo.wire import SIG_LEN, data_signed_bytes
+from flowchat.loopnet import LoopNet
+from flowchat.sitekeys import SiteKeys, load_site_keys, parse_public, public_hex
+
+ABC = ("a", "b", "c")
+CFG = IGOConfig(sites=ABC)
+TAG = room_tag(CFG)
+PRIVATE = {s: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32)
+           for i, s in enumerate(ABC)}
+PUBLIC = {s: k.public_key() for s, k in PRIVATE.items()}
+
+
+def keys(site: str) -> SiteKeys:
+    return SiteKeys(site, PRIVATE[site], PUBLIC)
+
+
+def keyed_net(**kw) -> LoopNet:
+    return LoopNet(CFG, auth={s: keys(s) for s in ABC}, **kw)
+
+
+def forged(net: LoopNet, origin: str, text: bytes, *, tx: str | None = None,
+           signer: SiteKeys | None = None, seq: int | None = None) -> bytes:
+    """The frame an attacker makes: *origin*'s current incarnation and next sequence number
+    (what anyone listening to the room sees), optionally signed with *signer*'s key (a site
+    forging another's origin with its own key)."""
+    site = net.sites[origin]
+    o = CFG.index(origin)
+    n = site.seq + 1 if seq is None else seq
+    d = DataMsg(o, site.inc, n, site.clock, net.now, 0, (), text)
+    if signer is not None:
+        d = d._replace(sig=signer.sign(data_signed_bytes(TAG, o, site.inc, n, site.clock,
+                                                        net.now, (), text)))
+    frame = encode_data(TAG, CFG.index(tx or origin), d)
+    if signer is not None:
+        frame += signer.sign(frame)
+    return frame
+
+
+def inject(net: LoopNet, at: str, frame: bytes, band: int | None = None) -> None:
+    net._apply(at, net.sites[at].on_message(band or CFG.data_band, frame, net.now))
+
+
+def shown(net: LoopNet, site: str) -> list[tuple[str, bytes]]:
+    return [(d.origin, d.payload) for d in net.log[site]]
+
+
+def conflicts(net: LoopNet, site: str) -> list[Conflict]:
+    return [e for e in net.events[site] if isinstance(e, Conflict)]
+
+
+def test_a_keyed_room_delivers_everything_in_one_order_with_loss() -> None:
+    net = keyed_net(seed=3, loss=0.2)
+    for i in range(30):
+        net.at(1.0 + i * 0.1, net.submit, ABC[i % 3])
+    net.run_until(20.0)
+    orders = {s: net.order(s) for s in ABC}
+    assert len(orders["a"]) == 30 and orders["a"] == orders["b"] == orders["c"]
+    # repairs resent other sites' messages with their origin's signature: all accepted
+    assert sum(net.sites[s].counters["received.resent"] for s in ABC) > 0
+    assert not any(k.startswith("auth.") for s in ABC for k in net.sites[s].counters)
+
+
+@pytest.mark.parametrize("tx", ["a", "c"])
+def test_a_listener_cannot_show_a_message_under_another_sites_origin(tx: str) -> None:
+    net = keyed_net()
+    net.run_until(1.0)
+    inject(net, "b", forged(net, "a", b"forged by a listener", tx=tx))
+    net.run_until(2.0)
+    assert (("a", b"forged by a listener")) not in shown(net, "b")
+    assert net.sites["b"].counters["auth.bad-signature"] == 1
+    net.submit("a", b"the real one")
+    net.run_until(4.0)
+    assert shown(net, "b") == [("a", b"the real one")]
+
+
+def test_a_forged_duplicate_cannot_suppress_the_real_message() -> None:
+    net = keyed_net()
+    net.run_until(1.0)
+    frame = forged(net, "a", b"forged first")
+    for s in ("b", "c"):
+        inject(net, s, frame)
+    net.submit("a", b"real")
+    net.run_until(4.0)
+    for s in ("b", "c"):
+        assert shown(net, s) == [("a", b"real")]
+        assert net.sites[s].counters["data.duplicate"] == 0
+
+
+def test_a_site_with_its_own_key_cannot_forge_another_sites_origin() -> None:
+    net = keyed_net()
+    net.run_until(1.0)
+    # c signs the frame (valid transmitter signature) and the message (its own key)
+    frame = forged(net, "a", b"c speaking as a", tx="c", signer=keys("c"))
+    inject(net, "b", frame)
+    net.run_until(2.0)
+    assert shown(net, "b") == []
+    assert net.sites["b"].counters["auth.bad-origin-signature"] == 1
+    net.submit("a", b"real")
+    net.run_until(4.0)
+    assert shown(net, "b") == [("a", b"real")]
+
+
+def test_without_keys_a_conflicting_second_version_is_reported_not_dropped_silently() -> None:
+    """A room without keys cannot tell which version is genuine: the first stays shown, the
+    other is counted and handed to the application (the server shows a warning)."""
+    net = LoopNet(CFG)
+    net.run_until(1.0)
+    frame = forged(net, "a", b"forged first")
+    inject(net, "b", frame)
+    net.submit("a", b"real")
+    net.run_until(4.0)
+    assert shown(net, "b") == [("a", b"forged first")]  # what the README says can happen
+    reports = conflicts(net, "b")
+    assert [(c.origin, c.seq, c.kept, c.other) for c in reports] == \
+        [("a", 1, b"forged first", b"real")]
+    assert net.sites["b"].counters["conflict.data"] == 1
+    # the site whose name was used learns of it too (the forgery reached it)
+    inject(net, "a", frame)
+    assert [(c.kept, c.other) for c in conflicts(net, "a")] == [(b"real", b"forged first")]
+    # genuine duplicates (resends, echoes) are no conflict
+    assert net.sites["c"].counters["conflict.data"] == 0
+
+
+def test_without_keys_a_forgery_waiting_behind_a_gap_is_reported_too() -> None:
+    net = LoopNet(CFG)
+    net.run_until(1.0)
+    inject(net, "b", forged(net, "a", b"forged #2", seq=2))  # held beyond the gap
+    net.submit("a", b"one")
+    net.submit("a", b"two")
+    net.run_until(4.0)
+    assert [(c.seq, c.kept, c.other) for c in conflicts(net, "b")] == \
+        [(2, b"forged #2", b"two")]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_no_mutation_of_a_signed_frame_is_shown_as_something_else(data) -> None:
+    """Any change to a genuine frame (any byte, any length) is refused in a keyed room:
+    what a site shows under an origin is exactly what the origin signed."""
+    net = keyed_net(sites=("a", "b"))
+    net.run_until(0.5)
+    captured: list[bytes] = []
+    a = net.sites["a"]
+    for act in a.submit(b"genuine words", net.now):
+        if getattr(act, "kind", "") == "data":
+            captured.append(act.payload)
+    frame = bytearray(captured[0])
+    how = data.draw(st.sampled_from(["flip", "truncate", "extend"]))
+    if how == "flip":
+        i = data.draw(st.integers(0, len(frame) - 1))
+        frame[i] ^= data.draw(st.integers(1, 255))
+    elif how == "truncate":
+        frame = frame[:data.draw(st.integers(0, len(frame) - 1))]
+    else:
+        frame += data.draw(st.binary(min_size=1, max_size=80))
+    inject(net, "b", bytes(frame))
+    net.run_until(1.0)
+    assert all(p == b"genuine words" for o, p in shown(net, "b") if o == "a")
+    assert not [x for x in shown(net, "b") if x[0] != "a"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(origin=st.sampled_from(["a", "c"]), tx=st.sampled_from(ABC), seq=st.integers(1, 5),
+       sig=st.binary(min_size=SIG_LEN, max_size=SIG_LEN), trailer=st.binary(max_size=70),
+       signer=st.sampled_from([None, "b", "c"]))
+def test_no_forged_data_frame_is_shown_in_a_keyed_room(origin, tx, seq, sig, trailer,
+                                                       signer) -> None:
+    net = keyed_net(sites=("b",))
+    o = CFG.index(origin)
+    d = DataMsg(o, 1000 + o, seq, 0, 0.0, 0, (), b"forged", sig)
+    frame = encode_data(TAG, CFG.index(tx), d)
+    frame += keys(signer).sign(frame) if signer else trailer
+    inject(net, "b", frame)
+    net.run_until(1.0)
+    assert shown(net, "b") == []
+
+
+def test_key_files_and_keygen(tmp_path, capsys) -> None:
+    out = tmp_path / "a.key"
+    assert cli.main(["keygen", "--site", "a", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("a ") and len(line.split()[1]) == 64
+    assert os.stat(out).st_mode & 0o077 == 0  # private
+    assert cli.main(["keygen", "--site", "a", "--out", str(out)]) != 0  # never overwrites
+    pub = tmp_path / "room.keys"
+    pub.write_text(f"# the room's sites\n{line}\nb {public_hex(PRIVATE['b'])}\n")
+    k = load_site_keys("a", out, pub)
+    assert k.verify("a", b"x", k.sign(b"x")) and not k.verify("b", b"x", k.sign(b"x"))
+    with pytest.raises(ValueError, match="not this site's key"):
+        load_site_keys("b", out, pub)
+    raw = tmp_path / "b.hex"
+    raw.write_text((bytes([2]) * 32).hex())
+    assert load_site_keys("b", raw, pub).sign(b"y") == PRIVATE["b"].sign(b"y")
+    for bad in ("a", "a zz", f"a {'00' * 31}", f"{line}\n{line}"):
+        with pytest.raises(ValueError):
+            parse_public(bad)
+    with pytest.raises(ValueError, match="no public key for site"):
+        k.check_sites(["a", "b", "c"])
+
+
+def test_server_options_make_a_keyed_room(tmp_path) -> None:
+    (tmp_path / "a.key").write_text((bytes([1]) * 32).hex())
+    (tmp_path / "room.keys").write_text(
+        "".join(f"{s} {public_hex(PRIVATE[s])}\n" for s in ABC))
+    base = ["server", "--site", "a", "--sites", "a,b,c", "--router", "127.0.0.1:1"]
+    a = cli.build_parser().parse_args(base + ["--site-key", str(tmp_path / "a.key"),
+                                              "--site-keys", str(tmp_path / "room.keys")])
+    srv = cli.make_server(a)
+    assert srv.auth is not None and srv.auth.verify("a", b"m", PRIVATE["a"].sign(b"m"))
+    with pytest.raises(ValueError, match="both"):
+        cli.make_server(cli.build_parser().parse_args(
+            base + ["--site-key", str(tmp_path / "a.key")]))
+    assert cli.make_server(cli.build_parser().parse_args(base)).auth is None
+    text = cli.build_parser()._subparsers._group_actions[0].choices["server"].format_help()
+    assert "--site-key" in text and "--site-keys" in text and "keyed room" in text
+
+
+def test_decode_of_signed_data_round_trips() -> None:
+    d = DataMsg(0, 7, 1, 2, 3.0, 0, ((1, 9, 4),), b"hi", b"s" * SIG_LEN)
+    frame = encode_data(TAG, 0, d)
+    from flowchat.igo import decode
+    _, _, got = decode(frame, TAG, 3)
+    assert got == d._replace(flags=4)
+    assert struct.unpack_from("!B", frame, 9 + 29)[0] == 4
