@@ -244,3 +244,88 @@ def test_decode_of_signed_data_round_trips() -> None:
     _, _, got = decode(frame, TAG, 3)
     assert got == d._replace(flags=4)
     assert struct.unpack_from("!B", frame, 9 + 29)[0] == 4
+
+
+# ------------------------------------------------------------------ on a real router
+def _room(tmp_path, keyed: bool):
+    import asyncio
+
+    import flowlib
+    from flowchat.client import ChatClient
+    from flowchat.server import ChatServer
+    from flowrouter.net.config import NodeConfig
+    from flowrouter.net.runtime import RouterNode
+
+    fast = {"heartbeat_interval": 0.25, "missed_heartbeats": 3, "disconnect_interval": 3.0}
+
+    async def main() -> tuple[list[tuple[str, str]], list[str], int]:
+        node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", default_lsid=0x10,
+                                     core_lsids=frozenset({0x10})))
+        await node.start()
+        where = "%s:%d" % node.tcp_address
+        srv = {s: ChatServer(s, [where], sites=ABC, room="trust", listen="127.0.0.1:0",
+                             use_directory=False, state_dir=str(tmp_path / s),
+                             auth=keys(s) if keyed else None, **fast) for s in ABC}
+        attacker = None
+        try:
+            for x in srv.values():
+                await x.start()
+            loop = asyncio.get_running_loop()
+            while not all(len(x.igo.ordering.members) == 3 for x in srv.values()):
+                assert loop.time() < 30
+                await asyncio.sleep(0.02)
+            client = await ChatClient.connect("%s:%d" % srv["b"].address[:2], "bob")
+            seen: list[tuple[str, str]] = []
+            notices: list[str] = []
+
+            async def read() -> None:
+                async for ev in client:
+                    if ev["ev"] == "msg":
+                        seen.append((ev["site"], ev["text"]))
+                    elif ev["ev"] == "notice":
+                        notices.append(ev["text"])
+
+            reader = asyncio.ensure_future(read())
+            # a listener of the room: it sees a's incarnation and next number on the flow
+            attacker = await flowlib.connect([where], name="eavesdropper")
+            a = srv["a"].igo.ordering
+            from flowchat.protocol import SAY, encode_chat
+            text = encode_chat(SAY, "alice", "forged: transfer the funds")
+            n = a.seq + 1
+            frame = encode_data(room_tag(a.cfg), 0, DataMsg(0, a.inc, n, a.clock, 0.0, 0, (),
+                                                            text))
+            attacker.send_nowait(srv["a"].flow, frame, band=a.cfg.data_band)
+            await asyncio.sleep(0.5)
+            srv["a"].submit(SAY, "alice", "the real words")
+            deadline = loop.time() + 15
+            while not (("a", "the real words") in seen or
+                       any("two different messages" in t for t in notices)):
+                assert loop.time() < deadline, (seen, notices)
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            reader.cancel()
+            await client.close()
+            return seen, notices, srv["b"].conflicts
+        finally:
+            if attacker is not None:
+                await attacker.close()
+            for x in srv.values():
+                await x.stop()
+            await node.stop()
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_on_a_router_a_keyed_room_shows_the_real_message_not_the_forgery(tmp_path) -> None:
+    seen, notices, conflicts_seen = _room(tmp_path, keyed=True)
+    assert ("a", "the real words") in seen
+    assert not [t for o, t in seen if t.startswith("forged")]
+    assert conflicts_seen == 0
+
+
+def test_on_a_router_a_room_without_keys_warns_its_users_of_the_forgery(tmp_path) -> None:
+    seen, notices, conflicts_seen = _room(tmp_path, keyed=False)
+    assert ("a", "forged: transfer the funds") in seen  # documented: unkeyed rooms are open
+    assert conflicts_seen == 1
+    assert any("two different messages claim to be a #" in t and "the real words" in t
+               for t in notices)
