@@ -43,14 +43,15 @@ def cfg(**kw: object) -> StreamConfig:
 
 def run_core(core: StreamerCore, t0: float, t1: float, step: float = 0.05,
              refresh: dict[int, float] | None = None) -> list[tuple[float, object]]:
-    """Poll *core* from t0 to t1; *refresh* maps band -> request period of a viewer."""
+    """Poll *core* from t0 to t1; *refresh* maps band -> request period of that band's
+    viewer (one viewer per band, ``v<band>``: a viewer holds one band at a time)."""
     out: list[tuple[float, object]] = []
     last: dict[int, float] = {}
     t = t0
     while t <= t1 + 1e-9:
         for band, period in (refresh or {}).items():
             if t - last.get(band, -1e9) >= period:
-                core.on_request("v", band, t)
+                core.on_request(f"v{band}", band, t)
                 last[band] = t
         out += [(t, a) for a in core.poll(t)]
         t = round(t + step, 6)

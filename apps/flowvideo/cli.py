@@ -18,6 +18,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -52,6 +54,17 @@ Without --flow the primary creates a flow and prints it (and writes it to --flow
 backup (--backup --flow FLOW) listens to the state band only and takes over the same stream
 (same flow, media time, frame numbers and active resolutions) when the primary is silent for
 --dead-after seconds.
+
+What senders on the flow can make the streamer do. Viewers are the names in their messages
+(claims: flownet does not tell who sent a message). A name holds one resolution at a time
+(its request for another takes it off the first); a resolution tracks at most --max-viewers
+names, and --max-active N caps the resolutions encoding at once (default 0: all), whatever
+names ask. An overflow report counts only from a current viewer of that resolution, and cuts
+it only when more than --feedback-share (0.5) of its viewers reported within a request
+period: one viewer cannot degrade the others' pictures. --state-key FILE (the same secret
+file at the primary and its backup; 32+ hex digits or 16+ bytes) seals state messages with
+HMAC-SHA256 and makes both believe only sealed ones: without it any sender on the state band
+can make a primary step down or keep a backup from taking over.
 """
 
 EPILOG_WATCH = """\
@@ -127,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--recover-after", type=_positive, default=2.0)
     s.add_argument("--fragment-size", type=int, default=8000,
                    help="send pictures larger than this in fragments (default 8000)")
+    s.add_argument("--max-active", type=int, default=0, metavar="N",
+                   help="resolutions encoding at once at most (default 0: all)")
+    s.add_argument("--max-viewers", type=int, default=64, metavar="N",
+                   help="viewer names tracked per resolution (default 64)")
+    s.add_argument("--feedback-share", type=float, default=0.5, metavar="F",
+                   help="cut a resolution only when more than this share of its viewers "
+                        "reported overflow (default 0.5)")
+    s.add_argument("--state-key", type=Path, metavar="FILE",
+                   help="shared secret of the primary and its backup (a file, never an "
+                        "argument): state messages are sealed with it, unsealed ones refused")
     s.add_argument("--status-every", type=float, default=0.0,
                    help="print a JSON status line every this many seconds (0: never)")
 
@@ -147,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="routers to move to (comma-separated)")
     w.add_argument("--move-after", type=_positive, default=5.0)
     w.add_argument("--json", action="store_true", help="status lines as JSON")
+    w.add_argument("--name", help="this viewer's name in requests and reports (default "
+                                  "watch-HOST-PID; a name holds one resolution at a time)")
 
     b = sub.add_parser("web", help="serve the stream to web browsers (MJPEG)")
     add_connection_options(b, policies=False)
@@ -174,7 +199,11 @@ async def cmd_serve(args: argparse.Namespace) -> int:
                        min_fps=args.min_fps, min_quality=args.min_quality,
                        request_period=args.request_period, expire_periods=args.expire_periods,
                        advert_period=args.advert_period, state_period=args.state_period,
-                       dead_after=args.dead_after, recover_after=args.recover_after)
+                       dead_after=args.dead_after, recover_after=args.recover_after,
+                       max_active=args.max_active, max_viewers=args.max_viewers,
+                       feedback_share=args.feedback_share,
+                       state_key=(P.read_state_key(args.state_key.read_bytes())
+                                  if args.state_key else None))
     if args.backup and args.flow is None:
         raise ValueError("--backup needs --flow (the primary's flow)")
     source = open_source(args.source)
@@ -216,7 +245,8 @@ async def cmd_watch(args: argparse.Namespace) -> int:
             (args.save / f"frame-{frame.band}-{frame.seq:06d}.jpg").write_bytes(frame.jpeg)
             saved += 1
 
-    viewer = Viewer(routers(args), args.flow, args.resolution, name="flowvideo-watch",
+    name = args.name or f"watch-{socket.gethostname()[:40]}-{os.getpid()}"
+    viewer = Viewer(routers(args), args.flow, args.resolution, name=name,
                     queue_size=args.queue, playout=args.playout,
                     connect_kwargs=connect_kwargs(args), on_frame=on_frame)
     loop = asyncio.get_running_loop()

@@ -20,6 +20,8 @@ Imports only the standard library.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 
@@ -32,6 +34,11 @@ MAX_RESOLUTIONS = 16
 MAX_SIDE = 8192          #: largest width or height we encode or accept
 MAX_NAME = 64            #: bytes of a viewer name
 MAX_FRAME_BYTES = 8 << 20  #: largest encoded picture a viewer accepts
+
+U32 = 0xFFFFFFFF
+U64 = (1 << 64) - 1
+STATE_MAC_LEN = 32       #: HMAC-SHA256 trailer of a state message when a state key is set
+MIN_STATE_KEY = 16       #: bytes of a state key at least
 
 MAGIC = b"FV"
 VERSION = 1
@@ -48,6 +55,10 @@ _FEEDBACK = struct.Struct(">BI")           # band, dropped
 
 class ProtocolError(ValueError):
     """A message that is not a well-formed flowvideo message (the reason is one line)."""
+
+
+class Unauthenticated(ProtocolError):
+    """A state message without a valid MAC under the configured state key."""
 
 
 @dataclass(frozen=True, order=True)
@@ -173,14 +184,25 @@ def _fps10(fps: float) -> int:
     return max(0, min(0xFFFF, round(fps * 10)))
 
 
+def _clamp(value: int, top: int, low: int = 0) -> int:
+    """A field value that fits its field: encoders never fail on a value they were given
+    (a core resuming a state at the top of a field's range keeps running)."""
+    return max(low, min(top, int(value)))
+
+
+def _ms(seconds: float) -> int:
+    return _clamp(round(seconds * 1000), U32, 1)
+
+
 def _name(name: str) -> bytes:
     raw = name.encode("utf-8")[:MAX_NAME]
     return bytes([len(raw)]) + raw
 
 
 def encode_advert(a: Advert) -> bytes:
-    parts = [_prefix(KIND_ADVERT), _ADVERT.pack(a.stream, a.incarnation, a.seq & 0xFFFFFFFF,
-                                                round(a.request_period * 1000), len(a.offers))]
+    parts = [_prefix(KIND_ADVERT), _ADVERT.pack(a.stream & U32, _clamp(a.incarnation, U32),
+                                                a.seq & U32, _ms(a.request_period),
+                                                len(a.offers))]
     parts += [_OFFER.pack(o.band, o.resolution.width, o.resolution.height, int(o.active),
                           _fps10(o.fps), o.quality) for o in a.offers]
     return b"".join(parts)
@@ -196,18 +218,54 @@ def encode_feedback(f: Feedback) -> bytes:
 
 
 def encode_state(s: State) -> bytes:
-    parts = [_prefix(KIND_STATE), _STATE.pack(s.stream, s.incarnation, s.server, s.media_ms,
-                                              round(s.period * 1000), len(s.encodings))]
+    parts = [_prefix(KIND_STATE), _STATE.pack(s.stream & U32, _clamp(s.incarnation, U32),
+                                              s.server & U32, _clamp(s.media_ms, U64),
+                                              _ms(s.period), len(s.encodings))]
     parts += [_STATE_ENC.pack(e.band, e.resolution.width, e.resolution.height, _fps10(e.fps),
-                              e.quality, e.frames) for e in s.encodings]
+                              _clamp(e.quality, 0xFF), _clamp(e.frames, U64))
+              for e in s.encodings]
     return b"".join(parts)
 
 
 def encode_frame(f: Frame) -> bytes:
     return (_prefix(KIND_FRAME)
-            + _FRAME.pack(f.stream, f.incarnation, f.seq, f.media_ms, f.band,
-                          f.resolution.width, f.resolution.height, f.quality, _fps10(f.fps))
+            + _FRAME.pack(f.stream & U32, _clamp(f.incarnation, U32), _clamp(f.seq, U64),
+                          _clamp(f.media_ms, U64), f.band, f.resolution.width,
+                          f.resolution.height, _clamp(f.quality, 0xFF), _fps10(f.fps))
             + f.jpeg)
+
+
+def _state_mac(key: bytes, body: bytes) -> bytes:
+    return hmac.new(key, b"flowvideo-state-1" + body, hashlib.sha256).digest()
+
+
+def seal_state(payload: bytes, key: bytes) -> bytes:
+    """An encoded state with its HMAC-SHA256 under the primary's and backup's shared
+    *key*: only a holder of the key can make another streamer step down or hold off a
+    takeover."""
+    return payload + _state_mac(key, payload)
+
+
+def open_state(payload: bytes, key: bytes) -> bytes:
+    """The state message inside a sealed one (:class:`Unauthenticated` if its MAC is not
+    *key*'s)."""
+    body, mac = payload[:-STATE_MAC_LEN], payload[-STATE_MAC_LEN:]
+    if len(payload) <= STATE_MAC_LEN or not hmac.compare_digest(mac, _state_mac(key, body)):
+        raise Unauthenticated("state message not authenticated by the state key")
+    return body
+
+
+def read_state_key(text: bytes) -> bytes:
+    """A state key file's content: 32+ hex digits, or at least MIN_STATE_KEY raw bytes."""
+    stripped = text.strip()
+    try:
+        key = bytes.fromhex(stripped.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        key = stripped
+    if len(key) < MIN_STATE_KEY:
+        raise ValueError(f"a state key has at least {MIN_STATE_KEY} bytes "
+                         f"({2 * MIN_STATE_KEY} hex digits)")
+    return key
 
 
 def encode(msg: Message) -> bytes:

@@ -36,6 +36,7 @@ from .streamer_core import (
     Stopped,
     StreamConfig,
     StreamerCore,
+    read_state,
 )
 
 log = logging.getLogger("flowvideo.streamer")
@@ -61,6 +62,7 @@ class Streamer:
         self.sent_frames: Counter[int] = Counter()   #: band -> frames sent
         self.sent_bytes: Counter[int] = Counter()    #: band -> payload bytes sent
         self.bad_messages = 0
+        self.unauthenticated = 0  #: states refused: not sealed with the state key
         self.send_failures = 0
         self.step_downs = 0
         self._outranked: P.State | None = None
@@ -115,13 +117,8 @@ class Streamer:
                     if take is not None:
                         break
                     continue
-                try:
-                    state = P.decode(msg.payload)
-                except P.ProtocolError as exc:
-                    self.bad_messages += 1
-                    log.debug("bad message on the state band: %s", exc)
-                    continue
-                if isinstance(state, P.State):
+                state = self._state(msg.payload)
+                if state is not None:
                     watch.on_state(state, self._now())
         finally:
             with contextlib.suppress(flowlib.FlowError):
@@ -174,6 +171,13 @@ class Streamer:
         core = self.core
         assert core is not None
         async for msg in listener:
+            if msg.band == P.BAND_STATE:
+                state = self._state(msg.payload)
+                if state is not None and core.outranked_by(state):
+                    self._outranked = state
+                    self._wake.set()
+                    return
+                continue
             try:
                 m = P.decode(msg.payload)
             except P.ProtocolError as exc:
@@ -181,20 +185,25 @@ class Streamer:
                 log.debug("bad message on band %d: %s", msg.band, exc)
                 continue
             if (msg.band == P.BAND_REQUEST) != isinstance(m, P.Request) or \
-                    (msg.band == P.BAND_FEEDBACK) != isinstance(m, P.Feedback) or \
-                    (msg.band == P.BAND_STATE) != isinstance(m, P.State):
+                    (msg.band == P.BAND_FEEDBACK) != isinstance(m, P.Feedback):
                 self.bad_messages += 1
-                continue
-            if isinstance(m, P.State):
-                if core.outranked_by(m):
-                    self._outranked = m
-                    self._wake.set()
-                    return
                 continue
             actions = core.on_message(m, self._now())
             if actions:
                 await self._apply(actions)
             self._wake.set()
+
+    def _state(self, payload: bytes) -> P.State | None:
+        """A state from the state band, if it is one this streamer believes (sealed with the
+        state key when one is set: else counted in ``unauthenticated``)."""
+        try:
+            return read_state(self.cfg, payload)
+        except P.Unauthenticated:
+            self.unauthenticated += 1
+        except P.ProtocolError as exc:
+            self.bad_messages += 1
+            log.debug("bad message on the state band: %s", exc)
+        return None
 
     # ---------------------------------------------------------------------- actions
     async def _apply(self, actions: list[Action]) -> None:
@@ -260,6 +269,7 @@ class Streamer:
                 "incarnation": None if core is None else core.incarnation,
                 "encodings": encs, "sent_frames": dict(self.sent_frames),
                 "sent_bytes": dict(self.sent_bytes), "bad_messages": self.bad_messages,
+                "unauthenticated_states": self.unauthenticated,
                 "send_failures": self.send_failures,
                 "counters": {} if core is None else dict(core.counters),
                 "time": time.time()}

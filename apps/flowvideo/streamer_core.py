@@ -19,6 +19,23 @@ Overflow feedback (seed 002 section 3.5): a report for a band halves that band's
 After ``recover_after`` seconds without a report the quality comes back first, then the rate
 grows by ``fps_step`` per ``recover_after`` until it reaches the configured values.
 
+**What one viewer can make the streamer do** (a viewer is a name in its messages: flowlib
+tells no sender's identity, so names are claims). A name holds one band at a time: its
+request for another band takes it off the first, and a band whose viewers all left or
+went silent stops. A band tracks at most ``max_viewers`` names; ``max_active`` (when set)
+caps the resolutions encoding at once, whatever names ask. Feedback counts only from a
+current viewer of the band, once per viewer per ``feedback window`` (the larger of
+``feedback_hold`` and ``request_period``), and cuts the band only when more than
+``feedback_share`` of its viewers reported: a viewer alone on a band is heard at once, one
+of several cannot degrade the others' pictures (nor keep a cut from recovering).
+
+**State from the peer only.** With ``state_key`` set, state messages carry an HMAC-SHA256
+under it (:func:`~flowvideo.protocol.seal_state`) and states without one are refused
+(:func:`read_state`), so only the configured primary/backup pair can make a primary step
+down or keep a backup from taking over. A backup believes a state of the stream it follows
+only if its media position moved on (a replayed state is stale). Any field value is
+survived: resuming clamps what it continues to the fields' ranges.
+
 Two primaries on one flow (two backups took over, a restarted primary): each primary also
 hears the state band, and the one ranked lower by :meth:`StreamerCore.outranked_by` steps
 down to a backup.
@@ -58,6 +75,12 @@ class StreamConfig:
     fps_step: float = 2.0
     feedback_hold: float = 0.5
     recover_after: float = 2.0
+    max_active: int = 0        #: resolutions encoding at once at most (0: all of them)
+    max_viewers: int = 64      #: viewer names tracked per band (more are refused)
+    feedback_share: float = 0.5  #: a cut needs reports from more than this share of viewers
+    #: shared by a primary and its backup: state messages are sealed with it and only
+    #: sealed ones are believed (None: any state on the band is believed)
+    state_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.resolutions or len(self.resolutions) > P.MAX_RESOLUTIONS:
@@ -72,6 +95,29 @@ class StreamConfig:
                 raise ValueError(f"{name} must be positive")
         if self.expire_periods < 1:
             raise ValueError("expire_periods must be at least 1")
+        if self.max_active < 0 or self.max_viewers < 1:
+            raise ValueError("need max_active >= 0 and max_viewers >= 1")
+        if not 0 <= self.feedback_share < 1:
+            raise ValueError("feedback_share must be in [0, 1)")
+        if self.state_key is not None and len(self.state_key) < P.MIN_STATE_KEY:
+            raise ValueError(f"a state key has at least {P.MIN_STATE_KEY} bytes")
+
+    @property
+    def feedback_window(self) -> float:
+        return max(self.feedback_hold, self.request_period)
+
+
+def read_state(config: StreamConfig, payload: bytes) -> P.State:
+    """A state message from the state band: opened with the state key if one is set (else
+    taken as it is), decoded; :class:`~flowvideo.protocol.ProtocolError` otherwise
+    (:class:`~flowvideo.protocol.Unauthenticated` for a missing or wrong MAC)."""
+    data = bytes(payload)
+    if config.state_key is not None:
+        data = P.open_state(data, config.state_key)
+    msg = P.decode(data)
+    if not isinstance(msg, P.State):
+        raise P.ProtocolError(f"a {type(msg).__name__.lower()} on the state band")
+    return msg
 
 
 # ------------------------------------------------------------------------------ actions
@@ -133,8 +179,13 @@ class Encoding:
     last_cut: float | None = None
     last_change: float = 0.0
     viewers: dict[str, float] = field(default_factory=dict)  #: name -> last request
+    reports: dict[str, float] = field(default_factory=dict)  #: name -> last overflow report
+    grace_until: float = float("-inf")  #: resumed: kept on until then without any viewer
     cuts: int = 0
     raises: int = 0
+
+
+MAX_POSITION = 1 << 62  #: media milliseconds and frame numbers resumed at most
 
 
 class StreamerCore:
@@ -148,6 +199,7 @@ class StreamerCore:
         self.encodings = [Encoding(P.band_of(i), res, config.fps, config.quality)
                           for i, res in enumerate(config.resolutions)]
         self._by_band = {e.band: e for e in self.encodings}
+        self._viewer_band: dict[str, int] = {}  #: viewer name -> the one band it holds
         self._advert_seq = 0
         self._next_advert = now
         self._next_state = now
@@ -159,17 +211,22 @@ class StreamerCore:
         """A core that continues *state* (a backup taking over *silent_for* seconds after the
         primary's last state): same stream, next incarnation, media time moved on by the
         silence, the same encodings active with their rates, numbers and a grace period."""
-        core = cls(config, now, stream=state.stream, incarnation=state.incarnation + 1,
-                   media_ms=state.media_ms + round(silent_for * 1000), server=server)
+        # every field is clamped to what this streamer can carry on (a state at the top of
+        # a field's range must not crash the backup that continues it)
+        core = cls(config, now, stream=state.stream & P.U32,
+                   incarnation=min(state.incarnation + 1, P.U32),
+                   media_ms=min(state.media_ms, MAX_POSITION) + round(silent_for * 1000),
+                   server=server)
         for es in state.encodings:
             enc = core._by_band.get(es.band)
             if enc is None or enc.resolution != es.resolution:
                 core._count("resume.unknown-encoding")
                 continue
             enc.active, enc.last_request, enc.next_due = True, now, now
+            enc.grace_until = now + config.expire_periods * config.request_period
             enc.fps = min(max(es.fps, config.min_fps), config.fps)
             enc.quality = min(max(es.quality, config.min_quality), config.quality)
-            enc.frames = es.frames
+            enc.frames = min(es.frames, MAX_POSITION)
         return core
 
     def outranked_by(self, state: P.State) -> bool:
@@ -209,25 +266,72 @@ class StreamerCore:
         if enc is None:
             self._count("requests.unknown-band")
             return []
+        expire = self.cfg.expire_periods * self.cfg.request_period
+        if viewer not in enc.viewers and len(enc.viewers) >= self.cfg.max_viewers:
+            self._forget_expired(enc, now - expire)
+            if len(enc.viewers) >= self.cfg.max_viewers:
+                self._count("requests.viewers-full")
+                return []
+        if not enc.active and self.cfg.max_active \
+                and len(self.active()) >= self.cfg.max_active:
+            self._count("requests.max-active")
+            return []
+        out: list[Action] = []
+        held = self._viewer_band.get(viewer)
+        if held is not None and held != band:  # one band per viewer: it left the other
+            old = self._by_band[held]
+            old.viewers.pop(viewer, None)
+            old.reports.pop(viewer, None)
+            self._count("requests.viewer-moved")
+            if old.active and not old.viewers and now > old.grace_until:
+                out.append(self._stop(old, now))  # nobody else watches it: stop now
+        self._viewer_band[viewer] = band
         self._count("requests")
         enc.last_request = now
         enc.viewers[viewer] = now
         if enc.active:
-            return []
+            return out
         enc.active, enc.next_due = True, now
         enc.fps, enc.quality = self.cfg.fps, self.cfg.quality
         enc.last_cut, enc.last_change = None, now
+        enc.reports.clear()
         self._next_advert = now  # tell viewers at once
-        return [Started(band, enc.resolution, viewer)]
+        return out + [Started(band, enc.resolution, viewer)]
+
+    def _stop(self, enc: Encoding, now: float) -> Stopped:
+        enc.active = False
+        enc.reports.clear()
+        self._next_advert = now
+        return Stopped(enc.band, enc.resolution, now - enc.last_request)
+
+    def _forget_expired(self, enc: Encoding, before: float) -> None:
+        for v in [v for v, t in enc.viewers.items() if t < before]:
+            del enc.viewers[v]
+            enc.reports.pop(v, None)
+            if self._viewer_band.get(v) == enc.band:
+                del self._viewer_band[v]
 
     def on_feedback(self, viewer: str, band: int, dropped: int, now: float) -> list[Action]:
         enc = self._by_band.get(band)
         if enc is None or not enc.active:
             self._count("feedback.ignored")
             return []
+        if viewer not in enc.viewers:
+            self._count("feedback.not-a-viewer")
+            return []
+        if dropped <= 0:
+            self._count("feedback.nothing-dropped")
+            return []
         self._count("feedback")
+        window = self.cfg.feedback_window
+        enc.reports = {v: t for v, t in enc.reports.items()
+                       if now - t <= window and v in enc.viewers}
+        enc.reports[viewer] = now
+        if len(enc.reports) <= self.cfg.feedback_share * len(enc.viewers):
+            self._count("feedback.below-share")  # others on this band are fine
+            return []
         if enc.last_cut is not None and now - enc.last_cut < self.cfg.feedback_hold:
-            enc.last_cut = now if dropped else enc.last_cut
+            enc.last_cut = now
             return []
         enc.last_cut = now
         if enc.fps > self.cfg.min_fps:
@@ -239,6 +343,7 @@ class StreamerCore:
             return []
         enc.cuts += 1
         enc.last_change = now
+        enc.reports.clear()  # the next cut needs the share again
         enc.next_due = min(enc.next_due, now + 1 / enc.fps)
         self._next_advert = now
         return [RateChanged(band, enc.fps, enc.quality, "overflow")]
@@ -251,13 +356,10 @@ class StreamerCore:
         for enc in self.encodings:
             if not enc.active:
                 continue
-            if now - enc.last_request > expire:
-                enc.active = False
-                enc.viewers.clear()
-                self._next_advert = now
-                out.append(Stopped(enc.band, enc.resolution, now - enc.last_request))
+            self._forget_expired(enc, now - expire)
+            if not enc.viewers and now > enc.grace_until:
+                out.append(self._stop(enc, now))
                 continue
-            enc.viewers = {v: t for v, t in enc.viewers.items() if now - t <= expire}
             changed = self._maybe_recover(enc, now)
             if changed is not None:
                 out.append(changed)
@@ -271,7 +373,10 @@ class StreamerCore:
             out.append(Send(P.BAND_ADVERT, P.encode_advert(self.advert())))
             self._next_advert = now + cfg.advert_period
         if now >= self._next_state:
-            out.append(Send(P.BAND_STATE, P.encode_state(self.state(now))))
+            state = P.encode_state(self.state(now))
+            if cfg.state_key is not None:
+                state = P.seal_state(state, cfg.state_key)
+            out.append(Send(P.BAND_STATE, state))
             self._next_state = now + cfg.state_period
         return out
 
@@ -295,7 +400,9 @@ class StreamerCore:
         times = [self._next_advert, self._next_state]
         for enc in self.active():
             times.append(enc.next_due)
-            times.append(enc.last_request + self.cfg.expire_periods * self.cfg.request_period)
+            times.append(max(max(enc.viewers.values(), default=float("-inf"))
+                             + self.cfg.expire_periods * self.cfg.request_period,
+                             enc.grace_until))
             if enc.fps < self.cfg.fps or enc.quality < self.cfg.quality:
                 times.append(max(enc.last_cut or 0.0, enc.last_change) + self.cfg.recover_after)
         return min(times)
@@ -333,11 +440,17 @@ class BackupWatch:
         self.state: P.State | None = None
         self.taken_over = False
         self.states = 0
+        self.stale = 0  #: states ignored: no newer than the last one of their streamer
 
     def on_state(self, state: P.State, now: float) -> None:
-        if self.state is not None and state.stream != self.state.stream \
-                and state.incarnation < self.state.incarnation:
+        last = self.state
+        if last is not None and state.stream != last.stream \
+                and state.incarnation < last.incarnation:
             return  # an older stream's leftovers
+        if last is not None and (state.stream, state.incarnation, state.server) == \
+                (last.stream, last.incarnation, last.server) and state.media_ms <= last.media_ms:
+            self.stale += 1  # a replayed (or reordered) state: no sign of life
+            return
         self.state, self.last_heard = state, now
         self.states += 1
 
@@ -347,7 +460,10 @@ class BackupWatch:
         primary to come up before it streams on its own)."""
         if self.state is None:
             return 5 * max(self.cfg.dead_after, 4 * self.cfg.state_period)
-        return max(self.cfg.dead_after, 4 * self.state.period)
+        # the primary's period, but not beyond what this backup would wait for anyway
+        # (a state claiming a period of days must not keep it from ever taking over)
+        period = min(self.state.period, max(self.cfg.dead_after, 2.0))
+        return max(self.cfg.dead_after, 4 * period)
 
     def next_deadline(self) -> float:
         return (self.last_heard if self.last_heard is not None else self.started) \

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from . import protocol as P
 from .protocol import Resolution
 
+MIN_REQUEST_PERIOD = 0.1  #: seconds between a viewer's requests at least ...
+MAX_REQUEST_PERIOD = 60.0  #: ... and at most, whatever an advertisement says
+
 
 @dataclass(frozen=True)
 class Subscribe:
@@ -114,6 +117,9 @@ class ViewerCore:
     def _request(self, now: float) -> SendMsg:
         assert self.band is not None
         period = self.advert.request_period if self.advert else 1.0
+        # the advertisement's period, within sane bounds: a forged advert must not make
+        # every viewer flood the request band (nor fall silent for days)
+        period = min(max(period, MIN_REQUEST_PERIOD), MAX_REQUEST_PERIOD)
         self._next_request = now + period
         self.stats.requests += 1
         return SendMsg(P.BAND_REQUEST, P.encode_request(P.Request(self.name, self.band)))
