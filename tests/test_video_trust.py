@@ -376,3 +376,17 @@ def test_on_a_router_a_state_with_incarnation_0xffffffff_does_not_crash_the_stre
                 await attacker.close()
 
     run(main())
+
+
+def test_serve_help_documents_the_bounds_and_the_state_key(capsys) -> None:
+    from flowvideo import cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--help"])
+    text = capsys.readouterr().out
+    for option in ("--max-active", "--max-viewers", "--feedback-share", "--state-key"):
+        assert option in text
+    assert "never an" in text and "argument" in text  # the secret is a file
+    a = cli.build_parser().parse_args(["watch", "--router", "127.0.0.1:1", "--flow",
+                                       "1:2:3", "--name", "alice"])
+    assert a.name == "alice"

@@ -131,6 +131,11 @@ class LoopNet:
             self._last_arrival[(src, dst)] = t
             self.at(t, self._arrive, src, dst, a.band, a.payload)
 
+    def inject(self, dst: str, band: int, payload: bytes) -> None:
+        """A frame from outside the room's sites (an attacker on the flow) reaching *dst*
+        now; whatever the site does about it is carried out like any other action."""
+        self._apply(dst, self.sites[dst].on_message(band, payload, self.now))
+
     def _arrive(self, src: str, dst: str, band: int, payload: bytes) -> None:
         if frozenset((src, dst)) in self.cut:  # cut while in flight
             self.dropped += 1
