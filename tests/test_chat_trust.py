@@ -331,3 +331,58 @@ def test_on_a_router_a_room_without_keys_warns_its_users_of_the_forgery(tmp_path
     assert conflicts_seen == 1
     assert any("two different messages claim to be a #" in t and "the real words" in t
                for t in notices)
+
+
+FRAME_KINDS = st.sampled_from(["heartbeat", "nack", "gone", "order", "data"])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=FRAME_KINDS, tx=st.sampled_from(["a", "c"]), inc=st.integers(1, 2**64 - 1),
+       n=st.integers(1, 2**32 - 1), trailer=st.binary(max_size=SIG_LEN + 8),
+       wrong_signer=st.booleans())
+def test_no_frame_of_any_kind_without_its_transmitters_signature_is_believed(
+        kind, tx, inc, n, trailer, wrong_signer) -> None:
+    """Heartbeats (a restart, a high sequence number), repair requests, GONE answers and
+    ORDER records in a site's name change nothing at a keyed site unless that site signed
+    them: each is counted as refused and nothing else happens."""
+    from flowchat.igo import (
+        BAND_HEARTBEAT,
+        BAND_ORDER,
+        BAND_REPAIR,
+        Gone,
+        Heartbeat,
+        Nack,
+        Order,
+        encode_gone,
+        encode_heartbeat,
+        encode_nack,
+        encode_order,
+    )
+
+    cfg = IGOConfig(sites=ABC, mode="leader", leader="a")
+    tag = room_tag(cfg)
+    net = LoopNet(cfg, sites=("b",), auth={"b": keys("b")})
+    net.run_until(0.5)
+    before = dict(net.sites["b"].counters)
+    t = CFG.index(tx)
+    frame, band = {
+        "heartbeat": (lambda: encode_heartbeat(tag, t, Heartbeat(inc, n, n, 7, n, 0,
+                                                                 (n, n, n))), BAND_HEARTBEAT),
+        "nack": (lambda: encode_nack(tag, t, Nack(1, 0, 0, ((1, 5),), inc)), BAND_REPAIR),
+        "gone": (lambda: encode_gone(tag, t, Gone(1, t, n, inc)), BAND_REPAIR),
+        "order": (lambda: encode_order(tag, t, Order(inc, 7, 1, ((t, inc, 1, 0),))),
+                  BAND_ORDER),
+        "data": (lambda: encode_data(tag, t, DataMsg(t, inc, 1, n, 0.0, 0, (), b"x")),
+                 cfg.data_band),
+    }[kind]
+    body = frame()
+    body += keys("c" if tx == "a" else "a").sign(body) if wrong_signer else trailer
+    net.inject("b", band, body)
+    after = net.sites["b"].counters
+    changed = {k for k in after if after[k] != before.get(k, 0)}
+    # refused for its signature, or (a trailer cut into the frame) as malformed
+    assert changed and all(k == "auth.bad-signature" or k.startswith("malformed.")
+                           for k in changed)
+    assert net.log["b"] == []
+    peers = net.sites["b"].status()["peers"]
+    assert all(p["state"] != "S1" for p in peers.values())  # no peer is alive on a forgery
