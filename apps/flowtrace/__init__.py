@@ -4,6 +4,7 @@ on the simulator.
 * :mod:`flowtrace.cli` — the ``flowtrace`` command (``main(argv)``);
 * :mod:`flowtrace.job` — ``analyze``: read, check, tabulate, fit, report;
 * :mod:`flowtrace.tables` — the Python API: DataFrames in, DataFrames out;
+* :mod:`flowtrace.peaks` — exact table peaks (every snapshot and entry event);
 * :mod:`flowtrace.schema` — versions, the line rule, the reasons, Spark's reader;
 * :mod:`flowtrace.session` — a loopback SparkSession, inputs, one-line JVM errors;
 * :mod:`flowtrace.fit` — fits across runs with intervals, held-out error, refusals;

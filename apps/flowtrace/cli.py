@@ -29,7 +29,8 @@ in flowtrace.schema; see the README): files, directories (searched recursively f
 and *.jsonl.gz), shell-style globs, or any Hadoop-compatible URI (hdfs://, s3a://, ...), which
 Spark reads as is (s3a:// needs the hadoop-aws package: see the README). Time buckets are
 [k*SECONDS, (k+1)*SECONDS) of the routers' clocks; rates divide by the seconds of each bucket
-the run covers.
+the run covers. Peaks are exact (every snapshot and entry event, not one snapshot per
+bucket) and named by run, router and time.
 
 Outputs under REPORT_DIR: report.md and report.html (with plots/*.png), summary.json, and
 Parquet tables under tables/ (errors, clock_outliers, routers, router_buckets,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import fit as FIT
-from . import provenance, schema, tables
+from . import peaks, provenance, schema, tables
 from .schema import error_sql, read_records  # noqa: F401 - part of the API
 from .session import build_session, default_driver_memory, resolve_inputs  # noqa: F401
 
@@ -238,11 +238,15 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     # -- 2. routers and their roles (one pass: record_counts) -------------------------------
     progress.stage(STAGES[1], spark)
     rc = tables.record_counts(valid).persist()
-    router_rows = out.collect(tables.routers(rc), "routers")
-    routers = spark.createDataFrame([tuple(r.values()) for r in router_rows],
-                                    tables.routers(rc).schema)
+    timeline = peaks.entry_timeline(valid).persist()
+    router_df = tables.routers(rc, peaks.router_peaks(timeline))
+    router_rows = out.collect(router_df, "routers")
+    routers = spark.createDataFrame([tuple(r.values()) for r in router_rows], router_df.schema)
+    run_peaks = _rows(peaks.run_peaks(timeline))
+    timeline.unpersist()
     roles = routers.select("run", "router", F.col("role").alias("router_role"))
     summary["runs"] = sorted({r["run"] for r in router_rows})
+    data["routers"] = router_rows
     summary["routers"] = len(router_rows)
     summary["routers_by_role"] = {role: sum(1 for r in router_rows if r["role"] == role)
                                   for role in ("core", "edge", "transit")}
@@ -260,11 +264,10 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     data["network"] = net_rows
     role_rows = out.collect(tables.role_entries(rb), "role_entries")
     data["role_entries"] = role_rows
-    peak = max(net_rows, key=lambda r: (r["entries_total"] or 0), default=None)
-    if peak:
-        summary["peak"] = {k: peak[k] for k in ("run", "bucket", "entries_total", "entries_max",
-                                                 "flows_live", "active_flows", "mem_total",
-                                                 "routers_reporting")}
+    summary["peaks"] = peak_summary(run_peaks, router_rows, net_rows, bucket)
+    if summary["peaks"]:
+        summary["peak"] = max(summary["peaks"].values(),
+                               key=lambda p: (p["entries_total"] or 0, p["run"]))
     biggest = [r["router"] for r in sorted(router_rows, key=lambda r: -(r["max_entries"] or 0))
                [:top_routers]]
     data["top_routers"] = _rows(rb.where(F.col("router").isin(biggest))
@@ -310,7 +313,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     # -- 7. load by role --------------------------------------------------------------------
     progress.stage(STAGES[6], spark)
     data["load"] = out.collect(tables.load_by_role(rb), "load_by_role")
-    lsum_rows = out.collect(tables.load_summary(rb), "load_summary")
+    lsum_rows = out.collect(tables.load_summary(rb, routers), "load_summary")
     data["load_summary"] = lsum_rows
     summary["load"] = {(r["run"] + "/" if r["run"] else "") + r["role"]:
                        {"routers": r["routers"],
@@ -367,6 +370,30 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     with open(os.path.join(out_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2, sort_keys=True, default=str)
     return result
+
+
+def peak_summary(run_peaks: Sequence[dict[str, Any]], router_rows: Sequence[dict[str, Any]],
+                 net_rows: Sequence[dict[str, Any]], bucket: float
+                 ) -> dict[str, dict[str, Any]]:
+    """Per run: the exact peak total (every snapshot and entry event, :mod:`~.peaks`) and
+    when, the largest single table, which router held it and when; with the live flows,
+    active entries and memory of the bucket the peak falls in (those are per bucket)."""
+    net = {(r["run"], round(r["bucket"] / bucket)): r for r in net_rows}
+    out: dict[str, dict[str, Any]] = {}
+    for p in run_peaks:
+        run = p["run"]
+        mine = [r for r in router_rows if r["run"] == run and r["max_entries"] is not None]
+        big = max(mine, key=lambda r: (r["max_entries"], -(r["peak_t"] or 0.0)), default=None)
+        k = None if p["t"] is None else math.floor(p["t"] / bucket)
+        b = None if k is None else k * bucket
+        row = net.get((run, k), {})
+        out[run] = {"run": run, "entries_total": p["entries_total"], "t": p["t"],
+                    "bucket": b, "entries_max": big["max_entries"] if big else None,
+                    "router_max": big["router"] if big else None,
+                    "t_max": big["peak_t"] if big else None,
+                    **{k: row.get(k) for k in ("flows_live", "active_flows", "mem_total",
+                                                "routers_reporting")}}
+    return out
 
 
 FIT_SCHEMA = ("target string, model string, term string, coef double, se double, "

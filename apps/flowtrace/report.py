@@ -160,6 +160,11 @@ def _by_run(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return dict(out)
 
 
+def _run(run: str | None) -> str:
+    """A run's name as a headline gives it (traces without ``run`` make one unnamed run)."""
+    return f"run {run}" if run else "the run (traces without a 'run' tag)"
+
+
 def _label(run: str, what: str) -> str:
     return f"{run}: {what}" if run else what
 
@@ -374,13 +379,20 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
         b.append(("p", "None: every line is a valid record."))
 
     b.append(("h2", "Table entries over time"))
-    peak = summary.get("peak")
-    if peak:
-        b.append(("p", f"Peak: {fmt(peak['entries_total'])} entries over "
-                       f"{fmt(peak['routers_reporting'])} routers at t={fmt(peak['bucket'])} s "
-                       f"(largest table {fmt(peak['entries_max'])}; {fmt(peak['flows_live'])} "
-                       f"live flows; {fmt(peak['active_flows'])} entries with recent traffic; "
-                       f"estimated {fmt_bytes(peak['mem_total'])})."))
+    peaks = summary.get("peaks") or {}
+    if peaks:
+        b.append(("p", "Peaks are exact: the maximum over every snapshot and every entry "
+                       "event (a router's size between snapshots is its last snapshot plus the "
+                       "entries added and removed since), not the last snapshot of a bucket. "
+                       "Live flows, active entries and memory are those of the bucket the "
+                       "peak falls in."))
+        b.append(("table", (["run", "peak entries (all routers)", "at t (s)",
+                             "largest table", "router", "at t (s)", "live flows",
+                             "active entries", "memory (est.)"],
+                            [[_run(p["run"]), fmt(p["entries_total"]), fmt(p["t"]),
+                              fmt(p["entries_max"]), p["router_max"] or "–", fmt(p["t_max"]),
+                              fmt(p["flows_live"]), fmt(p["active_flows"]),
+                              fmt_bytes(p["mem_total"])] for p in peaks.values()])))
     b.append(("p", "Per router and bucket, *entries (snapshots)* is the last snapshot at or "
                    "before the end of the bucket and *replay* counts `entry_add` minus "
                    "`entry_del` up to the end of the bucket (it needs traces from the router's "
@@ -389,6 +401,7 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
     for key, alt in (("entries", "entries"), ("top", "entries per router")):
         if key in images:
             b.append(("img", (images[key], alt)))
+    exact = {(r["run"], r["router"]): r for r in data.get("routers", [])}
     top: dict[tuple[str, str], dict[str, Any]] = {}
     for r in data.get("top_routers", []):
         t = top.setdefault((r["run"], r["router"]), {"role": r["role"], "peak": 0,
@@ -398,9 +411,11 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
         t["adds"] += r["entry_adds"] or 0
         t["dels"] += r["entry_dels"] or 0
     if top:
-        b.append(("table", (["run", "router", "role", "peak entries (snapshots)",
+        b.append(("table", (["run", "router", "role", "peak entries (exact)", "at t (s)",
                              "peak entries (replay)", "entries added", "entries removed"],
-                            [[k[0], k[1], v["role"], fmt(v["peak"]), fmt(v["replay"]),
+                            [[k[0], k[1], v["role"],
+                              fmt(exact.get(k, {}).get("max_entries", v["peak"])),
+                              fmt(exact.get(k, {}).get("peak_t")), fmt(v["replay"]),
                               fmt(v["adds"]), fmt(v["dels"])] for k, v in top.items()])))
 
     b.append(("h2", "Churn and garbage collection"))
@@ -556,11 +571,13 @@ def console_summary(summary: dict[str, Any]) -> str:
     ]
     for e in summary.get("errors", [])[:5]:
         lines.append(f"  {e['class']}: {e['reason']}: {fmt(e['count'])}")
-    peak = summary.get("peak")
-    if peak:
-        lines.append(f"  peak entries: {fmt(peak['entries_total'])} in all, largest table "
-                     f"{fmt(peak['entries_max'])}, {fmt(peak['flows_live'])} live flows "
-                     f"at t={fmt(peak['bucket'])} s")
+    peaks = summary.get("peaks") or {}
+    for p in list(peaks.values())[:5]:
+        lines.append(f"  peak entries in {_run(p['run'])}: {fmt(p['entries_total'])} in all at "
+                     f"t={fmt(p['t'])} s; largest table {fmt(p['entries_max'])} "
+                     f"({p['router_max']} at t={fmt(p['t_max'])} s)")
+    if len(peaks) > 5:
+        lines.append(f"  (peaks of {len(peaks) - 5} more runs in summary.json)")
     gc = summary.get("gc") or {}
     if gc.get("deletions"):
         lines.append(f"  GC lag: p50 {fmt(gc['p50'])} s, p99 {fmt(gc['p99'])} s, max "

@@ -35,6 +35,9 @@ EVENT_COLS = ("entry_adds", "entry_dels", "entry_dels_gc", "link_adds", "mask_ch
 #: causes of a deletion by the soft-state timers: v1 ``gc`` (after keep-alive pings), v2
 #: ``expired`` (not refreshed within the hold time)
 TIMER_CAUSES = ("gc", "expired")
+#: ``link_add`` causes that change an existing link's mask rather than add a link: v1/v2
+#: ``mask``, v2 ``refresh`` (a mask repaired from a refresh digest)
+MASK_CAUSES = ("mask", "refresh")
 #: the table-maintenance kinds counted as churn (v1 pings, v2 refresh rounds and prunes)
 CHURN_KINDS = ("entry_add", "entry_del", "link_add", "link_del", "gc_ping", "refresh", "prune")
 SNAP_COLS = ("entries", "links_total", "active_flows", "mem_bytes", "members")
@@ -119,6 +122,7 @@ def record_counts(valid: Any) -> Any:
         F.sum(F.col("w") * F.col("out_links")).alias("wo"),
         F.min("t").alias("t_min"), F.max("t").alias("t_max"),
         F.max_by(F.when(snap, F.struct("t", *SNAP_COLS)), F.when(snap, F.col("t"))).alias("s"),
+        F.max(F.when(snap, F.col("entries"))).alias("snap_max"),
         F.max(F.when(snap, F.col("core").cast("int"))).alias("core_i"),
         F.max(F.when(snap, F.col("edge").cast("int"))).alias("edge_i"),
         F.max(F.when(K.isin("link_up", "link_add") & (F.col("role") == "endpoint"), 1))
@@ -127,22 +131,32 @@ def record_counts(valid: Any) -> Any:
             "lsids", F.array().cast("array<bigint>")))))).alias("lsids"))
 
 
-def routers(counts: Any) -> Any:
-    """(run, router, role, records, first_t, last_t, lo, hi, max_entries, lsids)."""
+def routers(counts: Any, peaks: Any = None) -> Any:
+    """(run, router, role, records, first_t, last_t, lo, hi, max_entries, peak_t, lsids).
+
+    ``max_entries`` is the largest table over every snapshot (not only the last one of each
+    bucket) and, given *peaks* (:func:`flowtrace.peaks.router_peaks`), over every entry
+    event too; ``peak_t`` is when (null without *peaks*)."""
     F = _F()
-    return (counts.groupBy("run", "router").agg(
+    out = (counts.groupBy("run", "router").agg(
         F.max("core_i").alias("core_i"), F.max("edge_i").alias("edge_i"),
         F.max("ep_i").alias("ep_i"), F.sum("n").alias("records"),
         F.min("t_min").alias("first_t"), F.max("t_max").alias("last_t"),
         F.min("bidx").alias("lo"), F.max("bidx").alias("hi"),
-        F.max(F.col("s")["entries"]).alias("max_entries"),
-        F.array_sort(F.array_distinct(F.flatten(F.collect_list("lsids")))).alias("lsids"))
-        .select("run", "router",
-                F.when(F.col("core_i") == 1, "core")
-                .when((F.col("edge_i") == 1) | (F.col("ep_i") == 1), "edge")
-                .otherwise("transit").alias("role"),
-                "records", "first_t", "last_t", "lo", "hi", "max_entries", "lsids")
-        .orderBy("run", "router"))
+        F.max("snap_max").alias("max_entries"),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list("lsids")))).alias("lsids")))
+    if peaks is None:
+        out = out.withColumn("peak_t", F.lit(None).cast("double"))
+    else:
+        out = (out.join(peaks, ["run", "router"], "left")
+               .withColumn("max_entries", F.greatest("max_entries", "peak_entries")))
+    return (out.select("run", "router",
+                       F.when(F.col("core_i") == 1, "core")
+                       .when((F.col("edge_i") == 1) | (F.col("ep_i") == 1), "edge")
+                       .otherwise("transit").alias("role"),
+                       "records", "first_t", "last_t", "lo", "hi", "max_entries", "peak_t",
+                       "lsids")
+            .orderBy("run", "router"))
 
 
 def _seconds(bucket: float) -> Any:
@@ -163,8 +177,8 @@ def router_buckets(counts: Any, routers_df: Any, runs: Any, bucket: float) -> An
         _sum_if(K == "entry_add", F.col("n")).alias("entry_adds"),
         _sum_if(K == "entry_del", F.col("n")).alias("entry_dels"),
         _sum_if((K == "entry_del") & C.isin(*TIMER_CAUSES), F.col("n")).alias("entry_dels_gc"),
-        _sum_if((K == "link_add") & (C != "mask"), F.col("n")).alias("link_adds"),
-        _sum_if((K == "link_add") & (C == "mask"), F.col("n")).alias("mask_changes"),
+        _sum_if((K == "link_add") & ~C.isin(*MASK_CAUSES), F.col("n")).alias("link_adds"),
+        _sum_if((K == "link_add") & C.isin(*MASK_CAUSES), F.col("n")).alias("mask_changes"),
         _sum_if(K == "link_del", F.col("n")).alias("link_dels"),
         _sum_if((K == "link_del") & C.isin(*TIMER_CAUSES), F.col("n")).alias("link_dels_gc"),
         _sum_if(K == "gc_ping", F.col("n")).alias("gc_pings"),
@@ -400,15 +414,21 @@ def load_by_role(rb: Any) -> Any:
         .orderBy("run", "bucket", "role"))
 
 
-def load_summary(rb: Any) -> Any:
+def load_summary(rb: Any, routers_df: Any = None) -> Any:
     """Per (run, role): mean per-router rates over the seconds each router's buckets cover
-    (a partial last bucket counts for its covered part), the peak per-bucket rate, entries."""
+    (a partial last bucket counts for its covered part), the peak per-bucket rate, entries
+    (the peak: the routers' exact ``max_entries`` given *routers_df*, else the largest
+    bucket-end snapshot)."""
     F = _F()
     per_router = rb.groupBy("run", "router", "role").agg(
         F.sum("fwd_msgs").alias("msgs"), F.sum("fwd_bytes").alias("bytes"),
         F.sum(_control()).alias("ctrl"), F.sum("seconds").alias("secs"),
         F.max(_ratio(F.col("fwd_msgs"), F.col("seconds"))).alias("peak_rate"),
         F.avg("entries").alias("entries"), F.max("entries").alias("peak_entries"))
+    if routers_df is not None:
+        per_router = (per_router.join(routers_df.select("run", "router", "max_entries"),
+                                      ["run", "router"], "left")
+                      .withColumn("peak_entries", F.greatest("peak_entries", "max_entries")))
     secs = F.col("secs")
     return (per_router.groupBy("run", "role").agg(
         F.count(F.lit(1)).alias("routers"), F.sum("msgs").alias("fwd_msgs"),
@@ -444,7 +464,7 @@ def flows(valid: Any) -> Any:
     link_roles = (valid.where((K == "link_up") & (F.col("role") != "unknown"))
                   .groupBy("run", "router", "link")
                   .agg(F.max_by("role", "t").alias("up_role")))
-    la = (valid.where((K == "link_add") & (F.col("cause") != "mask"))
+    la = (valid.where((K == "link_add") & ~F.col("cause").isin(*MASK_CAUSES))
           .select("run", "router", "flow", "link",
                   F.when(F.col("role") != "unknown", F.col("role")).alias("role"))
           .join(link_roles, ["run", "router", "link"], "left")
