@@ -177,7 +177,7 @@ def test_every_handshake_failure_has_its_reason(case: str, expected: str) -> Non
         elif case == "empty-creds":
             a.on_peer_hello("r2", Role.ROUTER, b"")
         elif case == "garbage-creds":
-            a.on_peer_hello("r2", Role.ROUTER, b"\x02\x01\x00" + b"x" * 80)
+            a.on_peer_hello("r2", Role.ROUTER, b"\x03\x01\x00" + b"x" * 80)
         elif case == "reflection":  # our own HELLO bounced back at us
             a.on_peer_hello("r1", Role.ROUTER, a.hello_credentials())
         elif case == "replayed-hello":

@@ -473,10 +473,10 @@ def test_link_credentials_and_auth_proof_dissect_like_linkauth() -> None:
     creds = FlowLinkCredentials(a.hello_credentials())
     ref = parse_hello_credentials(a.hello_credentials())
     assert (creds.version, creds.nonce, creds.ephemeral, creds.key_id) == (
-        2, ref.nonce, a.my_ephemeral, b"site")
+        3, ref.nonce, a.my_ephemeral, b"site")
     assert creds.flags.encrypt and not creds.flags.require_endpoints
     body = b.on_peer_hello("r1", 1, a.hello_credentials())
     proof = FlowAuthProof(body)
-    assert (proof.version, proof.kind, len(proof.proof)) == (2, 2, 32)
+    assert (proof.version, proof.kind, len(proof.proof)) == (3, 2, 32)
     assert bytes(FlowLinkCredentials(nonce=ref.nonce, ephemeral=a.my_ephemeral,
                                      key_id=b"site", flags=1)) == a.hello_credentials()

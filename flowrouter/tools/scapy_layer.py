@@ -284,13 +284,13 @@ class FlowAuth(Packet):
 
 
 class FlowLinkCredentials(Packet):
-    """What a HELLO's ``credentials`` hold under link authentication (version 2: nonce and
+    """What a HELLO's ``credentials`` hold under link authentication (version 3: nonce and
     ephemeral X25519 key, flowrouter.wire.linkauth). Dissect with
     ``FlowLinkCredentials(hello.credentials)``; the HELLO keeps them as opaque bytes."""
 
     name = "FlowLinkCredentials"
     fields_desc: ClassVar[list[AnyField]] = [
-        ByteField("version", 2),
+        ByteField("version", 3),
         ByteEnumField("scheme", 2, {2: "psk-hmac-sha256+x25519"}),
         FlagsField("flags", 0, 8, ["encrypt", "require_endpoints"]),
         StrFixedLenField("nonce", b"\0" * 32, 32),
@@ -305,7 +305,7 @@ class FlowAuthProof(Packet):
 
     name = "FlowAuthProof"
     fields_desc: ClassVar[list[AnyField]] = [
-        ByteField("version", 2),
+        ByteField("version", 3),
         ByteField("kind", 2),
         StrFixedLenField("proof", b"\0" * 32, 32),
     ]

@@ -28,22 +28,24 @@ As in TLS 1.3's PSK-DHE mode and WireGuard, the pre-shared key *authenticates* a
 ephemeral exchange *keys* the session: the ephemeral private keys live only for one handshake,
 so someone who records a link and later obtains the site key still cannot open the records.
 
-Wire formats (version 2; version 1, without the ephemeral exchange, is refused with
-``version`` so an old peer fails loudly instead of silently losing forward secrecy)
+Wire formats (version 3; older peers are refused with ``version``, so an old peer fails
+loudly at the handshake: version 1 had no ephemeral exchange (no forward secrecy), version 2
+restarted record numbers at each key update, which let an on-path attacker delete the records
+before an update unnoticed, see :mod:`flowrouter.wire.linkrecords`)
 ---------------------------------------------------------------------------------------------
 HELLO credentials (68 + n bytes)::
 
-    version (1) = 2 | scheme (1) = 2 (PSK-HMAC-SHA256 + X25519) | flags (1): bit 0 = encrypt,
+    version (1) = 3 | scheme (1) = 2 (PSK-HMAC-SHA256 + X25519) | flags (1): bit 0 = encrypt,
     bit 1 = the router requires applications to authenticate | nonce (32, random)
     | ephemeral X25519 public key (32) | key id length n (1) | key id (n, UTF-8, 1..64)
 
 AUTH message (34 bytes; the caller carries it, e.g. as a link-local control payload)::
 
-    version (1) = 2 | kind (1) = 2 | proof (32)
+    version (1) = 3 | kind (1) = 2 | proof (32)
 
 Proof (each side computes its own; the peer recomputes it with the arguments swapped)::
 
-    proof = HMAC-SHA256(key, b"flownet-link-v2" || my_nonce || peer_nonce || my_eph || peer_eph
+    proof = HMAC-SHA256(key, b"flownet-link-v3" || my_nonce || peer_nonce || my_eph || peer_eph
                              || len8(my_name) || my_name || len8(peer_name) || peer_name
                              || role || len8(key_id) || key_id || my_flags || peer_flags)
 
@@ -56,7 +58,7 @@ stripping the encryption request unnoticed (downgrade). A peer nonce seen before
 (:class:`ReplayCache`), or equal to ours (reflection), fails with ``replay``.
 
 Session keys: ``HKDF-SHA256(ikm = X25519(my_eph, peer_eph) || key_lo || key_hi,
-salt = b"flownet-link-v2", info = b"flownet-link-v2 session" || nonce_lo || nonce_hi
+salt = b"flownet-link-v3", info = b"flownet-link-v3 session" || nonce_lo || nonce_hi
 || eph_lo || eph_hi, length 64)``, where ``lo`` is the side with the smaller nonce; the first
 32 bytes key the lo -> hi direction, the rest hi -> lo. Records, key updates (rekeying) and
 stream framing are in :mod:`flowrouter.wire.linkrecords`. HELLO and AUTH travel in clear;
@@ -125,7 +127,7 @@ __all__ = [
     "verify_proof",
 ]
 
-VERSION = 2
+VERSION = 3
 SCHEME_PSK_X25519 = 2
 KIND_AUTH = 2
 FLAG_ENCRYPT = 0x01
@@ -135,7 +137,8 @@ FLAG_REQUIRE_ENDPOINTS = 0x02
 NONCE_SIZE = 32
 PUBLIC_SIZE = 32
 PROOF_SIZE = 32
-LABEL = b"flownet-link-v2"
+#: in every proof and session key, so a handshake cannot be passed off as another version's
+LABEL = b"flownet-link-v3"
 
 _CRED = struct.Struct("!BBB32s32sB")  # version, scheme, flags, nonce, ephemeral, key id length
 _AUTH = struct.Struct("!BB32s")
@@ -196,8 +199,9 @@ def parse_hello_credentials(blob: bytes | bytearray | memoryview) -> HelloCreden
     if not blob:
         raise AuthError("missing-credentials", "the peer's HELLO carries no credentials")
     if blob[0] != VERSION:
-        raise AuthError("version", f"link-auth version {blob[0]} (this node speaks {VERSION}, "
-                                   "with forward secrecy); upgrade the older side")
+        raise AuthError("version", f"link-auth version {blob[0]} (this node speaks {VERSION}: "
+                                   "forward secrecy, record numbers that go on across key "
+                                   "updates); upgrade the older side")
     if len(blob) < _CRED.size:
         raise AuthError("malformed", f"credentials of {len(blob)} bytes are truncated")
     _, scheme, flags, nonce, ephemeral, n = _CRED.unpack_from(blob)

@@ -8,13 +8,23 @@ anti-replay window). On TCP each record is length-prefixed::
 
     length (u32, = 8 + len(ciphertext)) | counter (u64) | ciphertext + tag (16)
 
-The counter's top 16 bits are the *key generation*, the low 48 bits the record number within
-it. A sender moves to the next generation after ``rekey_records`` records, or when its owner
-calls :meth:`LinkCipher.rekey` (:class:`SecureStream` does so every ``rekey_interval``
-seconds of its clock). After the last generation (65,535 updates: 227 days at one update
-every 5 minutes) the sender keeps its last key instead of failing the link; a new handshake
-(the link re-dialled) starts a fresh series. The next key is
-``HMAC-SHA256(key, b"flownet-link-v2 rekey")`` and the old key is forgotten, so a key taken
+The counter's top 16 bits are the *key generation*, the low 48 bits the *record number*.
+Record numbers count every record a direction sealed since the handshake and go on across
+key updates (handshake version 3): the first record under a new key carries the number after
+the last one under the old key, and the nonce (the whole counter) authenticates both. A
+stream receiver therefore accepts only the next record number, under its key or the next
+one, so an on-path attacker cannot delete records, reorder them or replay them, at a key
+update either: holding back the last records of a generation and letting the next one
+through leaves a gap in the numbers, and the link fails (``out-of-order``) instead of
+silently losing them. (Version 2 restarted the number at 0 with each key, and a receiver
+took "generation g+1, record 0" whatever it still expected.)
+
+A sender moves to the next generation after ``rekey_records`` records under one key, or when
+its owner calls :meth:`LinkCipher.rekey` (:class:`SecureStream` does so every
+``rekey_interval`` seconds of its clock). After the last generation (65,535 updates: 227
+days at one update every 5 minutes) the sender keeps its last key instead of failing the
+link; a new handshake (the link re-dialled) starts a fresh series. The next key is
+``HMAC-SHA256(key, b"flownet-link-v3 rekey")`` and the old key is forgotten, so a key taken
 from a running router's memory opens only what was sealed since the last update. A receiver
 follows the generation it sees, one step at a time on streams, and commits the new key only
 after a record under it authenticates.
@@ -55,7 +65,7 @@ DEFAULT_REKEY_RECORDS = 1 << 24
 DEFAULT_REKEY_INTERVAL = 300.0
 #: a datagram receiver follows at most this many key generations at once
 _MAX_GEN_JUMP = 4
-_REKEY_LABEL = b"flownet-link-v2 rekey"
+_REKEY_LABEL = b"flownet-link-v3 rekey"
 
 
 class CipherError(LinkSecurityError):
@@ -76,16 +86,16 @@ class LinkCipher:
     """ChaCha20-Poly1305 per direction with a counter nonce and key generations.
 
     ``seal(frame) -> counter (8) | ciphertext | tag (16)``; ``open`` reverses it and refuses
-    replays: with ``ordered=True`` (TCP) the counter must be exactly the next one, or the
-    first record of the next generation (``replay`` if lower, ``out-of-order`` otherwise);
-    with ``ordered=False`` (datagrams) any counter newer than the last 64 received is
-    accepted once.
+    replays: with ``ordered=True`` (TCP) the record number must be exactly the next one,
+    under the current key generation or the next (``replay`` if lower, ``out-of-order``
+    otherwise: a deleted, reordered or repeated record always fails); with ``ordered=False``
+    (datagrams) any counter newer than the last 64 received is accepted once.
     """
 
     WINDOW = 64
 
     __slots__ = ("_rx", "_rx_bits", "_rx_gen", "_rx_key", "_rx_next", "_sent", "_tx",
-                 "_tx_ctr", "_tx_key", "on_rekey", "ordered", "rekey_records")
+                 "_tx_ctr", "_tx_in_gen", "_tx_key", "on_rekey", "ordered", "rekey_records")
 
     def __init__(self, send_key: bytes, recv_key: bytes, ordered: bool = True,
                  rekey_records: int = DEFAULT_REKEY_RECORDS) -> None:
@@ -96,9 +106,10 @@ class LinkCipher:
         self._tx = ChaCha20Poly1305(self._tx_key)
         self._rx = ChaCha20Poly1305(self._rx_key)
         self._tx_ctr = 0
+        self._tx_in_gen = 0  #: records sealed under the current sending key
         self._sent = 0
         self._rx_gen = 0
-        self._rx_next = 0  #: lowest counter never accepted above the window (ordered: next)
+        self._rx_next = 0  #: lowest counter above the window (ordered: the next expected)
         self._rx_bits = 0  #: unordered: bit i set = counter (_rx_next - 1 - i) seen
         self.ordered = ordered
         self.rekey_records = rekey_records
@@ -132,19 +143,20 @@ class LinkCipher:
             raise CipherError("exhausted", "every key generation is used; reconnect")
         self._tx_key = next_key(self._tx_key)
         self._tx = ChaCha20Poly1305(self._tx_key)
-        self._tx_ctr = gen << GEN_SHIFT
+        # the record number goes on: the receiver sees any gap at the update
+        self._tx_ctr = gen << GEN_SHIFT | self._tx_ctr & SEQ_MASK
+        self._tx_in_gen = 0
         if self.on_rekey is not None:
             self.on_rekey("sent")
 
     def seal(self, frame: bytes | bytearray | memoryview) -> bytes:
-        seq = self._tx_ctr & SEQ_MASK
-        if seq >= self.rekey_records and self.can_rekey:
+        if self._tx_in_gen >= self.rekey_records and self.can_rekey:
             self.rekey()
-        elif seq == SEQ_MASK:
-            raise CipherError("exhausted", "every record number of the last key is used; "
-                                           "reconnect")
         ctr = self._tx_ctr
+        if ctr & SEQ_MASK == SEQ_MASK:
+            raise CipherError("exhausted", "every record number is used; reconnect")
         self._tx_ctr = ctr + 1
+        self._tx_in_gen += 1
         self._sent += 1
         c = _COUNTER.pack(ctr)
         return c + self._tx.encrypt(b"\0\0\0\0" + c, bytes(frame), None)
@@ -168,9 +180,12 @@ class LinkCipher:
         (ctr,) = _COUNTER.unpack_from(record)
         gen = ctr >> GEN_SHIFT
         if self.ordered:
-            if ctr != self._rx_next and not (gen == self._rx_gen + 1 and ctr & SEQ_MASK == 0):
+            # the next record number, under this key or the next: nothing skipped, ever
+            if ctr != self._rx_next and ctr != self._rx_next + (1 << GEN_SHIFT):
                 raise CipherError("replay" if ctr < self._rx_next else "out-of-order",
-                                  f"record {ctr:#x}, expected {self._rx_next:#x}")
+                                  f"record {ctr & SEQ_MASK} of key generation {gen}, "
+                                  f"expected record {self._rx_next & SEQ_MASK} of "
+                                  f"generation {self._rx_gen} or {self._rx_gen + 1}")
         elif gen < self._rx_gen or gen > self._rx_gen + _MAX_GEN_JUMP:
             raise CipherError("replay" if gen < self._rx_gen else "out-of-order",
                               f"record of key generation {gen}, receiving {self._rx_gen}")
