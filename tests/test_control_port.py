@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import pytest
 
+from flowrouter.net.commandauth import sign_command
 from flowrouter.net.config import NodeConfig
 from flowrouter.net.runtime import CONTROL_LINE_LIMIT, RouterNode, query_control
 
@@ -44,5 +46,81 @@ def test_commands_for_an_unknown_peer_are_refused(cmd: dict[str, object]) -> Non
         async with RouterNode(NodeConfig("r1", listen=None, control="127.0.0.1:0")) as node:
             with pytest.raises(ConnectionError, match="no peer named 'nobody'"):
                 await query_control("%s:%d" % node.control_address, **cmd)  # type: ignore
+
+    run(go())
+
+
+@pytest.mark.parametrize("line", [b"[" * 100_000 + b"]" * 100_000, b'{"cmd": ' * 5000,
+                                  b"not json", b"[1, 2]", b'"status"'])
+def test_malformed_control_input_gets_a_one_line_error_and_is_counted(
+        line: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """Deeply nested JSON used to raise RecursionError in the server: no answer, and a
+    traceback in the log. Every line that is not a JSON object is answered and counted."""
+    async def go() -> None:
+        async with RouterNode(NodeConfig("r1", listen=None, control="127.0.0.1:0")) as node:
+            host, port = node.control_address
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(line[:CONTROL_LINE_LIMIT - 1] + b"\n")
+            reply = json.loads(await within(reader.readline()))
+            assert reply["ok"] is False and "malformed control request" in reply["error"]
+            assert node.core.counters["control.malformed"] == 1
+            writer.write(b'{"cmd": "ping"}\n')  # the connection goes on
+            assert json.loads(await within(reader.readline()))["name"] == "r1"
+            writer.close()
+
+    with caplog.at_level(logging.INFO):
+        run(go())
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+TOKEN = "a-control-token-0123"
+
+
+async def _signed_line(address: tuple[str, int], request: dict[str, object]) -> bytes:
+    """What a client sends to command the router at *address*: it asks its name and run
+    nonce (ping), then signs for them (what an eavesdropper records)."""
+    pong = await query_control("%s:%d" % address, "ping")
+    signed = sign_command(request, "token", TOKEN.encode(), time.time(), router=pong["name"],
+                          boot=pong["boot"])
+    return json.dumps(signed).encode() + b"\n"
+
+
+async def _send(address: tuple[str, int], line: bytes) -> dict[str, object]:
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(line)
+    reply = json.loads(await within(reader.readline()))
+    writer.close()
+    assert isinstance(reply, dict)
+    return reply
+
+
+def test_a_recorded_command_is_refused_by_another_router_and_after_a_restart() -> None:
+    """r1 and r2 share a control token. A command recorded on its way to r1 is refused by r2
+    (it names its router) and by r1 after a restart (it names the run), within its time
+    window."""
+    def cfg(name: str) -> NodeConfig:
+        return NodeConfig(name, listen=None, control="127.0.0.1:0", control_token=TOKEN,
+                          accept_routers=["x@127.0.0.1"])
+
+    async def go() -> None:
+        cmd = {"cmd": "link", "peer": "x", "up": False}
+        async with RouterNode(cfg("r1")) as r1, RouterNode(cfg("r2")) as r2:
+            line = await _signed_line(r1.control_address, cmd)
+            reply = await _send(r2.control_address, line)
+            assert reply["ok"] is False and "signed for router 'r1'" in str(reply["error"])
+            assert "x" not in r2.blocked_peers
+            assert (await _send(r1.control_address, line))["ok"] is True
+            assert "x" in r1.blocked_peers
+        async with RouterNode(cfg("r1")) as again:
+            reply = await _send(again.control_address, line)
+            assert reply["ok"] is False and "earlier run" in str(reply["error"])
+            assert "x" not in again.blocked_peers
+            assert again.core.counters["refused.command"] == 1
+            # a client that signs afresh is served
+            assert (await _send(again.control_address,
+                                await _signed_line(again.control_address, cmd)))["ok"] is True
+            await query_control("%s:%d" % again.control_address, "link", token=TOKEN,
+                                peer="x", up=True)
+            assert "x" not in again.blocked_peers
 
     run(go())

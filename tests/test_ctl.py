@@ -50,7 +50,7 @@ def test_ctl_signs_commands_and_says_why_it_is_refused(tmp_path: Path) -> None:
         try:
             ctl = "%s:%d" % node.control_address
             rc, out, err = await _ctl("--control", ctl, "ping")
-            assert rc == 0 and json.loads(out) == {"name": "core"}
+            assert rc == 0 and json.loads(out)["name"] == "core"
             rc, out, err = await _ctl("--control", ctl, "link", "peer=x", "up=false")
             assert rc == 1 and "not authorised" in err and "needs proof" in err
             assert len(err.strip().splitlines()) == 1

@@ -74,24 +74,60 @@ def test_open_interface_needs_proof_for_commands_but_not_for_status() -> None:
     with pytest.raises(AddressError, match="control_token"):
         CommandGuard.check_bind("0.0.0.0", None)
     CommandGuard.check_bind("0.0.0.0", {"token": b"t" * 16})
-    g = CommandGuard("0.0.0.0", {"token": b"secret-token", "site": bytes(32)})
+    g = CommandGuard("0.0.0.0", {"token": b"secret-token", "site": bytes(32)}, router="r1")
+    here = {"router": "r1", "boot": g.boot}
     assert g.authorise({"cmd": "status"}, 0.0) is None
     req = {"cmd": "link", "peer": "r2", "up": False}
     assert "needs proof" in (g.authorise(req, 1000.0) or "")
-    signed = sign_command(req, "token", b"secret-token", 1000.0)
+    signed = sign_command(req, "token", b"secret-token", 1000.0, **here)
     assert g.authorise(signed, 1001.0) is None
     assert "replayed" in (g.authorise(signed, 1001.0) or "")
-    assert g.authorise(sign_command(req, "site", bytes(32), 1000.0), 1000.0) is None
-    assert "bad proof" in (g.authorise(sign_command(req, "token", b"guess", 1000.0),
+    assert g.authorise(sign_command(req, "site", bytes(32), 1000.0, **here), 1000.0) is None
+    assert "bad proof" in (g.authorise(sign_command(req, "token", b"guess", 1000.0, **here),
                                        1000.0) or "")
-    tampered = sign_command(req, "token", b"secret-token", 1000.0)
+    tampered = sign_command(req, "token", b"secret-token", 1000.0, **here)
     tampered["up"] = True  # the proof covers the whole command
     assert "bad proof" in (g.authorise(tampered, 1000.0) or "")
-    assert "off" in (g.authorise(sign_command(req, "token", b"secret-token", 0.0), 1000.0)
-                     or "")
-    assert "unknown key" in (g.authorise(sign_command(req, "x", b"k", 0.0), 0.0) or "")
+    assert "off" in (g.authorise(sign_command(req, "token", b"secret-token", 0.0, **here),
+                                 1000.0) or "")
+    assert "unknown key" in (g.authorise(sign_command(req, "x", b"k", 0.0, **here), 0.0)
+                             or "")
     assert "malformed" in (g.authorise({**req, "auth": "token"}, 0.0) or "")
     assert g.refused == 7
+
+
+def test_a_command_signed_for_one_router_is_refused_by_another_with_the_same_key() -> None:
+    """The issue-26 attack: r1 and r2 share a link key; a command recorded on its way to r1
+    is sent to r2."""
+    secrets = {"site": bytes(32)}
+    r1 = CommandGuard("0.0.0.0", secrets, router="r1")
+    r2 = CommandGuard("0.0.0.0", secrets, router="r2", boot=r1.boot)  # even a same boot
+    req = {"cmd": "link", "peer": "r3", "up": False}
+    for_r1 = sign_command(req, "site", bytes(32), 1000.0, router="r1", boot=r1.boot)
+    refusal = r2.authorise(for_r1, 1000.0) or ""
+    assert "signed for router 'r1', this is 'r2'" in refusal
+    lie = {**for_r1, "auth": {**for_r1["auth"], "router": "r2"}}  # the name is in the proof
+    assert "bad proof" in (r2.authorise(lie, 1000.0) or "")
+    assert r1.authorise(for_r1, 1000.0) is None
+
+
+def test_a_command_is_refused_after_the_router_restarts() -> None:
+    """The nonce cache lives in memory; the proof covers the run nonce, new at each start, so
+    a command recorded before a restart is refused after it, within its time window too."""
+    secrets = {"token": b"secret-token"}
+    before = CommandGuard("0.0.0.0", secrets, router="r1")
+    req = {"cmd": "emulate", "peer": "r2", "loss": 1.0}
+    signed = sign_command(req, "token", b"secret-token", 1000.0, router="r1",
+                          boot=before.boot)
+    assert before.authorise(signed, 1000.0) is None
+    after = CommandGuard("0.0.0.0", secrets, router="r1")  # the router restarted
+    assert after.boot != before.boot
+    assert "earlier run" in (after.authorise(signed, 1001.0) or "")
+    lie = {**signed, "auth": {**signed["auth"], "boot": after.boot}}
+    assert "bad proof" in (after.authorise(lie, 1001.0) or "")
+    old_client = {**signed, "auth": {k: v for k, v in signed["auth"].items()
+                                     if k not in ("router", "boot")}}
+    assert "malformed auth" in (after.authorise(old_client, 1001.0) or "")
 
 
 def test_output_queue_forgets_the_credit_of_waiting_frames() -> None:

@@ -38,7 +38,7 @@ CONTROL_REPLY_LIMIT = 256 * 1024 * 1024
 #: commandauth.READ_ONLY_COMMANDS are served to anyone; the others need proof.
 COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("", "links, flows, LS routes, quotas, alerts and counters (read-only)"),
-    "ping": ("", "the router's name (read-only)"),
+    "ping": ("", "the router's name and run nonce, which a signed command covers (read-only)"),
     "link": ("peer=NAME up=true|false", "take the link to router NAME administratively "
              "down (closed, not re-dialled) or up again"),
     "emulate": ("peer=NAME [bandwidth=BPS] [delay=S] [loss=P] [down=true|false]",
@@ -92,7 +92,9 @@ def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
     if cmd == "status":
         return {"ok": True, "status": node.status()}
     if cmd == "ping":
-        return {"ok": True, "name": node.config.name}
+        guard = node.guard
+        return {"ok": True, "name": node.config.name,
+                **({"boot": guard.boot} if guard is not None else {})}
     if cmd in ("emulate", "link") and not knows_peer(node, str(req["peer"])):
         return {"ok": False, "error": f"{cmd}: router {node.config.name} has no peer named "
                 f"{req['peer']!r} (known: {', '.join(peer_names(node)) or 'none'})"}
@@ -128,11 +130,20 @@ async def serve_client(node: Controlled, reader: asyncio.StreamReader,
                 break
             try:
                 req = json.loads(line)
-                cmd = req.get("cmd") if isinstance(req, dict) else None
-            except ValueError:
-                cmd, req = None, None
+            except (ValueError, RecursionError) as exc:  # deep nesting: RecursionError
+                req = exc
+            if not isinstance(req, dict):
+                node.core.counters["control.malformed"] += 1
+                why = ("nested too deeply" if isinstance(req, RecursionError)
+                       else "not JSON" if isinstance(req, ValueError) else "not an object")
+                writer.write(json.dumps({"ok": False, "error": "malformed control request "
+                                         f"({why}): send one JSON object per line"}
+                                        ).encode() + b"\n")
+                await writer.drain()
+                continue
+            cmd = req.get("cmd")
             refusal = (node.guard.authorise(req, time.time())
-                       if node.guard is not None and isinstance(req, dict) else None)
+                       if node.guard is not None else None)
             try:
                 if refusal is not None:
                     node.core.counters["refused.command"] += 1
@@ -157,13 +168,11 @@ async def query_control(address: str, cmd: str = "status", timeout: float = 5.0,
     """Ask a running router's control interface; raises ConnectionError with a clear text.
 
     A command is signed with the control *token* or a *link_key* ``(key id, secret)`` when
-    one is given (flowrouter.net.commandauth); status queries need neither."""
+    one is given (flowrouter.net.commandauth), for the router that answers a ``ping`` first on
+    the same connection (its name and run nonce); status queries need neither."""
     host, port = parse_address(address, "control address")
     request: dict[str, Any] = {"cmd": cmd, **args}
-    if token is not None:
-        request = sign_command(request, "token", token.encode(), time.time())
-    elif link_key is not None:
-        request = sign_command(request, link_key[0], link_key[1], time.time())
+    secret = (("token", token.encode()) if token is not None else link_key)
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(
             host, port, limit=CONTROL_REPLY_LIMIT), timeout)
@@ -171,6 +180,14 @@ async def query_control(address: str, cmd: str = "status", timeout: float = 5.0,
         raise ConnectionError(f"no router control interface answers at {address}: "
                               f"{exc}") from None
     try:
+        if secret is not None:
+            writer.write(b'{"cmd": "ping"}\n')
+            pong = json.loads(await asyncio.wait_for(reader.readline(), timeout) or b"{}")
+            if not isinstance(pong, dict) or not isinstance(pong.get("name"), str):
+                raise ConnectionError(f"{address} did not answer a ping: not a router's "
+                                      "control interface")
+            request = sign_command(request, secret[0], secret[1], time.time(),
+                                   router=pong["name"], boot=str(pong.get("boot", "")))
         writer.write(json.dumps(request).encode() + b"\n")
         line = await asyncio.wait_for(reader.readline(), timeout)
     except TimeoutError:

@@ -145,7 +145,8 @@ class RouterNode:
             host, port = parse_address(cfg.control, "control")
             secrets = cfg.control_secrets()
             CommandGuard.check_bind(host, secrets)  # no open command port off loopback
-            self.guard = CommandGuard(host, secrets, always=bool(cfg.control_token))
+            self.guard = CommandGuard(host, secrets, router=cfg.name,
+                                      always=bool(cfg.control_token))
             self._control = await asyncio.start_server(
                 functools.partial(serve_control_client, self), host, port,
                 limit=CONTROL_LINE_LIMIT)
