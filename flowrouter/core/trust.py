@@ -70,7 +70,16 @@ class TrustBoundary:
                        f"is {self.limits.connections_per_host} per host)")
 
     def router_refusal(self, link: Link, hello: Hello) -> Refusal | None:
-        """A HELLO that claims ROUTER on a link that has not proven it."""
+        """A HELLO that claims ROUTER on a link that has not proven it; or, on a link we
+        dialled, a HELLO whose name is not the one configured for that peer (whatever it
+        proves: the dashboard, routes and commands would show and act on a name the
+        operator never configured). A ``[[peer]]`` without a ``name`` accepts any router that
+        proves itself (link keys, ``accept_routers``)."""
+        if link.expected_peer and hello.name != link.expected_peer:
+            return Refusal("peer-name", f"dialled router {link.expected_peer!r} at "
+                           f"{link.address} but it says it is {hello.name[:80]!r} (fix the "
+                           "[[peer]] entry's name, or leave it out to accept any router "
+                           "that proves itself)")
         if hello.role is not Role.ROUTER:
             return None
         if link.auth is not None and link.auth.authenticated:

@@ -2,6 +2,10 @@
 ``api/overlay`` and draws the overlay graph, events and a flow's tree, plus the functions that
 build that overlay document from router status documents.
 
+Names in the document come from routers' HELLOs and configuration, so the page treats them as
+text only (``dashboard.js``: textContent, never innerHTML), and the monitor serves every page
+under a Content-Security-Policy that allows no inline script (``flowrouter.monitor``).
+
 ``flowrouter up --web`` serves the whole overlay (the launcher asks every router); a router's
 own HTTP endpoint serves its own view (itself and its neighbours). The document:
 
@@ -29,7 +33,11 @@ MAX_FLOWS_SHOWN = 50  #: flow trees offered in the page's selector
 
 
 def page_html() -> bytes:
-    return resources.files("flowrouter.net").joinpath("dashboard.html").read_bytes()
+    return _asset("dashboard.html")
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("flowrouter.net").joinpath(name).read_bytes()
 
 
 def dashboard_pages(snapshot: Callable[[], Any]) -> dict[str, Handler]:
@@ -38,13 +46,20 @@ def dashboard_pages(snapshot: Callable[[], Any]) -> dict[str, Handler]:
     def html(_query: str) -> Page:
         return 200, "text/html; charset=utf-8", page_html()
 
+    def script(_query: str) -> Page:
+        return 200, "text/javascript; charset=utf-8", _asset("dashboard.js")
+
+    def style(_query: str) -> Page:
+        return 200, "text/css; charset=utf-8", _asset("dashboard.css")
+
     async def overlay(_query: str) -> Page:
         doc = snapshot()
         if not isinstance(doc, dict):
             doc = await doc
         return 200, "application/json", json.dumps(doc).encode()
 
-    return {"/": html, "/dashboard": html, "/api/overlay": overlay}
+    return {"/": html, "/dashboard": html, "/dashboard.js": script, "/dashboard.css": style,
+            "/api/overlay": overlay}
 
 
 def flow_trees(statuses: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
