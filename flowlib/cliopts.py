@@ -4,8 +4,11 @@ and flowls (as an application) connect with the same flags, meaning what
 
     --router HOST:PORT     repeatable (or comma-separated): the first that answers is used,
                            the others are failed over to if it dies
-    --link-key ID:SECRET   authenticate to routers that require it; SECRET as in a router
-                           config: hex:..., base64:... or file:PATH
+    --link-key ID:file:PATH | ID:env:VAR
+                           authenticate to routers that require it, with the key in a file
+                           (mode 0600) or an environment variable (hex:... or base64:...);
+                           never the key itself: the command line is visible to every
+                           local user (ps) and stays in shell history
     --encrypt              seal the link (needs --link-key)
     --capability FILE      repeatable: capability files presented for the flows they cover
     --policy FILE          repeatable: flow policies to publish once connected
@@ -19,6 +22,7 @@ and the wire layer of flowrouter.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -55,8 +59,31 @@ def argtype(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
-#: ``--link-key ID:SECRET`` checked (see :func:`flowlib.credentials.parse_link_key`)
-link_key_arg = argtype(parse_link_key)
+def argv_link_key(text: str) -> tuple[str, str]:
+    """``--link-key KEY_ID:file:PATH`` (or ``KEY_ID:/abs/path``) or ``KEY_ID:env:VAR`` ->
+    ``(key_id, secret spec)``, checked now. A key written on the command line itself
+    (``hex:``, ``base64:``) is refused: every local user would see it in ``ps``."""
+    key_id, sep, where = text.partition(":")
+    kind, _, rest = where.partition(":")
+    if kind.strip().lower() == "env" and key_id.strip():
+        var = rest.strip()
+        value = os.environ.get(var, "").strip() if var else ""
+        if not value:
+            raise ValueError(f"link key {key_id.strip()!r}: environment variable {var!r} is "
+                             "not set or empty")
+        return parse_link_key(f"{key_id}:{value}")
+    if kind.strip().lower() == "file" or where.strip().startswith(("/", "./", "../", "~")):
+        return parse_link_key(text)
+    if not sep or not key_id.strip() or not where.strip():
+        raise ValueError("a link key must look like KEY_ID:file:PATH or KEY_ID:env:VAR, e.g. "
+                         "site-2026:file:/etc/flownet/site.key")
+    raise ValueError("a link key is not accepted on the command line, where every local "
+                     "user sees it (ps); give KEY_ID:file:PATH (a key file, mode 0600) or "
+                     "KEY_ID:env:VAR (a variable holding hex:... or base64:...)")
+
+
+#: ``--link-key ID:file:PATH`` / ``ID:env:VAR`` checked (:func:`argv_link_key`)
+link_key_arg = argtype(argv_link_key)
 _capability = argtype(load_capability)
 _policy = argtype(load_policy)
 
@@ -78,10 +105,11 @@ def add_connection_options(parser: argparse.ArgumentParser | Any, *,
                         help="flow router to connect to; repeatable or comma-separated: the "
                              "first that answers is used, the others are failed over to if "
                              f"it dies{default_text}", **kw)
-    parser.add_argument("--link-key", type=link_key_arg, metavar="ID:SECRET",
+    parser.add_argument("--link-key", type=link_key_arg, metavar="ID:file:PATH|ID:env:VAR",
                         help="link key for routers that require applications to "
-                             "authenticate; SECRET as in a router config: hex:..., "
-                             "base64:... or file:PATH", **kw)
+                             "authenticate, from a key file (mode 0600) or an environment "
+                             "variable holding hex:... or base64:...; never the key itself "
+                             "(the command line is visible to every local user)", **kw)
     parser.add_argument("--encrypt", action="store_true",
                         help="encrypt the link to the router (needs --link-key)", **kw)
     parser.add_argument("--capability", action="append", type=_capability, metavar="FILE",
@@ -121,5 +149,5 @@ def publish_policies(client: Any, args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_connection_options", "connect_kwargs", "routers", "publish_policies",
-           "argtype", "link_key_arg",
+           "argtype", "argv_link_key", "link_key_arg",
            "DEFAULT_ROUTER"]

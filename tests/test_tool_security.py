@@ -48,6 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _link_key_file(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """KEY in a key file of mode 0600: how a tool is given it (never in argv)."""
+    path = tmp_path / "site.key"
+    path.write_text(KEY[4:] + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
 def _key_file(tmp_path) -> tuple[CreatorKey, str]:  # type: ignore[no-untyped-def]
     key = CreatorKey.generate()
     path = tmp_path / "creator.key"
@@ -62,13 +70,17 @@ def test_connection_options_parse_routers_keys_and_capability_files(tmp_path, ca
     assert routers(p.parse_args([])) == ["127.0.0.1:7000"]
     assert connect_kwargs(p.parse_args([])) == {"link_key": None, "encrypt": False,
                                                "capabilities": []}
-    args = p.parse_args(["--link-key", f"site:{KEY}", "--encrypt"])
-    assert connect_kwargs(args)["link_key"] == ("site", KEY)
+    key_file = _link_key_file(tmp_path)
+    args = p.parse_args(["--link-key", f"site:file:{key_file}", "--encrypt"])
+    assert connect_kwargs(args)["link_key"] == ("site", f"file:{key_file}")
+    assert p.parse_args(["--link-key", f"site:{key_file}"]).link_key == ("site", key_file)
     with pytest.raises(ValueError, match="--encrypt needs --link-key"):
         connect_kwargs(p.parse_args(["--encrypt"]))
     bad = [(["--router", "nohost"], "router address"),
-           (["--link-key", "justakey"], "KEY_ID:SECRET"),
-           (["--link-key", "site:hex:00"], "64 hex digits"),
+           (["--link-key", "justakey"], "KEY_ID:file:PATH or KEY_ID:env:VAR"),
+           (["--link-key", f"site:{KEY}"], "not accepted on the command line"),
+           (["--link-key", "site:base64:" + "A" * 44], "not accepted on the command line"),
+           (["--link-key", "site:env:FLOWNET_TEST_UNSET_KEY"], "not set or empty"),
            (["--capability", str(tmp_path / "missing.cap")], "missing.cap"),
            (["--policy", str(tmp_path / "missing.policy")], "missing.policy")]
     junk = tmp_path / "junk.cap"
@@ -79,6 +91,18 @@ def test_connection_options_parse_routers_keys_and_capability_files(tmp_path, ca
             p.parse_args(argv)
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (argv, err)
+        assert "5a5a5a5a" not in err  # the refusal does not repeat the key
+
+
+def test_a_link_key_comes_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 26: a key in argv is visible to every local user (ps); the environment is one of
+    the two places a tool takes it from."""
+    monkeypatch.setenv("FLOWNET_TEST_LINK_KEY", KEY)
+    args = _parser().parse_args(["--link-key", "site:env:FLOWNET_TEST_LINK_KEY"])
+    assert connect_kwargs(args)["link_key"] == ("site", KEY)
+    monkeypatch.setenv("FLOWNET_TEST_LINK_KEY", "hex:00")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--link-key", "site:env:FLOWNET_TEST_LINK_KEY"])
 
 
 def test_flowcat_signs_capability_and_policy_files(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -134,7 +158,8 @@ def test_flowcat_and_flowdir_use_link_keys_and_capabilities(tmp_path, capsys) ->
                                      link_auth_endpoints=True))
         await node.start()
         try:
-            common = ["--router", addr(node), "--link-key", f"app:{KEY}"]
+            common = ["--router", addr(node), "--link-key",
+                      f"app:file:{_link_key_file(tmp_path)}"]
             # publish the policy with flowcat (any connecting command takes --policy)
             code = await asyncio.to_thread(flowcat.main, ["create", *common, "--policy",
                                                           str(pol), "--lsid", "0x10"])
@@ -307,8 +332,9 @@ def test_flowls_member_takes_the_overlay_link_key(capsys) -> None:  # type: igno
 
     run(main())
     with pytest.raises(SystemExit):
-        flowls_main(["run", "--name", "m", "--lsid", "0x10", "--link-key", "app:hex:12"])
-    assert "64 hex digits" in capsys.readouterr().err
+        flowls_main(["run", "--name", "m", "--lsid", "0x10", "--link-key", f"app:{KEY}"])
+    err = capsys.readouterr().err
+    assert "not accepted on the command line" in err and KEY[4:] not in err
 
 
 def test_flowlib_presents_capabilities_given_to_connect(tmp_path) -> None:  # type: ignore[no-untyped-def]

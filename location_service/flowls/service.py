@@ -110,9 +110,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="a router (member or not) that dials this one; needed without link "
                           "keys (repeatable)")
     run.add_argument("--epoch", type=float, default=5.0, help="GC epoch seconds")
-    run.add_argument("--link-key", type=link_key_arg, metavar="ID:SECRET",
-                     help="shared link key of an overlay with authenticated links (as "
-                          "flowlib's --link-key; SECRET: hex:..., base64:... or file:PATH)")
+    run.add_argument("--link-key", type=link_key_arg, metavar="ID:file:PATH|ID:env:VAR",
+                     help="shared link key of an overlay with authenticated links, from a "
+                          "key file or an environment variable (as flowlib's --link-key; "
+                          "never the key itself on the command line)")
     run.add_argument("--encrypt", action="store_true",
                      help="seal the member's TCP links (needs --link-key)")
     lk = sub.add_parser("lookup", help="how a router reaches an LSID's location service",
