@@ -135,6 +135,14 @@ class FaultKind(enum.IntEnum):
 JOIN_FLAG_ADVERTISE = 0x01  #: sender-only: install the path toward the core, receive nothing
 
 _PREFIX = struct.Struct("!BB")
+# The fixed-size part of each message after the prefix. They live here, not on the message
+# classes, because two places own each layout: the class's encode() and decode() below.
+_HELLO = struct.Struct("!4sQBIIBBB")  # magic, node id, role, max payload, LSID, modifiers
+_LS_ROUTE = struct.Struct("!IB")  # one LS_ROUTES entry: lsid, distance
+_JOIN = struct.Struct("!I16sB")  # request id, band mask, flags
+_JOIN_ACK = struct.Struct("!IB")  # request id, status
+_ECHO = struct.Struct("!IQ")  # seq, stamp (ECHO and ECHO_REPLY alike)
+_REFRESH = struct.Struct("!IHHIH")  # round, index, count, hold (ms), number of entries
 
 
 class _Reader:
@@ -204,12 +212,11 @@ class Hello:
     #: charged in both directions without configuring every link twice
     modifiers: tuple[int, int, int] = (0, 0, 0)
     TYPE = MsgType.HELLO
-    ST = struct.Struct("!4sQBIIBBB")
 
     def encode(self) -> bytes:
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
-                + self.ST.pack(PROTOCOL_MAGIC, self.node_id, self.role, self.max_payload,
-                                self.default_lsid, *self.modifiers)
+                + _HELLO.pack(PROTOCOL_MAGIC, self.node_id, self.role, self.max_payload,
+                              self.default_lsid, *self.modifiers)
                 + _text(self.name) + _blob(self.credentials))
 
 
@@ -232,11 +239,10 @@ class LsRoutes:
 
     routes: tuple[tuple[int, int], ...]  #: (lsid, distance in router hops)
     TYPE = MsgType.LS_ROUTES
-    ENTRY = struct.Struct("!IB")
 
     def encode(self) -> bytes:
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE) + len(self.routes).to_bytes(2, "big")
-                + b"".join(self.ENTRY.pack(lsid, dist) for lsid, dist in self.routes))
+                + b"".join(_LS_ROUTE.pack(lsid, dist) for lsid, dist in self.routes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,10 +276,9 @@ class Join:
     #: a capability token (:mod:`flowrouter.wire.capabilities`) for flows under a policy
     capability: bytes = b""
     TYPE = MsgType.JOIN
-    ST = struct.Struct("!I16sB")
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _JOIN.pack(
             self.req_id, self.mask.to_bytes(16, "big"), self.flags) + _blob(self.capability)
 
 
@@ -283,10 +288,9 @@ class JoinAck:
     status: JoinStatus
     reason: str = ""
     TYPE = MsgType.JOIN_ACK
-    ST = struct.Struct("!IB")
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _JOIN_ACK.pack(
             self.req_id, self.status) + _text(self.reason)
 
 
@@ -353,10 +357,9 @@ class Echo:
     seq: int
     stamp: int  #: the sender's clock in microseconds (opaque to the receiver)
     TYPE = MsgType.ECHO
-    ST = struct.Struct("!IQ")
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(self.seq, self.stamp)
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _ECHO.pack(self.seq, self.stamp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,10 +367,9 @@ class EchoReply:
     seq: int
     stamp: int  #: copied from the ECHO, so the prober computes the round trip statelessly
     TYPE = MsgType.ECHO_REPLY
-    ST = Echo.ST
 
     def encode(self) -> bytes:
-        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + self.ST.pack(self.seq, self.stamp)
+        return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _ECHO.pack(self.seq, self.stamp)
 
 
 #: soft-state timing both ends default to (routers take theirs from their config, flowlib
@@ -393,7 +395,7 @@ REFRESH_SIBLING = 0x01  #: the entry is a location-service member's subtree mask
 REFRESH_ADVERTISE = 0x02  #: the sender only sends on the flow (mask 0 is an advertisement)
 REFRESH_ENTRY = struct.Struct("!16s16sB")
 #: bytes of a REFRESH besides its entries (prefix, round, index, count, hold, entry count)
-REFRESH_OVERHEAD = _PREFIX.size + 4 + 2 + 2 + 4 + 2
+REFRESH_OVERHEAD = _PREFIX.size + _REFRESH.size
 MAX_REFRESH_ENTRIES = 1024  #: entries per chunk, whatever the link could carry
 
 
@@ -413,14 +415,13 @@ class Refresh:
     hold_ms: int
     entries: tuple[tuple[bytes, int, int], ...]  #: (flow key, band mask, flags)
     TYPE = MsgType.REFRESH
-    ST = struct.Struct("!IHHIH")
 
     def encode(self) -> bytes:
         if len(self.entries) > 0xFFFF:
             raise ValueError("too many entries for one REFRESH chunk")
         pack = REFRESH_ENTRY.pack
         return (_PREFIX.pack(CONTROL_VERSION, self.TYPE)
-                + self.ST.pack(self.round, self.index, self.count, self.hold_ms,
+                + _REFRESH.pack(self.round, self.index, self.count, self.hold_ms,
                                 len(self.entries))
                 + b"".join(pack(k, m.to_bytes(16, "big"), f) for k, m, f in self.entries))
 
@@ -479,7 +480,7 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     msg: ControlMessage
     if t is MsgType.HELLO:
         magic, node_id, role, max_payload, lsid, m_bw, m_delay, m_geo = r.unpack(
-            Hello.ST)  # type: ignore[assignment]
+            _HELLO)  # type: ignore[assignment]
         if magic != PROTOCOL_MAGIC:  # type: ignore[comparison-overlap]
             raise MalformedFrame("bad-hello", "wrong protocol magic")
         try:
@@ -493,16 +494,16 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
         msg = Error(code, r.text(limit=0xFFFF))
     elif t is MsgType.LS_ROUTES:
         n = int.from_bytes(r.take(2), "big")
-        msg = LsRoutes(tuple(r.unpack(LsRoutes.ENTRY) for _ in range(n)))  # type: ignore[misc]
+        msg = LsRoutes(tuple(r.unpack(_LS_ROUTE) for _ in range(n)))  # type: ignore[misc]
     elif t is MsgType.AUTH:
         msg = Auth(r.blob())
     elif t is MsgType.POLICY:
         msg = PolicyMsg(r.blob())
     elif t is MsgType.JOIN:
-        req, mask, flags = r.unpack(Join.ST)
+        req, mask, flags = r.unpack(_JOIN)
         msg = Join(req, int.from_bytes(mask, "big"), flags, r.blob())  # type: ignore[arg-type]
     elif t is MsgType.JOIN_ACK:
-        req, status = r.unpack(JoinAck.ST)
+        req, status = r.unpack(_JOIN_ACK)
         try:
             st = JoinStatus(status)
         except ValueError:
@@ -517,11 +518,11 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
     elif t is MsgType.PONG:
         msg = Pong(int.from_bytes(r.take(4), "big"))
     elif t is MsgType.ECHO:
-        msg = Echo(*r.unpack(Echo.ST))
+        msg = Echo(*r.unpack(_ECHO))
     elif t is MsgType.ECHO_REPLY:
-        msg = EchoReply(*r.unpack(Echo.ST))
+        msg = EchoReply(*r.unpack(_ECHO))
     elif t is MsgType.REFRESH:
-        rnd, index, count, hold, n = r.unpack(Refresh.ST)
+        rnd, index, count, hold, n = r.unpack(_REFRESH)
         if count == 0 or index >= count:
             raise MalformedFrame("bad-control", f"REFRESH chunk {index} of {count}")
         raw = r.take(n * REFRESH_ENTRY.size)
