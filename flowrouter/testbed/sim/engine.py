@@ -13,15 +13,13 @@ from typing import Any
 
 
 class EventQueue:
-    __slots__ = ("now", "heap", "seq", "processed")
+    __slots__ = ("now", "_heap", "_seq", "processed")
 
     def __init__(self) -> None:
         self.now = 0.0
-        #: pending events (time, sequence number, callback, args), a heap; sim links push
-        #: frame arrivals onto it directly (the simulator's per-frame path), numbering them
-        #: with ``seq`` as :meth:`schedule` does
-        self.heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
-        self.seq = 0
+        #: pending events (time, sequence number, callback, args), a heap
+        self._heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
+        self._seq = 0
         self.processed = 0  #: callbacks run so far
 
     def schedule(self, t: float, fn: Callable[..., Any], *args: Any) -> None:
@@ -29,12 +27,18 @@ class EventQueue:
         if t < self.now:
             raise ValueError(f"cannot schedule at t={t:g}, the clock is already at "
                              f"{self.now:g}")
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, fn, args))
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, args))
+
+    def push(self, t: float, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Run ``fn(*args)`` at virtual time *t*, unchecked: the per-frame form of
+        :meth:`schedule` for sim links, whose arrival times never lie before the clock."""
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, args))
 
     def run_until(self, t_end: float) -> int:
         """Run every event due at or before *t_end*; the clock ends at *t_end*."""
-        q = self.heap
+        q = self._heap
         pop = heapq.heappop
         n = 0
         while q and q[0][0] <= t_end:
@@ -48,7 +52,7 @@ class EventQueue:
         return n
 
     def next_time(self) -> float | None:
-        return self.heap[0][0] if self.heap else None
+        return self._heap[0][0] if self._heap else None
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self._heap)

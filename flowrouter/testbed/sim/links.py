@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.wire.bands import ADMIN_BANDS_END, ROUTER_BANDS_END
@@ -80,7 +79,7 @@ class Direction:
         self.ok = False  #: connected and not cut: the fast path may skip every check
         self.control_loss = 0.0
         self.special = blocks_data or bool(link.queue_limit)
-        self.deliver = net.all_nodes[dst].on_frame
+        self.deliver = net.link_end(dst).on_frame
         self._arrive_cb = self._arrive
 
     def refresh(self) -> None:
@@ -175,8 +174,7 @@ class Direction:
         if self.net.trace is not None:
             self.net.record(now, "send", self.link.name, self.src, header[20], size,
                             f"{arrive:.9f}")
-        q.seq += 1
-        heappush(q.heap, (arrive, q.seq, self._arrive_cb, (self.gen, header, payload)))
+        q.push(arrive, self._arrive_cb, (self.gen, header, payload))
 
     def _arrive(self, gen: int, header: bytes, payload: bytes | memoryview) -> None:
         if gen != self.gen or self.dst_lid is None:

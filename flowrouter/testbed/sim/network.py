@@ -65,7 +65,7 @@ class _SortedKeys(dict):  # type: ignore[type-arg]
 class RouterNode:
     """Glue between one sans-I/O Router and the simulated links attached to it."""
 
-    __slots__ = ("name", "router", "net", "q", "ports", "links", "next_lid", "site")
+    __slots__ = ("name", "router", "net", "q", "ports", "links", "_next_lid", "site")
 
     def __init__(self, net: SimNetwork, router: Router, site: str | None = None) -> None:
         self.name = router.p.name
@@ -74,12 +74,18 @@ class RouterNode:
         self.q = net.queue
         self.ports: dict[int, Direction] = {}  #: link id -> outgoing direction
         self.links: dict[int, SimLink] = {}
-        self.next_lid = 1
+        self._next_lid = 1
         self.site = site
 
+    @property
+    def next_link_id(self) -> int:
+        """The id the next :meth:`attach` gives: the network tells both ends of a link their
+        ids before either end's router says HELLO."""
+        return self._next_lid
+
     def attach(self, link: SimLink, out: Direction, peer: str) -> int:
-        lid = self.next_lid
-        self.next_lid += 1
+        lid = self._next_lid
+        self._next_lid += 1
         self.ports[lid] = out
         self.links[lid] = link
         net = self.net
@@ -176,7 +182,7 @@ class SimNetwork:
         self.nodes: dict[str, RouterNode] = {}
         self.endpoints: dict[str, SimEndpoint] = {}
         self.links: dict[str, SimLink] = {}
-        self.all_nodes: dict[str, RouterNode | SimEndpoint] = {}
+        self._nodes: dict[str, RouterNode | SimEndpoint] = {}
         self.trace: list[TraceRecord] | None = [] if trace else None
         self.errors: list[tuple[float, str, str, str]] = []  #: (time, router, event, error)
         self.counters: Counter[str] = Counter()
@@ -243,7 +249,7 @@ class SimNetwork:
         node = RouterNode(self, router, site)
         self.routers[name] = router
         self.nodes[name] = node
-        self.all_nodes[name] = node
+        self._nodes[name] = node
         return router
 
     def set_control_loss(self, p: float, links: Iterable[str] | None = None) -> None:
@@ -267,7 +273,7 @@ class SimNetwork:
         ep = SimEndpoint(self, name, router, node_id_for(name), roles=tuple(roles),
                          repair=repair, **options)
         self.endpoints[name] = ep
-        self.all_nodes[name] = ep
+        self._nodes[name] = ep
         link = SimLink(self, f"{name}@{router}", name, router, transport="tcp",
                        bandwidth=bandwidth, delay=delay, loss=0.0,
                        modifiers=modifiers or Modifiers(), oneway=False, queue_limit=0,
@@ -298,7 +304,7 @@ class SimNetwork:
         return link
 
     def _check_new_name(self, name: str) -> None:
-        if name in self.all_nodes:
+        if name in self._nodes:
             raise ValueError(f"duplicate node name {name!r}")
 
     @classmethod
@@ -349,10 +355,10 @@ class SimNetwork:
         link.ba.reset()
         if self.trace is not None:
             self.record(self.now, "up", link.name, "", 0, 0, "")
-        na, nb = self.all_nodes[link.a], self.all_nodes[link.b]
+        na, nb = self._nodes[link.a], self._nodes[link.b]
         # both ends get their link ids before either says HELLO
-        link.lid_a = na.next_lid if isinstance(na, RouterNode) else link.connects
-        link.lid_b = nb.next_lid if isinstance(nb, RouterNode) else link.connects
+        link.lid_a = na.next_link_id if isinstance(na, RouterNode) else link.connects
+        link.lid_b = nb.next_link_id if isinstance(nb, RouterNode) else link.connects
         link.ab.dst_lid = link.lid_b
         link.ba.dst_lid = link.lid_a
         for node, lid, out, peer in ((na, link.lid_a, link.ab, link.b),
@@ -374,11 +380,12 @@ class SimNetwork:
         for name, lid in ((link.a, link.lid_a), (link.b, link.lid_b)):
             if name == skip or lid is None:
                 continue
-            self.all_nodes[name].close(lid, reason)
+            self._nodes[name].close(lid, reason)
         link.lid_a = link.lid_b = None
 
     def router_closed(self, node: RouterNode, lid: int, reason: str) -> None:
-        """A router's Close action: tear the transport down and re-dial later."""
+        """A router's Close action, carried out by its :class:`RouterNode`: tear the
+        transport down and re-dial later."""
         link = node.links.get(lid)
         node.ports.pop(lid, None)
         node.links.pop(lid, None)
@@ -389,6 +396,11 @@ class SimNetwork:
             self.record(self.now, "close", link.name, node.name, 0, 0, reason)
         self._disconnect(link, f"closed by {node.name}: {reason}", skip=node.name)
         self.queue.schedule(self.now + self.reconnect_delay, self._connect, link)
+
+    def link_end(self, name: str) -> RouterNode | SimEndpoint:
+        """The router (its glue) or endpoint named *name*, as a link end: what a link's
+        direction delivers its frames to."""
+        return self._nodes[name]
 
     def link(self, name: str) -> SimLink:
         try:
@@ -496,6 +508,8 @@ class SimNetwork:
 
     # ------------------------------------------------------------------ errors and traces
     def router_error(self, node: RouterNode, what: str, exc: Exception) -> None:
+        """A router raised while its :class:`RouterNode` fed it an event: count and record
+        it, and in strict mode stop the run with :class:`SimulationError`."""
         text = f"{type(exc).__name__}: {exc}"
         self.errors.append((self.now, node.name, what, text))
         self.counters["router-errors"] += 1
@@ -507,6 +521,9 @@ class SimNetwork:
 
     def record(self, t: float, event: str, link: str, node: str, band: int, size: int,
                detail: str) -> None:
+        """Append one :class:`TraceRecord` (on a network built with ``trace=True`` only:
+        callers test ``trace is not None`` first, which keeps an untraced run cheap); links
+        and endpoints report their sends, drops and deliveries here."""
         assert self.trace is not None
         self.trace.append(TraceRecord(t, event, link, node, band, size, detail))
 
