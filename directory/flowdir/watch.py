@@ -1,8 +1,9 @@
 """Watching the directory: :class:`Watcher` follows registrations and removals of entries
 matching a pattern (and notices their expiry) as a stream of :class:`Change`.
 
-Builds on :class:`flowdir.client.DirectoryClient` (its flow client and its ``list``);
-imports asyncio and flowlib.
+A watcher works through a :class:`WatchSource`, the few things it needs of the client that
+made it (:class:`flowdir.client.DirectoryClient` is one), so this module does not import the
+client; imports asyncio, flowlib and :mod:`flowdir.protocol`.
 """
 
 from __future__ import annotations
@@ -10,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from flowlib import FlowError, FlowID, Listener
+from flowlib import FlowClient, FlowError, FlowID, Listener
 
 from . import protocol as P
-
-if TYPE_CHECKING:
-    from .client import DirectoryClient
 
 log = logging.getLogger("flowdir.client")
 
@@ -48,6 +47,44 @@ class Change:
         return out
 
 
+class Listed(Protocol):
+    """One entry a listing found (:class:`flowdir.client.Match` is one)."""
+
+    @property
+    def entry(self) -> P.Entry: ...
+
+    @property
+    def expires_in(self) -> float: ...
+
+
+class Listing(Protocol):
+    """What :meth:`WatchSource.list` returns (:class:`flowdir.client.LookupResult` is one)."""
+
+    @property
+    def matches(self) -> Sequence[Listed]: ...
+
+
+class WatchSource(Protocol):
+    """What a :class:`Watcher` needs of the directory client it watches through.
+
+    The connection and the directory flow to listen on; the set of live watchers, which the
+    watcher joins when it starts and leaves when it closes (the client shows its own
+    registrations to them, as those never come back over the network, and closes them when
+    it closes); and :meth:`list`, for the entries already registered when a watch begins.
+    """
+
+    @property
+    def flow_client(self) -> FlowClient: ...
+
+    @property
+    def flow(self) -> FlowID: ...
+
+    @property
+    def watchers(self) -> set[Watcher]: ...
+
+    async def list(self, pattern: P.Pattern, *, window: float) -> Listing: ...
+
+
 class Watcher:
     """Async iterator of :class:`Change` (from :meth:`DirectoryClient.watch`).
 
@@ -57,7 +94,7 @@ class Watcher:
     :meth:`close` or use ``async with``.
     """
 
-    def __init__(self, client: DirectoryClient, pattern: P.Pattern, initial: bool,
+    def __init__(self, client: WatchSource, pattern: P.Pattern, initial: bool,
                  list_window: float) -> None:
         self.client = client
         self.pattern = pattern
