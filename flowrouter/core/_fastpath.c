@@ -6,9 +6,10 @@
  * bytes object per output link, one per flow whose traffic epoch must be noted, the result
  * tuple. The engine does no I/O and takes no locks; the GIL is held throughout.
  *
- * The tables it forwards from are in _fastpath_tables.c (declarations in _fastpath.h).
+ * The tables it forwards from are in _fastpath_tables.c (declarations in
+ * _fastpath_tables.h).
  */
-#include "_fastpath.h"
+#include "_fastpath_tables.h"
 
 /* ------------------------------------------------------------------ forwarding */
 static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, int lt,

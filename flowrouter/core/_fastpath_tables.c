@@ -5,7 +5,7 @@
  * flow key, with tombstones, grown at half full. Filled and emptied only through the
  * Python methods below, by flowrouter/core/fastpath.py on the core's behalf.
  */
-#include "_fastpath.h"
+#include "_fastpath_tables.h"
 
 /* ------------------------------------------------------------------ links */
 Py_ssize_t fp_link_find(Engine *e, long id) {

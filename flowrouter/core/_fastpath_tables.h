@@ -1,11 +1,14 @@
-/* Shared declarations of the compiled forwarding engine (_fastpath.c, _fastpath_tables.c).
+/* The compiled forwarding engine's tables: the types of the mirror (links, flows, the
+ * engine that holds them) and the functions of _fastpath_tables.c that fill and search it.
  *
  * The engine is the twin of flowrouter/core/fastpath_py.py; _fastpath_tables.c holds the
  * mirror of the router's tables (links and flows in open-addressing maps) and their Python
- * methods, _fastpath.c the forwarding pass and the Python type.
+ * methods, _fastpath.c the forwarding pass and the Python type. The forwarding pass builds on
+ * the tables and the tables know nothing of it: both files include this header, and
+ * _fastpath_tables.c nothing of _fastpath.c.
  */
-#ifndef FLOWNET_FASTPATH_H
-#define FLOWNET_FASTPATH_H
+#ifndef FLOWNET_FASTPATH_TABLES_H
+#define FLOWNET_FASTPATH_TABLES_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
