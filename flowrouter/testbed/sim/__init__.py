@@ -13,10 +13,11 @@ Quick start::
     ep.send("5111:10:1", 32, b"hello")
     net.run_until(6.0)
 
-Modules: :mod:`.engine` (event queue), :mod:`.links` (link model), :mod:`.endpoint`
-(simulated endpoint), :mod:`.network` (wiring), :mod:`.workload` (default workload,
-:func:`run_topology` and the ``flowrouter sim`` command, :func:`cli_main`), :mod:`.generate`
-(synthetic topologies for scale runs), :mod:`.bench` (``python -m flowrouter.testbed.sim.bench``).
+Modules: :mod:`.engine` (event queue), :mod:`.context` (what links and endpoints need of the
+network), :mod:`.links` (link model), :mod:`.endpoint` (simulated endpoint), :mod:`.network`
+(wiring), :mod:`.workload` (default workload, :func:`run_topology` and the ``flowrouter sim``
+command, :func:`cli_main`), :mod:`.generate` (synthetic topologies for scale runs),
+:mod:`.bench` (``python -m flowrouter.testbed.sim.bench``).
 """
 
 from __future__ import annotations

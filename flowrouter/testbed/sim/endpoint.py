@@ -47,8 +47,8 @@ from flowrouter.wire.header import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from flowrouter.testbed.sim.context import SimContext
     from flowrouter.testbed.sim.links import Direction
-    from flowrouter.testbed.sim.network import SimNetwork
 
 _LINK_KEY = LINK_LOCAL_FLOW.key
 _FAULT_BIT = 1 << BAND_FAULT
@@ -83,7 +83,7 @@ class FaultNotice(NamedTuple):
 class SimEndpoint:
     """An endpoint attached to one router by one link."""
 
-    def __init__(self, net: SimNetwork, name: str, router: str, node_id: int, *,
+    def __init__(self, net: SimContext, name: str, router: str, node_id: int, *,
                  roles: tuple[str, ...] = (), repair: bool = False, retry_interval: float = 1.0,
                  join_timeout: float = 10.0, repair_delay: float = 0.5,
                  max_payload: int = DEFAULT_MAX_PAYLOAD,

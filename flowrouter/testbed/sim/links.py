@@ -37,7 +37,7 @@ from flowrouter.wire.bands import ADMIN_BANDS_END, ROUTER_BANDS_END
 from flowrouter.wire.header import HEADER_SIZE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flowrouter.testbed.sim.network import SimNetwork
+    from flowrouter.testbed.sim.context import SimContext
 
 _LINK_LOCAL_LSID = b"\0\0\0\0"
 _MAX_RETRANSMITS = 8
@@ -54,7 +54,7 @@ class Direction:
 
     def __init__(self, link: SimLink, src: str, dst: str, bandwidth: float, delay: float,
                  loss: float, rng: random.Random, blocks_data: bool, tcp: bool,
-                 net: SimNetwork) -> None:
+                 net: SimContext) -> None:
         self.link = link
         self.src = src
         self.dst = dst
@@ -197,7 +197,7 @@ class SimLink:
     __slots__ = ("name", "a", "b", "transport", "modifiers", "oneway", "queue_limit", "kind",
                  "ab", "ba", "down", "connected", "lid_a", "lid_b", "base", "connects")
 
-    def __init__(self, net: SimNetwork, name: str, a: str, b: str, *, transport: str,
+    def __init__(self, net: SimContext, name: str, a: str, b: str, *, transport: str,
                  bandwidth: float, delay: float, loss: float, modifiers: Any, oneway: bool,
                  queue_limit: int, kind: str) -> None:
         if transport not in ("tcp", "udp"):
