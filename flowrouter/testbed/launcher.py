@@ -40,6 +40,7 @@ from typing import Any
 
 from flowrouter.net.runtime import query_control
 from flowrouter.testbed.topology import Fault, LinkSpec, Topology
+from flowrouter.testbed.webview import start_web
 
 log = logging.getLogger("flowrouter.testbed.launcher")
 
@@ -393,8 +394,6 @@ class Launcher:
         not start."""
         if not self.web:
             return None
-        from flowrouter.testbed.webview import start_web  # the webview imports this module
-
         web = await start_web(self, self.web)
         if web is not None:
             self.web_url = web.url

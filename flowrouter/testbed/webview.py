@@ -5,20 +5,42 @@ module turns the answers into the dashboard's overlay document
 (:mod:`flowrouter.net.dashboard`): the topology's routers and links with their states (a link
 cut by the fault schedule is "cut", one down for any other reason "down"), frame counts for
 the page's rates, the fault events applied so far, and the shared flow's tree with its band
-masks. Testbed layer: imports the net layer and the standalone monitor.
+masks. It sees the launcher only as an :class:`OverlayRun` (what it reads of a run), so the
+launcher may import this module and not the other way round. Testbed layer: imports the net
+layer, the topology model and the standalone monitor.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from flowrouter.monitor import Monitored, MonitorServer, start_monitor
 from flowrouter.net.control import query_control
 from flowrouter.net.dashboard import dashboard_pages, flow_trees
+from flowrouter.testbed.topology import Topology
 
-if TYPE_CHECKING:
-    from flowrouter.testbed.launcher import Launcher
+
+class OverlayRun(Protocol):
+    """What the dashboard reads of a launched overlay (:class:`~flowrouter.testbed.launcher.
+    Launcher` is one)."""
+
+    @property
+    def topo(self) -> Topology: ...
+    @property
+    def scenario(self) -> str | None: ...
+    @property
+    def control(self) -> dict[str, str]:
+        """Router name -> its control address."""
+    @property
+    def cut(self) -> dict[str, str]:
+        """Topology link name -> why the fault schedule cut it, for the links cut now."""
+    @property
+    def t0(self) -> float:
+        """When the run started (monotonic clock); 0 until it has."""
+    @property
+    def events(self) -> list[tuple[float, str]]:
+        """The fault events applied so far: (seconds after t0, what)."""
 
 
 def _side(st: dict[str, Any] | None, peer: str) -> dict[str, Any] | None:
@@ -29,7 +51,7 @@ def _side(st: dict[str, Any] | None, peer: str) -> dict[str, Any] | None:
                  and lk["state"] == "up"), None)
 
 
-async def overlay_document(launcher: Launcher) -> dict[str, Any]:
+async def overlay_document(launcher: OverlayRun) -> dict[str, Any]:
     statuses: dict[str, dict[str, Any]] = {}
     for name, ctl in launcher.control.items():
         try:
@@ -58,7 +80,7 @@ async def overlay_document(launcher: Launcher) -> dict[str, Any]:
             "events": events, "flows": flow_trees(statuses)}
 
 
-async def start_web(launcher: Launcher, address: str) -> MonitorServer | None:
+async def start_web(launcher: OverlayRun, address: str) -> MonitorServer | None:
     """Serve the overlay's dashboard (``/``), ``/api/overlay`` and the usual /healthz,
     /status and /metrics of the launcher itself."""
     def status() -> dict[str, Any]:
@@ -71,4 +93,4 @@ async def start_web(launcher: Launcher, address: str) -> MonitorServer | None:
     return await start_monitor(source, address)
 
 
-__all__ = ["overlay_document", "start_web"]
+__all__ = ["OverlayRun", "overlay_document", "start_web"]

@@ -5,7 +5,7 @@ earlier one, so depth stays near ``e * ln(n)``) and adds random extra links unti
 degree is reached; the result is connected, has a short diameter (the LS distance vector
 treats 32 hops as unreachable) and is fixed by its seed. :func:`tree` builds a k-ary tree.
 Both return a :class:`~flowrouter.testbed.topology.Topology`, so they can be written to a file with
-``to_toml()`` and run like any shipped topology.
+``topology.dump()`` and run like any shipped topology.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from flowrouter.testbed.topology import (
     LocationService,
     RouterSpec,
     Topology,
+    dumps,
     loads,
 )
 
@@ -75,7 +76,7 @@ def random_mesh(n: int, *, degree: float = 4.0, endpoints: int = 100, seed: int 
                   f"{2 * len(edges) / n:.1f}, seed {seed}", n, edges, endpoints, lsid,
                   bandwidth, delay, rng)
     if check:
-        topo = loads(topo.to_toml(), f"<random-mesh-{n}>")
+        topo = loads(dumps(topo), f"<random-mesh-{n}>")
     return topo
 
 

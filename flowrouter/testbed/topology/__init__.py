@@ -2,8 +2,8 @@
 
 One TOML format (documented with examples in ``topologies/README.md``) serves the launcher,
 the simulator (:mod:`flowrouter.testbed.sim`) and the tests. :func:`load` / :func:`loads` parse and
-validate a file into the frozen dataclasses below; :meth:`Topology.to_toml` writes one back,
-so ``loads(t.to_toml()) == t`` for every valid topology ``t``.
+validate a file into the frozen dataclasses below; :func:`dumps` / :func:`dump` write one back,
+so ``loads(dumps(t)) == t`` for every valid topology ``t``.
 
 Every problem raises :class:`TopologyError`, whose message names the file, the line and what
 is wrong, e.g. ``ring.toml:41: link 'r03-r04': unknown router 'r4' in 'b' (known: r01, ...)``.

@@ -3,7 +3,8 @@ services, faults and scenarios, and :class:`TopologyError`.
 
 A :class:`Topology` is what :func:`~flowrouter.testbed.topology.load` returns and what the
 launcher, the simulator and the tests consume. May import :mod:`flowrouter.core.tables`
-(Modifiers); :meth:`Topology.to_toml` calls the writer lazily.
+(Modifiers). Writing a topology back to TOML is :mod:`~flowrouter.testbed.topology.writer`'s
+(``dumps``, ``dump``), which imports this module, not the other way round.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from flowrouter.core.tables import Modifiers
 
@@ -265,11 +265,3 @@ class Topology:
     def lsids(self) -> list[int]:
         return sorted({ls.lsid for ls in self.location_services})
 
-    # writing -------------------------------------------------------------------------------
-    def to_toml(self) -> str:
-        from flowrouter.testbed.topology.writer import dumps  # the writer imports this module
-
-        return dumps(self)
-
-    def dump(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_toml(), encoding="utf-8")

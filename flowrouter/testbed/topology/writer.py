@@ -183,8 +183,10 @@ def _dump(t: Topology) -> str:
 
 
 def dumps(topo: Topology) -> str:
+    """*topo* as canonical TOML: ``loads(dumps(t)) == t`` for every valid topology ``t``."""
     return _dump(topo)
 
 
 def dump(topo: Topology, path: str | Path) -> None:
-    topo.dump(path)
+    """Write :func:`dumps` of *topo* to *path*."""
+    Path(path).write_text(_dump(topo), encoding="utf-8")
