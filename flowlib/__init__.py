@@ -15,6 +15,9 @@ Asyncio first::
 and the seed's synchronous names (``flow_connect``, ``flow_addlistener``, ``flow_get``, ...)
 through :class:`flowlib.sync.SyncFlowClient`.
 
+:class:`FlowClient` is an asyncio shell around a sans-I/O protocol object
+(:class:`flowlib.protocol.ClientProtocol`: bytes and time in, events and bytes out); its
+options are one :class:`ClientOptions`, given as keywords to :func:`connect` or whole.
 With several router addresses the client fails over to the next router when its router dies
 (:mod:`flowlib.failover`); messages larger than a frame are fragmented and reassembled
 (:mod:`flowlib.fragment`); receive-queue overflows are reported on the overflow band

@@ -202,20 +202,22 @@ class Connection:
     async def ready(self, timeout: float | None) -> Link:
         """The current link once one is up: at once, or after a failover (at most *timeout*
         seconds; None waits as long as the failover goes on)."""
-        if self.lost or self.closing:
-            raise ConnectionLost(self.close_reason or "the client was closed")
-        if not self.up:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if self.lost or self.closing:
+                raise ConnectionLost(self.close_reason or "the client was closed")
+            if self.up and self.link is not None:
+                return self.link
             if self.failing_since is None:
                 raise ConnectionLost("the client is not connected")
+            # (again after a wake-up: the new link may have been lost before we ran)
+            left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                await asyncio.wait_for(self.up_event.wait(), timeout)
+                await asyncio.wait_for(self.up_event.wait(), left)
             except TimeoutError:
                 raise self.failover_error(f"still not connected after waiting {timeout:g}s"
                                           ) from None
-            if self.lost or self.closing:
-                raise ConnectionLost(self.close_reason or "the client was closed")
-        assert self.link is not None
-        return self.link
 
     def stopped(self) -> FlowError:
         return ConnectionLost(self.close_reason or "the client was closed")
