@@ -51,7 +51,7 @@ from .connection import Connection, log
 from .credentials import load_capability
 from .delivery import Delivery
 from .errors import ConnectError
-from .events import Event, JoinAnswered, MessageDropped, MessageReceived, RejoinNeeded
+from .events import Event, JoinAnswered, MessageDropped, RejoinNeeded
 from .failover import Failover, FailoverEvent
 from .flowtable import FlowTable
 from .fragment import Reassembler
@@ -107,14 +107,13 @@ class FlowClient:
         self._failover = Failover(self._conn, self._members, self._delivery)
         self._sender = Sender(self._conn)
         self._conn.on_event = self._on_event
+        self._conn.on_message = self._delivery.deliver
         self.node_id = self._conn.node_id
 
     def _on_event(self, event: Event) -> None:
         """The current link's protocol events (the link handles the handshake's and
-        failures itself)."""
-        if isinstance(event, MessageReceived):
-            self._delivery.deliver(event)
-        elif isinstance(event, JoinAnswered):
+        failures itself, and hands received messages to the delivery directly)."""
+        if isinstance(event, JoinAnswered):
             self._members.on_join_answered(event)
         elif isinstance(event, MessageDropped):
             fe = self._flows.get(event.key)

@@ -21,7 +21,7 @@ from typing import Any
 
 from .checks import Address, address_text
 from .errors import ConnectionLost, FailoverInProgress, FlowError
-from .events import Event
+from .events import Event, MessageReceived
 from .flowtable import FlowTable
 from .fragment import Reassembler
 from .handshake import Handshake, make_keyring
@@ -63,6 +63,8 @@ class Connection:
         #: the protocol's events, and what losing an established link means (set by the
         #: client)
         self.on_event: Callable[[Event], None] = lambda event: None
+        #: received messages (the receive path's one call into the client)
+        self.on_message: Callable[[MessageReceived], None] = lambda event: None
         self.on_link_lost: Callable[[Link, str], None] = lambda link, reason: None
         #: called with (reason, user) when the client ends for good, before the hook
         self.on_finish: list[Callable[[str, bool], None]] = []
@@ -112,7 +114,7 @@ class Connection:
         try:
             link = await open_link(addr, protocol, timeout, keepalive=self.options.failover,
                                    on_event=self._link_event, on_lost=self._link_lost,
-                                   started=started)
+                                   started=started, on_message=self.on_message)
             if link.dead:  # lost right after its HELLO
                 raise ConnectionLost(link.reason or f"router {link.router_name} closed the "
                                                     f"connection during the handshake")

@@ -12,6 +12,7 @@ asyncio, socket and flowlib's protocol layer.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -21,10 +22,11 @@ from flowrouter.wire import control as C
 
 from .checks import Address, address_text, parse_router_address
 from .errors import ConnectionLost
-from .events import Event, HandshakeDone, LinkFailed
+from .events import Event, HandshakeDone, LinkFailed, MessageReceived
 from .protocol import ClientProtocol
 
 EventHandler = Callable[["Link", Event], None]
+MessageHandler = Callable[[MessageReceived], None]
 LostHandler = Callable[["Link", str], None]
 
 
@@ -51,11 +53,14 @@ class Link(asyncio.Protocol):
     """
 
     def __init__(self, protocol: ClientProtocol, address: str, *, keepalive: bool,
-                 on_event: EventHandler, on_lost: LostHandler) -> None:
+                 on_event: EventHandler, on_lost: LostHandler,
+                 on_message: MessageHandler | None = None) -> None:
         self.protocol = protocol
         self.address = address
         self.keepalive = keepalive
         self.on_event = on_event
+        #: received messages, the common event, go straight here (default: on_event)
+        self.on_message: MessageHandler = on_message or (lambda event: on_event(self, event))
         self.on_lost = on_lost
         self.loop = asyncio.get_running_loop()
         #: the router's HELLO once the handshake is over
@@ -133,24 +138,30 @@ class Link(asyncio.Protocol):
     def pump(self) -> None:
         """Act on the protocol's events, write its output, re-arm its timer."""
         protocol = self.protocol
-        on_event = self.on_event
         for event in protocol.events():
             if self.dead:
                 continue  # a link we gave up on reports nothing more
-            if isinstance(event, HandshakeDone):
+            if type(event) is MessageReceived:
+                self.on_message(event)
+            elif isinstance(event, HandshakeDone):
                 if not self.hello.done():
                     self.hello.set_result(event.hello)
             elif isinstance(event, LinkFailed):
                 self.fail(event.reason)
             else:
-                on_event(self, event)
+                self.on_event(self, event)
         self.flush()
-        deadline = protocol.next_deadline()
-        if deadline is not None and not self.dead and (
-                self._timer_at is None or deadline < self._timer_at):
-            self._cancel_timer()
-            self._timer_at = deadline
-            self._timer = self.loop.call_at(deadline, self._on_timer)
+        if (self._timer_at is None or protocol.deadline_moved) and not self.dead:
+            # one timer at the protocol's deadline; a later deadline lets it fire early
+            # and be re-armed then
+            deadline = protocol.next_deadline()
+            if deadline is None:
+                if self._timer is None:
+                    self._timer_at = math.inf  # asked: nothing is due
+            elif self._timer_at is None or deadline < self._timer_at:
+                self._cancel_timer()
+                self._timer_at = deadline
+                self._timer = self.loop.call_at(deadline, self._on_timer)
 
     def flush(self) -> None:
         """Write what the protocol has to send (dropped once the transport is gone)."""
@@ -212,7 +223,8 @@ class Link(asyncio.Protocol):
 
 async def open_link(addr: Address, protocol: ClientProtocol, timeout: float, *,
                     keepalive: bool, on_event: EventHandler, on_lost: LostHandler,
-                    started: Callable[[Link], None]) -> Link:
+                    started: Callable[[Link], None],
+                    on_message: MessageHandler | None = None) -> Link:
     """Connect to one router and complete the handshake, or raise (``ConnectionLost``,
     ``TimeoutError``, ``OSError``); the exception's ``stage`` note says how far it got.
     *started* is told the link before the connection is made (the owner holds it from
@@ -220,7 +232,7 @@ async def open_link(addr: Address, protocol: ClientProtocol, timeout: float, *,
     host, port = parse_router_address(addr)
     loop = asyncio.get_running_loop()
     link = Link(protocol, address_text(addr), keepalive=keepalive, on_event=on_event,
-                on_lost=on_lost)
+                on_lost=on_lost, on_message=on_message)
     started(link)
     try:
         async with asyncio.timeout(timeout):

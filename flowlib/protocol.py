@@ -94,6 +94,9 @@ class ClientProtocol:
         self._next_req = first_request
         self._pending: dict[int, bytes] = {}  # JOIN request -> flow key
         self._sweep_due: float | None = None
+        #: something may have made :meth:`next_deadline` earlier since it was last asked
+        #: (reads alone only push it later, so a shell need not ask after every read)
+        self.deadline_moved = True
         self._arm_sweep(now)
 
     # ------------------------------------------------------------------ what the shell reads
@@ -138,6 +141,7 @@ class ClientProtocol:
 
     def next_deadline(self) -> float | None:
         """When :meth:`handle_timer` must run next (None: nothing pending)."""
+        self.deadline_moved = False
         due = self._sweep_due
         if self.up:
             soft = self.speaks_soft_state
@@ -152,6 +156,7 @@ class ClientProtocol:
     def handle_timer(self, now: float) -> None:
         """Echoes, the dead-router check, digest chunks, the reassembly sweep."""
         self._now = now
+        self.deadline_moved = True
         if self._sweep_due is not None and now >= self._sweep_due:
             self._sweep(now)
         if not self.up:
@@ -188,6 +193,7 @@ class ClientProtocol:
     def _arm_sweep(self, now: float) -> None:
         if self._sweep_due is None and self.reassembler.partials:
             self._sweep_due = now + max(0.02, self.reassembler.timeout / 4)
+            self.deadline_moved = True
 
     def _sweep(self, now: float) -> None:
         """Drop incomplete messages that stopped receiving fragments (seed 000, 5.1)."""
@@ -210,7 +216,7 @@ class ClientProtocol:
         if self.failed is not None:
             return
         self._now = now
-        self.liveness.heard_from(now)
+        self.liveness.heard = now  # anything read is a sign of life
         try:
             for header, payload in self.codec.receive_data(data):
                 if header[20] >= ROUTER_BANDS_END:
@@ -261,6 +267,8 @@ class ClientProtocol:
             self._on_flow_control(key, band, msg)
 
     def _on_link_control(self, msg: C.ControlMessage, header: memoryview) -> None:
+        if isinstance(msg, (C.Echo, C.EchoReply)) and not self.liveness.router_speaks:
+            self.deadline_moved = True  # echoes and the dead-router check start now
         if isinstance(msg, C.Echo):
             self.write_control(LINK_KEY, BAND_MEMBERSHIP, self.liveness.on_echo(msg))
             return
@@ -300,6 +308,7 @@ class ClientProtocol:
             self.liveness = Liveness(self.liveness.interval, self.liveness.dead_after,
                                      self._now, self.liveness.rtt)
             self.refresh = RefreshDigests(self.refresh.interval, self._now)
+            self.deadline_moved = True
             self._events.append(HandshakeDone(step.done))
 
     def _on_flow_control(self, key: bytes, band: int, msg: C.ControlMessage) -> None:
