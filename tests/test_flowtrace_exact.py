@@ -18,6 +18,8 @@ from flowtrace import cli, peaks, schema, tables
 from .test_flowtrace import spark  # noqa: F401 - the shared session fixture
 
 BUCKET = 10.0
+#: Spark jobs one analysis of this small trace may take
+MAX_JOBS = 60
 
 
 def flow(i):
@@ -63,20 +65,40 @@ RUN_B = [snap(11.0, "s1", 5, run="b"), snap(12.0, "s1", 8, run="b"),
          snap(19.0, "s1", 3, run="b")]
 
 
+def clocked(run, routers, base):
+    """Three fully connected routers whose clocks are off by *routers*' values, on a true
+    time line starting at *base*: links up at 0, one flow at 10, snapshots at 20 and 100."""
+    out = []
+    for name, off in routers.items():
+        t0 = base + off
+        out += [rec(t0, name, "link_up", run=run, link=i, peer=peer, role="router")
+                for i, peer in enumerate(sorted(set(routers) - {name}), 1)]
+        out += [add(t0 + 10, name, 1, run=run), snap(t0 + 20, name, 1, run=run),
+                snap(t0 + 100, name, 1, run=run)]
+    return out
+
+
+# one router an hour ahead; one 10^6 s behind (each of three, fully connected)
+AHEAD = clocked("ahead", {"c1": 0.0, "c2": 0.0, "c3": 3600.0}, 0.0)
+BEHIND = clocked("behind", {"d1": 0.0, "d2": 0.0, "d3": -1e6}, 2e6)
+
+
 @pytest.fixture(scope="module")
 def trace_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("exact") / "traces"
     d.mkdir()
     (d / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RUN_A))
     (d / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RUN_B))
-    for r in RUN_A + RUN_B:
+    (d / "clocks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in AHEAD + BEHIND))
+    for r in RUN_A + RUN_B + AHEAD + BEHIND:
         assert schema.check(r) is None, (r, schema.check(r))
     return d
 
 
 @pytest.fixture(scope="module")
 def valid(spark, trace_dir):  # noqa: F811 - the fixture imported above
-    return tables.prepare(schema.read_records(spark, [str(trace_dir)]), BUCKET).cache()
+    files = [str(trace_dir / "a.jsonl"), str(trace_dir / "b.jsonl")]
+    return tables.prepare(schema.read_records(spark, files), BUCKET).cache()
 
 
 def rows(df):
@@ -127,11 +149,30 @@ def test_a_v2_mask_repair_is_not_a_new_link(valid):
 def analysis(spark, trace_dir, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("exact") / "report"
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = cli.main(["analyze", str(trace_dir), "--out", str(out), "--bucket",
-                         str(BUCKET), "--master", "local[2]", "--json"])
+    sc = spark.sparkContext
+    sc.setJobGroup("flowtrace-exact", "the job on a small trace")
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = cli.main(["analyze", str(trace_dir), "--out", str(out), "--bucket",
+                             str(BUCKET), "--master", "local[2]", "--json"])
+    finally:
+        jobs = len(sc.statusTracker().getJobIdsForGroup("flowtrace-exact"))
+        sc.setLocalProperty("spark.jobGroup.id", None)
     assert code == 0, stderr.getvalue()
-    return {"summary": json.loads(stdout.getvalue()), "out": out}
+    return {"summary": json.loads(stdout.getvalue()), "out": out, "jobs": jobs}
+
+
+def test_a_small_trace_takes_few_spark_jobs_and_few_files(analysis, spark):  # noqa: F811
+    # adaptive execution off for a small input: one job per query, not one per stage (was
+    # 138 jobs on test_flowtrace's trace); the settings are restored afterwards
+    assert analysis["jobs"] <= MAX_JOBS, analysis["jobs"]
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "false"  # the test session's
+    assert analysis["summary"]["header"]["config"]["small_input_settings"][
+        "spark.sql.shuffle.partitions"] == "1"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    # one Parquet file per run for the per-router tables, not one per router
+    files = sorted((analysis["out"] / "tables" / "router_buckets").rglob("*.parquet"))
+    assert [f.parent.name for f in files] == ["run=a", "run=ahead", "run=b", "run=behind"]
 
 
 def test_the_job_reports_exact_peaks_per_run(analysis):
@@ -143,3 +184,64 @@ def test_the_job_reports_exact_peaks_per_run(analysis):
     assert s["peak"]["run"] == "a"
     md = (analysis["out"] / "report.md").read_text()
     assert "| run a | 21 | 5 | 12 | r2 | 2 |" in md
+
+
+def test_a_router_whose_clock_is_off_is_left_out_and_named(analysis):
+    s = analysis["summary"]
+    assert s["clock"]["left_out"] == [
+        {"run": "ahead", "router": "c3", "offset": 3600.0, "links": 2},
+        {"run": "behind", "router": "d3", "offset": -1e6, "links": 2}]
+    assert s["clock"]["records_left_out"] == len(AHEAD) // 3 + len(BEHIND) // 3
+    assert s["clock"]["estimated"] == 6 and s["clock"]["undecided"] == []
+    # the others' time range, not one widened by the wrong clock; no bucket widening
+    assert s["run_spans"]["ahead"] == [0.0, 100.0]
+    assert s["run_spans"]["behind"] == [2e6, 2e6 + 100]
+    assert s["bucket_seconds"] == BUCKET and s["clock_outliers"] == 0
+    assert s["routers"] == 4 + 4  # r1..r3, s1; c1, c2, d1, d2
+    assert any("c3" in n and "3600 s ahead" in n and "left out" in n for n in s["notes"])
+    assert any("d3" in n and "1e+06 s behind" in n for n in s["notes"])
+    md = (analysis["out"] / "report.md").read_text()
+    assert "| ahead | c3 | 3,600 | 2 |" in md
+
+
+def test_clock_offsets_need_a_majority():
+    from flowtrace import clocks
+
+    two = clocks.offsets([("x", "a", "b", 0.0, 50.0)])
+    assert [r["trusted"] for r in two] == [None, None]
+    assert "no majority" in two[0]["note"]
+    agree = clocks.offsets([("x", "a", "b", 0.0, 0.2)])
+    assert [r["trusted"] for r in agree] == [True, True]
+    assert agree[1]["offset"] == pytest.approx(0.1)
+    # a wrong clock on the path between two good ones shifts only itself
+    line = clocks.offsets([("x", "a", "b", 0.0, 99.0), ("x", "b", "c", 99.0, 0.0)])
+    assert [(r["router"], r["trusted"]) for r in line] == [
+        ("a", True), ("b", False), ("c", True)]
+    ups = [{"run": "x", "router": "a", "peer": "b", "t": 1.0},
+           {"run": "x", "router": "b", "peer": "a", "t": 2.0},
+           {"run": "x", "router": "a", "peer": "host", "t": 1.0}]
+    assert clocks.pairs(ups) == [("x", "a", "b", 1.0, 2.0)]
+
+
+def test_a_multi_run_report_names_its_runs_and_says_what_plots_leave_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    from flowtrace import report
+
+    runs = [f"run{i}" for i in range(6)]
+    net = [{"run": run, "bucket": b * 10.0, "seconds": 10.0, "entries_total": 5 + i + b,
+            "active_flows": 1, "flows_live": 2, "entry_adds": 1, "entry_dels": 0,
+            "link_dels_gc": 0, "gc_pings": 0} for i, run in enumerate(runs) for b in range(3)]
+    load = [{"run": run, "role": role, "routers": 1, "msgs_per_s_per_router": rate,
+             "peak_msgs_per_s": rate, "bytes_per_s_per_router": 1.0,
+             "control_per_s_per_router": 1.0, "entries_mean": 1.0, "entries_peak": 2}
+            for run, core in (("run0", 14.8), ("run5", 25.0))
+            for role, rate in (("core", core), ("edge", 1.0))]
+    summary = {"lines": 10, "files": 1, "records": 10, "corrupt": 0, "invalid": 0,
+               "routers": 6, "routers_by_role": {}, "flows": 2, "bucket_seconds": 10.0,
+               "notes": []}
+    md, _ = report.write_report(str(tmp_path), summary, {"network": net, "load_summary": load})
+    text = open(md, encoding="utf-8").read()
+    assert "entries: first 4 of 6 runs drawn; all are in tables/network_buckets" in text
+    assert "churn: first 2 of 6 runs drawn" in text
+    assert "run run0 14.8x; run run5 25.0x" in text
+    assert "A core router forwards" not in text

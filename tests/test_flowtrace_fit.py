@@ -88,3 +88,49 @@ def test_study_on_the_simulator(tmp_path, capsys):
         assert text in md
     far_lines = [ln for ln in capsys.readouterr().out.splitlines() if "flows=100,000" in ln]
     assert far_lines and all("refused" in ln for ln in far_lines)
+
+
+def clustered_rows(rng, slope=2.0, clusters=8, per=12, shock=20.0, noise=1.0):
+    """Runs that share a topology share its size and its shock: 12 runs each (the old study's
+    design: the routers term is constant within a topology)."""
+    rows = []
+    for g in range(clusters):
+        a, routers = rng.gauss(0, shock), 25.0 * (1 + g % 4)
+        for _ in range(per):
+            rows.append({"topology": g, "routers": routers,
+                         "y": 10 + a + slope * routers + rng.gauss(0, noise)})
+    return rows
+
+
+def test_cluster_robust_intervals_keep_their_coverage_where_classical_ones_do_not():
+    rng = random.Random(7)
+    covered = {"classical": 0, "cluster": 0}
+    repeats = 150
+    for _ in range(repeats):
+        rows = clustered_rows(rng)
+        for kind, cl in (("classical", None), ("cluster", "topology")):
+            f = FIT.fit(rows, "y", ["routers"], cluster=cl, holdout=False)
+            lo, hi = f.ci["routers"]
+            covered[kind] += lo <= 2.0 <= hi
+    # runs sharing a topology fitted as independent: far too narrow (~33%); by topology: ~85%
+    assert covered["classical"] / repeats < 0.6, covered
+    assert covered["cluster"] / repeats > 0.8, covered  # CR1 with 8 clusters: ~85%
+    f = FIT.fit(clustered_rows(rng), "y", ["routers"], cluster="topology")
+    assert f.clusters == 8 and f.df == 7
+    few = FIT.fit(clustered_rows(rng, clusters=3), "y", ["routers"], cluster="topology")
+    assert isinstance(few, FIT.Refusal) and "too few independent clusters" in few.reason
+
+
+def test_extrapolation_is_refused_per_term_where_the_held_out_runs_say_it_fails():
+    # y grows like routers squared: linear in flows (extrapolates), not in routers
+    rows = [{"flows": f, "routers": r, "y": 3.0 * f + 0.05 * r * r}
+            for f in (50, 100, 200) for r in (10, 20, 40, 80) for _ in (1, 2)]
+    f = FIT.fit(rows, "y", ["flows", "routers"])
+    assert f.extrapolation["flows"][0] is not None
+    assert f.extrapolation["routers"][0] > FIT.MAX_EXTRAPOLATION_ERROR
+    inside = FIT.predict(f, {"flows": 300, "routers": 40})
+    assert not isinstance(inside, FIT.Refusal)  # flows beyond its range: tested and fine
+    out = FIT.predict(f, {"flows": 100, "routers": 120})
+    assert isinstance(out, FIT.Refusal)
+    assert "routers = 120 is beyond the sampled range (10 to 80)" in out.reason
+    assert "extrapolating along routers missed the 6 run(s) at routers = 80" in out.reason

@@ -33,11 +33,15 @@ the run covers. Peaks are exact (every snapshot and entry event, not one snapsho
 bucket) and named by run, router and time.
 
 Outputs under REPORT_DIR: report.md and report.html (with plots/*.png), summary.json, and
-Parquet tables under tables/ (errors, clock_outliers, routers, router_buckets,
+Parquet tables under tables/ (errors, clock_offsets, clock_outliers, routers, router_buckets,
 network_buckets, role_entries, churn, gc_lag, gc_lag_summary, gc_lag_hist, savings,
 load_by_role, load_summary, fanout, flows, tree_size, run_points, fit), partitioned by run
-(router_buckets and gc_lag also by router). On a cluster, give --tables-uri on a shared file
-system; the report itself is always written on the driver.
+(one file per run for the large ones, sorted by router). On a cluster, give --tables-uri on a
+shared file system; the report itself is always written on the driver.
+
+Local inputs of at most 64 MiB run with Spark's adaptive execution and whole-stage code
+generation off and one shuffle partition (their fixed costs dominate a small job); larger
+inputs use the session's settings.
 """
 
 
@@ -92,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out records more than K times the run's 5th..95th percentile "
                         "time range outside it (a router with a wrong clock); counted per "
                         "router in the clock_outliers table (default 10; 0: keep all)")
+    a.add_argument("--clock-tolerance", type=float, default=1.0, metavar="SECONDS",
+                   help="estimate each router's clock offset from the links seen coming up "
+                        "on both ends; leave out (and name) a router whose clock is more than "
+                        "SECONDS off the majority of the routers it connects to; offsets in "
+                        "the clock_offsets table (default 1; 0: do not check)")
     a.add_argument("--driver-host", default="127.0.0.1", metavar="ADDRESS",
                    help="address the Spark driver binds to and advertises (default "
                         "127.0.0.1; a cluster whose executors run on other machines needs "
@@ -235,6 +244,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     kwargs = dict(bucket=args.bucket, progress=progress, tables_uri=args.tables_uri,
                   top_routers=args.top, make_report=not args.no_report,
                   max_bad_fraction=args.max_bad_fraction, clock_fence=args.clock_fence,
+                  clock_tolerance=args.clock_tolerance,
                   config=config)
     try:
         if args.progress:

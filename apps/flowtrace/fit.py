@@ -29,6 +29,9 @@ MIN_DF = 3
 MAX_CORR = 0.98
 #: how far beyond the observed range of a term a prediction may go (factor on the maximum)
 MAX_FACTOR = 2.0
+#: a prediction beyond the sampled range of a term is refused unless predicting the runs at
+#: that term's largest value from the others erred by at most this much (mean |relative|)
+MAX_EXTRAPOLATION_ERROR = 0.10
 
 
 @dataclass
@@ -51,10 +54,16 @@ class Fit:
     loo_error: float | None = None  #: mean |relative error| leaving one run out
     extrapolation_error: float | None = None  #: same, on runs at the largest first term
     extrapolation_runs: int = 0
+    #: term -> (mean |relative error|, runs): the runs at the term's largest value predicted
+    #: from the others (None: could not be tested)
+    extrapolation: dict[str, tuple[float | None, int]] = field(default_factory=dict)
+    clusters: int | None = None  #: clusters of the cluster-robust errors (None: classical)
     notes: list[str] = field(default_factory=list)
     #: (X'X)^-1 of the fit and the t quantile at its level: what a prediction interval needs
     xtx_inv: Any = None
     t_quantile: float = 0.0
+    #: covariance of the coefficients (classical, or cluster-robust with ``clusters``)
+    cov: Any = None
 
     def formula(self) -> str:
         parts = [f"{self.coef['const']:.4g}"]
@@ -106,8 +115,12 @@ def _usable(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str]
 
 def fit(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str],
         model: str = "linear", *, level: float = 0.95, min_df: int = MIN_DF,
-        holdout: bool = True) -> Fit | Refusal:
-    """Fit *target* against *terms* over *rows* (one per run); see the module docstring."""
+        holdout: bool = True, cluster: str | None = None) -> Fit | Refusal:
+    """Fit *target* against *terms* over *rows* (one per run); see the module docstring.
+
+    With *cluster* (a column: say the topology a run used), standard errors, intervals and
+    prediction intervals are cluster-robust (the CR1 sandwich, Student t with clusters - 1
+    degrees of freedom): runs that share a cluster are not counted as independent."""
     import numpy as np
 
     if model not in ("linear", "power"):
@@ -148,7 +161,23 @@ def fit(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str],
     ss_tot = float(((y - y.mean()) ** 2).sum())
     sigma = math.sqrt(ss_res / df)
     xtx_inv = np.linalg.pinv(A.T @ A)
-    se = np.sqrt(np.maximum(np.diag(xtx_inv) * sigma ** 2, 0.0))
+    cov = xtx_inv * sigma ** 2
+    groups = None
+    if cluster is not None:
+        labels = [r[cluster] for r in rows]
+        groups = len(set(labels))
+        if groups - 1 < min_df:
+            return Refusal(target, model, (
+                f"too few independent clusters ({cluster}): {groups} leave {groups - 1} "
+                f"degree(s) of freedom, at least {min_df} are needed"))
+        meat = np.zeros((p, p))
+        for g in set(labels):
+            idx_g = [i for i, lab in enumerate(labels) if lab == g]
+            score = A[idx_g].T @ resid[idx_g]
+            meat += np.outer(score, score)
+        cov = (groups / (groups - 1)) * ((n - 1) / df) * (xtx_inv @ meat @ xtx_inv)
+        df = groups - 1
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
     tq = _t_quantile(level, df)
     names = ["const", *keep]
     out = Fit(target=target, model=model, terms=tuple(keep), n=n, df=df,
@@ -158,7 +187,7 @@ def fit(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str],
               r2=(1.0 - ss_res / ss_tot) if ss_tot > 0 else float("nan"), sigma=sigma,
               level=level, ranges={t: (min(float(r[t]) for r in rows),
                                        max(float(r[t]) for r in rows)) for t in terms},
-              dropped=dropped, xtx_inv=xtx_inv, t_quantile=tq)
+              dropped=dropped, clusters=groups, xtx_inv=xtx_inv, cov=cov, t_quantile=tq)
     for t, v in dropped.items():
         out.notes.append(f"{t} was {v:g} in every run: its effect is unknown, predictions "
                          f"must keep {t} = {v:g}")
@@ -195,14 +224,14 @@ def _holdout(f: Fit, rows: Sequence[Mapping[str, Any]], min_df: int, level: floa
     for i in range(len(rows)):
         loo += rel_errors([r for j, r in enumerate(rows) if j != i], [rows[i]])
     f.loo_error = sum(loo) / len(loo) if loo else None
-    if f.terms:
-        first = f.terms[0]
-        top = max(float(r[first]) for r in rows)
-        test = [r for r in rows if float(r[first]) == top]
-        train = [r for r in rows if float(r[first]) < top]
+    for term in f.terms:
+        top = max(float(r[term]) for r in rows)
+        test = [r for r in rows if float(r[term]) == top]
+        train = [r for r in rows if float(r[term]) < top]
         errs = rel_errors(train, test)
-        f.extrapolation_error = sum(errs) / len(errs) if errs else None
-        f.extrapolation_runs = len(errs)
+        f.extrapolation[term] = (sum(errs) / len(errs) if errs else None, len(errs))
+    if f.terms:
+        f.extrapolation_error, f.extrapolation_runs = f.extrapolation[f.terms[0]]
 
 
 def predict(f: Fit, point: Mapping[str, float], *, max_factor: float = MAX_FACTOR
@@ -222,11 +251,22 @@ def predict(f: Fit, point: Mapping[str, float], *, max_factor: float = MAX_FACTO
             return Refusal(f.target, f.model, (
                 f"{t} = {x:g} is outside the range the runs cover ({lo:g} to {hi:g}) by more "
                 f"than {max_factor:g}x: the model is not valid there; extend the sweep"))
+        if x > hi:
+            err, runs = f.extrapolation.get(t, (None, 0))
+            if err is None or err > MAX_EXTRAPOLATION_ERROR:
+                why = ("could not be tested (too few runs below the largest "
+                       f"{t})" if err is None else
+                       f"missed the {runs} run(s) at {t} = {hi:g} by {100 * err:.0f}% on "
+                       f"average when fitted without them (more than "
+                       f"{100 * MAX_EXTRAPOLATION_ERROR:.0f}%)")
+                return Refusal(f.target, f.model, (
+                    f"{t} = {x:g} is beyond the sampled range ({lo:g} to {hi:g}) and "
+                    f"extrapolating along {t} {why}: not valid there; extend the sweep"))
     x0 = [1.0] + [float(point[t]) if f.model == "linear" else math.log(float(point[t]))
                   for t in f.terms]
     x0a = np.array(x0)
     centre = float(x0a @ np.array([f.coef[k] for k in ("const", *f.terms)]))
-    half = f.t_quantile * f.sigma * math.sqrt(1.0 + float(x0a @ f.xtx_inv @ x0a))
+    half = f.t_quantile * math.sqrt(f.sigma ** 2 + float(x0a @ f.cov @ x0a))
     if f.model == "power":
         return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
     return centre, centre - half, centre + half

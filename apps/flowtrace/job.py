@@ -2,8 +2,9 @@
 
 :func:`analyze` reads router traces (:mod:`flowtrace.schema`: every supported schema
 version, one line rule and one reason taxonomy with ``validate``), caches the checked records
-once, fails when more than ``max_bad_fraction`` of the lines are bad, leaves out clock
-outliers (records far outside their run's time range, counted per router), picks the bucket
+once, fails when more than ``max_bad_fraction`` of the lines are bad, leaves out routers
+whose clocks are off (:mod:`flowtrace.clocks`, named) and clock outliers (records far
+outside their run's time range, counted per router), picks the bucket
 width from the traces' span when none is given, and then builds the tables with the
 functions of :mod:`flowtrace.tables` (the Python API), writes them as Parquet
 (partitioned by run, and the large per-router ones by router too), fits table size across
@@ -14,22 +15,24 @@ Imports pyspark lazily; the rest of flowtrace and :mod:`flowrouter.core.traces`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import clocks, peaks, provenance, schema, tables
 from . import fit as FIT
-from . import peaks, provenance, schema, tables
 from .schema import error_sql, read_records  # noqa: F401 - part of the API
 from .session import build_session, default_driver_memory, resolve_inputs  # noqa: F401
 
-TABLES = ("errors", "clock_outliers", "routers", "router_buckets", "network_buckets",
-          "role_entries", "churn", "gc_lag", "gc_lag_summary", "gc_lag_hist", "savings",
-          "load_by_role", "load_summary", "fanout", "flows", "tree_size", "run_points", "fit")
+TABLES = ("errors", "clock_offsets", "clock_outliers", "routers", "router_buckets",
+          "network_buckets", "role_entries", "churn", "gc_lag", "gc_lag_summary",
+          "gc_lag_hist", "savings", "load_by_role", "load_summary", "fanout", "flows",
+          "tree_size", "run_points", "fit")
 STAGES = ("read and validate", "routers", "router buckets", "network buckets", "gc lag",
           "churn and savings", "load by role", "fan-out and flows", "fit", "report")
 
@@ -40,6 +43,10 @@ NICE_WIDTHS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800,
                7200, 21600, 86400)
 TARGET_BUCKETS = 50
 MAX_BAD_FRACTION = 0.01
+#: local inputs up to this size run with SMALL_CONF (see small_input_conf)
+SMALL_INPUT_BYTES = 64 * 2**20
+SMALL_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false",
+              "spark.sql.shuffle.partitions": "1"}
 CLOCK_FENCE = 10.0
 FIT_TERMS = ("flows", "members", "routers")
 FIT_TARGETS = ("core_entries", "edge_entries", "transit_entries", "max_entries",
@@ -101,9 +108,10 @@ class _Tables:
         self.base = base.rstrip("/")
 
     def write(self, df: Any, name: str, by: Sequence[str] = ("run",), *,
-              small: bool = False) -> None:
+              small: bool = False, sort: Sequence[str] = ()) -> None:
         """Parquet under base/name, partitioned by the *by* columns it has; a large table is
-        first clustered by run (one set of files per run, not per task).
+        first clustered by run (one file per run, not one per task or per router) and sorted
+        by *sort* within it (so a reader's filter on a router skips most row groups).
 
         An empty table is still a table: a partitioned write of no rows leaves a folder with
         no part file, which ``spark.read.parquet`` refuses (it cannot infer a schema), so an
@@ -114,6 +122,8 @@ class _Tables:
             df = df.coalesce(1)
         elif "run" in by:
             df = df.repartition("run")
+        if sort:
+            df = df.sortWithinPartitions(*sort)
         path = f"{self.base}/{name}"
         w = df.write.mode("overwrite")
         (w.partitionBy(*by) if by else w).parquet(path)
@@ -142,31 +152,80 @@ class _Tables:
         return rows
 
 
+def input_bytes(paths: Sequence[str]) -> int | None:
+    """The size of the inputs when all are local files, else None (not known up front)."""
+    try:
+        return sum(os.path.getsize(p) for p in paths)
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def small_input_conf(spark: Any, size: int | None, limit: int = SMALL_INPUT_BYTES
+                     ) -> Iterator[dict[str, str]]:
+    """For inputs of at most *limit* bytes, run with :data:`SMALL_CONF` (the settings it
+    changes are restored afterwards; yields them, empty when nothing changed).
+
+    On a small input the fixed costs dominate: adaptive execution splits every query into a
+    job per stage (three times the jobs), code generation compiles the big validation CASE
+    for each query, and more than one shuffle partition (or range partition, for a sort) is
+    pure overhead. A large input keeps the session's settings."""
+    if size is None or size > limit:
+        yield {}
+        return
+    saved = {k: spark.conf.get(k, None) for k in SMALL_CONF}
+    for k, v in SMALL_CONF.items():
+        spark.conf.set(k, v)
+    try:
+        yield dict(SMALL_CONF)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
 def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | None = None,
             progress: Progress | None = None, tables_uri: str | None = None,
             top_routers: int = 8, make_report: bool = True,
             max_bad_fraction: float = MAX_BAD_FRACTION, clock_fence: float = CLOCK_FENCE,
-            config: dict[str, Any] | None = None) -> Result:
+            clock_tolerance: float = clocks.TOLERANCE, config: dict[str, Any] | None = None,
+            small_input_bytes: int = SMALL_INPUT_BYTES) -> Result:
     """Run the whole analysis; returns the summary (also in ``out_dir/summary.json``).
 
+    Local inputs of at most *small_input_bytes* run with :data:`SMALL_CONF` (0: never).
     Raises :class:`BadInput` when more than *max_bad_fraction* of the lines are bad or no
     line is a valid record (the errors table is written first).
     """
-    from pyspark.sql import functions as F
-
     if bucket is not None and not bucket > 0:
         raise ValueError("bucket must be positive")
+    paths = resolve_inputs(inputs)
+    with small_input_conf(spark, input_bytes(paths), small_input_bytes) as tuned:
+        return _analyze(spark, inputs, paths, out_dir, bucket=bucket, progress=progress,
+                        tables_uri=tables_uri, top_routers=top_routers,
+                        make_report=make_report, max_bad_fraction=max_bad_fraction,
+                        clock_fence=clock_fence, clock_tolerance=clock_tolerance,
+                        config={**(config or {}),
+                                **({"small_input_settings": tuned} if tuned else {})})
+
+
+def _analyze(spark: Any, inputs: Sequence[str], paths: list[str], out_dir: str, *,
+             bucket: float | None, progress: Progress | None, tables_uri: str | None,
+             top_routers: int, make_report: bool, max_bad_fraction: float,
+             clock_fence: float, clock_tolerance: float, config: dict[str, Any]) -> Result:
+    from pyspark.sql import functions as F
+
     t0 = time.monotonic()
     progress = progress or Progress()
     os.makedirs(out_dir, exist_ok=True)
     out = _Tables(spark, tables_uri or os.path.join(os.path.abspath(out_dir), "tables"))
-    paths = resolve_inputs(inputs)
     notes: list[str] = []
 
     # -- 1. read and validate ---------------------------------------------------------------
     progress.stage(STAGES[0], spark)
-    checked = read_records(spark, paths).persist()
-    counts = _rows(checked.groupBy("err", "kind").agg(F.count(F.lit(1)).alias("count")))
+    checked = cached = read_records(spark, paths).persist()
+    counts = _rows(tables.line_counts(checked))
     total_lines = sum(r["count"] for r in counts)
     n_corrupt = sum(r["count"] for r in counts if schema.error_class(r["err"]) == "corrupt")
     n_invalid = sum(r["count"] for r in counts if schema.error_class(r["err"]) == "invalid")
@@ -186,12 +245,24 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
         out.write(spark.createDataFrame([], errors.schema), "errors", (), small=True)
     bad = n_corrupt + n_invalid
     if n_valid == 0 or (total_lines and bad / total_lines > max_bad_fraction):
-        checked.unpersist()
+        cached.unpersist()
         top = "; ".join(f"{r['reason']}: {r['count']}" for r in error_rows[:3])
         share = 100 * bad / max(total_lines, 1)
         raise BadInput(f"{bad} of {total_lines} lines are bad ({share:.1f}%, more than "
                        f"--max-bad-fraction {max_bad_fraction:g}): {top or 'no records'}")
 
+    offset_rows = clocks.offsets(clocks.pairs(r for r in counts if r["peer"] is not None),
+                                 clock_tolerance) if clock_tolerance > 0 else []
+    out.write(spark.createDataFrame([tuple(r.values()) for r in offset_rows], OFFSET_SCHEMA),
+              "clock_offsets", small=True)
+    dropped = set(clocks.left_out(offset_rows))
+    n_dropped = sum(r["count"] for r in counts
+                    if r["err"] is None and (r["run"], r["router"]) in dropped)
+    if dropped:
+        checked = tables.drop_routers(checked, spark.createDataFrame(
+            sorted(dropped), "run string, router string"))
+    notes += [f"router {r['router']} in {_run_name(r['run'])}: {r['note']}"
+              for r in offset_rows if r["note"]][:20]
     fences = tables.clock_fences(checked, clock_fence) if clock_fence > 0 else None
     if fences is not None:
         fence_rows = _rows(fences)
@@ -224,16 +295,24 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     summary: dict[str, Any] = {
         "header": provenance.header(list(inputs), {
             "bucket_seconds": bucket, "max_bad_fraction": max_bad_fraction,
-            "clock_fence": clock_fence, **(config or {}), **_spark_conf(spark)}),
+            "clock_fence": clock_fence, "clock_tolerance": clock_tolerance, **config,
+            **_spark_conf(spark)}),
         "inputs": list(inputs), "files": len(paths), "bucket_seconds": bucket,
-        "lines": total_lines, "records": n_valid - n_outliers, "corrupt": n_corrupt,
-        "invalid": n_invalid, "clock_outliers": n_outliers,
+        "lines": total_lines, "records": n_valid - n_outliers - n_dropped,
+        "corrupt": n_corrupt, "invalid": n_invalid, "clock_outliers": n_outliers,
+        "clock": {"tolerance": clock_tolerance, "estimated": len(offset_rows),
+                  "left_out": [{k: r[k] for k in ("run", "router", "offset", "links")}
+                               for r in offset_rows if r["trusted"] is False],
+                  "records_left_out": n_dropped,
+                  "undecided": [{k: r[k] for k in ("run", "router")}
+                                for r in offset_rows if r["trusted"] is None]},
         "records_by_kind": dict(sorted(by_kind.items())),
         "errors": [{k: r[k] for k in ("class", "reason", "count")} for r in error_rows],
         "run_spans": {r["run"]: [r["run_lo"], r["run_hi"]] for r in span_rows},
         "notes": notes,
     }
-    data: dict[str, Any] = {"errors": error_rows, "clock_outliers": outlier_rows}
+    data: dict[str, Any] = {"errors": error_rows, "clock_outliers": outlier_rows,
+                            "clock_offsets": offset_rows}
 
     # -- 2. routers and their roles (one pass: record_counts) -------------------------------
     progress.stage(STAGES[1], spark)
@@ -255,7 +334,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     # -- 3. router buckets ------------------------------------------------------------------
     progress.stage(STAGES[2], spark)
     rb = tables.router_buckets(rc, routers, runs, bucket).persist()
-    out.write(rb.drop("bidx"), "router_buckets", ("run", "router"))
+    out.write(rb.drop("bidx"), "router_buckets", sort=("router", "bucket"))
 
     # -- 4. network buckets, live flows -----------------------------------------------------
     progress.stage(STAGES[3], spark)
@@ -278,7 +357,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
     # -- 5. GC lag --------------------------------------------------------------------------
     progress.stage(STAGES[4], spark)
     gc = tables.gc_lag(valid, roles).persist()
-    out.write(gc, "gc_lag", ("run", "router"))
+    out.write(gc, "gc_lag", sort=("router", "t_del"))
     gsum_rows = out.collect(tables.lag_summary(gc), "gc_lag_summary")
     data["gc_summary"] = gsum_rows
     max_lag = max((r["max"] for r in gsum_rows if r["max"] is not None), default=None)
@@ -354,7 +433,7 @@ def analyze(spark: Any, inputs: Sequence[str], out_dir: str, *, bucket: float | 
                                     _point_schema(cols)), "run_points", small=True)
     out.write(spark.createDataFrame([tuple(r.values()) for r in fit_rows] or [], FIT_SCHEMA),
               "fit", ())
-    checked.unpersist()
+    cached.unpersist()
 
     # -- 10. report -------------------------------------------------------------------------
     progress.stage(STAGES[9], spark)
@@ -394,6 +473,14 @@ def peak_summary(run_peaks: Sequence[dict[str, Any]], router_rows: Sequence[dict
                     **{k: row.get(k) for k in ("flows_live", "active_flows", "mem_total",
                                                 "routers_reporting")}}
     return out
+
+
+OFFSET_SCHEMA = ("run string, router string, offset double, links long, trusted boolean, "
+                 "note string")
+
+
+def _run_name(run: str) -> str:
+    return f"run {run}" if run else "the untagged run"
 
 
 FIT_SCHEMA = ("target string, model string, term string, coef double, se double, "

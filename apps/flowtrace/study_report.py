@@ -17,7 +17,8 @@ from typing import Any
 
 from . import fit as FIT
 from . import provenance
-from .report import Block, _Plots, fmt, render_html, render_markdown
+from .render import Block, fmt, render_html, render_markdown
+from .report_plots import Plots
 
 
 def header(cfg: Any, wall: float) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def _fit_table(fits: Sequence[FIT.Fit | FIT.Refusal]) -> list[Block]:
     return out
 
 
-def _plots(p: _Plots, rows: Sequence[dict[str, Any]], result: dict[str, Any]
+def _plots(p: Plots, rows: Sequence[dict[str, Any]], result: dict[str, Any]
            ) -> dict[str, str]:
     made: dict[str, str] = {}
     for target, f in result["chosen"].items():
@@ -133,7 +134,7 @@ FIT_TERMS = ("routers", "flows", "members")
 
 def write(out_dir: str, meta: dict[str, Any], rows: Sequence[dict[str, Any]],
           result: dict[str, Any]) -> str:
-    p = _Plots(out_dir)
+    p = Plots(out_dir)
     images = _plots(p, rows, result) if p.plt is not None else {}
     bl = blocks(meta, rows, result, images, p.error)
     md = os.path.join(out_dir, "report.md")

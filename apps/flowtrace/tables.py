@@ -82,6 +82,29 @@ def prepare(checked: Any, bucket: float, *, spans: Any = None) -> Any:
                         F.coalesce("sample", F.lit(1)).alias("w"))
 
 
+def line_counts(checked: Any) -> Any:
+    """The first pass: lines per (err, kind) and, for valid records, per (run, router), with
+    the first ``link_up`` toward each router peer (``peer``, ``t``: the pairs
+    :mod:`flowtrace.clocks` estimates clock offsets from)."""
+    F = _F()
+    ok = F.col("err").isNull()
+    up = ok & (F.col("kind") == "link_up") & (F.col("role") == "router")
+    return checked.groupBy(
+        "err", "kind", F.when(ok, F.coalesce("run", F.lit(""))).alias("run"),
+        F.when(ok, F.col("router")).alias("router"), F.when(up, F.col("peer")).alias("peer")
+    ).agg(F.count(F.lit(1)).alias("count"), F.min("t").alias("t"))
+
+
+def drop_routers(checked: Any, routers_df: Any) -> Any:
+    """*checked* without the records of the (run, router) rows of *routers_df* (routers
+    whose clocks are not trusted); bad lines stay."""
+    F = _F()
+    x = routers_df.select(F.col("run").alias("_x_run"), F.col("router").alias("_x_router"))
+    cond = ((F.coalesce(checked["run"], F.lit("")) == x["_x_run"])
+            & (checked["router"] == x["_x_router"]) & checked["err"].isNull())
+    return checked.join(F.broadcast(x), cond, "left_anti")
+
+
 def clock_fences(checked: Any, k: float) -> Any:
     """Per run, the times outside which a record is a clock outlier: the 5th..95th percentile
     of the run's valid record times widened by *k* times that range (at least 1 s) on each
