@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -240,7 +241,7 @@ def test_a_multi_run_report_names_its_runs_and_says_what_plots_leave_out(tmp_pat
                "routers": 6, "routers_by_role": {}, "flows": 2, "bucket_seconds": 10.0,
                "notes": []}
     md, _ = report.write_report(str(tmp_path), summary, {"network": net, "load_summary": load})
-    text = open(md, encoding="utf-8").read()
+    text = Path(md).read_text(encoding="utf-8")
     assert "entries: first 4 of 6 runs drawn; all are in tables/network_buckets" in text
     assert "churn: first 2 of 6 runs drawn" in text
     assert "run run0 14.8x; run run5 25.0x" in text

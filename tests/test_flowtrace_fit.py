@@ -66,26 +66,43 @@ def test_power_law_exponents_are_recovered():
 def test_study_on_the_simulator(tmp_path, capsys):
     out = tmp_path / "study"
     code = cli.main(["study", "--out", str(out), "--routers", "12,24", "--flows", "10,20",
-                     "--members", "1,2", "--seeds", "2", "--join-window", "4", "--settle",
-                     "3", "--predict", "routers=20,flows=15,members=2",
+                     "--members", "1,2", "--endpoints", "0.25,1", "--lsids", "1,2",
+                     "--seeds", "1", "--join-window", "4", "--settle", "3", "--repeats", "1",
+                     "--predict", "routers=20,flows=15,members=2,endpoints=5",
                      "--predict", "routers=1000,flows=100000,members=4"])
     assert code == 0
     doc = json.loads((out / "study.json").read_text())
-    assert len(doc["runs"]) == 16
-    # sanity: the core holds exactly the live flows, so its slope on flows is 1
+    runs = doc["runs"]
+    assert len(runs) == 32
+    # a topology per run; members and endpoints varied apart; one core per LSID
+    assert len({r["topology"] for r in runs}) == 32
+    assert {(r["members"], r["endpoints"]) for r in runs if r["routers"] == 24} == {
+        (1, 6), (1, 24), (2, 6), (2, 24)}
+    assert {(r["lsids"], r["core_routers"]) for r in runs} == {(1, 1), (2, 2)}
+    # sanity: each core holds exactly the live flows of its own LSID
     assert doc["sanity"]["core_over_live_flows_min"] == 1.0
     assert doc["sanity"]["core_over_live_flows_max"] == 1.0
     assert doc["sanity"]["core_slope_covers_1"]
+    # errors are cluster-robust by topology: one cluster per run
+    core = [f for f in doc["fits"] if f["target"] == "core_entries" and f["term"] == "lsids"]
+    assert core and all(f["df"] == 31 for f in core)
+    # the repeat-study coverage check ran and is reported
+    cov = doc["coverage"]
+    assert cov["repeats"] == 2 and cov["pairs"] > 0 and 0 <= cov["rate"] <= 1
+    assert cov["expected"] == pytest.approx(0.834, abs=0.001)
     preds = {(tuple(sorted(p["point"].items())), p["target"]): p for p in doc["predictions"]}
-    near = preds[((("flows", 15.0), ("members", 2.0), ("routers", 20.0)), "core_entries")]
-    assert near["value"] == pytest.approx(15.0, abs=0.5)
+    near = preds[((("endpoints", 5.0), ("flows", 15.0), ("members", 2.0), ("routers", 20.0)),
+                  "core_entries")]
+    assert 10 < near["low"] <= near["value"] <= near["high"] < 25
     far = preds[((("flows", 100000.0), ("members", 4.0), ("routers", 1000.0)),
                  "core_entries")]
     assert "outside the range" in far["refused"]
     md = (out / "report.md").read_text()
     for text in ("Validity range", "held-out error", "Sanity check", "refused", "date: ",
-                 "versions: "):
-        assert text in md
+                 "versions: ", "Repeat-study coverage", "cluster-robust over 32 topologies",
+                 "Extrapolation, tested per term", "study_law_core_entries.png",
+                 "a different quantity"):
+        assert text in md, text
     far_lines = [ln for ln in capsys.readouterr().out.splitlines() if "flows=100,000" in ln]
     assert far_lines and all("refused" in ln for ln in far_lines)
 

@@ -29,11 +29,15 @@ _WAN = Modifiers(bandwidth=1, delay=1, geography=3)
 
 
 def _build(name: str, description: str, n: int, edges: list[tuple[int, int]],
-           endpoints: int, lsid: int, bandwidth: float, delay: float, rng: random.Random
-           ) -> Topology:
+           endpoints: int, lsid: int, bandwidth: float, delay: float, rng: random.Random,
+           more_lsids: tuple[int, ...] = ()) -> Topology:
     width = max(4, len(str(n - 1)))
     rn = [f"r{i:0{width}d}" for i in range(n)]
-    routers = tuple(RouterSpec(rn[i], core_lsids=(lsid,) if i == 0 else (), port_offset=i)
+    all_lsids = (lsid, *more_lsids)
+    # one core per LSID, spread evenly over the router numbers (the first at r0)
+    cores = {(k * n) // len(all_lsids): x for k, x in enumerate(all_lsids)}
+    routers = tuple(RouterSpec(rn[i], core_lsids=(cores[i],) if i in cores else (),
+                               port_offset=i)
                     for i in range(n))
     links = tuple(LinkSpec(f"{rn[a]}-{rn[b]}", rn[a], rn[b], bandwidth=bandwidth,
                            delay=delay * (0.5 + rng.random()), modifiers=_WAN)
@@ -43,14 +47,16 @@ def _build(name: str, description: str, n: int, edges: list[tuple[int, int]],
     defaults = Defaults(link=LinkDefaults(bandwidth=bandwidth, delay=delay, modifiers=_WAN))
     topo = Topology(name=name, description=description, defaults=defaults, routers=routers,
                     endpoints=eps, links=links,
-                    location_services=(LocationService(lsid, (rn[0],), "bench"),))
+                    location_services=tuple(LocationService(x, (rn[i],), "bench")
+                                            for i, x in sorted(cores.items())))
     return topo
 
 
-def random_mesh(n: int, *, degree: float = 4.0, endpoints: int = 100, seed: int = 0,
+def random_mesh(n: int, *, degree: float = 4.0, endpoints: int = 100, seed: int | str = 0,
                 lsid: int = 0x10, bandwidth: float = 100e6, delay: float = 0.005,
-                check: bool = False) -> Topology:
-    """A connected random graph of *n* routers with mean degree about *degree*."""
+                check: bool = False, more_lsids: tuple[int, ...] = ()) -> Topology:
+    """A connected random graph of *n* routers with mean degree about *degree*; the core of
+    *lsid* is r0, those of *more_lsids* are spread over the other routers."""
     if n < 2:
         raise ValueError("need at least 2 routers")
     rng = random.Random(f"mesh/{seed}")
@@ -74,7 +80,7 @@ def random_mesh(n: int, *, degree: float = 4.0, endpoints: int = 100, seed: int 
         edges.append(e)
     topo = _build(f"random-mesh-{n}", f"random connected mesh, {n} routers, mean degree "
                   f"{2 * len(edges) / n:.1f}, seed {seed}", n, edges, endpoints, lsid,
-                  bandwidth, delay, rng)
+                  bandwidth, delay, rng, more_lsids)
     if check:
         topo = loads(dumps(topo), f"<random-mesh-{n}>")
     return topo
