@@ -39,7 +39,7 @@ load_by_role, load_summary, fanout, flows, tree_size, run_points, fit), partitio
 (one file per run for the large ones, sorted by router). On a cluster, give --tables-uri on a
 shared file system; the report itself is always written on the driver.
 
-Local inputs of at most 64 MiB run with Spark's adaptive execution and whole-stage code
+Local inputs of at most 8 MiB run with Spark's adaptive execution and whole-stage code
 generation off and one shuffle partition (their fixed costs dominate a small job); larger
 inputs use the session's settings.
 """

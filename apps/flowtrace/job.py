@@ -44,7 +44,7 @@ NICE_WIDTHS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800,
 TARGET_BUCKETS = 50
 MAX_BAD_FRACTION = 0.01
 #: local inputs up to this size run with SMALL_CONF (see small_input_conf)
-SMALL_INPUT_BYTES = 64 * 2**20
+SMALL_INPUT_BYTES = 8 * 2**20  # ~50,000 lines; a conservative bound, not tuned
 SMALL_CONF = {"spark.sql.adaptive.enabled": "false", "spark.sql.codegen.wholeStage": "false",
               "spark.sql.shuffle.partitions": "1"}
 CLOCK_FENCE = 10.0
