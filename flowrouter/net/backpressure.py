@@ -35,15 +35,14 @@ class Backpressure:
     def __init__(self, node: Node) -> None:
         self.node = node
         cfg = node.config
-        self.control = FlowControl(
-            FlowLimits(link_credit=cfg.link_credit, max_link_buffer=cfg.max_link_buffer,
-                       slow_consumer_bytes=cfg.slow_consumer_bytes,
-                       slow_consumer_grace=cfg.slow_consumer_grace,
-                       slow_consumer_stall=cfg.slow_consumer_stall,
-                       slow_consumer_idle=cfg.slow_consumer_idle),
-            node.core.counters)
+        self.control = FlowControl(cfg.flow_limits(), node.core.counters)
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0
+
+    @property
+    def limits(self) -> FlowLimits:
+        """The limits flow control applies (the node's config, read once at start)."""
+        return self.control.limits
 
     # links ------------------------------------------------------------------------------------
     def opened(self, link_id: int, link: Link) -> None:
@@ -119,11 +118,12 @@ class Backpressure:
                     # while it does not read, the peer's silence proves nothing to liveness
                     node.core.input_paused(d.link, not on, node.now())
             elif type(d) is SlowConsumer:
-                cfg = node.config
+                lim = self.limits
                 lk = node.core.links.get(d.link)
                 log.warning("router %s: %s cannot keep up (%d bytes queued); dropping its "
-                            "frames (%s)", cfg.name, lk.describe() if lk else f"link {d.link}",
-                            cfg.queue_bound, cfg.drop_kind)
+                            "frames (%s)", node.config.name,
+                            lk.describe() if lk else f"link {d.link}", lim.queue_bound,
+                            lim.drop_kind)
             elif type(d) is Evict:
                 node.close_slow_consumer(d.link, d.reason)
         self._arm()

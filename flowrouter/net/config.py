@@ -100,6 +100,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flowrouter.core.flowcontrol import FlowLimits
 from flowrouter.core.measured import LocalityMapping
 from flowrouter.core.quotas import QuotaLimits
 from flowrouter.core.router import RouterParams
@@ -342,16 +343,14 @@ class NodeConfig:
                               "positive")
         self.params()  # validates the GC thresholds
 
-    @property
-    def queue_bound(self) -> int:
-        """An output queue's bound in bytes: the link buffer or the slow-consumer limit."""
-        return min(self.max_link_buffer, self.slow_consumer_bytes)
-
-    @property
-    def drop_kind(self) -> str:
-        """What an output queue's drops are counted as (``drop.<kind>``)."""
-        return ("slow-consumer" if self.slow_consumer_bytes < self.max_link_buffer
-                else "link-congested")
+    def flow_limits(self) -> FlowLimits:
+        """The keys flow control reads, as its own limits object (which also derives the
+        output queue's bound and what its drops are counted as)."""
+        return FlowLimits(link_credit=self.link_credit, max_link_buffer=self.max_link_buffer,
+                          slow_consumer_bytes=self.slow_consumer_bytes,
+                          slow_consumer_grace=self.slow_consumer_grace,
+                          slow_consumer_stall=self.slow_consumer_stall,
+                          slow_consumer_idle=self.slow_consumer_idle)
 
     def accepted_routers(self) -> frozenset[tuple[str, str]]:
         """(name, host) pairs that may be routers without link keys: accept_routers plus the

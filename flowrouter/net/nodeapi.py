@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from flowrouter.core.fastpath import FastPath
-    from flowrouter.core.flowcontrol import OutputFlow
+    from flowrouter.core.flowcontrol import FlowLimits, OutputFlow
     from flowrouter.core.measured import BusyRate
     from flowrouter.core.router import Action, Router
     from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
@@ -87,6 +87,9 @@ class FlowShell(Protocol):
     Backpressure`, the shell around :class:`flowrouter.core.flowcontrol.FlowControl`): they
     report events, it carries out what flow control decides."""
 
+    @property
+    def limits(self) -> FlowLimits:
+        """The limits it applies (queue bound, what drops count as, ...)."""
     def opened(self, link_id: int, link: Link) -> None: ...
     def forget(self, link_id: int) -> None: ...
     def output(self, link_id: int) -> OutputFlow:

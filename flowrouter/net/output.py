@@ -82,7 +82,7 @@ class LinkOutput:
 
     def _new_queue(self, now: float, **shaping: Any) -> OutputQueue:
         self.flow.queue_started(self.link_id, now)  # the stall clock starts with the backlog
-        return OutputQueue(self.node.config.queue_bound, now=now, **shaping)
+        return OutputQueue(self.flow.limits.queue_bound, now=now, **shaping)
 
     def emulate(self, emu: Emulation | None) -> None:
         """(Re)configure emulation; frames already waiting keep their order."""
@@ -237,12 +237,12 @@ class LinkOutput:
         control (it counts them, says once that the link cannot keep up, and evicts it
         after the grace time)."""
         node = self.node
-        cfg = node.config
+        lim = self.flow.limits
         link = node.core.links.get(self.link_id)
         desc = link.describe() if link else f"link {self.link_id}"
         for key in sorted({k for k, _, _ in dropped}):
             node.execute(node.core.alert(
-                cfg.drop_kind, f"output to {desc} is full ({cfg.queue_bound} bytes); dropping "
+                lim.drop_kind, f"output to {desc} is full ({lim.queue_bound} bytes); dropping "
                 "the longest flow's frames", now, key))
         self.flow.dropped(self.link_id, dropped, now)
 
