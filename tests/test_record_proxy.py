@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+import flowlib
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire import control as C
@@ -51,13 +52,17 @@ def _gen(record: bytes) -> int:
 
 
 class RecordProxy:
-    """Forwards TCP connections to *target*; on the dialler's side, after the two clear
-    handshake frames (HELLO, AUTH), it holds each sealed record until the next arrives (or
-    a moment passes) and, while armed, lets its attack decide once what goes on."""
+    """Forwards TCP connections to *target*; on the dialler's side (or the listener's), after
+    the two clear handshake frames (HELLO, AUTH), it holds each sealed record until the next
+    arrives (or a moment passes) and, while armed, lets its attack decide once what goes
+    on."""
 
-    def __init__(self, target: tuple[str, int], attack: Attack) -> None:
+    def __init__(self, target: tuple[str, int], attack: Attack, *,
+                 toward_dialler: bool = False) -> None:
         self.target = target
         self.attack = attack
+        #: tamper with the records the listener sends (to a flowlib client) instead
+        self.toward_dialler = toward_dialler
         self.armed = False
         self.attacks = 0
         self.server: asyncio.Server | None = None
@@ -80,7 +85,10 @@ class RecordProxy:
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(*self.target)
-        for task in (self._records(reader, up_writer), self._copy(up_reader, writer)):
+        pumps = ((self._copy(reader, up_writer), self._records(up_reader, writer))
+                 if self.toward_dialler else
+                 (self._records(reader, up_writer), self._copy(up_reader, writer)))
+        for task in pumps:
             t = asyncio.ensure_future(task)
             self.tasks.add(t)
 
@@ -205,4 +213,43 @@ def test_an_untouched_proxied_link_crosses_many_key_updates_without_loss() -> No
             assert r2.core.counters["malformed.bad-record"] == 0
             for ep in (rx, tx):
                 await ep.close()
+    run(main())
+
+
+def test_a_flowlib_client_fails_its_link_when_a_record_to_it_is_deleted_at_an_update() -> None:
+    """The same attack between a router and a flowlib client, on what the router sends it:
+    the client drops the link and tells the application why (``on_disconnect``; with
+    several routers it would fail over), instead of missing messages without a word."""
+    async def main() -> None:
+        router = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", core_lsids=frozenset({LSID}),
+                                       default_lsid=LSID, link_keys=KEYS, link_encrypt=True,
+                                       link_rekey_records=4))
+        await router.start()
+        proxy = RecordProxy(router.tcp_address, ATTACKS["delete-before-update"],
+                            toward_dialler=True)
+        key = ("site", KEYS["site"])
+        try:
+            address = await proxy.start()
+            async with (await flowlib.connect([address], name="rx", link_key=key,
+                                              encrypt=True) as rx,
+                        await flowlib.connect(["%s:%d" % router.tcp_address], name="tx",
+                                              link_key=key, encrypt=True) as tx):
+                lost: list[BaseException | None] = []
+                rx.on_disconnect = lost.append
+                flow = await tx.create()
+                await rx.listen(flow, "data")
+                proxy.armed = True
+                for i in range(400):
+                    await tx.send(flow, b"%06d" % i, band=40)
+                    if i % 4 == 3:
+                        await asyncio.sleep(0.005)
+                    if not proxy.armed:
+                        break
+                assert proxy.attacks == 1
+                await _until(lambda: bool(lost))
+                assert isinstance(lost[0], flowlib.ConnectionLost)
+                assert "bad sealed record" in str(lost[0]) and "out-of-order" in str(lost[0])
+        finally:
+            await proxy.close()
+            await router.stop()
     run(main())

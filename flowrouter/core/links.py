@@ -294,11 +294,8 @@ class Links:
 
     def _link_up(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
         refusal = self.trust.router_refusal(link, msg)
-        if refusal is not None:  # a HELLO claiming ROUTER that nothing proves
+        if refusal is not None:  # a router claim nothing proves, or not the peer we dialled
             return self._refuse_untrusted(link, refusal, now)
-        if link.expected_peer and msg.name != link.expected_peer:
-            log.warning("%s: expected router %r, it says it is %r", link.describe(),
-                        link.expected_peer, msg.name)
         link.role = msg.role
         if not link.modifiers_configured:
             link.modifiers = ((0, *msg.modifiers) if msg.role is C.Role.ROUTER
