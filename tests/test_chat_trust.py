@@ -386,3 +386,21 @@ def test_no_frame_of_any_kind_without_its_transmitters_signature_is_believed(
     assert net.log["b"] == []
     peers = net.sites["b"].status()["peers"]
     assert all(p["state"] != "S1" for p in peers.values())  # no peer is alive on a forgery
+
+
+@pytest.mark.parametrize("mode", ["hasten", "leader"])
+def test_without_keys_every_mode_reports_a_conflict_at_every_site(mode: str) -> None:
+    cfg = IGOConfig(sites=ABC, mode=mode, leader="a" if mode == "leader" else None)
+    net = LoopNet(cfg)
+    net.run_until(1.0)
+    c = net.sites["c"]
+    frame = encode_data(room_tag(cfg), 2, DataMsg(2, c.inc, c.seq + 1, c.clock, net.now, 0,
+                                                  (), b"forged"))
+    for s in ("a", "b"):
+        net.inject(s, cfg.data_band, frame)
+    net.submit("c", b"real")
+    net.run_until(5.0)
+    for s in ABC:  # the two receivers, and c, which heard its own words forged
+        net.inject(s, cfg.data_band, frame)
+        assert [(x.origin, x.seq) for x in conflicts(net, s)][:1] == [("c", 1)], s
+        assert net.sites[s].counters["conflict.data"] >= 1
