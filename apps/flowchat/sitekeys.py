@@ -1,7 +1,7 @@
 """Per-site Ed25519 keys for keyed chat rooms: the :class:`~flowchat.igo.auth.FrameAuth` the
 ordering layer signs and verifies with, and the key files behind ``--site-key`` /
-``--site-keys`` (``flowchat keygen`` makes them). Imports the standard library,
-``cryptography`` and :mod:`flowchat.igo`.
+``--site-keys`` (``flowchat keygen`` makes them). Imports only the standard library and
+``cryptography``.
 
 Files, never argv (a command line is visible to every local user):
 
