@@ -591,7 +591,7 @@ def test_peer_states_follow_the_transition_table() -> None:
     """Seed 003 Figure 10 as a table: silence detected (S1 -> S2), long silence (S2 -> S3),
     reconciled (S2 -> S1), contact after a long-term disconnect (S3 -> S1); events a state
     does not take leave it unchanged."""
-    from flowchat.igo.states import TRANSITIONS, PeerEvent
+    from flowchat.igo.peerevents import TRANSITIONS, PeerEvent
 
     S = PeerState
     assert TRANSITIONS[(S.S1, PeerEvent.SILENT)] is S.S2

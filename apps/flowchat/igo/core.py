@@ -38,7 +38,7 @@ from .wire import (
 
 if TYPE_CHECKING:
     from .auth import FrameAuth
-    from .states import PeerEvent
+    from .peerevents import PeerEvent
 
 
 #: earlier incarnations of each origin kept (their undelivered messages, settled positions,

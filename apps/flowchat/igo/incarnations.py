@@ -37,8 +37,8 @@ from __future__ import annotations
 import heapq
 
 from .core import RETIRED_KEPT, SiteCore
+from .peerevents import PeerEvent
 from .records import PeerRecord, Stream
-from .states import PeerEvent
 
 
 class Incarnations(SiteCore):

@@ -11,8 +11,8 @@ from flowrouter.wire.bands import (
 
 from .actions import PeerState, Send
 from .core import SiteCore
+from .peerevents import PeerEvent
 from .records import Msg, Stream, seq_ranges
-from .states import PeerEvent
 from .wire import (
     F_LATE,
     MAX_NACK_NUMBERS,
