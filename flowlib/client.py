@@ -108,6 +108,7 @@ class FlowClient:
         self._sender = Sender(self._conn)
         self._conn.on_event = self._on_event
         self._conn.on_message = self._delivery.deliver
+        self._conn.on_messages = self._delivery.deliver_all
         self.node_id = self._conn.node_id
 
     def _on_event(self, event: Event) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from .checks import Address, address_text
 from .errors import ConnectionLost, FailoverInProgress, FlowError
-from .events import Event, MessageReceived
+from .events import Event, MessageReceived, MessageSink
 from .flowtable import FlowTable
 from .fragment import Reassembler
 from .handshake import Handshake, make_keyring
@@ -65,6 +65,8 @@ class Connection:
         self.on_event: Callable[[Event], None] = lambda event: None
         #: received messages (the receive path's one call into the client)
         self.on_message: Callable[[MessageReceived], None] = lambda event: None
+        #: the messages of one read at once (what most reads bring; given to each protocol)
+        self.on_messages: MessageSink = lambda received: None
         self.on_link_lost: Callable[[Link, str], None] = lambda link, reason: None
         #: called with (reason, user) when the client ends for good, before the hook
         self.on_finish: list[Callable[[str, bool], None]] = []
@@ -100,7 +102,8 @@ class Connection:
                               now=asyncio.get_running_loop().time(),
                               liveness_interval=o.liveness_interval, dead_after=o.dead_after,
                               refresh_interval=o.refresh_interval, counters=self.counters,
-                              rtt=self.rtt, address=address, first_request=self._next_req)
+                              rtt=self.rtt, address=address, first_request=self._next_req,
+                              sink=self.on_messages)
 
     async def open(self, addr: Address, timeout: float) -> None:
         """Connect and handshake with one router, or raise."""

@@ -18,7 +18,7 @@ from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW
 from flowrouter.wire.flowid import FlowID
 
 from .errors import FlowError
-from .events import MessageDropped, MessageReceived
+from .events import MessageDropped, MessageReceived, Received
 from .flowtable import FlowEntry
 from .message import Message
 from .notices import NoticeLimiter, overflow_fault
@@ -69,6 +69,15 @@ class Delivery:
         for lst in self.by_flow.get(event.key, ()):
             if lst.bits & bit and lst.feed(msg) and self.notice_every is not None:
                 self.overflowed(lst)
+
+    def deliver_all(self, received: list[Received]) -> None:
+        """One read's messages, in order (as :meth:`deliver` would take them one by one)."""
+        by_flow = self.by_flow
+        for key, band, msg in received:
+            bit = 1 << band
+            for lst in by_flow.get(key, ()):
+                if lst.bits & bit and lst.feed(msg) and self.notice_every is not None:
+                    self.overflowed(lst)
 
     def dropped(self, event: MessageDropped, fe: FlowEntry) -> None:
         """A fragmented message of *fe* was dropped: maybe tell its listeners."""

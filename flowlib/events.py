@@ -2,11 +2,14 @@
 
 The shell (:class:`flowlib.FlowClient`) takes them with ``ClientProtocol.next_event()`` and
 acts on them: hands messages to listeners, answers awaiting joins, fails over when the link is
-lost. Imports the wire layer of flowrouter and :mod:`flowlib.message`.
+lost. Received messages may instead go to a :data:`MessageSink` the protocol was given, one
+list per read (the common event, without an event object each). Imports the wire layer of
+flowrouter and :mod:`flowlib.message`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from flowrouter.wire import control as C
@@ -82,6 +85,11 @@ class FailoverEvent:
     reconnect_ms: float  #: from noticing the loss to the new router's HELLO
     attempts: tuple[tuple[str, str], ...]  #: failed attempts before success: (address, why)
 
+
+#: one received message as a sink gets it: (flow key, band, message)
+Received = tuple[bytes, int, Message]
+#: takes the messages of one read, in order (see ``ClientProtocol(sink=...)``)
+MessageSink = Callable[[list[Received]], None]
 
 Event = HandshakeDone | LinkFailed | JoinAnswered | MessageReceived | MessageDropped | \
     RejoinNeeded

@@ -15,6 +15,7 @@ import asyncio
 import math
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,10 @@ class Link(asyncio.Protocol):
         self.on_message: MessageHandler = on_message or (lambda event: on_event(self, event))
         self.on_lost = on_lost
         self.loop = asyncio.get_running_loop()
+        #: the loop's clock, read once per read (asyncio's own loop reads time.monotonic
+        #: through a Python method: call that directly; any other loop's clock as it is)
+        self._clock: Callable[[], float] = time.monotonic \
+            if type(self.loop).time is asyncio.BaseEventLoop.time else self.loop.time
         #: the router's HELLO once the handshake is over
         self.hello: asyncio.Future[C.Hello] = self.loop.create_future()
         self.transport: Any = None
@@ -110,8 +115,9 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.dead:
             return
-        self.protocol.receive_data(data, self.loop.time())
-        self.pump()
+        # a read of data frames only (handed to the protocol's sink) leaves nothing to pump
+        if self.protocol.receive_data(data, self._clock()) or self._timer_at is None:
+            self.pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

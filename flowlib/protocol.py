@@ -8,8 +8,9 @@ way aioquic's ``QuicConnection`` is driven by its asyncio protocol: the shell ca
 the commands (:meth:`~ClientProtocol.join`, :meth:`~ClientProtocol.leave`,
 :meth:`~ClientProtocol.send_message`, ...); then it writes
 :meth:`~ClientProtocol.data_to_send` and acts on :meth:`~ClientProtocol.next_event`
-(:mod:`flowlib.events`). One protocol serves one link: failover makes a fresh one for the
-next router and replays the flow table into it.
+(:mod:`flowlib.events`); received messages, the common case, may go instead to a sink given
+at construction, one list per read. One protocol serves one link: failover makes a fresh
+one for the next router and replays the flow table into it.
 
 It owns small parts, each its own object: the stream codec the routers use too
 (:class:`flowrouter.wire.streamcodec.StreamCodec`: handshake frames, then sealed records or
@@ -40,6 +41,8 @@ from .events import (
     LinkFailed,
     MessageDropped,
     MessageReceived,
+    MessageSink,
+    Received,
     RejoinNeeded,
 )
 from .flowtable import FlowEntry, FlowTable
@@ -71,8 +74,8 @@ class ClientProtocol:
     def __init__(self, handshake: Handshake, flows: FlowTable, reassembler: Reassembler, *,
                  now: float, liveness_interval: float, dead_after: float,
                  refresh_interval: float, counters: Counter[str] | None = None,
-                 rtt: float | None = None, address: str = "", first_request: int = 1
-                 ) -> None:
+                 rtt: float | None = None, address: str = "", first_request: int = 1,
+                 sink: MessageSink | None = None) -> None:
         self.handshake = handshake
         self.flows = flows
         self._entries = flows.entries  # the receive path's lookup
@@ -94,6 +97,9 @@ class ClientProtocol:
         self._next_req = first_request
         self._pending: dict[int, bytes] = {}  # JOIN request -> flow key
         self._sweep_due: float | None = None
+        #: takes each read's received messages at once, when given (else each is a
+        #: :class:`MessageReceived` event)
+        self.sink = sink
         #: something may have made :meth:`next_deadline` earlier since it was last asked
         #: (reads alone only push it later, so a shell need not ask after every read)
         self.deadline_moved = True
@@ -211,24 +217,61 @@ class ClientProtocol:
         self._arm_sweep(now)
 
     # ------------------------------------------------------------------ bytes in
-    def receive_data(self, data: bytes, now: float) -> None:
-        """Bytes read from the router at time *now*."""
+    def receive_data(self, data: bytes, now: float) -> bool:
+        """Bytes read from the router at time *now*.
+
+        With a :attr:`sink`, the messages this read completes go to it as one list at the
+        end, unless an event came before them in this read (they then follow it as
+        :class:`MessageReceived` events, so the shell sees everything in order). Returns
+        whether the shell has anything else to do: events to take, bytes to send, or a
+        deadline that may be earlier; a read of data frames alone leaves it nothing.
+        """
         if self.failed is not None:
-            return
+            return False
         self._now = now
         self.liveness.heard = now  # anything read is a sign of life
+        events = self._events
+        sink = self.sink
+        received: list[Received] = []
         try:
-            for header, payload in self.codec.receive_data(data):
-                if header[20] >= ROUTER_BANDS_END:
-                    self._on_data(header, payload, now)
-                else:
+            # the handshake's frames one at a time (it may end between two), then each
+            # read's frames as one list
+            frames = self.codec.receive_data(data) if self.hello is None \
+                else self.codec.receive_frames(data)
+            entries = self._entries
+            counters = self.counters
+            for header, payload in frames:
+                band = header[20]
+                if band < ROUTER_BANDS_END:
                     self._on_control(header, payload)
-                if self.failed is not None:
-                    return
+                    if self.failed is not None:
+                        break
+                    continue
+                # a data frame: a message for the listeners whose mask has the band
+                key = bytes(header[:16])
+                if payload and payload[0] == 0xFF:  # maybe a fragment or an escape
+                    msg = self._on_marked(key, header, payload, band, now)
+                    if msg is None:
+                        continue
+                else:
+                    fe = entries.get(key)
+                    if fe is None or not fe.union & (1 << band):
+                        counters["drop.no-listener"] += 1
+                        continue
+                    counters["received"] += 1
+                    msg = Message(fe.flow, band, bytes(payload), header[21], header[22],
+                                  header[23])
+                if sink is None or events:
+                    events.append(MessageReceived(key, band, msg))
+                else:
+                    received.append((key, band, msg))
         except BadRecord as exc:
             self._protocol_error(f"bad sealed record from the router: {exc.detail}")
         except MalformedFrame as exc:
             self._protocol_error(f"malformed frame from the router: {exc}")
+        if received and sink is not None:
+            sink(received)
+        return bool(events or self._out or self.deadline_moved)
 
     def _protocol_error(self, reason: str) -> None:
         """The router sent something we cannot trust: drop the link, say why."""
@@ -328,29 +371,27 @@ class ClientProtocol:
         else:
             self.counters[f"control.ignored.{type(msg).__name__.lower()}"] += 1
 
-    def _on_data(self, header: memoryview, payload: memoryview, now: float) -> None:
-        """A data frame (band >= 16): a message for the listeners whose mask has the band."""
-        key = bytes(header[:16])
+    def _on_marked(self, key: bytes, header: memoryview, payload: memoryview, band: int,
+                   now: float) -> Message | None:
+        """A data frame of flow *key* whose payload starts with 0xFF: maybe a fragment or an
+        escaped message. The message to deliver, if any."""
         fe = self._entries.get(key)
-        band = header[20]
         if fe is None or not fe.union & (1 << band):
             self.counters["drop.no-listener"] += 1
-            return
-        if payload and payload[0] == 0xFF and len(payload) > 4 and payload[:4] == MAGIC:
+            return None
+        if len(payload) > 4 and payload[:4] == MAGIC:
             kind = payload[4]
             if kind == KIND_FRAGMENT:
-                self._on_fragment(fe, key, header, payload, band, now)
-                return
+                return self._on_fragment(fe, key, header, payload, band, now)
             if kind == KIND_ESCAPE:
                 payload = payload[ESCAPE_SIZE:]
             else:
                 self.counters["fragments.unknown-kind"] += 1  # delivered as it came
         self.counters["received"] += 1
-        self._events.append(MessageReceived(key, band, Message(
-            fe.flow, band, bytes(payload), header[21], header[22], header[23])))
+        return Message(fe.flow, band, bytes(payload), header[21], header[22], header[23])
 
     def _on_fragment(self, fe: FlowEntry, key: bytes, header: memoryview,
-                     payload: memoryview, band: int, now: float) -> None:
+                     payload: memoryview, band: int, now: float) -> Message | None:
         reasm = self.reassembler
         try:
             data = reasm.feed(key, band, payload, now)
@@ -360,15 +401,14 @@ class ClientProtocol:
                      exc.detail)
             self._events.append(MessageDropped(key, band, exc.reason, exc.detail, exc.origin,
                                                exc.msg_id, exc.total))
-            return
+            return None
         self.counters["fragments.received"] += 1
         if data is None:
             self._arm_sweep(now)
-            return
+            return None
         self.counters["fragments.messages"] += 1
         self.counters["received"] += 1
-        self._events.append(MessageReceived(key, band, Message(
-            fe.flow, band, data, header[21], header[22], header[23])))
+        return Message(fe.flow, band, data, header[21], header[22], header[23])
 
     # ------------------------------------------------------------------ commands: bytes out
     def _write(self, buffers: list[Any]) -> None:

@@ -10,6 +10,7 @@ prove the same behaviour end to end over real routers.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -65,14 +66,14 @@ def events(proto: ClientProtocol) -> list[object]:
 
 
 def new_protocol(now: float = 0.0, flows: FlowTable | None = None, first_request: int = 1,
-                 **kw: float) -> ClientProtocol:
+                 **kw: Any) -> ClientProtocol:
     hs = Handshake(name="app", node_id=5, max_payload=1 << 16, credentials=b"")
     opts = {**LIVE, **kw}
     return ClientProtocol(hs, flows or FlowTable("app"), Reassembler(timeout=2.0), now=now,
                           counters=Counter(), first_request=first_request, **opts)
 
 
-def up_protocol(now: float = 0.0, features: int = C.FEATURES, **kw: float) -> ClientProtocol:
+def up_protocol(now: float = 0.0, features: int = C.FEATURES, **kw: Any) -> ClientProtocol:
     proto = new_protocol(now, **kw)
     assert isinstance(sent(proto)[0], C.Hello)  # our HELLO opens the link
     proto.receive_data(router_hello(features), now)
@@ -199,6 +200,32 @@ def test_data_goes_to_flows_with_a_listener_on_its_band() -> None:
     (ev,) = events(proto)
     assert isinstance(ev, MessageReceived) and ev.message.payload == b"hi"
     assert proto.counters["drop.no-listener"] == 2
+
+
+def test_a_sink_takes_each_reads_messages_at_once_in_order() -> None:
+    batches: list[list[tuple[bytes, int, object]]] = []
+    proto = up_protocol(sink=batches.append)
+    sent(proto)
+    proto.next_deadline()
+    proto.flows.entry(FLOW).add_listener(1, (1 << 32) | (1 << 40))
+    # data frames alone: one list for the sink, nothing left for the shell
+    assert proto.receive_data(data(FLOW, b"a") + data(FLOW, b"b", 40)
+                              + data(OTHER, b"nobody"), 1.0) is False
+    assert [[(k, b, m.payload) for k, b, m in batch] for batch in batches] == \
+        [[(FLOW.key, 32, b"a"), (FLOW.key, 40, b"b")]]
+    assert events(proto) == [] and proto.counters["received"] == 2
+    # a message behind an event in the same read follows it as an event (order is kept)
+    batches.clear()
+    fe = proto.flows.entry(FLOW)
+    req = proto.join(fe)
+    sent(proto)
+    ack = C.JoinAck(req, C.JoinStatus.OK)
+    assert proto.receive_data(data(FLOW, b"before") + control(FLOW.key, ack)
+                              + data(FLOW, b"after"), 2.0) is True
+    assert [[m.payload for _, _, m in batch] for batch in batches] == [[b"before"]]
+    first, second = events(proto)
+    assert first == JoinAnswered(req, FLOW.key, ack)
+    assert isinstance(second, MessageReceived) and second.message.payload == b"after"
 
 
 def test_gc_pings_are_answered_for_wanted_flows_only() -> None:

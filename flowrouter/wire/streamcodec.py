@@ -121,6 +121,26 @@ class StreamCodec:
         for chunk in self.plaintext(data):
             yield from feed(chunk)  # type: ignore[arg-type]
 
+    def receive_frames(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """After the handshake: every frame *data* completes, as one list.
+
+        The same frames :meth:`receive_data` would yield once the handshake is over, without
+        a generator resumed per frame (for a reader, like flowlib's client, that takes each
+        read's frames at once). Raises :class:`MalformedFrame` (:class:`BadRecord`) like it;
+        ``ValueError`` during the handshake, whose frames must be read one at a time.
+        """
+        if self.phase is Phase.HANDSHAKE:
+            raise ValueError("the handshake's frames are read with receive_data")
+        if self._hs:  # bytes past the switch that the owner left to the codec
+            data = self.take_buffered() + bytes(data)
+        if self.sealed is None:
+            return self.frames.feed(data)  # type: ignore[arg-type]
+        feed = self.frames.feed
+        frames: list[Frame] = []
+        for chunk in self.plaintext(data):
+            frames += feed(chunk)  # type: ignore[arg-type]
+        return frames
+
     def plaintext(self, data: bytes | bytearray | memoryview
                   ) -> list[bytes | bytearray | memoryview]:
         """After the handshake: the frame stream's bytes in *data*, the opened records'
