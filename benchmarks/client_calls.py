@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from pycalls import LSID, Counter, RawEndpoint, start_routers  # noqa: E402
+from pycalls import LSID, Counter, RawEndpoint, start_routers, stop_routers  # noqa: E402
 
 BAND = 32
 
@@ -158,13 +158,7 @@ def measure(mode: str, frames: int, payload: int) -> dict[str, Any]:
     finally:
         acks_r.close()
         acks_w.close()
-
-        async def stop() -> None:
-            for node in nodes:
-                await node.stop()
-        asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        stop_routers(loop, nodes, thread)
 
 
 def main() -> int:

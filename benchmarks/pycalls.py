@@ -149,6 +149,17 @@ def start_routers(hops: int) -> tuple[asyncio.AbstractEventLoop, list[Any], Coun
     return loop, nodes, counter, thread
 
 
+def stop_routers(loop: asyncio.AbstractEventLoop, nodes: list[Any],
+                 thread: threading.Thread) -> None:
+    """Stop what :func:`start_routers` started: the routers, their loop, its thread."""
+    async def stop() -> None:
+        for node in nodes:
+            await node.stop()
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
 def measure(hops: int, frames: int, payload: int) -> dict[str, Any]:
     from flowrouter.wire.flowid import FlowID
     from flowrouter.wire.header import pack_header
@@ -186,12 +197,7 @@ def measure(hops: int, frames: int, payload: int) -> dict[str, Any]:
                 "c_calls_per_frame_per_hop": round(c_calls / frames / hops, 2),
                 "idle_py_calls": c2[0] - c1[0]}
     finally:
-        async def stop() -> None:
-            for node in nodes:
-                await node.stop()
-        asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        stop_routers(loop, nodes, thread)
 
 
 def main() -> int:
