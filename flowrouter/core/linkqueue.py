@@ -70,7 +70,7 @@ class OutputQueue:
     """Waiting frames of one link: control FIFO first, then DRR over per-flow FIFOs."""
 
     __slots__ = ("max_bytes", "quantum", "bytes", "ctl", "adm", "flows", "active", "deficit",
-                 "dropped", "dropped_bytes", "bucket", "delay", "_delayed", "_held")
+                 "dropped", "dropped_bytes", "bucket", "delay", "_delayed")
 
     def __init__(self, max_bytes: int, quantum: int = 16 * 1024,
                  rate: float | None = None, delay: float = 0.0, now: float = 0.0) -> None:
@@ -88,17 +88,6 @@ class OutputQueue:
         self.delay = delay
         #: frames held for the propagation delay: (due time, control?, key, frame)
         self._delayed: deque[tuple[float, bool, bytes, Frame]] = deque()
-        #: input link -> bytes of the waiting frames that came from it, kept as frames come
-        #: and go: an output that moves again asks for it, and may hold thousands of frames
-        self._held: dict[int, int] = {}
-
-    def _unhold(self, origin: int, size: int) -> None:
-        if origin:
-            left = self._held[origin] - size
-            if left:
-                self._held[origin] = left
-            else:
-                del self._held[origin]
 
     @property
     def shaped(self) -> bool:
@@ -132,8 +121,6 @@ class OutputQueue:
         """
         frame = (header, bytes(payload), origin)
         size = len(header) + len(frame[1])
-        if origin:
-            self._held[origin] = self._held.get(origin, 0) + size
         if self.delay > 0:
             self._delayed.append((now + self.delay, control, key, frame))
             self.bytes += size
@@ -154,8 +141,6 @@ class OutputQueue:
         small ones, which a copy costs little, are copied."""
         frames = bytes(frames)
         view = memoryview(frames)
-        if origin:
-            self._held[origin] = self._held.get(origin, 0) + len(frames)
         unpack = _LENGTH.unpack_from
         flows, active, deficit = self.flows, self.active, self.deficit
         delay = self.delay
@@ -211,7 +196,6 @@ class OutputQueue:
                 k, fr = self.adm.pop()
                 n = len(fr[0]) + len(fr[1])
                 self.bytes -= n
-                self._unhold(fr[2], n)
                 dropped.append((k, n, fr[2]))
                 continue
             if victim is None:  # only control or delayed frames: drop the newest delayed one
@@ -219,7 +203,6 @@ class OutputQueue:
                     _, _, k, fr = self._delayed.pop()
                     n = len(fr[0]) + len(fr[1])
                     self.bytes -= n
-                    self._unhold(fr[2], n)
                     dropped.append((k, n, fr[2]))
                     continue
                 break
@@ -227,7 +210,6 @@ class OutputQueue:
             hdr, pl, origin = q.pop()  # newest of the longest queue
             n = len(hdr) + len(pl)
             self.bytes -= n
-            self._unhold(origin, n)
             dropped.append((victim, n, origin))
             if not q:
                 self.active.remove(victim)
@@ -275,8 +257,6 @@ class OutputQueue:
         if bucket is not None:
             bucket.take(size, now)
         self.bytes -= size
-        if frame[2]:
-            self._unhold(frame[2], size)
         return frame
 
     def take_all(self) -> list[Frame]:
@@ -321,30 +301,6 @@ class OutputQueue:
         if self._delayed:
             candidates.append(max(0.0, self._delayed[0][0] - now))
         return min(candidates) if candidates else None
-
-    def origins(self) -> dict[int, int]:
-        """Input link -> bytes of the waiting frames that came from it (the credit an output
-        that moves again takes back)."""
-        return dict(self._held)
-
-    def forget_origins(self) -> dict[int, int]:
-        """Detach every waiting frame from the input link it came from; returns origin ->
-        bytes, the credit the caller must give back (a stuck output holds none)."""
-        held: dict[int, int] = {}
-
-        def strip(fr: Frame) -> Frame:
-            if fr[2]:
-                held[fr[2]] = held.get(fr[2], 0) + len(fr[0]) + len(fr[1])
-                return (fr[0], fr[1], 0)
-            return fr
-
-        self.ctl = deque(strip(fr) for fr in self.ctl)
-        self.adm = deque((k, strip(fr)) for k, fr in self.adm)
-        for key, q in self.flows.items():
-            self.flows[key] = deque(strip(fr) for fr in q)
-        self._delayed = deque((t, c, k, strip(fr)) for t, c, k, fr in self._delayed)
-        self._held = {}
-        return held
 
     def stats(self) -> dict[str, int]:
         return {"queued_frames": len(self), "queued_bytes": self.bytes,
