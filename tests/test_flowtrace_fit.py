@@ -151,3 +151,15 @@ def test_extrapolation_is_refused_per_term_where_the_held_out_runs_say_it_fails(
     assert isinstance(out, FIT.Refusal)
     assert "routers = 120 is beyond the sampled range (10 to 80)" in out.reason
     assert "extrapolating along routers missed the 6 run(s) at routers = 80" in out.reason
+
+
+def test_study_console_states_a_shared_refusal_once():
+    from flowtrace import study_report
+
+    why = "routers and endpoints move together across the runs"
+    result = {"sanity": {"core_over_live_flows_mean": 1.0},
+              "chosen": {"core_entries": None}, "predictions": [],
+              "fits": {"core_entries": [FIT.Refusal("core_entries", m, why)
+                                        for m in ("linear", "power")]}}
+    line = [ln for ln in study_report.console([], result).splitlines() if "no model" in ln]
+    assert line and line[0].count(why) == 1

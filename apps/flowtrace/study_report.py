@@ -222,8 +222,9 @@ def console(rows: Sequence[dict[str, Any]], result: dict[str, Any]) -> str:
                  f"{fmt(s['core_over_live_flows_mean'], 4)} (expected 1)")
     for target, f in result["chosen"].items():
         if f is None:
-            reasons = "; ".join(x.reason for x in result["fits"][target]
-                                if isinstance(x, FIT.Refusal))
+            # linear and power often refuse for the same reason: say each reason once
+            reasons = "; ".join(dict.fromkeys(x.reason for x in result["fits"][target]
+                                              if isinstance(x, FIT.Refusal)))
             lines.append(f"  {target}: no model: {reasons}")
         else:
             lines.append(f"  {target}: {f.formula()} (held-out error {_pct(f.loo_error)}, "
