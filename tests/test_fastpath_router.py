@@ -98,7 +98,8 @@ class Harness:
                 list(getattr(r.tracer, "records", [])))
 
 
-masks = st.sampled_from([0, 1, 1 << 40, 1 | 1 << 40, 1 << 100 | 1 << 40, (1 << 128) - 1,
+masks = st.sampled_from([0, 1, 1 << 40, 1 << 40 | 1 << 19, 1 | 1 << 40, 1 << 100 | 1 << 40,
+                         (1 << 128) - 1,
                          1 << 127 | 1 << 64 | 1 << 63])
 ops = st.one_of(
     st.tuples(st.just("open"), st.integers(1, 4), st.sampled_from(list(C.Role)),
@@ -111,7 +112,7 @@ ops = st.one_of(
     st.tuples(st.just("tick"), st.floats(0.1, 20.0)),
     st.tuples(st.just("data"), st.integers(1, 4), st.lists(st.tuples(
         st.sampled_from(FLOWS + [_key(9, CORE), _key(9, FAR)]),
-        st.sampled_from([0, 16, 32, 40, 63, 64, 100, 127]),
+        st.sampled_from([0, 16, 17, 18, 19, 32, 40, 63, 64, 100, 127]),
         st.sampled_from([0, 3, 100, 1500, 9000]), st.sampled_from([0, 1, 2, 32]),
         st.sampled_from([0, 0, 1, 2, 3]), st.integers(0, 3)), min_size=1, max_size=8)),
 )

@@ -90,7 +90,9 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         failed = 1;
         goto done;
     }
-    if (fp_link_find(e, in_id) < 0) { stop = STOP_MISS_LINK; goto done; }
+    Py_ssize_t in_slot = fp_link_find(e, in_id);
+    if (in_slot < 0) { stop = STOP_MISS_LINK; goto done; }
+    int in_router = e->links[in_slot].router;
     for (;;) {
         if (n - pos < HEADER) { stop = pos == n ? STOP_END : STOP_PARTIAL; break; }
         const uint8_t *h = d + pos;
@@ -100,7 +102,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         if (size > max_in || band >= NUM_BANDS || lt >= NUM_LOC) { stop = STOP_SLOW; break; }
         Py_ssize_t end = pos + HEADER + (Py_ssize_t)size;
         if (end > n) { stop = STOP_PARTIAL; break; }
-        if (band < ROUTER_BANDS_END || (h[8] | h[9] | h[10] | h[11]) == 0) {
+        if (band < ROUTER_BANDS_END || (h[8] | h[9] | h[10] | h[11]) == 0
+            || (!in_router && band >= ROUTER_ONLY_FIRST && band <= ROUTER_ONLY_LAST)) {
             stop = STOP_SLOW;
             break;
         }

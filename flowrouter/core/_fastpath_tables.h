@@ -16,6 +16,10 @@
 
 #define HEADER 24
 #define ROUTER_BANDS_END 16
+/* bands 17..19 (faults, overflow notices, membership notices) originate only at routers: a
+ * frame on one from an application link is the core's (it drops and counts it) */
+#define ROUTER_ONLY_FIRST 17
+#define ROUTER_ONLY_LAST 19
 #define NUM_BANDS 128
 #define NUM_LOC 4
 

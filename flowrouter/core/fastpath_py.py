@@ -13,8 +13,9 @@ feed both engines and the core the same tables and frames and demand the same ou
 * ``pos`` — where forwarding stopped; ``stop`` says why (the ``STOP_*`` codes below): the
   buffer ended (``STOP_END``), a frame is incomplete (``STOP_PARTIAL``), the frame at ``pos``
   is for the core (``STOP_SLOW``: control bands, link-local frames, invalid headers, a trace
-  sample due), or the mirror lacks its flow or one of its links (``STOP_MISS_FLOW``,
-  ``STOP_MISS_LINK``). No side effect of the frame at ``pos`` has happened;
+  sample due, a band only routers originate (17..19) sent by an application link), or the
+  mirror lacks its flow or one of its links (``STOP_MISS_FLOW``, ``STOP_MISS_LINK``). No side
+  effect of the frame at ``pos`` has happened;
 * ``outputs`` — ``[(link, out, frames)]``: each output link's frames, headers rewritten
   (one header per distinct TTL and locality), in arrival order. ``out`` is one ``bytes``
   object, unless a payload of ``ref_min`` bytes or more (default: none) went to that link:
@@ -48,6 +49,9 @@ COUNT_NAMES = ("forwarded", "drop.ttl", "drop.band-filtered", "drop.no-receivers
 
 _HEADER = 24
 _ROUTER_BANDS_END = 16
+#: bands only routers originate (faults, overflow notices, membership notices: the core's
+#: ``ROUTER_ONLY_BANDS``): a frame on one from an application link is the core's to drop
+_ROUTER_ONLY = (1 << 17) | (1 << 18) | (1 << 19)
 _NUM_BANDS = 128
 _NUM_LOCALITY_TYPES = 4
 
@@ -116,6 +120,7 @@ class Engine:
         stop = STOP_END
         if link not in links:
             return pos, STOP_MISS_LINK, [], [], tuple(counts)
+        in_router = links[link][0]
         while True:
             if n - pos < _HEADER:
                 stop = STOP_END if pos == n else STOP_PARTIAL
@@ -130,7 +135,8 @@ class Engine:
                 stop = STOP_PARTIAL
                 break
             key = bytes(data[pos:pos + 16])
-            if band < _ROUTER_BANDS_END or key[8:12] == b"\0\0\0\0":
+            if (band < _ROUTER_BANDS_END or key[8:12] == b"\0\0\0\0"
+                    or (not in_router and _ROUTER_ONLY >> band & 1)):
                 stop = STOP_SLOW
                 break
             if ttl == 0:

@@ -14,6 +14,10 @@ outbox (:class:`~flowrouter.core.state.LinkNotices`).
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
 tables, lsroutes, tracers); never another part.
+
+Bands only routers originate (faults, overflow and membership notices:
+:data:`~flowrouter.wire.bands.ROUTER_ONLY_BANDS`) are dropped when an application link sends
+them (``drop.app-control``); the fast path's engines hand such frames to the core.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from flowrouter.core.interfaces import SendCheck
 from flowrouter.core.state import RouterState
 from flowrouter.core.tables import Link
 from flowrouter.wire import control as C
+from flowrouter.wire.bands import ROUTER_ONLY_BANDS
 from flowrouter.wire.flowid import key_lsid
 from flowrouter.wire.header import OFF_LOC_TYPE, OFF_LOC_VALUE, OFF_TTL, pack_header
 
@@ -61,6 +66,10 @@ class Forwarding:
         counters = self.counters
         ttl = header[OFF_TTL]
         key = bytes(header[:16])
+        if ROUTER_ONLY_BANDS >> band & 1 and link.role is not C.Role.ROUTER:
+            # faults and notices are said by routers only: an application cannot speak for
+            # one (a fake member, a fake fault) to everyone on the flow
+            return self._dropped("app-control", key, band, link_id, len(payload), now)
         if (self.state.policies_active and link.role is C.Role.ENDPOINT
                 and self.policies.requires(key, "send")
                 and not self.admission.may_send(link, key, header, band, now)):

@@ -2,7 +2,9 @@
 
 A flow has 128 bands. Routers consume the low bands themselves (they never reach an
 application); bands 16..31 carry administration that applications *can* see (heartbeats,
-faults, overflow notices); bands 32..127 carry application data.
+faults, overflow notices); bands 32..127 carry application data. Of the administration bands,
+17..19 originate only at routers (:data:`ROUTER_ONLY_BANDS`): routers drop them when an
+application sends them.
 
 Inside the router a mask is a plain ``int`` (bit *b* set = band *b* wanted) because a single
 ``&`` is the cheapest possible filter on the forwarding path. :class:`BandMask` wraps that int
@@ -31,6 +33,12 @@ BAND_APP_MEMBERSHIP = 19  #: application-level membership announcements
 BAND_REPAIR = 20  #: retransmission requests and repairs (reliable layers such as IGO)
 BAND_ORDER = 21  #: ordering-layer control (leader sequencing, stability)
 ADMIN_BANDS_END = 32
+#: bands only routers originate: faults and tripped limits (17), overflow notices (18; flowlib
+#: makes its own locally, never on the wire) and membership notices (19). A router never
+#: forwards a frame on one of these that came from an application link (``drop.app-control``),
+#: so what a listener gets on them was said by a router. Bands 16, 20 and 21 are the
+#: applications' own control (heartbeats, repair, ordering) and pass as data.
+ROUTER_ONLY_BANDS = (1 << BAND_FAULT) | (1 << BAND_OVERFLOW) | (1 << BAND_APP_MEMBERSHIP)
 
 # --- application data (32..127) ---------------------------------------------------------------
 DATA_BAND_FIRST = 32
@@ -58,6 +66,11 @@ _BY_NAME["data"] = -1  # expands to the whole data range in BandMask.parse
 
 def is_router_band(band: int) -> bool:
     return band < ROUTER_BANDS_END
+
+
+def is_router_only(band: int) -> bool:
+    """True for the bands only routers originate (see :data:`ROUTER_ONLY_BANDS`)."""
+    return bool(ROUTER_ONLY_BANDS >> band & 1)
 
 
 def check_band(band: int) -> int:
