@@ -172,7 +172,8 @@ def test_join_rate_and_connections_per_host_are_limited() -> None:
             assert acks.count(C.JoinStatus.LIMIT) == 3
             assert core.core.counters["refused.join-rate"] == 3
             others = [await RawEndpoint.connect(core, f"c{i}") for i in range(2)]
-            extra = await RawEndpoint.connect(core, hello=False)  # the 4th from this host
+            # the 4th from this host: counted (and refused) once its HELLO is accepted
+            extra = await RawEndpoint.connect(core, "c3")
             text = await _refusal(extra)
             assert "connections" in text and "127.0.0.1" in text
             assert core.core.counters["refused.connections-per-host"] == 1

@@ -69,9 +69,6 @@ class Links:
                                    modifiers_configured=modifiers is not None, opened_at=now)
         self.state.link_changed(link_id)
         self._handshaking.add(link_id)
-        refusal = self.trust.on_open(self.links[link_id])
-        if refusal is not None:
-            return self._refuse_untrusted(self.links[link_id], refusal, now)
         creds = b""
         if self.p.keyring is not None:
             auth = self.links[link_id].auth = LinkAuthenticator(
@@ -294,8 +291,10 @@ class Links:
 
     def _link_up(self, link: Link, msg: C.Hello, now: float) -> list[Action]:
         refusal = self.trust.router_refusal(link, msg)
-        if refusal is not None:  # a router claim nothing proves, or not the peer we dialled
-            return self._refuse_untrusted(link, refusal, now)
+        if refusal is None:  # proven: an application now counts against its host
+            refusal = self.trust.application_refusal(link, msg)
+        if refusal is not None:  # a router claim nothing proves, not the peer we dialled,
+            return self._refuse_untrusted(link, refusal, now)  # or over a quota
         link.role = msg.role
         if not link.modifiers_configured:
             link.modifiers = ((0, *msg.modifiers) if msg.role is C.Role.ROUTER

@@ -13,7 +13,9 @@ bounds them). Three limits, each explicit and configurable (``[quota]`` in the r
 * ``flows`` — flows one principal may hold state for at this router, over all its links;
 * ``joins_per_second`` (with a burst of ``join_burst``) — joins, advertisements and mask
   changes one principal may send, a token bucket;
-* ``connections_per_host`` — application connections from one source host at once.
+* ``connections_per_host`` — application connections from one source host at once,
+  counted once a connection's HELLO is accepted as an application's (a connection still in
+  its handshake, or a proven router, never counts).
 
 ``flow_notices`` bounds how many refused joins of different flows a limit tells those flows'
 members about (a fault on band 17) per alert interval.

@@ -110,7 +110,7 @@ class Router:
         locality = self._locality = MeasuredLocality(st)
         trees = self._trees = Membership(st, admission, members, now)
         ls = self._ls = LsExchange(st, trees, admission)
-        soft = self._soft = SoftState(st, trees, ls, locality)
+        soft = self._soft = SoftState(st, trees, ls, locality, admission)
         self._link_life = Links(st, admission=admission, routes=ls, trees=trees,
                                 liveness=soft, meters=locality)
         forwarding = Forwarding(st, admission)

@@ -11,7 +11,8 @@ it finds dead is returned by ``tick`` for the Router to close (the links part ca
 state, so the soft state does not call it back). It sends the PRUNE and NOT_ON_TREE notices
 any part files in the shared outbox (:class:`~flowrouter.core.state.LinkNotices`).
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
-tables, timers, traces); never another part.
+tables, timers, traces, workbudget); never another part. Limits it trips go to admission's
+alerts (:class:`~flowrouter.core.interfaces.Alerts`).
 
 How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way PIM-SM is):
 
@@ -47,6 +48,16 @@ How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way 
   Traffic arriving from the tree's side for a flow without state is answered NOT_ON_TREE,
   so no branch stays attached but starved.
 
+* **Work budget.** Digest entries are work per entry: all links together get
+  ``work_per_tick`` entries between two ticks (:class:`~flowrouter.core.workbudget.
+  WorkBudget`). A chunk that does not fit waits in its link's queue and the next ticks serve
+  the queues round robin, an equal share per link, so one application listing 10^6 flows it
+  does not hold delays its own answers, not the router. An application link may have
+  ``work_backlog`` entries waiting; chunks past that are dropped (``refresh.chunks-dropped``:
+  its round then never completes, so nothing of it is removed for missing). Either trips
+  the ``work-budget`` alert: counted, logged, listed, and a ``Fault(LIMIT)`` on band 17 of
+  the link-local flow to that application (at most once per ``alert_interval`` a link).
+
 Only live endpoints keep a flow alive: an application's state lasts as long as it refreshes
 it, a router's as long as some downstream neighbour does; idle state goes away.
 """
@@ -56,13 +67,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from flowrouter.core.actions import Action
-from flowrouter.core.interfaces import RttSink, SiblingMasks, TreeUpkeep
-from flowrouter.core.state import RouterState, link_message
+from flowrouter.core.actions import Action, Send
+from flowrouter.core.interfaces import Alerts, RttSink, SiblingMasks, TreeUpkeep
+from flowrouter.core.state import LINK_KEY, RouterState, link_message
 from flowrouter.core.tables import Link, LinkState
 from flowrouter.core.timers import TimerWheel
+from flowrouter.core.workbudget import Waiting, WorkBudget
 from flowrouter.wire import control as C
+from flowrouter.wire.bands import BAND_FAULT
 from flowrouter.wire.flowid import key_lsid
+from flowrouter.wire.header import pack_header
 
 _ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, link id, gen)
 #: share of the refresh interval a round's chunks are spread over (the rest is slack, so a
@@ -110,12 +124,17 @@ class SoftState:
     """Liveness, refresh digests, hold times and prunes (see the module docs)."""
 
     def __init__(self, state: RouterState, trees: TreeUpkeep, siblings: SiblingMasks,
-                 rtt: RttSink) -> None:
+                 rtt: RttSink, alerts: Alerts | None = None) -> None:
         p = state.p
         self.state = state
         self.trees = trees
         self.siblings = siblings
         self.rtt = rtt
+        self.alerts = alerts
+        #: digest entries all links may make us process per tick; what waits, per link
+        self.budget: WorkBudget[C.Refresh] = WorkBudget(p.work_per_tick, p.work_backlog)
+        #: per link: when it last heard of a tripped work budget
+        self._budget_told: dict[int, float] = {}
         self.p = p
         self.links = state.links
         self.flows = state.flows
@@ -158,6 +177,8 @@ class SoftState:
         self._expiring.pop(link_id, None)
         self._tx.pop(link_id, None)
         self._rx.pop(link_id, None)
+        self.budget.forget(link_id)
+        self._budget_told.pop(link_id, None)
         self.state.notices.forget(link_id)
 
     def input_paused(self, link_id: int, paused: bool, now: float) -> None:
@@ -189,21 +210,72 @@ class SoftState:
         return self._on_detach(link, msg, now)
 
     def _on_refresh(self, link: Link, msg: C.Refresh, now: float) -> list[Action]:
+        """A digest chunk: reconciled now if the work budget holds it, else queued behind
+        the link's waiting chunks (or dropped past an application's backlog)."""
+        lid = link.link_id
+        self.counters["refresh.chunks-received"] += 1
+        size = len(msg.entries)
+        budget = self.budget
+        if budget.try_now(lid, size):
+            return self._refresh_entries(link, msg, 0, size, now, now)
+        if budget.defer(lid, msg, size, now, capped=link.role is not C.Role.ROUTER):
+            self.counters["work.deferred"] += size
+            return self._budget_tripped(link, now, f"{budget.waiting(lid)} digest entries "
+                                                   "waiting")
+        self.counters["refresh.chunks-dropped"] += 1
+        return self._budget_tripped(link, now, f"digest chunk of {size} entries dropped: "
+                                               f"{budget.waiting(lid)} already waiting "
+                                               f"(work_backlog {budget.backlog})")
+
+    def _budget_tripped(self, link: Link, now: float, what: str) -> list[Action]:
+        """Count the tripped work budget; alert, and tell an application on band 17 of the
+        link-local flow, at most once per alert interval per link."""
+        self.counters["work.budget-tripped"] += 1
+        last = self._budget_told.get(link.link_id)
+        if last is not None and now - last < self.p.alert_interval:
+            return []
+        self._budget_told[link.link_id] = now
+        detail = (f"{link.describe()}: work budget of {self.budget.per_tick} entries per "
+                  f"tick exceeded: {what}")
+        out = [] if self.alerts is None else self.alerts.alert("work-budget", detail, now)
+        if link.role is C.Role.ENDPOINT:
+            body = C.Fault(C.FaultKind.LIMIT, self.p.name, detail,
+                           {"limit": "work-budget"}).encode()
+            out.append(Send(link.link_id, pack_header(LINK_KEY, len(body), BAND_FAULT), body))
+        return out
+
+    def _serve_waiting(self, now: float) -> list[Action]:
+        """A tick: the waiting digest chunks, as far as the refilled budget goes."""
+        out: list[Action] = []
+
+        def do(lid: int, w: Waiting[C.Refresh], n: int) -> None:
+            link = self.links.get(lid)
+            if link is not None and link.state is LinkState.UP:
+                out.extend(self._refresh_entries(link, w.item, w.done, w.done + n, w.at, now))
+
+        self.counters["work.served"] += self.budget.serve(do)
+        return out
+
+    def _refresh_entries(self, link: Link, msg: C.Refresh, start: int, end: int,
+                         received: float, now: float) -> list[Action]:
+        """Reconcile entries ``start:end`` of a chunk that arrived at *received*; the last
+        of them completes the chunk."""
         lid = link.link_id
         counters = self.counters
-        counters["refresh.chunks-received"] += 1
         rx = self._rx.get(lid)
         if rx is None or rx.number != msg.round or rx.count != msg.count:
-            rx = self._rx[lid] = RxRound(msg.round, msg.count, now)
-        rx.got.add(msg.index)
-        if msg.hold_ms:
+            rx = self._rx[lid] = RxRound(msg.round, msg.count, received)
+        if msg.hold_ms and start == 0:
             link.hold = min(MAX_HOLD, max(MIN_HOLD, msg.hold_ms / 1000))
         out: list[Action] = []
         unknown: list[bytes] = []
         flows = self.flows
         strict = self.state.policies_active and link.role is C.Role.ENDPOINT
         wall = now + self.state.wall_offset
-        for key, mask, flags in msg.entries:
+        entries = msg.entries if start == 0 and end == len(msg.entries) \
+            else msg.entries[start:end]
+        counters["refresh.entries"] += len(entries)
+        for key, mask, flags in entries:
             rx.entries += 1
             if flags & C.REFRESH_SIBLING:
                 out += self.siblings.on_sibling_mask(link, key, C.Mask(mask), now)
@@ -240,6 +312,9 @@ class SoftState:
             rx.unknown += len(unknown)
             counters["refresh.unknown"] += len(unknown)
             self.state.notices.not_on_tree(lid, unknown)
+        if end < len(msg.entries):
+            return out
+        rx.got.add(msg.index)
         if len(rx.got) == rx.count:
             del self._rx[lid]
             out += self._round_complete(link, rx, now)
@@ -324,6 +399,10 @@ class SoftState:
                 out += self._hold_sweep(link, gen, now)
         if self._tx:
             out += self._send_chunks(now)
+        if self.budget:
+            out += self._serve_waiting(now)
+        else:
+            self.budget.left = self.budget.per_tick
         if self.state.notices:
             out += self._flush_notices(now)
         dead, self._dead = self._dead, []

@@ -10,9 +10,13 @@ A link is a *router* only when it proves it:
 
 Any other HELLO that claims ROUTER is refused (the router says why, logs and counts
 ``refused.router-claim``). Every link that is not a proven router is an application and
-passes admission: connections per source host when it connects, and the quotas of its
-principal (:mod:`flowrouter.core.quotas`) on every join. The router core's links part
-calls :meth:`TrustBoundary.on_open`, :meth:`~TrustBoundary.router_refusal`,
+passes admission: once its HELLO is accepted (proven, with link keys), connections per
+source host and the descriptor budget the shell reports (:meth:`TrustBoundary.
+set_application_budget`); then the quotas of its principal (:mod:`flowrouter.core.quotas`)
+on every join. Connections still in their handshake count against no quota, so idle
+connections from a router's host never keep that router out (the shell bounds them per
+port, by time-out and by the descriptor budget). The router core's links part calls
+:meth:`~TrustBoundary.router_refusal`, :meth:`~TrustBoundary.application_refusal`,
 :meth:`~TrustBoundary.on_up` and :meth:`~TrustBoundary.on_close`; its admission part calls
 :meth:`~TrustBoundary.join_refusal`. Imports :mod:`flowrouter.core.quotas`,
 :mod:`flowrouter.core.tables` and :mod:`flowrouter.wire` only.
@@ -54,15 +58,27 @@ class TrustBoundary:
         self.quotas = PrincipalQuotas(limits)
         #: (router name, source host) pairs accepted as routers without link keys
         self.accepted_routers = accepted_routers
+        #: why no further application may connect now (the shell's descriptor budget), or
+        #: None
+        self.application_budget: str | None = None
 
     @property
     def limits(self) -> QuotaLimits:
         return self.quotas.limits
 
-    def on_open(self, link: Link) -> Refusal | None:
-        """A connection arrived. Those we did not dial count against their source host."""
-        if link.expected_peer is not None:
+    def set_application_budget(self, refusal: str | None) -> None:
+        """The shell's descriptor budget: *refusal* says why applications are refused now
+        (the rest is kept for routers and fail-over), None that they are welcome."""
+        self.application_budget = refusal
+
+    def application_refusal(self, link: Link, hello: Hello) -> Refusal | None:
+        """A HELLO was accepted on a link we did not dial and it is not a router's: the
+        application is counted against its source host now (not while its handshake runs),
+        and refused past ``connections_per_host`` or the descriptor budget."""
+        if hello.role is Role.ROUTER or link.expected_peer is not None:
             return None
+        if self.application_budget is not None:
+            return Refusal("descriptors", self.application_budget)
         if self.quotas.admit_connection(link.link_id, link.address):
             return None
         host = host_of(link.address)
@@ -97,7 +113,6 @@ class TrustBoundary:
         """The link is up: a proven router is not counted, an application speaks for its
         principal (its proven name, or its source host)."""
         if link.role is Role.ROUTER:
-            self.quotas.release_connection(link.link_id)
             return
         auth = link.auth
         name = link.peer_name if auth is not None and auth.authenticated else None
