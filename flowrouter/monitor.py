@@ -2,8 +2,11 @@
 ``/metrics`` (Prometheus text format) and any extra pages a process adds (the dashboard).
 
 A deliberately small HTTP/1.1 server on asyncio streams (GET and HEAD, one request per
-connection, bounded request size and time): monitoring needs no web framework, and every
-request is hostile until parsed. What to serve comes from a :class:`Monitored` source, so a
+connection, bounded request size and time, and at most ``max_connections`` connections at
+once: more are answered 503 and closed, counted in ``rejected``): monitoring needs no web
+framework, and every request is hostile until parsed. A process that budgets its
+descriptors passes a :class:`ConnectionCheck` (a router's connection gate) that admits each
+connection instead. What to serve comes from a :class:`Monitored` source, so a
 router, a location-service member, a directory member and a chat server share one server.
 
 Metrics use ``prometheus_client``: a source returns metric families built at scrape time
@@ -22,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -36,6 +39,8 @@ log = logging.getLogger("flowrouter.monitor")
 MAX_REQUEST_HEAD = 16 * 1024
 #: seconds a client may take to send its request head
 REQUEST_TIMEOUT = 10.0
+#: connections served at once (without a ConnectionCheck)
+MAX_CONNECTIONS = 64
 
 Page = tuple[int, str, bytes]  #: status code, content type, body
 #: on every response: pages load script, style and data from this server only and nothing
@@ -97,15 +102,32 @@ def _json(code: int, doc: Any) -> Page:
     return code, "application/json", json.dumps(doc, indent=1, default=str).encode() + b"\n"
 
 
+class ConnectionCheck(Protocol):
+    """Who may connect now (a router's connection gate, flowrouter.net.connlimits): *port*
+    names the kind of connection (``"http"``)."""
+
+    def admit(self, port: str, now: float) -> str | None:
+        """None: serve it (counted until :meth:`release`); else why not."""
+    def release(self, port: str) -> None: ...
+
+
 class MonitorServer:
     """Serves a :class:`Monitored` source over HTTP. ``await start()``, ``await stop()``."""
 
-    def __init__(self, source: Monitored, address: tuple[str, int]) -> None:
+    def __init__(self, source: Monitored, address: tuple[str, int], *,
+                 request_timeout: float = REQUEST_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS,
+                 check: ConnectionCheck | None = None) -> None:
         self.source = source
         self.address = address
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self.check = check
         self._server: asyncio.base_events.Server | None = None
         self.requests = 0
-        self.rejected = 0  #: malformed, oversized or too slow requests (counted, not logged)
+        #: malformed, oversized, too slow or over-the-limit requests (counted, not logged)
+        self.rejected = 0
+        self.open = 0  #: connections being served
 
     async def start(self) -> None:
         host, port = self.address
@@ -142,11 +164,28 @@ class MonitorServer:
                            + (", " + ", ".join(sorted(source.pages)) if source.pages else "")})
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            page, head_only = await self._answer(reader)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            writer.close()
+        refused = (self.check.admit("http", time.monotonic()) if self.check is not None
+                   else None if self.open < self.max_connections
+                   else f"{self.max_connections} connections at once already (limit)")
+        if refused is not None:
+            self.rejected += 1
+            await self._reply(writer, _json(503, {"error": f"connection refused: {refused}"}),
+                              False)
             return
+        self.open += 1
+        try:
+            try:
+                page, head_only = await self._answer(reader)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                writer.close()
+                return
+            await self._reply(writer, page, head_only)
+        finally:
+            self.open -= 1
+            if self.check is not None:
+                self.check.release("http")
+
+    async def _reply(self, writer: asyncio.StreamWriter, page: Page, head_only: bool) -> None:
         code, ctype, body = page
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
                   408: "Request Timeout", 431: "Request Header Fields Too Large",
@@ -166,7 +205,7 @@ class MonitorServer:
 
     async def _answer(self, reader: asyncio.StreamReader) -> tuple[Page, bool]:
         try:
-            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.request_timeout)
         except TimeoutError:
             self.rejected += 1
             return _json(408, {"error": "request head not received in time"}), False
@@ -193,9 +232,10 @@ class MonitorServer:
         return page, method == "HEAD"
 
 
-async def start_monitor(source: Monitored, address: str | tuple[str, int] | None
-                        ) -> MonitorServer | None:
-    """Start HTTP monitoring at *address* (``HOST:PORT``); None or "" starts nothing.
+async def start_monitor(source: Monitored, address: str | tuple[str, int] | None,
+                        **options: Any) -> MonitorServer | None:
+    """Start HTTP monitoring at *address* (``HOST:PORT``); None or "" starts nothing;
+    *options* go to :class:`MonitorServer` (time-out, connection limit, check).
 
     A port already in use is logged as a warning and the process runs on without HTTP:
     monitoring must never be the reason a router does not start.
@@ -205,7 +245,7 @@ async def start_monitor(source: Monitored, address: str | tuple[str, int] | None
     if isinstance(address, str):
         host, _, port = address.rpartition(":")
         address = (host.strip("[]") or "127.0.0.1", int(port))
-    server = MonitorServer(source, address)
+    server = MonitorServer(source, address, **options)
     try:
         await server.start()
     except OSError as exc:
@@ -215,5 +255,5 @@ async def start_monitor(source: Monitored, address: str | tuple[str, int] | None
     return server
 
 
-__all__ = ["MAX_REQUEST_HEAD", "MonitorServer", "Monitored", "render_metrics",
+__all__ = ["MAX_REQUEST_HEAD", "ConnectionCheck", "MonitorServer", "Monitored", "render_metrics",
            "start_monitor", "status_document"]

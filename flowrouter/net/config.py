@@ -51,6 +51,18 @@ Example (every key optional except ``router.name``)::
     epoch = 5.0                   # seconds per epoch (trace snapshots)
     # ping_after, delete_after: the seed's per-flow ping GC; accepted and ignored
 
+    [limits]                      # what one client can make the router hold or do
+    listen_connections = 4096     # connections at once per TCP listen port (proven routers
+                                  #   not counted)
+    control_connections = 64      # ... on the control port, and on the HTTP monitor
+    http_connections = 64
+    control_idle = 60.0           # a silent control connection is closed after this long
+    http_idle = 10.0              # an HTTP request must arrive within this
+    descriptor_reserve = 64       # descriptors kept for routers, dialling and fail-over
+    descriptors = 0               # descriptors to use (0: RLIMIT_NOFILE, soft raised to hard)
+    work_per_tick = 20000         # digest entries processed per tick over all links
+    work_backlog = 65536          # digest entries one application may have waiting
+
     [[peer]]                      # routers this one dials (and keeps re-dialling)
     name = "r2"
     address = "127.0.0.1:7002"
@@ -110,6 +122,7 @@ from flowrouter.net.configtables import (
     check_keys,
     gc_table,
     limit,
+    limits_table,
     link_auth_table,
     listen,
     measured_locality_table,
@@ -118,6 +131,7 @@ from flowrouter.net.configtables import (
     text,
     trace_table,
 )
+from flowrouter.net.connlimits import ServerLimits
 
 # A bad config value and a bad address are one kind of operator error: one class, two names.
 from flowrouter.wire.address import AddressError as ConfigError
@@ -242,6 +256,9 @@ class NodeConfig:
     accept_routers: list[str] = field(default_factory=list)
     #: limits per principal (flowrouter.core.quotas); a mapping of its fields is accepted
     quota: QuotaLimits = field(default_factory=QuotaLimits)
+    #: connections per port, idle time-outs, descriptors, the work budget ([limits],
+    #: flowrouter.net.connlimits); a mapping of its fields is accepted
+    limits: ServerLimits = field(default_factory=ServerLimits)
     #: measured locality (flowrouter.core.measured): None keeps the configured modifiers;
     #: a mapping of LocalityMapping's fields (possibly empty: the defaults) turns it on
     locality_mapping: LocalityMapping | None = None
@@ -327,6 +344,11 @@ class NodeConfig:
                 self.quota = QuotaLimits(**self.quota)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"[quota]: {exc}") from None
+        if isinstance(self.limits, dict):
+            try:
+                self.limits = ServerLimits(**self.limits)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"[limits]: {exc}") from None
         for entry in self.accept_routers:
             name, sep, host = str(entry).partition("@")
             if not sep or not name or not host:
@@ -425,6 +447,8 @@ class NodeConfig:
                 liveness_interval=self.liveness_interval, dead_after=self.dead_after,
                 refresh_interval=self.refresh_interval, hold_factor=self.hold_factor,
                 max_refresh_rate=self.max_refresh_rate,
+                work_per_tick=self.limits.work_per_tick,
+                work_backlog=self.limits.work_backlog,
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
                 quota=self.quota, accept_routers=self.accepted_routers(),
@@ -478,7 +502,7 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
     """A checked NodeConfig from a parsed TOML document; relative key files are looked up
     in *config_dir* (the config file's directory)."""
     check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
-                       "quota", "measured_locality"}, "the top level")
+                       "quota", "measured_locality", "limits"}, "the top level")
     router = dict(data.get("router") or {})
     check_keys(router, _ROUTER_KEYS, "[router]")
     if "name" not in router:
@@ -497,7 +521,7 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
             raise ConfigError('[router] accept_routers must be a list of "name@host"')
         kw["accept_routers"] = [str(e) for e in router["accept_routers"]]
     for section in (quota_table, measured_locality_table, gc_table, link_auth_table,
-                    trace_table):
+                    trace_table, limits_table):
         kw.update(section(data))
     kw["core_lsids"] = frozenset(parse_lsid(v, "[router] core_lsids")
                                  for v in router.get("core_lsids", []))

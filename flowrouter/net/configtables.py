@@ -1,5 +1,5 @@
 """The router config's value checks and its self-contained tables: ``[quota]``, ``[gc]``,
-``[measured_locality]``, ``[link_auth]`` and ``[trace]``.
+``[measured_locality]``, ``[link_auth]``, ``[trace]`` and ``[limits]``.
 
 Each ``*_table`` function takes the parsed TOML document and returns the
 :class:`~flowrouter.net.config.NodeConfig` keyword arguments that table sets, after checking
@@ -29,6 +29,13 @@ LINK_AUTH_KEYS = {"key_id", "encrypt", "require_endpoints", "keys", "rekey_recor
 #: shortest rekey interval accepted: shorter buys nothing and burns key generations
 MIN_REKEY_SECONDS = 0.01
 TRACE_KEYS = {"dir", "sample", "rotate_bytes"}
+#: [limits] keys (flowrouter.net.connlimits.ServerLimits), each with its type and range
+LIMITS_RANGES: dict[str, tuple[type, float, float]] = {
+    "work_per_tick": (int, 1, 1 << 30), "work_backlog": (int, 0, 1 << 30),
+    "listen_connections": (int, 1, 1 << 24), "control_connections": (int, 1, 1 << 20),
+    "http_connections": (int, 1, 1 << 20), "control_idle": (float, 0.01, 86400.0),
+    "http_idle": (float, 0.01, 3600.0), "descriptor_reserve": (int, 0, 1 << 20),
+    "descriptors": (int, 0, 1 << 30)}
 
 
 def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -177,3 +184,16 @@ def trace_table(data: dict[str, Any]) -> dict[str, Any]:
         kw["trace_rotate_bytes"] = number(trace["rotate_bytes"], "[trace] rotate_bytes", int,
                                           4096, 1 << 40)
     return kw
+
+
+def limits_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[limits]``: connections per port, idle time-outs, descriptors, the work budget
+    (checked again, as a whole, by ServerLimits)."""
+    table = data.get("limits")
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError("[limits] must be a table")
+    check_keys(table, set(LIMITS_RANGES), "[limits]")
+    return {"limits": {key: number(value, f"[limits] {key}", *LIMITS_RANGES[key])
+                       for key, value in table.items()}}

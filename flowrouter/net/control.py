@@ -7,7 +7,10 @@
 requests get a one-line error reply, never a dropped server. Status is served to anyone the
 interface is bound for; commands that change the router pass the node's
 :class:`~flowrouter.net.commandauth.CommandGuard` first (proof by token or link key), and
-:func:`query_control` signs them when given a token or key.
+:func:`query_control` signs them when given a token or key. Connections pass the node's
+:class:`~flowrouter.net.connlimits.ConnectionGate` (``[limits] control_connections``, the
+descriptor budget) and are closed after ``control_idle`` seconds of silence, each with a
+one-line error reply saying why.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.net.config`,
 :mod:`flowrouter.net.commandauth` and :mod:`flowrouter.wire`; the node is seen only as
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from flowrouter.net.commandauth import CommandGuard, sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
+from flowrouter.net.connlimits import CONTROL, ConnectionGate
 from flowrouter.wire.control import Role
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,9 @@ class Controlled(Protocol):
     @property
     def guard(self) -> CommandGuard | None:
         """Who may run commands that change the router (None: anyone it is bound for)."""
+    @property
+    def gate(self) -> ConnectionGate:
+        """Connections per port and the descriptor budget."""
     @property
     def blocked_peers(self) -> frozenset[str]: ...
     @property
@@ -114,11 +121,24 @@ def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
 
 async def serve_client(node: Controlled, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:
-    """Answer one control connection, a JSON line per request, until it closes."""
+    """Answer one control connection, a JSON line per request, until it closes (or stays
+    silent for ``[limits] control_idle`` seconds)."""
+    gate, idle = node.gate, node.config.limits.control_idle
+    refused = gate.admit(CONTROL, time.monotonic())
+    if refused is not None:
+        writer.write(json.dumps({"ok": False, "error": f"connection refused: {refused}"}
+                                ).encode() + b"\n")
+        writer.close()
+        return
     try:
         while True:
             try:
-                line = await reader.readline()
+                line = await asyncio.wait_for(reader.readline(), idle)
+            except TimeoutError:
+                gate.idle_closed(CONTROL, time.monotonic(), idle)
+                writer.write(json.dumps({"ok": False, "error": f"idle for {idle:g}s: "
+                                         "closing"}).encode() + b"\n")
+                break
             except ValueError:  # longer than the stream limit: answer, then hang up
                 log.warning("router %s: control line over %d bytes from %s; closing",
                             node.config.name, CONTROL_LINE_LIMIT,
@@ -159,6 +179,7 @@ async def serve_client(node: Controlled, reader: asyncio.StreamReader,
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
+        gate.release(CONTROL)
         writer.close()
 
 

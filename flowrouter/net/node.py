@@ -30,6 +30,7 @@ from flowrouter.core.traces import NULL_TRACER, TraceWriter
 from flowrouter.net.backpressure import Backpressure
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
+from flowrouter.net.connlimits import ConnectionGate, descriptors_open, raise_descriptor_limit
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
@@ -91,6 +92,12 @@ class RouterNode:
         self.peer_errors: dict[str, tuple[float, str]] = {}
         self._more_servers: list[asyncio.base_events.Server] = []
         self._only: dict[int, Role | None] = {}  #: id(server) -> the role it accepts
+        #: connections per port and the descriptor budget (flowrouter.net.connlimits)
+        self.gate = self._new_gate()
+
+    def _new_gate(self) -> ConnectionGate:
+        return ConnectionGate(self.config.limits, self.core.counters, raise_descriptor_limit(),
+                              descriptors_open(), self.core.trust.set_application_budget)
 
     def _attach_fast_path(self) -> None:
         engine, self.fast_path_info = engine_choice()
@@ -121,6 +128,7 @@ class RouterNode:
         self.core = Router(cfg.params(), loop.time(), tracer=tracer)
         self.core.wall_offset = time.time() - loop.time()  # capability expiry is Unix time
         self.flow = Backpressure(self)  # counting into the new core's counters
+        self.gate = self._new_gate()
         self._attach_fast_path()
         log.info("router %s forwards with: %s", cfg.name, self.fast_path_info)
         if cfg.listen:
@@ -484,4 +492,5 @@ class RouterNode:
             st["udp_io"] = udp_io
         st["listeners"] = self.listeners()
         st["link_auth"] = link_auth_status(self.config, self.links)
+        st["connections"] = self.gate.status()
         return st

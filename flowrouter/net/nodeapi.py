@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from flowrouter.core.measured import BusyRate
     from flowrouter.core.router import Action, Router
     from flowrouter.net.config import Emulation, NodeConfig, PeerConfig
+    from flowrouter.net.connlimits import ConnectionGate
 
 
 class Flushable(Protocol):
@@ -125,6 +126,9 @@ class Node(Protocol):
         """The read in progress (if any), as :meth:`begin_read` returned it."""
     @property
     def flow(self) -> FlowShell: ...
+    @property
+    def gate(self) -> ConnectionGate:
+        """Connections per port and the descriptor budget."""
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
 

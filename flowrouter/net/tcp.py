@@ -12,6 +12,11 @@ the handshake's included, is one :class:`~flowrouter.net.nodeapi.ReadBatch`; the
 through a :class:`~flowrouter.net.output.LinkOutput`. Links whose started frame stops
 arriving are closed (:func:`reap_stalled_frames`).
 
+Every connection passes the node's :class:`~flowrouter.net.connlimits.ConnectionGate` when
+it is made: an accepted one over its listen port's cap or the descriptor budget is told why
+(an ERROR frame) and closed before the core sees it; one that proves it is a router stops
+counting against its port.
+
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
 :mod:`flowrouter.net.output`, :mod:`flowrouter.net.streamio` and
 :mod:`flowrouter.net.nodeapi` (the node is seen only through that interface).
@@ -27,10 +32,13 @@ from typing import TYPE_CHECKING, Any
 from flowrouter.core.fastpath import STOP_END, STOP_PARTIAL
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
+from flowrouter.net.connlimits import DIAL
 from flowrouter.net.output import LinkOutput
 from flowrouter.net.streamio import RecvBuffer, write_gathered
+from flowrouter.wire import control as C
 from flowrouter.wire.control import Role
-from flowrouter.wire.header import HEADER_SIZE, MalformedFrame, validate_header
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+from flowrouter.wire.header import HEADER_SIZE, MalformedFrame, pack_header, validate_header
 from flowrouter.wire.linkrecords import SecureStream
 from flowrouter.wire.streamcodec import Phase, StreamCodec
 
@@ -46,7 +54,8 @@ class TcpLink(asyncio.BufferedProtocol):
     """One TCP connection to a router or an application (dialled or accepted)."""
 
     __slots__ = ("node", "peer", "link_id", "transport", "codec", "out", "address",
-                 "reading", "frames_in", "partial_since", "only", "rx", "fd")
+                 "reading", "frames_in", "partial_since", "only", "rx", "fd", "port",
+                 "counted")
 
     def __init__(self, node: Node, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
@@ -72,6 +81,10 @@ class TcpLink(asyncio.BufferedProtocol):
         #: frame progress time-out: a started frame must complete within frame_timeout)
         self.frames_in = 0
         self.partial_since: float | None = None
+        #: the gate's port key while the gate counts this connection (None: not admitted),
+        #: and whether it still counts against the port's cap (not a proven router)
+        self.port: str | None = None
+        self.counted = True
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -91,12 +104,30 @@ class TcpLink(asyncio.BufferedProtocol):
                 self.fd = sock.fileno()
         peername = transport.get_extra_info("peername")
         self.address = f"{peername[0]}:{peername[1]}" if peername else "?"
+        if not self._admitted(transport):
+            return
         self.link_id = node.register(self)
         self.out = LinkOutput(node, self.link_id, self.write, self.write_many)
         mods = self.peer.modifiers if self.peer else None  # accepted: learnt at HELLO
         node.execute(node.core.open_link(
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
             expected_peer=self.peer.name if self.peer else None))
+
+    def _admitted(self, transport: asyncio.BaseTransport) -> bool:
+        """Pass the gate (per-port cap, descriptor budget); refused: say why and close."""
+        port = DIAL
+        if self.peer is None:
+            local = transport.get_extra_info("sockname")
+            port = f"listen {local[0]}:{local[1]}" if local else "listen ?"
+        why = self.node.gate.admit(port, self.node.now(), routers=self.only is not Role.ENDPOINT)
+        if why is None:
+            self.port = port
+            return True
+        body = C.Error(3, f"connection refused: {why}").encode()
+        transport.write(pack_header(LINK_LOCAL_FLOW.key, len(body), 0)  # type: ignore[attr-defined]
+                        + body)
+        transport.close()
+        return False
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.rx.space()
@@ -169,6 +200,10 @@ class TcpLink(asyncio.BufferedProtocol):
                 link = node.core.links.get(self.link_id)
                 if link is None:
                     return  # refused or dropped
+                if (link.state is LinkState.UP and link.role is Role.ROUTER
+                        and self.peer is None and self.port is not None and self.counted):
+                    self.counted = False  # a proven router: not counted against its port
+                    node.gate.proven_router(self.port)
                 if link.state is LinkState.UP and self.only is not None and link.role is not \
                         self.only:
                     why = (f"{link.role.name.lower() if link.role else '?'} on a listener "
@@ -305,6 +340,10 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
+        if self.port is None:
+            return  # refused by the gate: never registered
+        node.gate.release(self.port, self.counted)
+        self.port = None
         reason = f"connection lost: {exc}" if exc else "connection closed by peer"
         pending = self.pending()
         if pending and self.link_id in node.core.links:  # not yet counted

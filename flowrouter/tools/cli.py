@@ -221,7 +221,9 @@ async def run_node(cfg: NodeConfig, kind: str = "router") -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     await node.start()
-    http = await start_monitor(router_source(node, kind), cfg.http_address())
+    http = await start_monitor(router_source(node, kind), cfg.http_address(),
+                               request_timeout=cfg.limits.http_idle,
+                               max_connections=cfg.limits.http_connections, check=node.gate)
     log.info("router %s running (core for %s); Ctrl-C to stop", cfg.name,
              ", ".join(f"{x:#x}" for x in sorted(cfg.core_lsids)) or "no LSID")
     await stop.wait()
