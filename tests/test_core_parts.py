@@ -116,24 +116,25 @@ def test_membership_asks_admission_and_tells_app_membership() -> None:
     assert KEY not in state.flows and state.counters["flows.removed"] == 1
 
 
-def test_admission_returns_the_members_a_policy_revokes() -> None:
+def test_admission_returns_the_members_a_policy_excludes() -> None:
+    from flowrouter.wire.capabilities import Capability, CreatorKey, Policy
+
     state = RouterState(RouterParams("r", 1))
     adm = Admission(state)
-    app = _up_link(state, 4, C.Role.ENDPOINT)
-
-    class Cap:
-        serial = 42
-
-    class Pol:
-        revoked = frozenset({42})
-
-        @staticmethod
-        def covers(key: bytes) -> bool:
-            return key == KEY
-
-    app.caps = {KEY: Cap()}
-    assert adm.revoked_by(Pol()) == [(app, KEY)]  # type: ignore[arg-type]
-    assert app.caps == {KEY: app.caps[KEY]}  # nothing withdrawn here: membership does it
+    owner = CreatorKey.generate()
+    key = owner.flow(LSID, 1).key
+    revoked, kept, bare = (_up_link(state, lid, C.Role.ENDPOINT) for lid in (4, 5, 6))
+    caps = [Capability.issue(owner, key, name, join=[40], ttl=3600, now=0.0)
+            for name in ("a", "b")]
+    revoked.caps, kept.caps = {key: caps[0]}, {key: caps[1]}
+    entry = state.flows[key] = FlowEntry(None, True, 0.0)
+    for lid in (4, 5, 6):
+        entry.down[lid] = 1 << 40
+    pol = state.policies.install(Policy.issue(owner, key, version=1, revoked=[caps[0].serial],
+                                              now=0.0).encode())
+    assert sorted(adm.excluded_by(pol, 1.0), key=lambda t: t[0].link_id) == [
+        (revoked, key, "revoked"), (bare, key, "policy")]
+    assert revoked.caps == {key: caps[0]}  # nothing withdrawn here: membership does it
 
 
 def test_a_mask_repaired_by_a_digest_reaches_the_fast_path_mirror() -> None:

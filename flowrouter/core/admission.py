@@ -11,9 +11,10 @@ A part of the router (see :mod:`flowrouter.core.router`): its own object over th
 rate limits; it calls no other part. Membership asks it about joins
 (:class:`~flowrouter.core.interfaces.JoinAdmission`), forwarding about data
 (:class:`~flowrouter.core.interfaces.SendCheck`), links and the LS exchange raise alerts
-through it. Members a new policy revokes are returned (:meth:`Admission.revoked_by`) for the
-Router to have membership withdraw them: membership already calls admission, and the call
-back would close a cycle.
+through it. Members a new policy excludes (no capability where it now needs one, a revoked
+one, or one that no longer grants the bands they hold) are returned
+(:meth:`Admission.excluded_by`) for the Router to have membership withdraw them: membership
+already calls admission, and the call back would close a cycle.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, actions, tables,
 lsroutes, tracers); never another part.
@@ -88,14 +89,41 @@ class Admission:
             out.append(Send(link_id, pack_header(LINK_KEY, len(body), BAND_MEMBERSHIP), body))
         return out
 
-    def revoked_by(self, pol: Policy) -> list[tuple[Link, bytes]]:
-        """The (application link, flow) pairs whose capability *pol* revokes: they lose
-        what it granted (membership withdraws them)."""
-        if not pol.revoked:
-            return []
-        return [(lk, key) for lk in list(self.state.links.values())
-                for key, cap in list((lk.caps or {}).items())
-                if pol.covers(key) and cap.serial in pol.revoked]
+    def excluded_by(self, pol: Policy, now: float) -> list[tuple[Link, bytes, str]]:
+        """The (application link, flow, why) triples a newly installed policy excludes, so
+        that a policy arriving late binds the members that joined before it too: a member
+        holding bands without a capability where *pol* now requires one to join
+        (``policy``), an advertiser without one where it requires one to send (``policy``),
+        and a member whose capability *pol* revokes (``revoked``), which has expired
+        (``expired``) or no longer grants the bands it holds (``band-denied``).
+        Membership withdraws each (PRUNE: it may re-join with a capability)."""
+        flows = self.state.flows
+        if pol.creator_wide:
+            prefix = pol.flow_key[:8]
+            keys = [k for k in flows if k[:8] == prefix]
+        else:
+            keys = [pol.flow_key] if pol.flow_key in flows else []
+        links = self.state.links
+        wall = now + self.state.wall_offset
+        out: list[tuple[Link, bytes, str]] = []
+        for key in keys:
+            if self.policies.policy_for(key) is not pol:
+                continue  # a per-flow policy takes precedence over this creator-wide one
+            for lid, mask in list(flows[key].down.items()):
+                lk = links.get(lid)
+                if lk is None or lk.role is not C.Role.ENDPOINT:
+                    continue
+                cap = lk.caps.get(key) if lk.caps else None
+                if cap is None:
+                    if (pol.require_join and mask) or (pol.require_send and not mask):
+                        out.append((lk, key, "policy"))
+                elif cap.serial in pol.revoked:
+                    out.append((lk, key, "revoked"))
+                elif cap.expiry <= wall:
+                    out.append((lk, key, "expired"))
+                elif pol.require_join and mask and not cap.may_join(mask):
+                    out.append((lk, key, "band-denied"))
+        return out
 
     def authorize_join(self, link: Link, key: bytes, msg: C.Join, now: float
                         ) -> str | None:

@@ -18,7 +18,7 @@ The calls form no cycle, so the Router builds the parts bottom up::
 
 Two calls would close a cycle and are returned to the Router instead: a peer the soft state
 finds dead (``SoftState.tick`` returns it; the Router closes the link), and the members a new
-policy revokes (``Admission.revoked_by``; the Router has membership withdraw them).
+policy excludes (``Admission.excluded_by``; the Router has membership withdraw them).
 
 May import :mod:`flowrouter.wire` and the core's data modules (actions, tables); never a part.
 """

@@ -317,15 +317,17 @@ class Membership:
 
     def withdraw(self, link: Link, key: bytes, why: str, now: float) -> list[Action]:
         """Take an application off a flow whose capability is no longer valid (revoked by a
-        policy, or expired), and tell it (PRUNE): it may re-join with a new capability."""
+        policy, expired, or missing where a policy installed after its join needs one),
+        and tell it (PRUNE): it may re-join with a capability. Counted
+        ``capability.<why>``, logged."""
         if link.caps:
             link.caps.pop(key, None)
         self.counters[f"capability.{why}"] += 1
         entry = self.flows.get(key)
         if entry is None or link.link_id not in entry.down:
             return []
-        log.info("%s: capability for %s %s; removed from the flow", link.describe(),
-                 flow_text(key), why)
+        log.info("%s: removed from %s: %s", link.describe(), flow_text(key),
+                 _WITHDRAWN.get(why, f"capability {why}"))
         self.drop_down(entry, key, link.link_id, "refused", now)
         self.state.notices.prune(link.link_id, key)
         return self.after_change(key, entry, now, "refused")
@@ -375,3 +377,12 @@ class Membership:
                 self.counters["join.resent"] += 1
                 out.append(control_frame(entry.upstream, key, C.Join(entry.up_req, entry.agg)))
         return out
+
+
+#: why an application was taken off a flow, for the log (withdraw's *why*)
+_WITHDRAWN = {
+    "policy": "a policy installed after it joined requires a capability it does not hold",
+    "revoked": "its capability was revoked by a policy",
+    "expired": "its capability expired",
+    "band-denied": "its capability does not grant the bands it holds",
+}

@@ -50,7 +50,7 @@ PONG from older peers are counted and ignored.
 
 Two decisions travel back through the Router rather than between parts, so no two parts call
 each other: a peer the soft state finds dead is closed here by the links part, and the members
-a new policy revokes are withdrawn here by membership.
+a new policy excludes are withdrawn here by membership.
 
 The per-frame path stays flat: ``receive`` calls the forwarding part's bound method, kept in
 an attribute of the Router, and that part holds its tables directly; the compiled fast path
@@ -206,14 +206,15 @@ class Router:
         raise MalformedFrame("bad-control", f"{type(msg).__name__} on band {band} of a flow")
 
     def _on_policy(self, link: Link, raw: bytes, now: float) -> list[Action]:
-        """A creator's signed policy: install it, withdraw the members it revokes, and pass
-        it on to the other router neighbours once."""
+        """A creator's signed policy: install it, withdraw the current members it
+        excludes (joined before it, revoked, ...), and pass it on to the other router
+        neighbours once."""
         pol = self._admission.install_policy(link, raw)
         if pol is None:
             return []
         out: list[Action] = []
-        for lk, key in self._admission.revoked_by(pol):
-            out += self._trees.withdraw(lk, key, "revoked", now)
+        for lk, key, why in self._admission.excluded_by(pol, now):
+            out += self._trees.withdraw(lk, key, why, now)
         return out + self._admission.gossip(raw, link.link_id)
 
     def tick(self, now: float) -> list[Action]:
