@@ -1,7 +1,11 @@
 """Authenticated handshakes over lossy datagram links (UDP), in the simulator and on
 loopback: losing any one handshake datagram (either side's HELLO or AUTH) costs one retry
 interval, not a handshake time-out and a re-dial; a repeat is answered with the same AUTH and
-never taken for a new session, and replay protection still refuses a reused nonce."""
+never taken for a new session, and replay protection still refuses a reused nonce.
+
+UDP links are never sealed, so a router with link keys refuses authenticated UDP links (and
+a UDP ``[[peer]]`` is a config error) unless ``[link_auth] allow_unsealed_udp`` accepts them:
+these routers do (``auth_udp_unsealed``); the refusal is tested last."""
 
 from __future__ import annotations
 
@@ -47,7 +51,8 @@ def lossy_sim(monkeypatch: pytest.MonkeyPatch, src: str, nth: int) -> tuple[SimN
     monkeypatch.setattr(Direction, "transmit", lossy)
     net = SimNetwork(seed=1, tick_interval=0.05, reconnect_delay=1.0)
     for name in ("a", "b"):
-        net.add_router(name, keyring=KeyRing({"site": KEY}), liveness_interval=LIVENESS,
+        net.add_router(name, keyring=KeyRing({"site": KEY}), auth_udp_unsealed=True,
+                       liveness_interval=LIVENESS,
                        dead_after=3 * LIVENESS, handshake_timeout=10.0)
     net.add_link("a", "b", transport="udp", delay=0.005)
     return net, lost
@@ -128,7 +133,7 @@ def test_on_loopback_an_authenticated_udp_link_whose_first_hello_is_lost_comes_u
     well inside the handshake time-out (and without a re-dial)."""
     keys = {"site": "hex:" + "11" * 32}
     opts = dict(listen="", liveness_interval=LIVENESS, dead_after=4.0, link_keys=keys,
-                tick_interval=0.05)
+                tick_interval=0.05, link_unsealed_udp=True)
 
     async def main() -> None:
         port = free_port(socket.SOCK_DGRAM)
@@ -153,3 +158,26 @@ def test_on_loopback_an_authenticated_udp_link_whose_first_hello_is_lost_comes_u
             if b is not None:
                 await b.stop()
     run(main())
+
+
+def test_with_link_keys_unsealed_udp_links_are_refused_unless_allowed() -> None:
+    from flowrouter.net.config import ConfigError, config_from_dict
+
+    keys = {"keys": {"site": "hex:" + "11" * 32}}
+    peer = {"name": "r2", "address": "127.0.0.1:7002", "transport": "udp"}
+    with pytest.raises(ConfigError, match="UDP links are not sealed"):
+        config_from_dict({"router": {"name": "r1"}, "link_auth": keys, "peer": [peer]})
+    cfg = config_from_dict({"router": {"name": "r1"}, "peer": [peer],
+                            "link_auth": {**keys, "allow_unsealed_udp": True}})
+    assert cfg.params().auth_udp_unsealed
+    config_from_dict({"router": {"name": "r1"}, "peer": [peer]})  # no keys: nothing to keep
+    # a router with keys that was not told to accept them refuses the UDP handshake
+    net = SimNetwork(seed=2, tick_interval=0.05)
+    net.add_router("a", keyring=KeyRing({"site": KEY}), auth_udp_unsealed=True,
+                   liveness_interval=LIVENESS, dead_after=3 * LIVENESS)
+    net.add_router("b", keyring=KeyRing({"site": KEY}), liveness_interval=LIVENESS,
+                   dead_after=3 * LIVENESS)
+    net.add_link("a", "b", transport="udp", delay=0.005)
+    net.run_until(2.0)
+    assert not up(net, "a") and not up(net, "b")
+    assert net.routers["b"].counters["refused.udp-unsealed"] >= 1

@@ -248,6 +248,12 @@ class Links:
         link.features = C.hello_features(header)
         if self.p.keyring is not None and (msg.role is C.Role.ROUTER or self.p.auth_endpoints
                                            or msg.credentials):
+            if datagram and not self.p.auth_udp_unsealed:
+                return self._refuse_untrusted(link, Refusal(
+                    "udp-unsealed", f"{msg.role.name.lower()} {msg.name[:80]!r}: UDP links "
+                    "are not sealed, so a proof at the handshake would protect nothing after "
+                    "it; this router has link keys and refuses authenticated UDP links (use "
+                    "TCP, or set [link_auth] allow_unsealed_udp = true)"), now)
             if not msg.credentials:
                 return self._refuse(link, "missing-credentials",
                                     f"{msg.role.name.lower()} {msg.name!r} offers no link "

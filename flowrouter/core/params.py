@@ -62,6 +62,9 @@ class RouterParams:
     auth_key_id: str | None = None
     auth_encrypt: bool = False  #: ask for encrypted links (TCP; on if either side asks)
     auth_endpoints: bool = False
+    #: accept authenticated UDP links (never sealed: only the handshake is proven); without
+    #: it a router with a key ring refuses every UDP link that would be authenticated
+    auth_udp_unsealed: bool = False
     #: records a sealed link sends under one key before it moves to the next (rekeying by
     #: time is the daemon's: flowrouter.net.linksecurity)
     auth_rekey_records: int = DEFAULT_REKEY_RECORDS

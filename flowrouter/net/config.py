@@ -85,6 +85,9 @@ Example (every key optional except ``router.name``)::
     rekey_records = 16777216      # an encrypted link moves to a new key after this many
     rekey_seconds = 300.0         #   records it sent, and after this many seconds (the
                                   #   first that comes; both directions, each on its own)
+    allow_unsealed_udp = false    # UDP links are never sealed: with keys, a UDP [[peer]] is a
+                                  #   config error and authenticated UDP links are refused,
+                                  #   unless this accepts them (proven at the handshake only)
     [link_auth.keys]              # key id -> "hex:..." | "base64:..." | "file:PATH"
     site-2026 = "hex:00112233..."
 
@@ -297,6 +300,8 @@ class NodeConfig:
     link_key_id: str | None = None
     link_encrypt: bool = False
     link_auth_endpoints: bool = False
+    #: accept authenticated UDP links although nothing after their handshake is sealed
+    link_unsealed_udp: bool = False
     #: sealed links move to a new key after this many records, and this many seconds
     link_rekey_records: int = DEFAULT_REKEY_RECORDS
     link_rekey_seconds: float = DEFAULT_REKEY_INTERVAL
@@ -360,6 +365,15 @@ class NodeConfig:
                               "must be positive")
         if self.frame_timeout <= 0:
             raise ConfigError("frame_timeout must be positive")
+        if self.link_keys and not self.link_unsealed_udp:
+            for peer in self.peers:
+                if peer.transport == "udp":
+                    raise ConfigError(
+                        f"[[peer]] {peer.name or peer.address}: transport \"udp\" with "
+                        "[link_auth] keys: UDP links are not sealed (after the handshake "
+                        "their frames are neither authenticated nor encrypted, so anyone on "
+                        "the path can forge or read them); use transport \"tcp\", or set "
+                        "[link_auth] allow_unsealed_udp = true to accept that")
         if not 0 < self.link_rekey_records <= SEQ_MASK or not self.link_rekey_seconds > 0:
             raise ConfigError(f"link rekey_records must be 1..{SEQ_MASK} and rekey_seconds "
                               "positive")
@@ -438,6 +452,7 @@ class NodeConfig:
             return RouterParams(
                 keyring=self.keyring(), auth_key_id=self.link_key_id,
                 auth_encrypt=self.link_encrypt, auth_endpoints=self.link_auth_endpoints,
+                auth_udp_unsealed=self.link_unsealed_udp,
                 auth_rekey_records=self.link_rekey_records,
                 name=self.name, node_id=self.node_id or node_id_for(self.name),
                 max_payload=self.max_payload, core_lsids=frozenset(self.core_lsids),

@@ -25,7 +25,7 @@ QUOTA_KEYS = set(QUOTA_RANGES)
 GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
            "refresh_interval", "hold_factor", "max_refresh_rate"}
 LINK_AUTH_KEYS = {"key_id", "encrypt", "require_endpoints", "keys", "rekey_records",
-                  "rekey_seconds"}
+                  "rekey_seconds", "allow_unsealed_udp"}
 #: shortest rekey interval accepted: shorter buys nothing and burns key generations
 MIN_REKEY_SECONDS = 0.01
 TRACE_KEYS = {"dir", "sample", "rotate_bytes"}
@@ -160,6 +160,8 @@ def link_auth_table(data: dict[str, Any]) -> dict[str, Any]:
     kw["link_encrypt"] = flag(auth.get("encrypt", False), "[link_auth] encrypt")
     kw["link_auth_endpoints"] = flag(auth.get("require_endpoints", False),
                                      "[link_auth] require_endpoints")
+    kw["link_unsealed_udp"] = flag(auth.get("allow_unsealed_udp", False),
+                                   "[link_auth] allow_unsealed_udp")
     if "rekey_records" in auth:
         kw["link_rekey_records"] = number(auth["rekey_records"], "[link_auth] rekey_records",
                                           int, 1, SEQ_MASK)
