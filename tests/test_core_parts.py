@@ -127,7 +127,8 @@ def test_admission_returns_the_members_a_policy_excludes() -> None:
     caps = [Capability.issue(owner, key, name, join=[40], ttl=3600, now=0.0)
             for name in ("a", "b")]
     revoked.caps, kept.caps = {key: caps[0]}, {key: caps[1]}
-    entry = state.flows[key] = FlowEntry(None, True, 0.0)
+    entry = FlowEntry(None, True, 0.0)
+    state.add_entry(key, entry)
     for lid in (4, 5, 6):
         entry.down[lid] = 1 << 40
     pol = state.policies.install(Policy.issue(owner, key, version=1, revoked=[caps[0].serial],

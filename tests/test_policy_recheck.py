@@ -114,3 +114,22 @@ def test_a_creator_wide_policy_covers_every_flow_of_the_creator(net: CoreNet) ->
     edge = net.routers["edge"]
     assert edge.counters["capability.policy"] == 2
     assert stranger.key in edge.flows and s.link_id in edge.flows[stranger.key].down
+
+
+def test_the_creator_index_follows_the_flow_table(net: CoreNet) -> None:
+    """A creator-wide policy finds its flows through an index, not a table walk (a policy
+    is a message any creator can send): the index holds exactly the table's keys."""
+    owners = [CreatorKey.generate() for _ in range(3)]
+    eps = []
+    for i in range(12):
+        ep = net.endpoint(f"e{i}", "edge" if i % 2 else "core")
+        ep.join(owners[i % 3].flow(LSID, i), [40])
+        eps.append(ep)
+    for ep in eps[::3]:
+        ep.leave(next(iter(ep.wanted)) if ep.wanted else owners[0].flow(LSID, 99))
+    net.disconnect(eps[1])
+    for name, r in net.routers.items():
+        grouped: dict[bytes, set[bytes]] = {}
+        for key in r.flows:
+            grouped.setdefault(key[:8], set()).add(key)
+        assert r.state.by_creator == grouped, name

@@ -98,9 +98,8 @@ class Admission:
         (``expired``) or no longer grants the bands it holds (``band-denied``).
         Membership withdraws each (PRUNE: it may re-join with a capability)."""
         flows = self.state.flows
-        if pol.creator_wide:
-            prefix = pol.flow_key[:8]
-            keys = [k for k in flows if k[:8] == prefix]
+        if pol.creator_wide:  # its creator's flows, from the index: no table walk
+            keys = sorted(self.state.by_creator.get(pol.flow_key[:8], ()))
         else:
             keys = [pol.flow_key] if pol.flow_key in flows else []
         links = self.state.links

@@ -79,7 +79,8 @@ class LsExchange:
             if len(self.flows) >= self.p.max_flows:
                 self.counters["refused.flow-limit"] += 1
                 return []
-            entry = self.flows[key] = FlowEntry(None, True, now)
+            entry = FlowEntry(None, True, now)
+            self.state.add_entry(key, entry)
             self.counters["flows.created"] += 1
             if self.state.tracing:
                 self.state.tracer.entry_add(now, key, None)

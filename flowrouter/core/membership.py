@@ -83,7 +83,7 @@ class Membership:
                         f"router {self.p.name} has no route to location service {lsid:#x}"))]
                 entry = FlowEntry(up, False, now)
                 self.links[up].dependent.add(key)
-            self.flows[key] = entry
+            self.state.add_entry(key, entry)
             self.counters["flows.created"] += 1
             if self.tracing:
                 self.tracer.entry_add(now, key, entry.upstream)
@@ -271,7 +271,7 @@ class Membership:
         return out
 
     def remove_entry(self, key: bytes, entry: FlowEntry, cause: str, now: float) -> None:
-        self.flows.pop(key, None)
+        self.state.remove_entry(key)
         self.state.entry_changed(key)
         self.counters["flows.removed"] += 1
         if self.tracing:

@@ -119,6 +119,23 @@ class RouterState:
         #: the forwarding fast path's mirror of our tables (flowrouter.core.fastpath), told
         #: of every change to an entry or link; None while no fast path is attached
         self.fib: Any = None
+        #: flow keys by creator (the key's first 8 bytes): what a creator-wide policy
+        #: covers, found without a walk of the whole table
+        self.by_creator: dict[bytes, set[bytes]] = {}
+
+    def add_entry(self, key: bytes, entry: FlowEntry) -> None:
+        """A new route entry (every part adds entries through this)."""
+        self.flows[key] = entry
+        self.by_creator.setdefault(key[:8], set()).add(key)
+
+    def remove_entry(self, key: bytes) -> None:
+        """The route entry of *key* goes (every part removes entries through this)."""
+        self.flows.pop(key, None)
+        keys = self.by_creator.get(key[:8])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_creator[key[:8]]
 
     def entry_changed(self, key: bytes) -> None:
         """Any change to the route entry of *key* (links, masks, upstream, removal): the
