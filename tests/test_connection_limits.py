@@ -84,9 +84,10 @@ def test_limits_are_configurable_and_checked() -> None:
     cfg = config_from_dict({"router": {"name": "r"}, "limits": {
         "listen_connections": 100, "control_connections": 5, "http_connections": 6,
         "control_idle": 2.5, "http_idle": 1.5, "descriptor_reserve": 32, "descriptors": 500,
-        "work_per_tick": 1000, "work_backlog": 2000}})
+        "work_per_tick": 1000, "work_backlog": 2000, "control_per_tick": 300}})
     assert cfg.limits.control_connections == 5 and cfg.limits.descriptors == 500
     assert cfg.params().work_per_tick == 1000 and cfg.params().work_backlog == 2000
+    assert cfg.params().control_per_tick == 300
     for bad, match in (({"control_idle": 0}, "control_idle"),
                        ({"nope": 1}, "unknown"),
                        ({"descriptors": 10, "descriptor_reserve": 20}, "descriptors"),

@@ -192,3 +192,38 @@ def test_budget_shares_equally_and_serves_everything() -> None:
     assert b.defer(3, "x", 10_000, 0.0, capped=True)
     assert not b.defer(3, "y", 1, 0.0, capped=True)
     assert b.defer(4, "z", 20_000, 0.0, capped=False)
+
+
+def test_a_join_flood_is_cut_at_the_control_budget_per_tick() -> None:
+    """Attack: 200,000 JOINs in one burst (each answered, most refused by the join quota)
+    cost a router 0.44 s of loop time in one read. An application link has at most
+    ``control_per_tick`` control messages handled per tick; the rest of that tick's are
+    dropped before they are decoded (counted), the limit trips visibly once, and the next
+    tick the application is heard again."""
+    h = Harness(control_per_tick=100)
+    app = h.app(1, "flooder")
+    for i in range(1000):
+        app.control(FlowID(0xF10D, 0x10, i).key, C.Join(i + 1, 1 << 32))
+    c = h.r.counters
+    assert c["control.join"] == 100
+    assert c["drop.control-budget"] == 900
+    assert len(app.msgs(C.JoinAck)) == 100
+    faults = [f for f in app.msgs(C.Fault) if f.extra.get("limit") == "work-budget"]
+    assert len(faults) == 1 and "control messages" in faults[0].detail
+    h.tick()
+    app.control(FlowID(0xF10D, 0x10, 5000).key, C.Join(5000, 1 << 32))
+    assert c["control.join"] == 101 and len(app.msgs(C.JoinAck)) == 101
+
+
+def test_router_links_are_not_held_to_the_control_budget() -> None:
+    h = Harness(control_per_tick=10)
+    r = h.r
+    r.trust.accepted_routers = frozenset({("peer", "peer")})
+    h.do(r.open_link(7, h.now, transport="sim", address="peer"))
+    body = C.Hello(7, C.Role.ROUTER, "peer", 65536).encode()
+    h.do(r.receive(7, C.hello_header(len(body), C.FEATURES), body, h.now))
+    assert r.links[7].role is C.Role.ROUTER
+    for i in range(50):
+        m = C.Mask(1 << 32).encode()
+        h.do(r.receive(7, pack_header(FlowID(0xF10D, 0x10, i).key, len(m), 0), m, h.now))
+    assert r.counters["drop.control-budget"] == 0 and r.counters["control.mask"] == 50

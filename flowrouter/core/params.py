@@ -50,6 +50,10 @@ class RouterParams:
     #: application link may have waiting before its further digests are dropped
     work_per_tick: int = 20_000
     work_backlog: int = 65_536
+    #: control messages (joins, leaves, masks, digests, echoes, ...) one application link
+    #: may have handled per tick; more are dropped, counted (the join quota's burst and
+    #: rate are far below: only a flood reaches it)
+    control_per_tick: int = 1024
     join_timeout: float = 5.0  #: seconds an upstream join may stay unanswered
     max_flows: int = 1_000_000  #: flow-table limit; joins past it are refused
     max_flows_per_endpoint: int = 4096  #: flows one application link may hold state for
@@ -96,8 +100,9 @@ class RouterParams:
                 or not 1 <= self.member_notice_max <= 512 or self.member_notices_per_tick < 1):
             raise ValueError("membership notices need interval >= 0, refresh >= 0, "
                              "1 <= changes per notice <= 512, notices per tick >= 1")
-        if self.work_per_tick < 1 or self.work_backlog < 0:
-            raise ValueError("work_per_tick must be at least 1 and work_backlog >= 0")
+        if self.work_per_tick < 1 or self.work_backlog < 0 or self.control_per_tick < 1:
+            raise ValueError("work_per_tick and control_per_tick must be at least 1 and "
+                             "work_backlog >= 0")
         if self.epoch_length <= 0:
             raise ValueError("epoch_length must be positive")
         if not self.liveness_interval > 0 or not self.refresh_interval > 0:

@@ -166,6 +166,13 @@ class Router:
 
     def _admin(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
                band: int, now: float) -> list[Action]:
+        if link.role is not C.Role.ROUTER and self._control_left(link) < 0:
+            self.counters["drop.control-budget"] += 1
+            if link.control_left == -1:  # the first one dropped this tick: trip the limit
+                return self._soft.budget_tripped(
+                    link, now, f"over {self.p.control_per_tick} control messages in one "
+                    "tick: the rest of this tick's are dropped")
+            return []
         try:
             msg = C.decode(payload)
         except C.UnknownControlType:
@@ -205,6 +212,19 @@ class Router:
             return []  # the per-flow GC of older peers: refresh digests replaced it
         raise MalformedFrame("bad-control", f"{type(msg).__name__} on band {band} of a flow")
 
+    def _control_left(self, link: Link) -> int:
+        """Count one control message of an application against its ``control_per_tick``
+        and say how many are left (negative: over). A flood of joins, each answered, must
+        not make one read cost the loop seconds: past the budget, until the next tick, an
+        application's control messages are dropped before they are decoded (counted
+        ``drop.control-budget``; the work-budget limit trips, see SoftState)."""
+        ticks = self.state.ticks
+        if link.control_tick != ticks:
+            link.control_tick = ticks
+            link.control_left = self.p.control_per_tick
+        link.control_left -= 1
+        return link.control_left
+
     def _on_policy(self, link: Link, raw: bytes, now: float) -> list[Action]:
         """A creator's signed policy: install it, withdraw the current members it
         excludes (joined before it, revoked, ...), and pass it on to the other router
@@ -221,6 +241,7 @@ class Router:
         """Advance the clock. Cost: the handshaking links, the pending joins, the orphans
         (once per refresh interval) and the soft-state timers that fell due."""
         st = self.state
+        st.ticks += 1
         st.epoch = int((now - st.started) / self.p.epoch_length)
         if st.tracing and st.epoch != self._snapshot_epoch:
             self._snapshot_epoch = st.epoch  # one table snapshot per epoch

@@ -220,14 +220,14 @@ class SoftState:
             return self._refresh_entries(link, msg, 0, size, now, now)
         if budget.defer(lid, msg, size, now, capped=link.role is not C.Role.ROUTER):
             self.counters["work.deferred"] += size
-            return self._budget_tripped(link, now, f"{budget.waiting(lid)} digest entries "
-                                                   "waiting")
+            return self.budget_tripped(link, now, f"{budget.waiting(lid)} digest entries "
+                                                  "waiting")
         self.counters["refresh.chunks-dropped"] += 1
-        return self._budget_tripped(link, now, f"digest chunk of {size} entries dropped: "
-                                               f"{budget.waiting(lid)} already waiting "
-                                               f"(work_backlog {budget.backlog})")
+        return self.budget_tripped(link, now, f"digest chunk of {size} entries dropped: "
+                                              f"{budget.waiting(lid)} already waiting "
+                                              f"(work_backlog {budget.backlog})")
 
-    def _budget_tripped(self, link: Link, now: float, what: str) -> list[Action]:
+    def budget_tripped(self, link: Link, now: float, what: str) -> list[Action]:
         """Count the tripped work budget; alert, and tell an application on band 17 of the
         link-local flow, at most once per alert interval per link."""
         self.counters["work.budget-tripped"] += 1
@@ -235,8 +235,7 @@ class SoftState:
         if last is not None and now - last < self.p.alert_interval:
             return []
         self._budget_told[link.link_id] = now
-        detail = (f"{link.describe()}: work budget of {self.budget.per_tick} entries per "
-                  f"tick exceeded: {what}")
+        detail = f"{link.describe()}: work budget exceeded: {what}"
         out = [] if self.alerts is None else self.alerts.alert("work-budget", detail, now)
         if link.role is C.Role.ENDPOINT:
             body = C.Fault(C.FaultKind.LIMIT, self.p.name, detail,

@@ -102,6 +102,8 @@ class RouterState:
                                  params.max_ls_routes)
         self.started = now
         self.epoch = 0
+        #: ticks so far (per-tick budgets count in it)
+        self.ticks = 0
         #: bumped whenever links or LS routes change, so shells can wake waiters cheaply
         self.generation = 0
         #: flow policies in force (capabilities.PolicyStore): installed by admission, checked

@@ -105,6 +105,10 @@ class Link:
     auth_body: bytes = b""
     up_at: float = 0.0
     answered_at: float = float("-inf")
+    #: an application's control messages left in this tick (``RouterParams.
+    #: control_per_tick``), and the tick they count in (the router's tick number)
+    control_left: int = 0
+    control_tick: int = -1
 
     def describe(self) -> str:
         return f"link {self.link_id} ({self.peer_name} via {self.transport} {self.address})"

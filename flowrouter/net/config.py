@@ -62,6 +62,7 @@ Example (every key optional except ``router.name``)::
     descriptors = 0               # descriptors to use (0: RLIMIT_NOFILE, soft raised to hard)
     work_per_tick = 20000         # digest entries processed per tick over all links
     work_backlog = 65536          # digest entries one application may have waiting
+    control_per_tick = 1024       # control messages one application may have handled a tick
 
     [[peer]]                      # routers this one dials (and keeps re-dialling)
     name = "r2"
@@ -464,6 +465,7 @@ class NodeConfig:
                 max_refresh_rate=self.max_refresh_rate,
                 work_per_tick=self.limits.work_per_tick,
                 work_backlog=self.limits.work_backlog,
+                control_per_tick=self.limits.control_per_tick,
                 join_timeout=self.join_timeout, max_flows=self.max_flows,
                 max_flows_per_endpoint=self.max_flows_per_endpoint,
                 quota=self.quota, accept_routers=self.accepted_routers(),

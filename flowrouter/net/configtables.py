@@ -32,6 +32,7 @@ TRACE_KEYS = {"dir", "sample", "rotate_bytes"}
 #: [limits] keys (flowrouter.net.connlimits.ServerLimits), each with its type and range
 LIMITS_RANGES: dict[str, tuple[type, float, float]] = {
     "work_per_tick": (int, 1, 1 << 30), "work_backlog": (int, 0, 1 << 30),
+    "control_per_tick": (int, 1, 1 << 30),
     "listen_connections": (int, 1, 1 << 24), "control_connections": (int, 1, 1 << 20),
     "http_connections": (int, 1, 1 << 20), "control_idle": (float, 0.01, 86400.0),
     "http_idle": (float, 0.01, 3600.0), "descriptor_reserve": (int, 0, 1 << 20),

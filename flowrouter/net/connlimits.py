@@ -57,6 +57,9 @@ class ServerLimits:
     work_per_tick: int = 20_000
     #: digest entries one application may have waiting before its further digests drop
     work_backlog: int = 65_536
+    #: control messages (joins, digests, echoes, ...) one application may have handled per
+    #: tick; more are dropped until the next tick
+    control_per_tick: int = 1024
     #: connections at once per TCP listen port, proven routers not counted
     listen_connections: int = 4096
     #: connections at once on the control port and on the HTTP monitor
@@ -71,8 +74,8 @@ class ServerLimits:
     descriptors: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("work_per_tick", "listen_connections", "control_connections",
-                    "http_connections"):
+        for key in ("work_per_tick", "control_per_tick", "listen_connections",
+                    "control_connections", "http_connections"):
             if getattr(self, key) < 1:
                 raise ValueError(f"[limits] {key} must be at least 1")
         if self.work_backlog < 0 or self.descriptor_reserve < 0 or self.descriptors < 0:
