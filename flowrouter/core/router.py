@@ -271,6 +271,14 @@ class Router:
         """Count and report a malformed frame, tell the peer why, and drop only that link."""
         return self._link_life.drop_link(link_id, exc, now)
 
+    def over_control_budget(self, link_id: int) -> bool:
+        """The application on *link_id* used up this tick's ``control_per_tick``: its
+        further control messages are dropped until the next tick, so its shell may as well
+        leave the rest of its input unread until then."""
+        lk = self.links.get(link_id)
+        return (lk is not None and lk.control_left < 0
+                and lk.control_tick == self.state.ticks)
+
     def input_paused(self, link_id: int, paused: bool, now: float) -> None:
         """The shell stopped (or resumed) reading *link_id* (input credit): while it does
         not read, the peer's silence proves nothing, so liveness leaves the link alone."""

@@ -15,7 +15,9 @@ arriving are closed (:func:`reap_stalled_frames`).
 Every connection passes the node's :class:`~flowrouter.net.connlimits.ConnectionGate` when
 it is made: an accepted one over its listen port's cap or the descriptor budget is told why
 (an ERROR frame) and closed before the core sees it; one that proves it is a router stops
-counting against its port.
+counting against its port. An application that used up its control messages for the tick
+(the core's ``control_per_tick``) is not read further until the next tick: the rest of its
+read waits in the receive buffer (plain links on the fast path) and TCP pushes back.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
 :mod:`flowrouter.net.output`, :mod:`flowrouter.net.streamio` and
@@ -55,7 +57,7 @@ class TcpLink(asyncio.BufferedProtocol):
 
     __slots__ = ("node", "peer", "link_id", "transport", "codec", "out", "address",
                  "reading", "frames_in", "partial_since", "only", "rx", "fd", "port",
-                 "counted")
+                 "counted", "held")
 
     def __init__(self, node: Node, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
@@ -85,6 +87,8 @@ class TcpLink(asyncio.BufferedProtocol):
         #: and whether it still counts against the port's cap (not a proven router)
         self.port: str | None = None
         self.counted = True
+        #: reading stopped until the next tick: the application's control budget is spent
+        self.held = False
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -300,6 +304,9 @@ class TcpLink(asyncio.BufferedProtocol):
                 pos, done = self._fast_pass(view, pos, max_payload, n, False)
                 if done:
                     break
+                if core.over_control_budget(link_id):
+                    self._hold_until_tick()  # the rest waits in the buffer
+                    break
             if n - pos >= HEADER_SIZE:  # refuse an oversized frame before gathering it
                 need = HEADER_SIZE + validate_header(view, pos, max_payload)
         except MalformedFrame as exc:
@@ -337,6 +344,29 @@ class TcpLink(asyncio.BufferedProtocol):
         if actions:
             node.execute(actions)
         return end, False
+
+    def _hold_until_tick(self) -> None:
+        """Stop reading until the next tick (the application's control budget is spent)."""
+        if self.held or self.transport is None:
+            return
+        self.held = True
+        if self.reading:
+            self.transport.pause_reading()
+        self.node.loop.call_later(self.node.config.tick_interval, self._release_hold)
+
+    def _release_hold(self) -> None:
+        """The next tick: read again (unless flow control holds the link) and go on with
+        what waits in the buffer."""
+        self.held = False
+        transport = self.transport
+        if transport is None or transport.is_closing() or not self.reading:
+            return
+        transport.resume_reading()
+        rx = self.rx
+        if rx.pending and not rx.waiting and self.link_id in self.node.core.links:
+            before = self.frames_in
+            self._in_place()
+            self._note_partial(before)
 
     def connection_lost(self, exc: Exception | None) -> None:
         node = self.node
@@ -400,7 +430,11 @@ class TcpLink(asyncio.BufferedProtocol):
         if on:
             if self.partial_since is not None:  # its frame's clock stood while we did not read
                 self.partial_since = self.node.now()
+            if self.held:
+                return  # held for its control budget: read again at the next tick
             self.transport.resume_reading()
+            if self.rx.pending and not self.rx.waiting:  # frames left by a budget hold
+                self.node.loop.call_soon(self._release_hold)
         else:
             self.transport.pause_reading()
 
