@@ -14,6 +14,8 @@ import pytest
 
 from flowrouter.core.fastpath_py import STOP_SLOW
 from flowrouter.core.fastpath_py import Engine as TwinEngine
+from flowrouter.monitor import render_metrics
+from flowrouter.net.observe import router_source
 from flowrouter.testbed.sim.network import SimNetwork
 from flowrouter.wire.appmembers import (
     MemberChange,
@@ -153,6 +155,8 @@ def test_live_router_drops_a_raw_clients_membership_notice() -> None:
                         break
                 assert edge.core.counters["drop.app-control"] == 5
                 assert edge.status()["counters"]["drop.app-control"] == 5
+                metrics = render_metrics(router_source(edge)).decode()
+                assert 'flownet_router_drops_total{reason="app-control"} 5.0' in metrics
             finally:
                 await attacker.close()
                 await watcher.close()
