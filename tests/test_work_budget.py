@@ -227,3 +227,30 @@ def test_router_links_are_not_held_to_the_control_budget() -> None:
         m = C.Mask(1 << 32).encode()
         h.do(r.receive(7, pack_header(FlowID(0xF10D, 0x10, i).key, len(m), 0), m, h.now))
     assert r.counters["drop.control-budget"] == 0 and r.counters["control.mask"] == 50
+
+
+def test_signed_records_count_more_against_the_control_budget() -> None:
+    """A policy or a join carrying a capability costs a signature check (a hundred plain
+    messages): a flood of them (valid or not) is held to control_per_tick / 16 a tick."""
+    from flowrouter.core.router import SIGNED_COST
+    from flowrouter.wire.capabilities import CreatorKey, Policy
+
+    h = Harness(control_per_tick=10 * SIGNED_COST)
+    app = h.app(1, "signer")
+    for i in range(100):
+        app.control(FlowID(0xF10D, 0x10, i).key,
+                    C.Join(i + 1, 1 << 32, 0, b"\x01" + bytes(120)))  # a bogus token
+    c = h.r.counters
+    assert c["control.join"] == 10
+    assert c["drop.control-budget"] == 90
+    h.tick()
+    owner = CreatorKey.generate()
+    for i in range(30):
+        raw = Policy.issue(owner, owner.flow(0x10, i), version=1, now=0.0).encode()
+        app.control(LINK_KEY, C.PolicyMsg(raw))
+    assert c["policies.installed"] == 10
+    # plain joins are not charged for a signature
+    h.tick()
+    for i in range(50):
+        app.control(FlowID(0xF10D, 0x10, 1000 + i).key, C.Join(2000 + i, 1 << 32))
+    assert c["control.join"] == 10 + 50
