@@ -79,6 +79,8 @@ def make_router(n_flows: int) -> Router:
         from flowrouter.core.quotas import QuotaLimits
 
         kw["quota"] = QuotaLimits(flows=limit, joins_per_second=1e12, join_burst=limit)
+    if "control_per_tick" in names:  # ... and send them all between two ticks
+        kw["control_per_tick"] = limit * 2
     r = Router(RouterParams(name="bench", node_id=1, **kw), 0.0)
     link_key = LINK_LOCAL_FLOW.key
     for lid, role, name in ((UP, C.Role.ROUTER, "up"), (EP, C.Role.ENDPOINT, "app")):
