@@ -97,10 +97,10 @@ def test_limits_are_configurable_and_checked() -> None:
 
 
 # ---------------------------------------------------------------- control port
-def test_control_port_caps_connections_and_closes_idle_ones() -> None:
+def test_control_port_caps_connections() -> None:
     async def main() -> None:
         node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", control="127.0.0.1:0",
-                                     limits={"control_connections": 3, "control_idle": 0.3}))
+                                     limits={"control_connections": 3}))
         await node.start()
         try:
             host, port = node.control_address
@@ -110,22 +110,44 @@ def test_control_port_caps_connections_and_closes_idle_ones() -> None:
             reply = json.loads(await within(r4.readline()))
             assert not reply["ok"] and "3 connections at once" in reply["error"]
             assert await within(r4.read()) == b""  # and closed
-            # the idle ones are closed after control_idle, each told why
-            for r, _w in idle:
-                line = json.loads(await within(r.readline(), 5))
-                assert "idle for 0.3s" in line["error"]
-                assert await within(r.read()) == b""
+            assert node.core.counters["refused.port-connections"] == 1
+            for _r, w in idle:  # room again once they go
+                w.close()
             await _until(lambda: CONTROL not in node.gate.open_by_port)
-            c = node.core.counters
-            assert c["refused.port-connections"] == 1 and c["closed.idle-control"] == 3
-            # and a new client is served again
             r5, w5 = await asyncio.open_connection(host, port)
             w5.write(b'{"cmd": "ping"}\n')
             assert json.loads(await within(r5.readline()))["name"] == "r"
             w5.close()
+            w4.close()
+        finally:
+            await node.stop()
+
+    run(within(main(), 60))
+
+
+def test_idle_control_connections_are_closed() -> None:
+    async def main() -> None:
+        node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", control="127.0.0.1:0",
+                                     limits={"control_idle": 0.3}))
+        await node.start()
+        try:
+            host, port = node.control_address
+            idle = [await asyncio.open_connection(host, port) for _ in range(3)]
+            for r, _w in idle:  # each told why, then closed
+                line = json.loads(await within(r.readline(), 10))
+                assert "idle for 0.3s" in line["error"]
+                assert await within(r.read()) == b""
+            await _until(lambda: CONTROL not in node.gate.open_by_port)
+            assert node.core.counters["closed.idle-control"] == 3
+            # a client that keeps talking is not cut off
+            r, w = await asyncio.open_connection(host, port)
+            for _ in range(4):
+                w.write(b'{"cmd": "ping"}\n')
+                assert json.loads(await within(r.readline()))["ok"]
+                await asyncio.sleep(0.1)
+            w.close()
             for _r, w in idle:
                 w.close()
-            w4.close()
         finally:
             await node.stop()
 
@@ -136,31 +158,37 @@ def test_control_port_caps_connections_and_closes_idle_ones() -> None:
 def test_http_monitor_caps_connections_and_times_out_idle_ones() -> None:
     async def main() -> None:
         node = RouterNode(NodeConfig("r", listen="127.0.0.1:0",
-                                     limits={"http_connections": 4, "http_idle": 0.3}))
+                                     limits={"http_connections": 4}))
         await node.start()
         lim = node.config.limits
-        mon = await start_monitor(router_source(node), "127.0.0.1:0",
-                                  request_timeout=lim.http_idle,
-                                  max_connections=lim.http_connections, check=node.gate)
-        assert mon is not None
+        capped = await start_monitor(router_source(node), "127.0.0.1:0",
+                                     max_connections=lim.http_connections, check=node.gate)
+        quick = await start_monitor(router_source(node), "127.0.0.1:0",
+                                    request_timeout=0.3)  # its own cap, the default
+        assert capped is not None and quick is not None
         try:
-            host, port = mon.address
+            host, port = capped.address
             idle = [await asyncio.open_connection(host, port) for _ in range(4)]
             await _until(lambda: node.gate.open_by_port.get(HTTP) == 4)
             r5, w5 = await asyncio.open_connection(host, port)
             head = await within(r5.read())
             assert head.startswith(b"HTTP/1.1 503") and b"4 connections at once" in head
-            for r, _w in idle:  # closed after http_idle with 408
-                assert (await within(r.read(), 5)).startswith(b"HTTP/1.1 408")
+            assert node.core.counters["refused.port-connections"] == 1
+            for _r, w in idle:
+                w.close()
             await _until(lambda: HTTP not in node.gate.open_by_port)
             r6, w6 = await asyncio.open_connection(host, port)
             w6.write(b"GET /healthz HTTP/1.1\r\n\r\n")
             assert (await within(r6.read())).startswith(b"HTTP/1.1 200")
-            assert node.core.counters["refused.port-connections"] == 1
-            for w in (w5, w6, *(w for _r, w in idle)):
+            # an idle connection is answered 408 and closed after the request time-out
+            qr, qw = await asyncio.open_connection(*quick.address)
+            assert (await within(qr.read(), 10)).startswith(b"HTTP/1.1 408")
+            assert quick.rejected == 1
+            for w in (w5, w6, qw):
                 w.close()
         finally:
-            await mon.stop()
+            await capped.stop()
+            await quick.stop()
             await node.stop()
 
     run(within(main(), 60))
@@ -219,3 +247,26 @@ def test_descriptor_budget_refuses_applications_and_keeps_room_for_routers() -> 
             await core.stop()
 
     run(within(main(), 90))
+
+
+def test_a_monitor_without_a_gate_caps_connections_itself() -> None:
+    """Every process's HTTP monitor (directory, chat) is capped, not only a router's."""
+    from flowrouter.monitor import Monitored, MonitorServer
+
+    async def main() -> None:
+        mon = MonitorServer(Monitored(kind="test", name="t", status=lambda: {}),
+                            ("127.0.0.1", 0), max_connections=2)
+        await mon.start()
+        try:
+            idle = [await asyncio.open_connection(*mon.address) for _ in range(2)]
+            await _until(lambda: mon.open == 2)
+            r, w = await asyncio.open_connection(*mon.address)
+            assert (await within(r.read())).startswith(b"HTTP/1.1 503")
+            assert mon.rejected == 1
+            for _r, iw in idle:
+                iw.close()
+            w.close()
+        finally:
+            await mon.stop()
+
+    run(within(main(), 30))
