@@ -13,8 +13,8 @@ descriptor budget) and are closed after ``control_idle`` seconds of silence, eac
 one-line error reply saying why.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.net.config`,
-:mod:`flowrouter.net.commandauth` and :mod:`flowrouter.wire`; the node is seen only as
-:class:`Controlled`, the few things the interface asks of it.
+:mod:`flowrouter.net.connlimits`, :mod:`flowrouter.net.commandauth` and :mod:`flowrouter.wire`;
+the node is seen only as :class:`Controlled`, the few things the interface asks of it.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ if the read changed the links.
 :class:`Link`, :class:`Output` and :class:`FlowShell` are the views the node, the links and
 flow control have of each other (typing protocols, so none imports another's module).
 
-May import :mod:`flowrouter.core`, :mod:`flowrouter.wire` and :mod:`flowrouter.net.config`;
-nothing else of :mod:`flowrouter.net`.
+May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
+:mod:`flowrouter.net.connlimits` (types only); nothing else of :mod:`flowrouter.net`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ counting against its port. An application that used up its control messages for 
 read waits in the receive buffer (plain links on the fast path) and TCP pushes back.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
-:mod:`flowrouter.net.output`, :mod:`flowrouter.net.streamio` and
+:mod:`flowrouter.net.connlimits`, :mod:`flowrouter.net.output`, :mod:`flowrouter.net.streamio` and
 :mod:`flowrouter.net.nodeapi` (the node is seen only through that interface).
 """
 
