@@ -70,6 +70,12 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
                     back[e.peer] = e.time - b
             rec += back.values()
     out["reconnect"] = _stats(rec)
+    # stalls: heard peers (or a leader's order stream) blocked for the stall time-out, so
+    # declared disconnected (a flapping link: heartbeats get through, data does not)
+    out["stalls"] = sum(v for c in res.counters.values() for k, v in c.items()
+                        if k.startswith("stall.detected"))
+    out["max_latency"] = round(max((d.latency for log in logs.values() for d in log),
+                                   default=0.0), 3)
     # S3 entries
     out["long_term_events"] = sum(1 for evs in res.events.values() for e in evs
                                   if isinstance(e, StateChange) and e.peer and e.new == "S3")

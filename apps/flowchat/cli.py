@@ -69,6 +69,10 @@ result.json; and summary.md / summary.json. In the simulator (default) the whole
 takes seconds; --real starts one router process per topology router on loopback
 (flowrouter.testbed.launcher) and runs in real time (default 60 s per test; use --only).
 
+Beyond the seed (--only NAME, or --only all for everything): 9 hasten flapping and 10 leader
+flapping (every metropol link 3 s down / 3 s up for a minute; the summary's "stalls" counts
+peers declared disconnected because they were heard but blocked).
+
 --ls sites (default) makes every site router a member of the room's location service, so
 site-to-site chat uses the direct 56 kbit/s links as in the seed's test-bed and each side of
 a partition keeps a core; --ls hub runs the topology as written (one core at the hub: all
@@ -97,6 +101,11 @@ def _igo_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--display-rate", type=float, default=None, metavar="R",
                    help="deliver at most R messages per second to clients (spreads the "
                         "bursts after reconciliation; default: no limit)")
+    g.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                   help="a site heard but blocked this long without progress (its missing "
+                        "messages, or the leader's order stream: a flapping link) counts as "
+                        "disconnected and is reconciled later (default: missed x heartbeat "
+                        "+ 2, i.e. 8 s)")
     g.add_argument("--max-lag", type=int, default=2000, metavar="N",
                    help="a site more than N messages behind is dropped from repair duty "
                         "(it skips the gap) instead of stalling the others (default 2000)")
@@ -106,7 +115,8 @@ def _igo_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return {"heartbeat_interval": a.heartbeat, "missed_heartbeats": a.missed,
             "disconnect_interval": a.disconnect_interval, "stability": a.stability,
             "long_term_reconcile": a.long_term_reconcile, "long_term_rate": a.long_term_rate,
-            "display_rate": a.display_rate, "max_lag": a.max_lag}
+            "display_rate": a.display_rate, "max_lag": a.max_lag,
+            "stall_timeout": a.stall_timeout}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_EXPERIMENT,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--only", help="tests to run: numbers and/or scenarios, e.g. '1,5' or "
-                                  "'A1,L2' (default: all eight)")
+                                  "'A1,L2' or 'flapping'; 'all' adds the scenarios beyond "
+                                  "the seed (default: the seed's eight)")
     e.add_argument("--duration", type=float,
                    help="seconds per run (default 300 simulated, 60 with --real)")
     e.add_argument("--real", action="store_true",

@@ -17,6 +17,15 @@ test   ordering              scenario  down / up (s)     the seed's observation
 8      leader                L2        10 / 30           ~0.1 s connected, ~6 s spikes
 =====  ====================  ========  ================  ====================================
 
+Beyond the seed (``--only NAME`` or ``--only all``; :data:`~flowchat.scenarios.SCENARIOS`):
+
+=====  ====================  ========  ================  ====================================
+9      all-to-all, hasten    flapping  3 / 3, 10-70 s    no message > 15 s late, or the site
+                                                          declared disconnected (stalled)
+10     leader                flapping  3 / 3, 10-70 s    stalled order stream: cut off from
+                                                          the leader (local chat) meanwhile
+=====  ====================  ========  ================  ====================================
+
 Workload (seed 6.2): 4 sites, each sending with inter-message gaps uniform in [0, 1] s
 (~2 messages/s) of ~1 KB (``--size``), 56 kbit/s links (the topology's), 5-minute runs
 (``--duration`` to shorten). In leader mode the leader runs at the hub (the seed's router
@@ -55,10 +64,12 @@ from .protocol import room_flow
 from .report import CSV_FIELDS, fmt_stat, summary_markdown, write_logs, write_summary
 from .runs import run_real, run_real_async, run_sim
 from .scenarios import (
+    ALL_EXPERIMENTS,
     DEFAULT_TOPOLOGY,
     EXPERIMENTS,
     LEADER_ENDPOINT,
     LEADER_SITE,
+    SCENARIOS,
     SEED_FIGURES,
     SITES,
     Experiment,
@@ -71,7 +82,8 @@ from .scenarios import (
 )
 
 __all__ = [
-    "CSV_FIELDS", "DEFAULT_TOPOLOGY", "EXPERIMENTS", "LEADER_ENDPOINT", "LEADER_SITE",
+    "ALL_EXPERIMENTS", "SCENARIOS", "CSV_FIELDS", "DEFAULT_TOPOLOGY", "EXPERIMENTS",
+    "LEADER_ENDPOINT", "LEADER_SITE",
     "SEED_FIGURES", "SITES", "Delivery", "Experiment", "IGOConfig", "MembershipChange",
     "RunResult", "StateChange", "analyse", "causal_check", "config_record", "flow_for",
     "igo_config", "ls_at_sites", "plot", "run_all", "run_real", "run_real_async", "run_sim",

@@ -11,7 +11,7 @@ from typing import Any
 
 from .igo import MembershipChange, StateChange
 from .protocol import decode_chat
-from .scenarios import EXPERIMENTS, SEED_FIGURES, RunResult
+from .scenarios import ALL_EXPERIMENTS, SEED_FIGURES, RunResult
 
 CSV_FIELDS = ("site", "origin", "user", "seq", "lamport", "gseq", "send_time", "delivery_time",
               "latency", "late", "local")
@@ -57,11 +57,11 @@ def summary_markdown(results: list[dict[str, Any]], *, title: str, notes: Sequen
     if notes:
         L.append("")
     L.append("| test | mode | scenario | down/up s | connected latency mean (p95) s | "
-             "detection s | outage msgs max latency s | late (order disagreements) | "
-             "gaps (same side) | "
+             "detection s | outage msgs max latency s | max latency s | stalls | "
+             "late (order disagreements) | gaps (same side) | "
              "order checks | seed 003 |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
-    notes_by = {e.number: e.seed_note for e in EXPERIMENTS}
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    notes_by = {e.number: e.seed_note for e in ALL_EXPERIMENTS}
     for r in results:
         v = r["violations"]
         ok = "ok" if not any(v.values()) else ", ".join(f"{k} {n}" for k, n in v.items() if n)
@@ -69,7 +69,8 @@ def summary_markdown(results: list[dict[str, Any]], *, title: str, notes: Sequen
         L.append(
             f"| {r['test']} | {r['mode']} | {r['scenario']} | {r['down']:g}/{r['up']:g} | "
             f"{fmt_stat(cl)} ({fmt_stat(cl, 'p95')}) | {fmt_stat(r['detection'])} | "
-            f"{fmt_stat(r['outage_latency'], 'max')} | {r['late']} "
+            f"{fmt_stat(r['outage_latency'], 'max')} | {r.get('max_latency', '-')} | "
+            f"{r.get('stalls', 0)} | {r['late']} "
             f"({r.get('late_disagree', 0)}) | "
             f"{r['gaps']} ({r['gaps_same_side']}) | {ok} | {notes_by.get(r['test'], '')} |")
     L += ["", "Seed 003's figures: " + "; ".join(f"{k}: {v}" for k, v in SEED_FIGURES.items())
@@ -77,7 +78,9 @@ def summary_markdown(results: list[dict[str, Any]], *, title: str, notes: Sequen
           "Columns: *connected latency* over messages sent at least 20 s after an outage ended "
           "and delivered before the next began; *detection* from the outage's start to a "
           "site's first peer S1->S2; *outage msgs max latency*: the latest delivery of a "
-          "message sent during an outage (reconciled or, in delay mode, held); *late*: "
+          "message sent during an outage (reconciled or, in delay mode, held); *max latency*: "
+          "of any delivery; *stalls*: peers declared disconnected because they were heard "
+          "but blocked for the stall time-out (a flapping link); *late*: "
           "deliveries flagged late (out of order, reconciled), and in brackets how many "
           "late messages two sites of the same side both delivered at different places in "
           "their late sequences (0: one late order per partition); *gaps*: messages some site "

@@ -71,7 +71,10 @@ site silent for ``missed_heartbeats`` intervals (3, i.e. 6 s) is disconnected.
 any is in S3, else S1. Reconnecting from S2 reconciles (the gap is repaired, so there are **no
 gaps in per-site sequence numbers**); reconnecting from S3 does not: the stream resumes at the
 site's current sequence number and the skipped ones are a visible gap (or, with
-``long_term_reconcile``, fetched later at a low rate, see below).
+``long_term_reconcile``, fetched later at a low rate, see below). A peer that is heard but
+*stalled* (its missing messages, or the leader's order stream, blocked for ``stall_timeout``
+without progress: a flapping link passes heartbeats but loses data) goes to S2 too
+(:mod:`.stall`), so delivery does not wait behind it for as long as the flapping lasts.
 
 **Restarts: streams are (site, incarnation).** A restarted site starts its sequence numbers
 and Lamport clock again; each run has an *incarnation* (growing from run to run, see

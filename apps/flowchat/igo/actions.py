@@ -50,6 +50,7 @@ class StateChange(NamedTuple):
     peer: str | None  #: the peer whose state changed, or None for the site's overall state
     old: str
     new: str
+    reason: str = ""  #: what caused it, when not plain silence or contact ("stalled")
 
 
 class Conflict(NamedTuple):

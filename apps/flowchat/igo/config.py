@@ -52,6 +52,10 @@ class IGOConfig:
     display_burst: int = 10
     leader_reconcile_cut_site: bool = False  #: seed: a site cut off from the leader is not
     #: sent what the others said meanwhile; True repairs its order stream (late messages)
+    stall_timeout: float | None = None  #: a peer heard but blocked this long without
+    #: progress (its missing messages, or the leader's order stream) counts as disconnected
+    #: (S2); None: detect_after + 2 s (8 s with the seed's heartbeats), so a stall is
+    #: declared no sooner than silence would be
     keep_ready_for: float = 60.0  #: leader mode: unordered data kept this long (seconds)
 
     def __post_init__(self) -> None:
@@ -90,6 +94,8 @@ class IGOConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.missed_heartbeats < 1 or self.history_size < 1 or self.max_lag < 1:
             raise ValueError("missed_heartbeats, history_size and max_lag must be >= 1")
+        if self.stall_timeout is not None and not self.stall_timeout > 0:
+            raise ValueError("stall_timeout must be positive or None")
         if self.display_rate is not None and not self.display_rate > 0:
             raise ValueError("display_rate must be positive or None")
         if self.disconnect_interval < self.detect_after:
@@ -100,6 +106,11 @@ class IGOConfig:
     def detect_after(self) -> float:
         """Silence after which a site counts as disconnected (seed: 3 x 2 s)."""
         return self.missed_heartbeats * self.heartbeat_interval
+
+    @property
+    def stall_after(self) -> float:
+        """Blocked without progress this long, a heard peer counts as disconnected."""
+        return self.stall_timeout if self.stall_timeout is not None else self.detect_after + 2.0
 
     def index(self, site: str) -> int:
         try:

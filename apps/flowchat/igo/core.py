@@ -18,6 +18,7 @@ from flowrouter.wire.bands import (
 from .actions import Action, Deliver, Delivery, PeerState, Send
 from .config import IGOConfig, room_tag
 from .records import Msg, PeerRecord, Stream, TokenBucket
+from .stall import StallWatch
 from .wire import (
     K_DATA,
     K_GONE,
@@ -132,6 +133,10 @@ class SiteCore:
         self._leader_view = 0
         self._leader_inc = 0
         self._fetch_due: dict[tuple[int, int, int], float] = {}  #: (origin, inc, seq)
+        #: head-of-line stalls of heard peers (flapping links), see stall.py
+        self.stalls = StallWatch(config.stall_after)
+        self._order_progress_at = now  #: leader mode: when next_g last advanced
+        self._fetch_tries: dict[tuple[int, int], int] = {}  #: (origin, inc) -> retries
         self._draining = False
         self.deliveries = 0
         self._out: list[Action] = []
@@ -210,11 +215,14 @@ class SiteCore:
 
         def _check_caught_up(self, p: PeerRecord, now: float) -> None: ...
 
-        def _set_peer(self, p: PeerRecord, new: PeerState, now: float) -> None: ...
+        def _set_peer(self, p: PeerRecord, new: PeerState, now: float,
+                      reason: str = "") -> None: ...
 
         def _peer_event(self, p: PeerRecord, event: PeerEvent, now: float) -> None: ...
 
         def _detect_silence(self, now: float) -> None: ...
+
+        def _detect_stalls(self, now: float) -> None: ...
 
         def _update_state(self, now: float) -> None: ...
 

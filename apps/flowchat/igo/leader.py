@@ -248,6 +248,7 @@ class LeaderOrdering(SiteCore):
             del self._orders[g]
             self._fetch_due.pop((o, inc, s), None)
             self.next_g += 1
+            self._order_progress_at = now
         if (self._orders and min(self._orders) > self.next_g
                 and self._order_nack_due is None):
             self._order_nack_due = now + self.cfg.nack_delay
@@ -270,11 +271,12 @@ class LeaderOrdering(SiteCore):
             if d is not None and d > now:
                 continue
             want.setdefault((eo, einc), []).append(es)
-        lp = self.peers[self.leader]  # type: ignore[index]
         for (eo, einc), seqs in want.items():
             est = self._stream(eo, einc) or Stream(eo, einc)
-            target = self.leader if self._reachable(lp, now) \
-                else self._choose_target(est, seqs[0], now, 0)
+            retry = any((eo, einc, q) in self._fetch_due for q in seqs)
+            tries = self._fetch_tries.get((eo, einc), -1) + 1 if retry else 0
+            self._fetch_tries[(eo, einc)] = tries
+            target = self._order_fetch_target(est, seqs[0], now, tries)
             if target is None:
                 self.counters["nack.no-target"] += 1
                 continue
@@ -283,6 +285,26 @@ class LeaderOrdering(SiteCore):
             self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
                 target, eo, 0, tuple(seq_ranges(seqs)[:MAX_RANGES]), einc)), "nack"))
             self.counters["sent.nack"] += 1
+
+    def _order_fetch_target(self, st: Stream, first: int, now: float,
+                            tries: int) -> int | None:
+        """Whom to ask for a message an ORDER entry names: its origin while reachable (its
+        own link carries its own repairs, so a site that missed everybody's messages is
+        repaired over every link in parallel, not through the leader's link alone), then
+        the leader (it holds everything it ordered), then any holder; each retry asks the
+        next one."""
+        cands: list[int] = []
+        o = st.origin
+        lp = self.peers[self.leader]  # type: ignore[index]
+        if self._reachable(lp, now):
+            cands.append(self.leader)  # type: ignore[arg-type]
+        if st is self.streams[o] and o in self.peers and self._reachable(self.peers[o], now) \
+                and o not in cands:
+            cands.append(o)
+        if not cands:
+            other = self._choose_target(st, first, now, tries)
+            return other
+        return cands[tries % len(cands)]
 
     def _order_nack(self, now: float) -> None:
         self._order_nack_due = None

@@ -6,7 +6,8 @@ Sans-I/O: imports only the standard library and the IGO actions.
 Seed 003 Figure 10, per peer site::
 
     UNKNOWN --CONTACT--> S1            UNKNOWN --SILENT--> S3 (never heard at start-up)
-    S1 --SILENT (detect_after)--> S2   S2 --RECONCILED (every message it sent is here)--> S1
+    S1 --SILENT (detect_after)--> S2   S1 --STALLED (heard, but blocked, see stall.py)--> S2
+    S2 --RECONCILED (every message it sent is here)--> S1
     S2 --LONG_SILENCE (disconnect_interval)--> S3       S3 --CONTACT--> S1 (no reconciliation)
     S1/S2/S3 --RESTARTED (new incarnation)--> S3 (then CONTACT: a new stream, fetched from 1;
     the earlier run's stream is retired, see incarnations.py)
@@ -29,6 +30,8 @@ class PeerEvent(enum.Enum):
     LONG_SILENCE = "long-silence"  #: silent for disconnect_interval
     RECONCILED = "reconciled"  #: back in S2 and every message it sent has arrived
     RESTARTED = "restarted"  #: a new incarnation of the peer
+    STALLED = "stalled"  #: heard, but its messages (or the order stream) blocked for
+    #: stall_timeout without progress (a flapping link): a short-term disconnect
 
 
 _S = PeerState
@@ -37,6 +40,7 @@ TRANSITIONS: dict[tuple[PeerState, PeerEvent], PeerState] = {
     (_S.UNKNOWN, PeerEvent.CONTACT): _S.S1,
     (_S.UNKNOWN, PeerEvent.SILENT): _S.S3,
     (_S.S1, PeerEvent.SILENT): _S.S2,
+    (_S.S1, PeerEvent.STALLED): _S.S2,
     (_S.S2, PeerEvent.RECONCILED): _S.S1,
     (_S.S2, PeerEvent.LONG_SILENCE): _S.S3,
     (_S.S3, PeerEvent.CONTACT): _S.S1,

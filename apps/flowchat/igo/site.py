@@ -159,6 +159,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         self._begin(now)
         cfg = self.cfg
         self._detect_silence(now)
+        self._detect_stalls(now)
         self._expire_retired(now)
         # heartbeats (and acknowledgement beats for stability tracking)
         if now >= self._next_hb or self._urgent_hb and now - self._last_hb >= 0.25:

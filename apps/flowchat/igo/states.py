@@ -110,13 +110,44 @@ class PeerStates(SiteCore):
             elif silent >= cfg.detect_after:
                 self._peer_event(p, PeerEvent.SILENT, now)
 
+    def _detect_stalls(self, now: float) -> None:
+        """Head-of-line stalls (:mod:`.stall`): a connected peer whose stream has had a gap
+        for ``stall_timeout`` without progress, or (a site following a leader) an order
+        stream blocked that long, is a short-term disconnect (``STALLED``): heard, but not
+        usable, so the ordering goes on without it and reconciles it later."""
+        watch = self.stalls
+        for p in self.peers.values():
+            st = self.streams[p.idx]
+            if p.state is not PeerState.S1:
+                watch.reset(p.idx)
+                continue
+            blocked = st.synced and st.known_high > st.contiguous
+            if watch.stalled(p.idx, blocked, st.progress_at, now):
+                watch.reset(p.idx)
+                self.counters["stall.detected"] += 1
+                self._peer_event(p, PeerEvent.STALLED, now)
+        if self.mode == "leader" and not self.is_leader:
+            lp = self.peers[self.leader]  # type: ignore[index]
+            if lp.state is not PeerState.S1 or not self._order_synced:
+                watch.reset("order")
+                return
+            blocked = self.next_g <= self.g_high or bool(self._orders)
+            # our own messages wait for their order number too (the leader may lack them)
+            oldest = min((m.rx for m in self._awaiting_order.values()
+                          if m.seq not in self._local_delivered), default=now)
+            if (watch.stalled("order", blocked, self._order_progress_at, now)
+                    or now - oldest >= watch.timeout):
+                watch.reset("order")
+                self.counters["stall.detected-order"] += 1
+                self._peer_event(lp, PeerEvent.STALLED, now)
+
     def _peer_event(self, p: PeerRecord, event: PeerEvent, now: float) -> None:
         """Apply *event* to peer *p* through :data:`TRANSITIONS`."""
         new = TRANSITIONS.get((p.state, event))
         if new is not None:
-            self._set_peer(p, new, now)
+            self._set_peer(p, new, now, "stalled" if event is PeerEvent.STALLED else "")
 
-    def _set_peer(self, p: PeerRecord, new: PeerState, now: float) -> None:
+    def _set_peer(self, p: PeerRecord, new: PeerState, now: float, reason: str = "") -> None:
         old = p.state
         if old is new:
             return
@@ -125,7 +156,7 @@ class PeerStates(SiteCore):
         if new is not PeerState.S2:
             p.reconciling = False
         self.counters[f"peer.{old}->{new}"] += 1
-        self._emit(StateChange(now, p.name, str(old), str(new)))
+        self._emit(StateChange(now, p.name, str(old), str(new), reason))
         if self.mode == "leader" and not self.is_leader and p.idx == self.leader:
             self._leader_state_changed(old, new, now)
         self._update_state(now)
