@@ -64,3 +64,36 @@ def test_stall_detection_never_fires_on_the_seed_experiments() -> None:
     for exp in X.EXPERIMENTS:
         res = X.run_sim(exp, duration=90.0, seed=1)
         assert X.analyse(res)["stalls"] == 0, exp.name
+
+
+@pytest.mark.parametrize("mode", ["hasten", "leader"])
+def test_saturation_is_a_state_not_a_collapse(mode: str) -> None:
+    """About 110% of a 56 kbit/s link: every site offers 7 messages/s of 1 KB. The sites
+    say "congested" and their bots hold back; latency stays bounded (measured: at most
+    about 4.5 s, the send window over the link rate), repair stays a small fraction of the
+    data (measured: none), no site is declared disconnected for being slow, and the links
+    still carry close to their capacity."""
+    exp = next(e for e in X.select("saturation") if e.mode == mode)
+    res = X.run_sim(exp, duration=180.0, seed=1)
+    r = X.analyse(res)
+    assert r["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
+                               "causal": 0}, r["violation_examples"]
+    assert r["congested"] > 0 and all(v > 0 for v in r["slowed"].values()), r["slowed"]
+    assert r["max_latency"] < 8.0
+    assert r["repair_fraction"] < 0.05
+    assert r["stalls"] == 0
+    assert not [e for evs in res.events.values() for e in evs
+                if isinstance(e, X.StateChange) and e.new in ("S2", "S3")]
+    assert r["gaps"] == 0, r["gap_detail"]
+    # 56 kbit/s is about 6.5 messages/s of 1 KB with headers: the senders were slowed to
+    # what the links carry, not far below it
+    for site, n in res.sent.items():
+        assert n > 5.0 * (180.0 - 2.0), (site, n)
+
+
+def test_saturation_without_flow_control_grows_latency() -> None:
+    """The same load without the send window (``send_window=None``): the queues, and the
+    latency with them, grow for as long as the overload lasts."""
+    exp = next(e for e in X.select("saturation") if e.mode == "hasten")
+    res = X.run_sim(exp, duration=180.0, seed=1, config={"send_window": None})
+    assert max(d.latency for log in res.deliveries.values() for d in log) > 15.0

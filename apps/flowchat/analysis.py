@@ -76,6 +76,13 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
                         if k.startswith("stall.detected"))
     out["max_latency"] = round(max((d.latency for log in logs.values() for d in log),
                                    default=0.0), 3)
+    # congestion: sites whose senders were slowed, and repair bytes against data bytes
+    out["congested"] = sum(c.get("congested.entered", 0) for c in res.counters.values())
+    out["slowed"] = res.extra.get("slowed", {})
+    sent_bytes = res.extra.get("bytes") or {}
+    data_b = sum(b.get("data", 0) for b in sent_bytes.values())
+    repair_b = sum(v for b in sent_bytes.values() for k, v in b.items() if k.startswith("repair"))
+    out["repair_fraction"] = round(repair_b / data_b, 4) if data_b else None
     # S3 entries
     out["long_term_events"] = sum(1 for evs in res.events.values() for e in evs
                                   if isinstance(e, StateChange) and e.peer and e.new == "S3")

@@ -71,7 +71,8 @@ takes seconds; --real starts one router process per topology router on loopback
 
 Beyond the seed (--only NAME, or --only all for everything): 9 hasten flapping and 10 leader
 flapping (every metropol link 3 s down / 3 s up for a minute; the summary's "stalls" counts
-peers declared disconnected because they were heard but blocked).
+peers declared disconnected because they were heard but blocked); 11 hasten saturation and 12
+leader saturation (7 messages/s of 1 KB per site, ~110% of a link: senders slowed).
 
 --ls sites (default) makes every site router a member of the room's location service, so
 site-to-site chat uses the direct 56 kbit/s links as in the seed's test-bed and each side of
@@ -106,6 +107,10 @@ def _igo_options(p: argparse.ArgumentParser) -> None:
                         "messages, or the leader's order stream: a flapping link) counts as "
                         "disconnected and is reconciled later (default: missed x heartbeat "
                         "+ 2, i.e. 8 s)")
+    g.add_argument("--send-window", type=int, default=32768, metavar="BYTES",
+                   help="own bytes in flight (not yet acknowledged by every connected site) "
+                        "at most; beyond it messages wait and the site is congested "
+                        "(default 32768; 0: no flow control)")
     g.add_argument("--max-lag", type=int, default=2000, metavar="N",
                    help="a site more than N messages behind is dropped from repair duty "
                         "(it skips the gap) instead of stalling the others (default 2000)")
@@ -116,7 +121,7 @@ def _igo_kwargs(a: argparse.Namespace) -> dict[str, Any]:
             "disconnect_interval": a.disconnect_interval, "stability": a.stability,
             "long_term_reconcile": a.long_term_reconcile, "long_term_rate": a.long_term_rate,
             "display_rate": a.display_rate, "max_lag": a.max_lag,
-            "stall_timeout": a.stall_timeout}
+            "stall_timeout": a.stall_timeout, "send_window": a.send_window or None}
 
 
 def build_parser() -> argparse.ArgumentParser:

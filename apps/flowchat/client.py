@@ -109,7 +109,8 @@ def format_event(ev: dict[str, Any]) -> str | None:
         return f"[{_clock(ev['delivered'])}] [{ev['site']}:{ev['user']}] {ev['text']}{tail}"
     if kind == "members":
         parts = [f"{s['site']}[{','.join(s['users'])}]" for s in ev.get("sites", [])]
-        return f"* members ({ev.get('state')}): " + " ".join(parts)
+        state = f"{ev.get('state')}, congested" if ev.get("congested") else ev.get("state")
+        return f"* members ({state}): " + " ".join(parts)
     if kind == "who":
         head = f"* who: site state {ev.get('state')}"
         rows = []
@@ -247,7 +248,10 @@ async def run_curses(server: str, user: str) -> int:  # pragma: no cover - inter
             scr.addnstr(i, 0, text, main - 1, attr)
         for y in range(h - 1):
             scr.addch(y, main, "|")
-        scr.addnstr(0, main + 2, f"sites ({members.get('state', '?')})", side - 2,
+        state = members.get("state", "?")
+        if members.get("congested"):
+            state = f"{state}, congested"
+        scr.addnstr(0, main + 2, f"sites ({state})", side - 2,
                     curses.A_BOLD)
         y = 1
         for s in members.get("sites", []):

@@ -24,6 +24,9 @@ Beyond the seed (``--only NAME`` or ``--only all``; :data:`~flowchat.scenarios.S
                                                           declared disconnected (stalled)
 10     leader                flapping  3 / 3, 10-70 s    stalled order stream: cut off from
                                                           the leader (local chat) meanwhile
+11     all-to-all, hasten    saturation  no faults, 7/s  senders slowed (congested), latency
+                                                          bounded, no repair storm
+12     leader                saturation  no faults, 7/s  as test 11
 =====  ====================  ========  ================  ====================================
 
 Workload (seed 6.2): 4 sites, each sending with inter-message gaps uniform in [0, 1] s

@@ -30,6 +30,7 @@ from flowlib import FlowClient, FlowError, FlowID
 
 from .igo import (
     Conflict,
+    Congestion,
     Deliver,
     Delivery,
     FrameAuth,
@@ -111,7 +112,9 @@ class FlowSite:
         self._listener = None
 
     def submit(self, payload: bytes) -> int:
-        """A message from this site's clients; returns its sequence number."""
+        """A message from this site's clients; returns its sequence number (while the site
+        is congested the message waits in the outbox; raises
+        :class:`~flowchat.igo.OutboxFull` when that is full)."""
         self._apply(self.ordering.submit(payload, self.now()))
         return self.ordering.seq
 
@@ -156,7 +159,7 @@ class FlowSite:
             elif isinstance(a, Deliver):
                 self.deliveries.append(a.delivery)
                 self._call(self.on_deliver, a.delivery)
-            elif isinstance(a, (MembershipChange, StateChange, Conflict)):
+            elif isinstance(a, (MembershipChange, StateChange, Conflict, Congestion)):
                 self.events.append(a)
                 self._call(self.on_event, a)
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .igo import MembershipChange, StateChange
+from .igo import Congestion, MembershipChange, StateChange
 from .protocol import decode_chat
 from .scenarios import ALL_EXPERIMENTS, SEED_FIGURES, RunResult
 
@@ -35,12 +35,17 @@ def write_logs(res: RunResult, outdir: Path) -> None:
     with open(outdir / "events.jsonl", "w", encoding="utf-8") as fh:
         for site, evs in res.events.items():
             for e in evs:
+                rec: dict[str, Any]
                 if isinstance(e, StateChange):
                     rec = {"site": site, "time": round(e.time, 6), "event": "state",
-                           "peer": e.peer, "old": e.old, "new": e.new}
+                           "peer": e.peer, "old": e.old, "new": e.new,
+                           **({"reason": e.reason} if e.reason else {})}
                 elif isinstance(e, MembershipChange):
                     rec = {"site": site, "time": round(e.time, 6), "event": "members",
                            "members": list(e.members)}
+                elif isinstance(e, Congestion):
+                    rec = {"site": site, "time": round(e.time, 6), "event": "congestion",
+                           "congested": e.congested, "queued": e.queued}
                 else:
                     continue
                 fh.write(json.dumps(rec) + "\n")

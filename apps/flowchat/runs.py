@@ -28,6 +28,9 @@ from .scenarios import (
     scenario_groups,
 )
 
+#: how long a bot holds back when its site is congested before it tries again
+BOT_BACKOFF = 0.25
+
 
 def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duration: float = 300.0,
             seed: int = 1, size: int = 1000, rate: float = 2.0, ls: str = "sites",
@@ -57,6 +60,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
     for s in sites.values():
         s.start()
     rng = random.Random(f"{seed}/bots")
+    rate = exp.rate or rate
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
     highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
 
@@ -70,8 +74,15 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
     for name in SITES:
         sites[name].on_deliver = track(name)
 
+    slowed: dict[str, float] = defaultdict(float)  #: seconds each site's bot was held back
+
     def bot(name: str) -> None:
         site = sites[name]
+        if site.ordering.congested:
+            # the site says "congested": a user (and the bot) waits before sending more
+            slowed[name] += BOT_BACKOFF
+            net.after(BOT_BACKOFF, bot, name)
+            return
         seq = site.ordering.seq + 1
         send_vectors[(name, seq)] = dict(highest[name])
         site.submit(encode_chat(SAY, f"bot@{name}", f"{name} message {seq}", pad_to=size))
@@ -91,6 +102,8 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
                     {n: dict(s.ordering.counters) for n, s in sites.items()}, wall, "sim")
     res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
     res.extra["link_drops"] = dict(net.link_drops())
+    res.extra["slowed"] = {n: round(slowed[n], 1) for n in SITES}
+    res.extra["bytes"] = {n: s.bytes_by_kind() for n, s in sites.items()}
     res.extra["ls"] = ls
     res.extra["leader_deliveries"] = (len(sites[LEADER_SITE].deliveries)
                                       if exp.mode == "leader" else None)
@@ -127,8 +140,10 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
     tasks: list[asyncio.Task[Any]] = []
     report = LaunchReport(topo.name, exp.scenario, duration)
     rng = random.Random(f"{seed}/bots")
+    rate = exp.rate or rate
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
     highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
+    slowed: dict[str, float] = defaultdict(float)
     t_origin = 0.0
     try:
         await launcher.start_routers()
@@ -155,6 +170,10 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
             await asyncio.sleep(start + rng.uniform(0, 1.0 / rate))
             while True:
                 site = sites[name]
+                if site.ordering.congested:  # "congested": hold back, as a user would
+                    slowed[name] += BOT_BACKOFF
+                    await asyncio.sleep(BOT_BACKOFF)
+                    continue
                 seq = site.ordering.seq + 1
                 send_vectors[(name, seq)] = dict(highest[name])
                 site.submit(encode_chat(SAY, f"bot@{name}", f"{name} message {seq}",
@@ -187,6 +206,7 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
                     {n: dict(s.ordering.counters) for n, s in sites.items()}, duration, "real")
     res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
     res.extra["faults_applied"] = report.faults_applied
+    res.extra["slowed"] = {n: round(slowed[n], 1) for n in SITES}
     res.extra["workdir"] = str(launcher.workdir)
     res.extra["ls"] = ls
     return res

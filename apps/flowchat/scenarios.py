@@ -35,6 +35,7 @@ class Experiment:
     down: float
     up: float
     seed_note: str
+    rate: float | None = None  #: messages per second per site (None: the run's --rate)
 
     @property
     def name(self) -> str:
@@ -74,6 +75,12 @@ SCENARIOS: tuple[Experiment, ...] = (
     Experiment(10, "leader", "flapping", 3, 3,
                "as test 9 in leader mode: a site whose order stream stalls is cut off from "
                "the leader (local chat, gaps as in L1) instead of waiting"),
+    Experiment(11, "hasten", "saturation", 0, 0,
+               "7 msg/s of 1 KB per site, ~110% of a 56 kbit/s link: senders slowed "
+               "(congested), latency bounded, repair a small fraction, no disconnect",
+               rate=7.0),
+    Experiment(12, "leader", "saturation", 0, 0,
+               "as test 11 in leader mode", rate=7.0),
 )
 
 

@@ -33,9 +33,19 @@ import flowlib
 from flowlib import FlowClient, FlowID
 
 from .flow_adapter import FlowSite
-from .igo import Conflict, Delivery, FrameAuth, IGOConfig, MembershipChange, StateChange
+from .igo import (
+    Conflict,
+    Congestion,
+    Delivery,
+    FrameAuth,
+    IGOConfig,
+    MembershipChange,
+    OutboxFull,
+    StateChange,
+)
 from .protocol import (
     JOIN,
+    KINDS,
     LEAVE,
     SAY,
     ChatError,
@@ -307,6 +317,14 @@ class ChatServer:
                 f"showing the first, the other said: {_chat_text(e.other)!r}"),
                 "time": round(e.time, 3)})
             return
+        if isinstance(e, Congestion):
+            # congestion is a state users see: slow down until it clears
+            self._broadcast(self.members_event())
+            text = (f"congested: the network takes less than is said here, {e.queued} "
+                    f"message(s) wait to go; please slow down" if e.congested
+                    else "no longer congested")
+            self._broadcast({"ev": "notice", "text": text, "time": round(e.time, 3)})
+            return
         if isinstance(e, MembershipChange):
             self._broadcast(self.members_event())
             # sites that (re)joined may have missed our users' JOINs: announce them again
@@ -319,6 +337,9 @@ class ChatServer:
             self._broadcast(self.members_event())
             if e.peer is None:
                 text = f"site state {e.old} -> {e.new}"
+            elif e.new == "S2" and e.reason == "stalled":
+                text = f"disconnected from {e.peer} (stalled: heard, but its messages do not " \
+                       f"get through)"
             elif e.new == "S2":
                 text = f"disconnected from {e.peer} (short-term)"
             elif e.new == "S3":
@@ -334,7 +355,7 @@ class ChatServer:
         o = self.igo.ordering
         states = {p.name: str(p.state) for p in o.peers.values()}
         states[self.site] = "self"
-        return {"ev": "members", "state": str(o.state),
+        return {"ev": "members", "state": str(o.state), "congested": o.congested,
                 "sites": [{"site": s, "state": states.get(s, "?"),
                            "users": sorted(self.users.get(s, ()))} for s in o.members],
                 "all": states}
@@ -352,8 +373,17 @@ class ChatServer:
         return ev
 
     def submit(self, kind: int, user: str, text: str = "") -> int:
+        """Submit a chat record; a SAY refused by a congested site raises
+        :class:`~flowchat.igo.OutboxFull` (the client is told), a JOIN / LEAVE refused is
+        dropped (the next membership change announces the users again)."""
         assert self.igo is not None
-        return self.igo.submit(encode_chat(kind, user, text))
+        try:
+            return self.igo.submit(encode_chat(kind, user, text))
+        except OutboxFull:
+            if kind == SAY:
+                raise
+            log.info("site %s: congested, %s of %s not sent", self.site, KINDS[kind], user)
+            return 0
 
     # ------------------------------------------------------------------ clients
     def _broadcast(self, ev: dict[str, Any]) -> None:
@@ -405,7 +435,10 @@ class ChatServer:
                         text = req.get("text")
                         if not isinstance(text, str):
                             raise ChatError('"say" needs a "text" string')
-                        self.submit(SAY, c.user, text)
+                        try:
+                            self.submit(SAY, c.user, text)
+                        except OutboxFull as exc:
+                            raise ChatError(f"not sent: {exc}; please slow down") from None
                     elif op == "who":
                         c.queue.put_nowait(line(self.who_event()))
                     elif op == "bye":

@@ -59,8 +59,13 @@ class SimSite:
         self.sent_frames = 0
         self.sent_bytes = 0
         self.send_failures = 0
+        self._kind_bytes: dict[str, int] = {}
         self._bands = frozenset(self.ordering.bands())
         self._running = False
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Bytes this site sent, per kind of frame (data, heartbeat, nack, repair, ...)."""
+        return dict(sorted(self._kind_bytes.items()))
 
     def start(self) -> None:
         self.ep.join(self.flow, sorted(self._bands))
@@ -74,7 +79,8 @@ class SimSite:
         self.ep.on_delivery = None
 
     def submit(self, payload: bytes) -> int:
-        """A message from this site's clients; returns its sequence number."""
+        """A message from this site's clients; returns its sequence number (see
+        :meth:`~flowchat.igo.SiteOrdering.submit` for congestion)."""
         self._apply(self.ordering.submit(payload, self.net.now))
         return self.ordering.seq
 
@@ -96,6 +102,7 @@ class SimSite:
                 if self.ep.send(self.flow, a.band, a.payload):
                     self.sent_frames += 1
                     self.sent_bytes += len(a.payload)
+                    self._kind_bytes[a.kind] = self._kind_bytes.get(a.kind, 0) + len(a.payload)
                 else:
                     self.send_failures += 1
             elif isinstance(a, Deliver):

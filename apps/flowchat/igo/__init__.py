@@ -130,6 +130,12 @@ Beyond the seed (its chapter 7):
 * **long-term reconciliation** (``long_term_reconcile=True``): after an S3 reconnect, skipped
   messages are requested with a LOW-PRIORITY flag, at most ``long_term_rate`` per second, and
   answered only when no ordinary repair is waiting; they are delivered flagged ``late``;
+* **sender flow control** (``send_window``, default 32 KiB): own messages in flight are
+  bounded by the acknowledgements in heartbeats; beyond it messages wait in an outbox and
+  the site is congested (:class:`Congestion`; :class:`OutboxFull` when the outbox is full),
+  so an overload slows the senders instead of growing every queue (:mod:`.flowcontrol`);
+  repair requests never name messages beyond the highest received while the stream's data
+  is still arriving (they are in flight, not lost);
 * **display-rate limit** (``display_rate``): deliveries leave the layer at most that many per
   second (bursts after reconciliation are spread out; delivery time is the release time).
 """
@@ -139,6 +145,7 @@ from flowrouter.wire.bands import BAND_HEARTBEAT, BAND_ORDER, BAND_REPAIR
 from .actions import (
     Action,
     Conflict,
+    Congestion,
     Deliver,
     Delivery,
     MembershipChange,
@@ -149,6 +156,7 @@ from .actions import (
 from .auth import FrameAuth
 from .config import MODES, IGOConfig, default_config, room_tag
 from .core import new_incarnation
+from .flowcontrol import OutboxFull
 from .site import SiteOrdering
 from .wire import (
     DataMsg,
@@ -170,5 +178,6 @@ __all__ = [
     "StateChange", "PeerState", "ProtocolError", "MODES", "decode", "encode_data",
     "DataMsg", "Heartbeat", "Nack", "Gone", "Order", "room_tag", "Action", "default_config",
     "encode_gone", "encode_heartbeat", "encode_nack", "encode_order", "BAND_HEARTBEAT",
-    "BAND_ORDER", "BAND_REPAIR", "new_incarnation", "Conflict", "FrameAuth",
+    "BAND_ORDER", "BAND_REPAIR", "new_incarnation", "Conflict", "FrameAuth", "Congestion",
+    "OutboxFull",
 ]

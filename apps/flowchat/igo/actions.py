@@ -69,7 +69,17 @@ class Conflict(NamedTuple):
     other: bytes  #: the conflicting payload, not delivered
 
 
-Action = Send | Deliver | MembershipChange | StateChange | Conflict
+class Congestion(NamedTuple):
+    """This site's own sending became congested (more offered than its links take: new
+    messages wait in the outbox; tell users to slow down) or clear again."""
+
+    time: float
+    congested: bool
+    queued: int  #: messages waiting in the outbox
+    in_flight: int  #: bytes sent and not yet acknowledged by every connected peer
+
+
+Action = Send | Deliver | MembershipChange | StateChange | Conflict | Congestion
 
 
 class PeerState(enum.StrEnum):

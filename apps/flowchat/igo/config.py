@@ -56,6 +56,10 @@ class IGOConfig:
     #: progress (its missing messages, or the leader's order stream) counts as disconnected
     #: (S2); None: detect_after + 2 s (8 s with the seed's heartbeats), so a stall is
     #: declared no sooner than silence would be
+    send_window: int | None = 32768  #: own bytes in flight (not yet acknowledged by every
+    #: connected peer) at most; beyond it messages wait in the outbox and the site is
+    #: congested (None: no flow control)
+    outbox_limit: int = 64  #: messages waiting while congested; more are refused
     keep_ready_for: float = 60.0  #: leader mode: unordered data kept this long (seconds)
 
     def __post_init__(self) -> None:
@@ -94,6 +98,10 @@ class IGOConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.missed_heartbeats < 1 or self.history_size < 1 or self.max_lag < 1:
             raise ValueError("missed_heartbeats, history_size and max_lag must be >= 1")
+        if self.send_window is not None and self.send_window < 1:
+            raise ValueError("send_window must be positive or None")
+        if self.outbox_limit < 0:
+            raise ValueError("outbox_limit must be >= 0")
         if self.stall_timeout is not None and not self.stall_timeout > 0:
             raise ValueError("stall_timeout must be positive or None")
         if self.display_rate is not None and not self.display_rate > 0:

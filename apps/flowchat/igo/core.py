@@ -17,6 +17,7 @@ from flowrouter.wire.bands import (
 
 from .actions import Action, Deliver, Delivery, PeerState, Send
 from .config import IGOConfig, room_tag
+from .flowcontrol import SendWindow
 from .records import Msg, PeerRecord, Stream, TokenBucket
 from .stall import StallWatch
 from .wire import (
@@ -135,6 +136,9 @@ class SiteCore:
         self._fetch_due: dict[tuple[int, int, int], float] = {}  #: (origin, inc, seq)
         #: head-of-line stalls of heard peers (flapping links), see stall.py
         self.stalls = StallWatch(config.stall_after)
+        #: own messages in flight and the outbox (congestion), see flowcontrol.py
+        self.flow = SendWindow(config.send_window, config.outbox_limit)
+        self._congested = False
         self._order_progress_at = now  #: leader mode: when next_g last advanced
         self._fetch_tries: dict[tuple[int, int], int] = {}  #: (origin, inc) -> retries
         self._draining = False

@@ -39,7 +39,7 @@ class Stream:
     __slots__ = ("origin", "retired_at", "successor", "inc", "contiguous", "pending",
                  "known_high", "bound", "hb_high", "hb_clock", "delivered", "settled", "skipped",
                  "store", "store_order", "nack_due", "nack_tries", "lt_wanted", "synced",
-                 "asked_high", "asked_at", "progress_at")
+                 "asked_high", "asked_at", "progress_at", "rx_at")
 
     def __init__(self, origin: int, inc: int = 0) -> None:
         self.origin = origin
@@ -65,6 +65,7 @@ class Stream:
         self.asked_high = 0  #: highest seq a repair request already named
         self.asked_at = float("-inf")  #: when every missing seq was last requested
         self.progress_at = float("-inf")  #: when `contiguous` last advanced
+        self.rx_at = float("-inf")  #: when a message of the stream last arrived (any seq)
         self.lt_wanted: list[list[int]] = []  #: skipped ranges still to fetch (long-term)
         self.synced = False  #: the stream's position is established (first contact done)
 

@@ -37,17 +37,18 @@ class Repairs(SiteCore):
         if st.nack_due is None or st.nack_due > due:
             st.nack_due = due
 
-    def _missing(self, st: Stream, above: int = 0, limit: int = MAX_NACK_NUMBERS
-                 ) -> list[tuple[int, int]]:
+    def _missing(self, st: Stream, above: int = 0, limit: int = MAX_NACK_NUMBERS,
+                 upto: int | None = None) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
         total = 0
+        high = st.known_high if upto is None else min(upto, st.known_high)
         s = max(st.contiguous, above) + 1
-        while s <= st.known_high and len(out) < MAX_RANGES and total < limit:
+        while s <= high and len(out) < MAX_RANGES and total < limit:
             if s in st.pending:
                 s += 1
                 continue
             lo = s
-            while s <= st.known_high and s not in st.pending and total + (s - lo) < limit:
+            while s <= high and s not in st.pending and total + (s - lo) < limit:
                 s += 1
             out.append((lo, s - 1))
             total += s - lo
@@ -74,6 +75,17 @@ class Repairs(SiteCore):
             return None
         return cands[tries % len(cands)]
 
+    def _tail_limit(self, st: Stream, now: float) -> int | None:
+        """The highest number worth asking for now. Messages above the highest one received
+        are known only from heartbeats or acknowledgements, which overtake queued data:
+        while the stream's data keeps arriving they are most likely in flight (on a
+        saturated link, for seconds), and asking for them again only doubles the load.
+        They are asked for once the stream has been quiet for ``hint_delay``; a gap below
+        a message that did arrive is asked for at once."""
+        if now - st.rx_at >= self.cfg.hint_delay:
+            return None
+        return max([st.contiguous, *st.pending])
+
     def _nacks(self, now: float) -> None:
         """Ask for missing messages. The first request names every gap; later ones name
         only seqs no request named yet, until no progress was made for ``nack_retry``
@@ -88,7 +100,8 @@ class Repairs(SiteCore):
             timeout = cfg.nack_retry * (1.0 + 0.5 * min(st.nack_tries, 2))
             last = max(st.asked_at, st.progress_at)
             stale = now - last >= timeout
-            ranges = self._missing(st, 0 if stale else st.asked_high)
+            ranges = self._missing(st, 0 if stale else st.asked_high,
+                                   upto=self._tail_limit(st, now))
             if not ranges:
                 st.nack_due = (last + timeout if st.known_high > st.contiguous else None)
                 if st.nack_due is None:

@@ -12,7 +12,7 @@ from flowrouter.wire.bands import (
     BAND_REPAIR,
 )
 
-from .actions import Action, PeerState, Send
+from .actions import Action, Congestion, PeerState, Send
 from .auth import data_signature_ok, split_trailer
 from .incarnations import Incarnations
 from .lamport import LamportOrdering
@@ -58,15 +58,47 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
     def members(self) -> tuple[str, ...]:
         return self._members
 
+    @property
+    def congested(self) -> bool:
+        """More is offered than the network takes (see :mod:`.flowcontrol`): new messages
+        wait in the outbox; the application should tell its users to slow down."""
+        return self.flow.congested
+
     def submit(self, payload: bytes, now: float) -> list[Action]:
-        """A message from this site's clients: number it, multicast it, order it."""
+        """A message from this site's clients: number it, multicast it, order it; while
+        congested it waits in the outbox instead (raises :class:`~flowchat.igo.flowcontrol.
+        OutboxFull` when that is full: the message was not taken)."""
         self._begin(now)
+        if self.flow.offer(bytes(payload), now):
+            self._send_own(bytes(payload), now)
+        else:
+            self.counters["outbox.queued"] += 1
+        self._pump(now)
+        return self.finish(now)
+
+    def _pump(self, now: float) -> None:
+        """Acknowledgements in: let queued messages go while the window allows, and say
+        when the site becomes congested or clear."""
+        acks = [p.acks[self.me] for p in self.peers.values()
+                if p.state is PeerState.S1 and len(p.acks) == self.n
+                and len(p.ack_incs) == self.n and p.ack_incs[self.me] == self.inc]
+        if acks:
+            self.flow.acked(min(acks))
+        elif not any(p.state is PeerState.S1 for p in self.peers.values()):
+            self.flow.restart_acks()  # nobody connected to wait for
+        while (payload := self.flow.next_ready(now)) is not None:
+            self._send_own(payload, now)
+        if self.flow.congested != self._congested:
+            self._congested = self.flow.congested
+            self.counters["congested.entered" if self._congested else "congested.cleared"] += 1
+            self._emit(Congestion(now, self._congested, self.flow.queued, self.flow.in_flight))
+
+    def _send_own(self, body: bytes, now: float) -> None:
         self.seq += 1
         seq = self.seq
         t = self.clock
         self.clock += 1
         deps = self._dependencies()
-        body = bytes(payload)
         sig = b""
         if self.auth is not None:
             sig = self.auth.sign(data_signed_bytes(self.tag, self.me, self.inc, seq, t, now,
@@ -78,8 +110,8 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         self._keep(own, msg)
         self._emit(Send(self.cfg.data_band, self._encode_msg(msg, 0), "data"))
         self.counters["sent.data"] += 1
+        self.flow.sent(seq, len(body))
         self._accept(msg, now)
-        return self.finish(now)
 
     def _dependencies(self) -> tuple[tuple[int, int, int], ...]:
         """What this site has delivered, per stream ``(origin, incarnation, seq)``: each
@@ -138,6 +170,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
                 self._on_order(tx, msg, now)  # type: ignore[arg-type]
         except ProtocolError as exc:  # semantically invalid (e.g. ORDER from a non-leader)
             self.counters[f"malformed.{exc.reason}"] += 1
+        self._pump(now)
         return self.finish(now)
 
     def _authentic(self, kind: int, tx: int, msg: object, body: bytes, sig: bytes) -> bool:
@@ -171,6 +204,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         self._long_term(now)
         self._deliverable(now)
         self._prune_ready(now)
+        self._pump(now)
         return self.finish(now)
 
     def status(self) -> dict[str, Any]:
@@ -190,6 +224,8 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
                                             for st in olds]
                         for o, olds in self.retired.items() if olds},
             "waiting": len(self._heap) + len(self._late_heap) + len(self._orders),
+            "congested": self.flow.congested, "outbox": self.flow.queued,
+            "in_flight": self.flow.in_flight,
             "deliveries": self.deliveries,
             "counters": dict(sorted(self.counters.items())),
         }

@@ -91,6 +91,7 @@ class FifoTransport(SiteCore):
                   d.sig)
         if d.flags & F_RESEND:
             self.counters["received.resent"] += 1
+        st.rx_at = now
         if d.seq <= st.contiguous:
             if self.mode == "leader" and not self.is_leader:
                 # an ORDER entry may name a message our stream skipped: keep it for the drain
