@@ -393,3 +393,54 @@ def test_server_survives_a_restart_of_its_router(tmp_path, down_for: float) -> N
                 await n.stop()
 
     run(main, timeout=90)
+
+
+def test_cli_passes_the_stall_time_out_and_send_window() -> None:
+    args = cli.build_parser().parse_args([
+        "server", "--site", "kingdom", "--sites", "metropol,kingdom", "--router",
+        "127.0.0.1:1", "--stall-timeout", "5", "--send-window", "4096"])
+    c = cli.make_server(args).config
+    assert (c.stall_timeout, c.send_window) == (5.0, 4096)
+    off = cli.make_server(cli.build_parser().parse_args([
+        "server", "--site", "kingdom", "--sites", "metropol,kingdom", "--router",
+        "127.0.0.1:1", "--send-window", "0"])).config
+    assert off.send_window is None and off.stall_after == 8.0
+
+
+def test_a_restarted_server_shows_nothing_twice_on_real_routers(tmp_path) -> None:
+    """metropol's server stops and starts again with the same state directory: it shows
+    what was said while it was down (history, flagged late) and live traffic, and nothing
+    it showed before (its display marks were kept beside its state)."""
+    async def main() -> None:
+        async with router_testbed(tmp_path) as nodes, servers(nodes, tmp_path,
+                                                              mode="hasten") as srv:
+            for i in range(3):
+                for s in SITES:
+                    srv[s].submit(1, f"bot-{s}", f"{s} before {i}")
+            others = [s for s in SITES if s != "metropol"]
+            await eventually(lambda: all(
+                sum(1 for d in srv[s].igo.deliveries if d.origin != s) >= 9 for s in SITES),
+                what="every site to show the first messages")
+            old = srv["metropol"]
+            shown_before = {(d.origin, d.incarnation, d.seq) for d in old.igo.deliveries}
+            await old.stop()
+            assert old.marks_file is not None and old.marks_file.exists()
+            for i in range(2):
+                for s in others:
+                    srv[s].submit(1, f"bot-{s}", f"{s} while down {i}")
+            await asyncio.sleep(0.5)
+            new = srv["metropol"] = ChatServer(
+                "metropol", [addr(nodes["metropol"])], sites=SITES, room="test",
+                mode="hasten", listen="127.0.0.1:0", use_directory=False,
+                state_dir=str(tmp_path / "state"), **FAST)
+            await new.start()
+            for s in others:
+                srv[s].submit(1, f"bot-{s}", f"{s} after")
+            await eventually(lambda: sum(1 for d in new.igo.deliveries
+                                         if d.origin != "metropol") >= 9,
+                             what="the restarted site to show history and live traffic")
+            now = {(d.origin, d.incarnation, d.seq) for d in new.igo.deliveries}
+            assert not now & shown_before
+            assert new.igo.ordering.counters["history.shown-before"] >= 9
+
+    run(main)

@@ -53,12 +53,18 @@ def fifo_violations(logs: Mapping[str, Sequence[Any]]) -> list[str]:
 
 
 def order_violations(logs: Mapping[str, Sequence[Any]], sites: Sequence[str],
-                     leader: bool = False) -> list[str]:
+                     leader: bool = False, epochs: Sequence[float] = ()) -> list[str]:
+    """*epochs*: times a restarted leader began a new order stream (numbers from 1 again):
+    the order numbers of deliveries from then on are a new sequence."""
     idx = {s: i for i, s in enumerate(sorted(sites))}
     out = []
     for site, log in logs.items():
         prev: Any = None
+        pending = sorted(epochs)
         for d in log:
+            while pending and d.delivery_time >= pending[0]:
+                pending.pop(0)
+                prev = None
             if d.late or getattr(d, "local", False):
                 continue
             key = d.gseq if leader else (d.lamport, idx[d.origin])

@@ -72,7 +72,9 @@ takes seconds; --real starts one router process per topology router on loopback
 Beyond the seed (--only NAME, or --only all for everything): 9 hasten flapping and 10 leader
 flapping (every metropol link 3 s down / 3 s up for a minute; the summary's "stalls" counts
 peers declared disconnected because they were heard but blocked); 11 hasten saturation and 12
-leader saturation (7 messages/s of 1 KB per site, ~110% of a link: senders slowed).
+leader saturation (7 messages/s of 1 KB per site, ~110% of a link: senders slowed); 13
+site-restart and 14 leader-restart (a server restarts after 240 s, down 10 s, keeping its
+display marks: live traffic first, history late, nothing shown twice).
 
 --ls sites (default) makes every site router a member of the room's location service, so
 site-to-site chat uses the direct 56 kbit/s links as in the seed's test-bed and each side of

@@ -27,6 +27,9 @@ Beyond the seed (``--only NAME`` or ``--only all``; :data:`~flowchat.scenarios.S
 11     all-to-all, hasten    saturation  no faults, 7/s  senders slowed (congested), latency
                                                           bounded, no repair storm
 12     leader                saturation  no faults, 7/s  as test 11
+13     all-to-all, hasten    site-restart  at 240 s, 10 s  live within 15 s, history late in the
+                                                          background, nothing shown twice
+14     leader                leader-restart  at 240 s      sites follow the new order stream
 =====  ====================  ========  ================  ====================================
 
 Workload (seed 6.2): 4 sites, each sending with inter-message gaps uniform in [0, 1] s

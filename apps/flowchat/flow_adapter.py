@@ -22,7 +22,7 @@ import inspect
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import flowlib
@@ -52,7 +52,8 @@ class FlowSite:
                  on_deliver: Callable[[Delivery], Any] | None = None,
                  on_event: Callable[[Any], Any] | None = None,
                  on_lost: Callable[[Exception], Any] | None = None,
-                 auth: FrameAuth | None = None) -> None:
+                 auth: FrameAuth | None = None,
+                 shown: Iterable[tuple[str, int, int]] = ()) -> None:
         self.client = client
         self.flow = flow if isinstance(flow, FlowID) else FlowID.parse(flow)
         self.site = site
@@ -62,7 +63,8 @@ class FlowSite:
         # to a shared origin), so a restarted server's is larger than its last run's
         self.ordering = SiteOrdering(config, site, self.now(),
                                      incarnation=incarnation if incarnation is not None
-                                     else new_incarnation(time.time()), auth=auth)
+                                     else new_incarnation(time.time()), auth=auth,
+                                     shown=shown)
         #: every delivery (keep=None) or the last *keep* ones
         self.deliveries: deque[Delivery] | list[Delivery] = \
             [] if keep is None else deque(maxlen=keep)

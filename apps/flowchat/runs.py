@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +34,11 @@ BOT_BACKOFF = 0.25
 
 def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duration: float = 300.0,
             seed: int = 1, size: int = 1000, rate: float = 2.0, ls: str = "sites",
-            start: float = 2.0, tick: float = 0.1, config: dict[str, Any] | None = None
-            ) -> RunResult:
-    """Run one experiment in the simulator; returns every delivery and event."""
+            start: float = 2.0, tick: float = 0.1, config: dict[str, Any] | None = None,
+            keep_marks: bool = True) -> RunResult:
+    """Run one experiment in the simulator; returns every delivery and event.
+    *keep_marks* False: a restarted site comes back without its display marks (its state
+    directory lost)."""
     from flowrouter.testbed.sim import SimNetwork
 
     from .sim_adapter import SimSite
@@ -75,9 +77,32 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
         sites[name].on_deliver = track(name)
 
     slowed: dict[str, float] = defaultdict(float)  #: seconds each site's bot was held back
+    before: dict[str, SimSite] = {}  #: a restarted site's first run
+
+    def go_down(name: str) -> None:
+        """The site's server stops (a crash or a restart): its display marks are what it
+        kept on disk."""
+        old = sites[name]
+        before[name] = old
+        old.stop()
+        net.after(exp.restart_down, come_up, name,
+                  old.ordering.display_marks() if keep_marks else [])
+
+    def come_up(name: str, marks: list[tuple[str, int, int]]) -> None:
+        ep = net.endpoints[LEADER_ENDPOINT if name == LEADER_SITE else f"{name}-client"]
+        new = SimSite(net, ep, flow, cfg, name, tick=tick, shown=marks)
+        if name in SITES:
+            new.on_deliver = track(name)
+        sites[name] = new
+        new.start()
+
+    if exp.restart:
+        net.schedule(exp.restart_at, go_down, exp.restart)
 
     def bot(name: str) -> None:
         site = sites[name]
+        if name == exp.restart and net.now >= exp.restart_at:
+            return  # the restarted site listens from then on (its runs are told apart)
         if site.ordering.congested:
             # the site says "congested": a user (and the bot) waits before sending more
             slowed[name] += BOT_BACKOFF
@@ -94,12 +119,24 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
     net.run_until(duration)
     wall = time.perf_counter() - t0
     outages = outages_of(topo, exp.scenario, duration)
+    first = {n: before.get(n, s) for n, s in sites.items()}
     res = RunResult(exp, duration, SITES,
-                    {n: s.deliveries for n, s in sites.items() if n in SITES},
-                    {n: s.events for n, s in sites.items()},
-                    {n: sites[n].ordering.seq for n in SITES}, send_vectors, outages,
+                    {n: (before[n].deliveries if n in before else []) + s.deliveries
+                     for n, s in sites.items() if n in SITES},
+                    {n: (before[n].events if n in before else []) + s.events
+                     for n, s in sites.items()},
+                    {n: first[n].ordering.seq for n in SITES}, send_vectors, outages,
                     scenario_groups(exp, SITES),
-                    {n: dict(s.ordering.counters) for n, s in sites.items()}, wall, "sim")
+                    {n: dict(sum((Counter(r.ordering.counters) for r in {first[n], s}),
+                                 Counter()))
+                     for n, s in sites.items()}, wall, "sim")
+    res.extra["runs"] = {n: len(old.deliveries) for n, old in before.items() if n in SITES}
+    res.extra["restart"] = ({"site": exp.restart, "at": exp.restart_at,
+                             "up": exp.restart_at + exp.restart_down,
+                             "before": before[exp.restart].deliveries,
+                             "after": sites[exp.restart].deliveries,
+                             "counters": dict(sites[exp.restart].ordering.counters)}
+                            if exp.restart in before else None)
     res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
     res.extra["link_drops"] = dict(net.link_drops())
     res.extra["slowed"] = {n: round(slowed[n], 1) for n in SITES}

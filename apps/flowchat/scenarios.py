@@ -36,6 +36,9 @@ class Experiment:
     up: float
     seed_note: str
     rate: float | None = None  #: messages per second per site (None: the run's --rate)
+    restart: str | None = None  #: a site (or the leader) whose server restarts ...
+    restart_at: float = 0.0  #: ... at this time ...
+    restart_down: float = 0.0  #: ... and is down this long (its display marks kept)
 
     @property
     def name(self) -> str:
@@ -81,6 +84,14 @@ SCENARIOS: tuple[Experiment, ...] = (
                rate=7.0),
     Experiment(12, "leader", "saturation", 0, 0,
                "as test 11 in leader mode", rate=7.0),
+    Experiment(13, "hasten", "site-restart", 0, 0,
+               "metropol's server restarts after 240 s of chat (down 10 s): live traffic "
+               "within 15 s, history in the background (late), nothing shown twice",
+               restart="metropol", restart_at=240.0, restart_down=10.0),
+    Experiment(14, "leader", "leader-restart", 0, 0,
+               "the leader restarts after 240 s (down 10 s): sites follow its new order "
+               "stream within 15 s, no history flood, nothing shown twice",
+               restart=LEADER_SITE, restart_at=240.0, restart_down=10.0),
 )
 
 

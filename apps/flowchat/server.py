@@ -27,6 +27,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import flowlib
@@ -43,6 +44,7 @@ from .igo import (
     OutboxFull,
     StateChange,
 )
+from .marks import load_marks, marks_path, save_marks
 from .protocol import (
     JOIN,
     KINDS,
@@ -58,6 +60,8 @@ from .protocol import (
 )
 
 log = logging.getLogger("flowchat.server")
+
+MARKS_EVERY = 1.0  #: seconds between writes of the display marks (when they changed)
 
 DEFAULT_LISTEN = "127.0.0.1:7600"
 HISTORY = 50
@@ -145,6 +149,9 @@ class ChatServer:
         self._registration: Any = None
         self.address: tuple[str, int] | None = None
         self._closed = asyncio.Event()
+        self.marks_file: Path | None = None  #: the display marks (set at start)
+        self._marks_saved: list[tuple[str, int, int]] = []
+        self._marks_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def _connect(self) -> FlowClient:
@@ -162,10 +169,15 @@ class ChatServer:
         self.client = await self._connect()
         await self._resolve_flow()
         assert self.flow is not None
+        # what this site showed before a restart is not shown again: the display marks
+        # live beside the site's state (flowchat.marks)
+        self.marks_file = marks_path(self.state_dir, self.room, self.site)
         self.igo = FlowSite(self.client, self.flow, self.config, self.site, tick=self.tick,
                             keep=1000, on_deliver=self._on_deliver, on_event=self._on_event,
-                            on_lost=self._on_lost, auth=self.auth)
+                            on_lost=self._on_lost, auth=self.auth,
+                            shown=load_marks(self.marks_file))
         await self.igo.start()
+        self._marks_task = asyncio.ensure_future(self._keep_marks())
         if self.listen:
             host, _, port = self.listen.rpartition(":")
             self._server = await asyncio.start_server(self._serve_client, host or "127.0.0.1",
@@ -174,6 +186,25 @@ class ChatServer:
             self.address = (sock[0], sock[1])
         log.info("site %s serving room %r (flow %s, %s) on %s", self.site, self.room,
                  self.flow, self.flow_source, self.address)
+
+    async def _keep_marks(self) -> None:
+        """Write the display marks whenever they changed, at most every MARKS_EVERY s."""
+        while True:
+            await asyncio.sleep(MARKS_EVERY)
+            self._save_marks()
+
+    def _save_marks(self) -> None:
+        if self.igo is None or self.marks_file is None:
+            return
+        marks = self.igo.ordering.display_marks()
+        if marks == self._marks_saved:
+            return
+        try:
+            save_marks(self.marks_file, marks)
+            self._marks_saved = marks
+        except OSError as exc:
+            log.warning("site %s: cannot write the display marks %s: %s", self.site,
+                        self.marks_file, exc)
 
     def _on_lost(self, exc: Exception) -> None:
         """Every router failed for longer than the failover time-out: keep dialling (with
@@ -228,6 +259,11 @@ class ChatServer:
         if self._directory is not None:
             with contextlib.suppress(Exception):
                 await self._directory.close()
+        if self._marks_task is not None:
+            self._marks_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._marks_task
+        self._save_marks()
         if self.igo is not None:
             await self.igo.stop()
         if self.client is not None:

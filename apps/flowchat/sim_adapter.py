@@ -16,7 +16,7 @@ optional callbacks). The clock is the simulator's, so send and delivery times ar
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flowrouter.testbed.sim import Delivery as SimDelivery
@@ -39,6 +39,7 @@ class SimSite:
     def __init__(self, net: SimNetwork, endpoint: SimEndpoint, flow: FlowID | str,
                  config: IGOConfig, site: str, *, tick: float = 0.1,
                  incarnation: int | None = None,
+                 shown: Iterable[tuple[str, int, int]] = (),
                  on_deliver: Callable[[Delivery], Any] | None = None,
                  on_event: Callable[[Any], Any] | None = None) -> None:
         self.net = net
@@ -51,7 +52,8 @@ class SimSite:
         # which differs from process to process)
         self.ordering = SiteOrdering(config, site, net.now,
                                      incarnation=incarnation if incarnation is not None
-                                     else new_incarnation(net.now, zlib.crc32(site.encode())))
+                                     else new_incarnation(net.now, zlib.crc32(site.encode())),
+                                     shown=shown)
         self.deliveries: list[Delivery] = []
         self.events: list[MembershipChange | StateChange] = []
         self.on_deliver = on_deliver

@@ -60,6 +60,10 @@ class IGOConfig:
     #: connected peer) at most; beyond it messages wait in the outbox and the site is
     #: congested (None: no flow control)
     outbox_limit: int = 64  #: messages waiting while congested; more are refused
+    startup_fetch: int = 20  #: at start-up, a peer's messages missing at first contact
+    #: are fetched at once (lost on the way) only if at most this many and this site has no
+    #: display marks of a previous run; otherwise they are history, fetched in the
+    #: background at long_term_rate and shown flagged late (live traffic first)
     keep_ready_for: float = 60.0  #: leader mode: unordered data kept this long (seconds)
 
     def __post_init__(self) -> None:
@@ -100,8 +104,8 @@ class IGOConfig:
             raise ValueError("missed_heartbeats, history_size and max_lag must be >= 1")
         if self.send_window is not None and self.send_window < 1:
             raise ValueError("send_window must be positive or None")
-        if self.outbox_limit < 0:
-            raise ValueError("outbox_limit must be >= 0")
+        if self.outbox_limit < 0 or self.startup_fetch < 0:
+            raise ValueError("outbox_limit and startup_fetch must be >= 0")
         if self.stall_timeout is not None and not self.stall_timeout > 0:
             raise ValueError("stall_timeout must be positive or None")
         if self.display_rate is not None and not self.display_rate > 0:

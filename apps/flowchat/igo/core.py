@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +64,13 @@ class SiteCore:
     SiteOrdering` is a subclass adding one concern's methods."""
 
     def __init__(self, config: IGOConfig, site: str, now: float = 0.0,
-                 incarnation: int | None = None, auth: FrameAuth | None = None) -> None:
+                 incarnation: int | None = None, auth: FrameAuth | None = None,
+                 shown: Iterable[tuple[str, int, int]] = ()) -> None:
         self.cfg = config
+        #: display marks of this site's previous run, (origin index, incarnation) -> seq:
+        #: what it showed before it restarted, never shown again (see display_marks())
+        self.shown_before: dict[tuple[int, int], int] = {
+            (config.index(o), inc): seq for o, inc, seq in shown if o in config.sites}
         #: keyed room: frames are signed by their transmitter, DATA by its origin too
         self.auth = auth
         self.site = site
@@ -99,6 +105,8 @@ class SiteCore:
         #: the same for late messages, released in key order (see lamport.py)
         self._late_heap: list[tuple[int, int, int, int]] = []
         self._late_waiting: Counter[int] = Counter()  #: origin -> messages in _late_heap
+        #: history fetched in the background (after a restart, a long-term disconnect)
+        self._history_heap: list[tuple[int, int, int, int]] = []
         self._ready: dict[tuple[int, int, int], Msg] = {}  #: (origin, incarnation, seq)
         self._last_key: tuple[int, int] = (-1, -1)  #: last delivered (lamport, origin)
         self._dep_wait: dict[tuple[int, int, int], float] = {}
@@ -114,6 +122,7 @@ class SiteCore:
         self._repair_bucket = TokenBucket(config.repair_rate, config.repair_rate, now)
         self._low_bucket = TokenBucket(config.long_term_rate, 1.0, now)
         self._lt_bucket = TokenBucket(config.long_term_rate, 1.0, now)
+        self._lt_turn = 0  #: the stream whose low-priority fetch goes next (round robin)
         self._display: deque[Delivery] = deque()
         self._display_bucket = (TokenBucket(config.display_rate, config.display_burst, now)
                                 if config.display_rate else None)
@@ -121,6 +130,8 @@ class SiteCore:
         self.g_high = 0  #: leader: last order number assigned
         self._assigning = False  #: leader: inside _leader_assign_ready (no re-entry)
         self._order_log: dict[int, tuple[int, int, int, int]] = {}  #: leader: g -> entry
+        #: leader: history fetched in the background, waiting in _ready to be ordered late
+        self._refills: set[tuple[int, int, int]] = set()
         self._order_log_first = 1
         self._order_out: list[tuple[int, int, int, int]] = []
         self._order_out_first = 0
@@ -295,7 +306,7 @@ class SiteCore:
 
         def _frontier(self) -> tuple[int, int]: ...
 
-        def _deps_ok(self, msg: Msg, now: float) -> bool: ...
+        def _deps_ok(self, msg: Msg, now: float, late: bool = False) -> bool: ...
 
         def _deliverable(self, now: float) -> None: ...
 
@@ -306,7 +317,7 @@ class SiteCore:
 
         def _stable(self, msg: Msg, now: float) -> bool: ...
 
-        def _leader_assign(self, msg: Msg, now: float) -> None: ...
+        def _leader_assign(self, msg: Msg, now: float, late: bool = False) -> None: ...
 
         def _leader_assign_ready(self, now: float) -> None: ...
 

@@ -32,6 +32,8 @@ class LamportOrdering(SiteCore):
         if self.mode == "leader":
             if self.is_leader:
                 self._ready[key] = msg
+                if refill:  # history fetched after a restart or a long-term disconnect:
+                    self._refills.add(key)  # ordered flagged late, causes first
                 self._leader_assign_ready(now)
             elif msg.origin == self.me:
                 self._awaiting_order[msg.seq] = msg
@@ -42,7 +44,10 @@ class LamportOrdering(SiteCore):
                 self._ready[key] = msg
             return
         self._ready[key] = msg
-        heapq.heappush(self._heap, (msg.lamport, msg.origin, msg.inc, msg.seq))
+        entry = (msg.lamport, msg.origin, msg.inc, msg.seq)
+        # history fetched in the background has a queue of its own: shown late, in
+        # Lamport order, causes first, never holding live messages (nor reconciled ones)
+        heapq.heappush(self._history_heap if refill else self._heap, entry)
 
     def _lamport_ok(self, t: int, o: int) -> bool:
         for p in self.peers.values():
@@ -66,8 +71,13 @@ class LamportOrdering(SiteCore):
                     best = k
         return best
 
-    def _deps_ok(self, msg: Msg, now: float) -> bool:
+    def _deps_ok(self, msg: Msg, now: float, late: bool = False) -> bool:
         """Every causal dependency of *msg* is settled here (delivered or skipped).
+
+        History a restarted site fetches in the background (:attr:`Stream.history`) counts
+        as skipped for live messages (live traffic is not held back by history: it is shown
+        first, the history after it, flagged late), but a *late* message waits for its
+        causes among the history for as long as the history keeps coming.
 
         A dependency names a stream, ``(origin, incarnation)``, and a sequence number in it;
         it is looked up in that stream only (current or retired, see incarnations.py), so
@@ -103,6 +113,9 @@ class LamportOrdering(SiteCore):
                     ok = False
                 continue
             if s <= st.settled:
+                if late and st.awaiting_history(s) and (
+                        st.lt_wanted or now - st.rx_at < self.cfg.disconnect_interval):
+                    ok = False  # history fetched in the background: its causes first
                 continue
             if s > st.contiguous and timed_out:
                 self.counters["dependency.skipped"] += 1
@@ -170,6 +183,21 @@ class LamportOrdering(SiteCore):
             self._last_key = (t, o)
             self._deliver(msg, now, late=False, gseq=None, local=False)
         self._deliver_late(now)
+        self._deliver_history(now)
+
+    def _deliver_history(self, now: float) -> None:
+        heap = self._history_heap
+        while heap:
+            t, o, inc, s = heap[0]
+            msg = self._ready.get((o, inc, s))
+            if msg is None:
+                heapq.heappop(heap)
+                continue
+            if not self._deps_ok(msg, now, late=True):
+                break
+            heapq.heappop(heap)
+            del self._ready[(o, inc, s)]
+            self._deliver(msg, now, late=True, gseq=None, local=False)
 
     def _after_late(self, msg: Msg) -> bool:
         """*msg* depends on a message we hold that waits among the late ones."""
@@ -200,7 +228,7 @@ class LamportOrdering(SiteCore):
             if msg is None:  # dropped (an incarnation forgotten)
                 heapq.heappop(heap)
                 continue
-            if not self._late_ok(t, o) or not self._deps_ok(msg, now):
+            if not self._late_ok(t, o) or not self._deps_ok(msg, now, late=True):
                 break
             heapq.heappop(heap)
             self._late_waiting[o] -= 1

@@ -47,16 +47,25 @@ class LeaderOrdering(SiteCore):
                 for st in self._all_streams():
                     msg = self._ready.get((st.origin, st.inc, st.settled + 1))
                     if msg is not None and self._deps_ok(msg, now):
+                        self._refills.discard((msg.origin, msg.inc, msg.seq))
                         self._leader_assign(msg, now)
+                # history (fetched in the background): in Lamport order, causes first
+                self._refills &= self._ready.keys()
+                for key in sorted(self._refills, key=lambda k: (self._ready[k].lamport, k)):
+                    msg = self._ready.get(key)
+                    if msg is not None and self._deps_ok(msg, now, late=True):
+                        self._refills.discard(key)
+                        self._leader_assign(msg, now, late=True)
                 if (len(self._ready), self.g_high) == before:
                     return
         finally:
             self._assigning = False
 
-    def _leader_assign(self, msg: Msg, now: float) -> None:
-        """The leader orders a message whose FIFO predecessors are all ordered."""
+    def _leader_assign(self, msg: Msg, now: float, late: bool = False) -> None:
+        """The leader orders a message whose FIFO predecessors are all ordered (or, *late*,
+        one of history fetched in the background)."""
         o = msg.origin
-        flags = 0
+        flags = F_LATE if late else 0
         if o != self.me:
             p = self.peers[o]
             if p.state is not PeerState.S1:

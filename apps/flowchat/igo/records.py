@@ -39,7 +39,7 @@ class Stream:
     __slots__ = ("origin", "retired_at", "successor", "inc", "contiguous", "pending",
                  "known_high", "bound", "hb_high", "hb_clock", "delivered", "settled", "skipped",
                  "store", "store_order", "nack_due", "nack_tries", "lt_wanted", "synced",
-                 "asked_high", "asked_at", "progress_at", "rx_at")
+                 "asked_high", "asked_at", "progress_at", "rx_at", "history")
 
     def __init__(self, origin: int, inc: int = 0) -> None:
         self.origin = origin
@@ -66,8 +66,16 @@ class Stream:
         self.asked_at = float("-inf")  #: when every missing seq was last requested
         self.progress_at = float("-inf")  #: when `contiguous` last advanced
         self.rx_at = float("-inf")  #: when a message of the stream last arrived (any seq)
+        #: [lo, hi] ranges skipped at a restart and fetched in the background (history)
+        self.history: list[list[int]] = []
+
         self.lt_wanted: list[list[int]] = []  #: skipped ranges still to fetch (long-term)
         self.synced = False  #: the stream's position is established (first contact done)
+
+    def awaiting_history(self, seq: int) -> bool:
+        """*seq* is history still being fetched (skipped for now, not given up)."""
+        return (any(lo <= seq <= hi for lo, hi in self.history)
+                and any(lo <= seq <= hi for lo, hi in self.skipped))
 
 
 class PeerRecord:

@@ -243,9 +243,13 @@ class Repairs(SiteCore):
         self._deliverable(now)
 
     def _long_term(self, now: float) -> None:
-        if not self.cfg.long_term_reconcile:
-            return
-        for st in self._all_streams():
+        """Low-priority fetches (history after a restart, long-term reconciliation), a few
+        messages per request at ``long_term_rate`` requests a second, the streams in turn
+        (so every stream's history advances together and causes fetched from one stream
+        are not stuck behind all of another's)."""
+        streams = self._all_streams()
+        turn = self._lt_turn % len(streams)
+        for k, st in enumerate(streams[turn:] + streams[:turn]):
             o = st.origin
             if st is self.streams[self.me] or not st.lt_wanted:
                 continue
@@ -259,6 +263,7 @@ class Repairs(SiteCore):
                                                           st.inc)),
                             "nack-low"))
             self.counters["sent.nack-low"] += 1
+            self._lt_turn = turn + k + 1
             r[0] = hi + 1
             if r[0] > r[1]:
                 st.lt_wanted.pop(0)

@@ -224,11 +224,27 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
                                             for st in olds]
                         for o, olds in self.retired.items() if olds},
             "waiting": len(self._heap) + len(self._late_heap) + len(self._orders),
+            "history_waiting": len(self._history_heap),
             "congested": self.flow.congested, "outbox": self.flow.queued,
             "in_flight": self.flow.in_flight,
             "deliveries": self.deliveries,
             "counters": dict(sorted(self.counters.items())),
         }
+
+    def display_marks(self) -> list[tuple[str, int, int]]:
+        """What this site has shown, per peer stream: ``(origin, incarnation, seq)``, every
+        message of that run up to *seq* delivered or given up. An application keeps it on
+        disk beside the site's state and passes it as ``shown=`` to the next run, which then
+        fetches only what it did not show (in the background, flagged late) and never shows
+        a message twice."""
+        out = []
+        for st in self._all_streams():
+            if st.origin != self.me and st.inc and st.settled:
+                out.append((self.cfg.sites[st.origin], st.inc, st.settled))
+        for (o, inc), seq in self.shown_before.items():  # not heard of again yet: keep
+            if self._stream(o, inc) is None:
+                out.append((self.cfg.sites[o], inc, seq))
+        return out
 
     def peer_state(self, site: str) -> PeerState:
         return self.peers[self.cfg.index(site)].state

@@ -75,15 +75,39 @@ class PeerStates(SiteCore):
                 st.known_high = max(st.known_high, held)
                 self._want_nack(st, now, immediate=True)
         elif (p.state is PeerState.UNKNOWN and now - self.started < self.cfg.disconnect_interval
-              and 0 < upto - st.contiguous <= self.cfg.max_lag):
-            # A peer heard for the first time while we are starting up: what it said before
-            # is not history from before we joined but, very likely, lost on the way (as
-            # when every site starts together and a first message is dropped). Reconcile it
-            # like a short-term disconnect, bounded by max_lag, instead of skipping it.
-            self.counters["first-contact.fetch"] += 1
-            st.known_high = max(st.known_high, upto)
-            upto = st.contiguous
-            self._want_nack(st, now, immediate=True)
+              and upto > st.contiguous):
+            mark = self.shown_before.get((p.idx, st.inc))
+            if self.is_leader and mark is not None and 0 < upto - mark <= self.cfg.max_lag:
+                # a restarted leader: what it missed while down (since its marks) is what
+                # the old run may have left unordered, and everybody's order depends on it:
+                # fetched at once, ordered before the live messages that follow it
+                self.counters["history.leader-fetch"] += upto - mark
+                self.counters["history.shown-before"] += mark - st.contiguous
+                self._skip(p.idx, st, mark, now, reason="history")
+                st.known_high = max(st.known_high, upto)
+                upto = st.contiguous
+                self._want_nack(st, now, immediate=True)
+            elif mark is None and upto - st.contiguous <= self.cfg.startup_fetch:
+                # A peer heard for the first time while we are starting up, a few messages
+                # into its stream: not history from before we joined but, very likely, lost
+                # on the way (as when every site starts together and a first message is
+                # dropped). Reconcile it like a short-term disconnect.
+                self.counters["first-contact.fetch"] += 1
+                st.known_high = max(st.known_high, upto)
+                upto = st.contiguous
+                self._want_nack(st, now, immediate=True)
+            else:
+                # a restart (or a late join): live traffic first; what the peer said before
+                # is history, fetched in the background at a low rate and shown flagged
+                # late, except what this site showed before it restarted (its marks)
+                lo = max(st.contiguous, mark or 0, upto - self.cfg.max_lag) + 1
+                if lo <= upto:
+                    st.lt_wanted.append([lo, upto])
+                    st.history.append([lo, upto])
+                    self.counters["history.wanted"] += upto - lo + 1
+                if mark is not None:
+                    self.counters["history.shown-before"] += min(mark, upto) - st.contiguous
+                self._skip(p.idx, st, upto, now, reason="history")
         self._skip(p.idx, st, upto, now, reason="long-term")
         st.synced = True
         self._urgent_hb = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .actions import Conflict, PeerState
 from .core import SiteCore
 from .records import Msg, PeerRecord, Stream
-from .wire import F_RESEND, DataMsg
+from .wire import F_LOW, F_RESEND, DataMsg
 
 
 class FifoTransport(SiteCore):
@@ -101,9 +101,9 @@ class FifoTransport(SiteCore):
                     self.counters["data.kept-for-order"] += 1
                 self._check_conflict(held, msg, tx, now)
                 return
-            if self.cfg.long_term_reconcile and self._unskip(st, d.seq):
-                # long-term reconciliation filling a gap (history, flagged late; the only
-                # deliveries that may follow messages that depend on them)
+            if (self.cfg.long_term_reconcile or d.flags & F_LOW) and self._unskip(st, d.seq):
+                # long-term reconciliation or background history filling a gap (flagged
+                # late; the only deliveries that may follow messages that depend on them)
                 self.counters["long-term.fetched"] += 1
                 self._keep(st, msg)
                 self._accept(msg, now, refill=True)
