@@ -143,6 +143,13 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
         for sb in names[i + 1:]:
             if sb in res.groups.get(sa, ()):
                 late_pairs[f"{sa}/{sb}"] = checks.late_disagreement(logs[sa], logs[sb])
+    splits = {}
+    for i, sa in enumerate(names):
+        for sb in names[i + 1:]:
+            if sb in res.groups.get(sa, ()):
+                splits[f"{sa}/{sb}"] = checks.late_splits(logs[sa], logs[sb])
+    out["late_splits"] = splits
+    out["late_splits_total"] = sum(splits.values())
     out["late_order"] = {k: {"common": c, "disagree": d} for k, (c, d) in late_pairs.items()}
     out["late_disagree"] = sum(d for _, d in late_pairs.values())
     out["violations"] = {"fifo": len(v_fifo), "order": len(v_order),

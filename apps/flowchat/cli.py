@@ -94,8 +94,9 @@ def _igo_options(p: argparse.ArgumentParser) -> None:
                         "(seed: 15)")
     g.add_argument("--stability", action="store_true",
                    help="stability tracking: deliver a message only once every site of the "
-                        "ordering set has it (same sequence at connected sites even without "
-                        "transitive connectivity; adds latency)")
+                        "ordering set has it (helps connected sites without transitive "
+                        "connectivity; does not make same-side sites agree on which messages "
+                        "are late, see the README; adds latency)")
     g.add_argument("--long-term-reconcile", action="store_true",
                    help="after a long-term disconnect, fetch the missed messages at a low "
                         "rate (shown as late history)")

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .igo import MembershipChange, StateChange
 from .scenarios import RunResult
 
 
@@ -117,6 +118,17 @@ def plot(res: RunResult, outdir: Path) -> list[Path]:
                    label="in order")
         ax.scatter([d.delivery_time for d in log if d.late],
                    [d.latency for d in log if d.late], s=5, color="tab:red", label="late")
+        # view changes: this site's ordering set changed (solid), a peer went disconnected
+        # or stalled (dashed)
+        views = [e.time for e in res.events.get(site, ()) if isinstance(e, MembershipChange)]
+        cuts = [e.time for e in res.events.get(site, ())
+                if isinstance(e, StateChange) and e.peer is not None and e.new != "S1"]
+        for i, t in enumerate(views):
+            ax.axvline(t, color="tab:green", linewidth=0.6,
+                       label="view change" if i == 0 else None)
+        for i, t in enumerate(cuts):
+            ax.axvline(t, color="tab:orange", linewidth=0.6, linestyle="--",
+                       label="peer disconnected / stalled" if i == 0 else None)
         finish(ax, site, "latency (s)")
     axes[-1].set_xlabel("delivery time (s)")
     save(fig, "message latency", "latency.png")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import checks
 from .igo import Congestion, MembershipChange, StateChange
 from .protocol import decode_chat
 from .scenarios import ALL_EXPERIMENTS, SEED_FIGURES, RunResult
@@ -63,9 +64,9 @@ def summary_markdown(results: list[dict[str, Any]], *, title: str, notes: Sequen
         L.append("")
     L.append("| test | mode | scenario | down/up s | connected latency mean (p95) s | "
              "detection s | outage msgs max latency s | max latency s | stalls | "
-             "late (order disagreements) | gaps (same side) | "
+             "late (order disagreements) | in-order/late splits | gaps (same side) | "
              "order checks | seed 003 |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     notes_by = {e.number: e.seed_note for e in ALL_EXPERIMENTS}
     for r in results:
         v = r["violations"]
@@ -76,8 +77,9 @@ def summary_markdown(results: list[dict[str, Any]], *, title: str, notes: Sequen
             f"{fmt_stat(cl)} ({fmt_stat(cl, 'p95')}) | {fmt_stat(r['detection'])} | "
             f"{fmt_stat(r['outage_latency'], 'max')} | {r.get('max_latency', '-')} | "
             f"{r.get('stalls', 0)} | {r['late']} "
-            f"({r.get('late_disagree', 0)}) | "
+            f"({r.get('late_disagree', 0)}) | {r.get('late_splits_total', 0)} | "
             f"{r['gaps']} ({r['gaps_same_side']}) | {ok} | {notes_by.get(r['test'], '')} |")
+    L += ["", "What holds (flowchat.checks): " + " ".join(checks.PROPERTIES)]
     L += ["", "Seed 003's figures: " + "; ".join(f"{k}: {v}" for k, v in SEED_FIGURES.items())
           + ".", "",
           "Columns: *connected latency* over messages sent at least 20 s after an outage ended "
@@ -88,7 +90,9 @@ def summary_markdown(results: list[dict[str, Any]], *, title: str, notes: Sequen
           "but blocked for the stall time-out (a flapping link); *late*: "
           "deliveries flagged late (out of order, reconciled), and in brackets how many "
           "late messages two sites of the same side both delivered at different places in "
-          "their late sequences (0: one late order per partition); *gaps*: messages some site "
+          "their late sequences (0: one late order per partition); *in-order/late splits*: "
+          "messages two sites of one side both delivered, in order at one and late at the "
+          "other (not excluded in hasten mode); *gaps*: messages some site "
           "never delivered (same side: from a site on its side of the partition); *order "
           "checks*: FIFO per origin, in-order deliveries follow the ordering rule, every pair "
           "of sites agrees on their common in-order messages, causal order, and for "
