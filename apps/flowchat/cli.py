@@ -74,7 +74,8 @@ flapping (every metropol link 3 s down / 3 s up for a minute; the summary's "sta
 peers declared disconnected because they were heard but blocked); 11 hasten saturation and 12
 leader saturation (7 messages/s of 1 KB per site, ~110% of a link: senders slowed); 13
 site-restart and 14 leader-restart (a server restarts after 240 s, down 10 s, keeping its
-display marks: live traffic first, history late, nothing shown twice).
+display marks: live traffic first, history late, nothing shown twice); 15 hasten A3 and 16
+leader A3 (3-way partition, 10 s down / 30 s up); 17 hasten mixed (one site overloaded).
 
 --ls sites (default) makes every site router a member of the room's location service, so
 site-to-site chat uses the direct 56 kbit/s links as in the seed's test-bed and each side of

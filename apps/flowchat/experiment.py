@@ -30,6 +30,9 @@ Beyond the seed (``--only NAME`` or ``--only all``; :data:`~flowchat.scenarios.S
 13     all-to-all, hasten    site-restart  at 240 s, 10 s  live within 15 s, history late in the
                                                           background, nothing shown twice
 14     leader                leader-restart  at 240 s      sites follow the new order stream
+15     all-to-all, hasten    A3        10 / 30           3-way partition, each side chats on
+16     leader                A3        10 / 30           sides cut from the leader: local chat
+17     all-to-all, hasten    mixed     no faults         one site overloaded, only it slowed
 =====  ====================  ========  ================  ====================================
 
 Workload (seed 6.2): 4 sites, each sending with inter-message gaps uniform in [0, 1] s

@@ -63,6 +63,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
         s.start()
     rng = random.Random(f"{seed}/bots")
     rate = exp.rate or rate
+    rates = {n: dict(exp.site_rates).get(n, rate) for n in SITES}
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
     highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
 
@@ -111,7 +112,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
         seq = site.ordering.seq + 1
         send_vectors[(name, seq)] = dict(highest[name])
         site.submit(encode_chat(SAY, f"bot@{name}", f"{name} message {seq}", pad_to=size))
-        net.after(rng.uniform(0.0, 2.0 / rate), bot, name)
+        net.after(rng.uniform(0.0, 2.0 / rates[name]), bot, name)
 
     for name in SITES:
         net.schedule(start + rng.uniform(0.0, 1.0 / rate), bot, name)
@@ -178,6 +179,7 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
     report = LaunchReport(topo.name, exp.scenario, duration)
     rng = random.Random(f"{seed}/bots")
     rate = exp.rate or rate
+    rates = {n: dict(exp.site_rates).get(n, rate) for n in SITES}
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
     highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
     slowed: dict[str, float] = defaultdict(float)
@@ -215,7 +217,7 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
                 send_vectors[(name, seq)] = dict(highest[name])
                 site.submit(encode_chat(SAY, f"bot@{name}", f"{name} message {seq}",
                                         pad_to=size))
-                await asyncio.sleep(rng.uniform(0.0, 2.0 / rate))
+                await asyncio.sleep(rng.uniform(0.0, 2.0 / rates[name]))
 
         for name in SITES:
             tasks.append(asyncio.ensure_future(bot(name)))

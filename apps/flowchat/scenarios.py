@@ -39,6 +39,7 @@ class Experiment:
     restart: str | None = None  #: a site (or the leader) whose server restarts ...
     restart_at: float = 0.0  #: ... at this time ...
     restart_down: float = 0.0  #: ... and is down this long (its display marks kept)
+    site_rates: tuple[tuple[str, float], ...] = ()  #: per-site messages/s (mixed loads)
 
     @property
     def name(self) -> str:
@@ -92,6 +93,16 @@ SCENARIOS: tuple[Experiment, ...] = (
                "the leader restarts after 240 s (down 10 s): sites follow its new order "
                "stream within 15 s, no history flood, nothing shown twice",
                restart=LEADER_SITE, restart_at=240.0, restart_down=10.0),
+    Experiment(15, "hasten", "A3", 10, 30,
+               "3-way partition {metropol} | {commonwe} | {kingdom, republic}: each side "
+               "chats on, reconciled late after each outage, no gaps"),
+    Experiment(16, "leader", "A3", 10, 30,
+               "as test 15 in leader mode: the sides cut from the leader chat locally"),
+    Experiment(17, "hasten", "mixed", 0, 0,
+               "mixed loads: metropol at 8 msg/s (beyond its links), the others at 1: "
+               "only metropol is slowed, the others' latency stays low",
+               site_rates=(("metropol", 8.0), ("commonwe", 1.0), ("kingdom", 1.0),
+                           ("republic", 1.0))),
 )
 
 
@@ -159,6 +170,8 @@ def scenario_groups(exp: Experiment, sites: Sequence[str]) -> dict[str, set[str]
         sides = [{"metropol"}, s - {"metropol"}]
     elif exp.scenario.startswith("A2"):
         sides = [{"metropol", "commonwe"}, {"kingdom", "republic"}]
+    elif exp.scenario == "A3":
+        sides = [{"metropol"}, {"commonwe"}, s - {"metropol", "commonwe"}]
     elif exp.scenario.startswith("L1") or exp.scenario == "flapping":
         sides = [{"metropol"}, s - {"metropol"}]
     else:
