@@ -622,3 +622,25 @@ def test_peer_states_follow_the_transition_table() -> None:
     changes = [x for t in (1.0, 2.0, 3.0, 6.0, 8.0) for x in a.tick(t)
                if isinstance(x, StateChange) and x.peer == "b"]
     assert [(c.old, c.new) for c in changes] == [("S1", "S2"), ("S2", "S3")]
+
+
+def test_repair_is_paced_by_bytes_and_deduplicated() -> None:
+    """A repeated request for messages already on their way is not answered twice, and the
+    answers leave at no more than ``repair_bytes`` a second, whatever was asked."""
+    cfg = IGOConfig(sites=("a", "b"), repair_bytes=8000.0, repair_dedup=1.0)
+    a = SiteOrdering(cfg, "a", 0.0, incarnation=1)
+    for i in range(20):
+        a.submit(b"x" * 2000, 1.0 + i * 0.01)
+    nk = encode_nack(room_tag(cfg), 1, Nack(0, 0, 0, ((1, 20),), inc=1))
+    sent: list[float] = []
+    t = 2.0
+    a.on_message(BAND_REPAIR, nk, t)
+    while t < 9.0:
+        t = round(t + 0.1, 3)
+        if abs(t - 2.5) < 1e-9:  # the same request again while the answers trickle out
+            a.on_message(BAND_REPAIR, nk, t)
+        sent += [t for x in a.tick(t) if isinstance(x, Send) and x.kind == "repair"]
+    assert len(sent) == 20  # each message once
+    assert a.counters["repair.deduplicated"] > 0 and a.counters["repair.paced"] > 0
+    for start in (3.0, 4.0, 5.0):  # after the first second's burst: ~4 x 2 KB a second
+        assert sum(1 for x in sent if start <= x < start + 1.0) <= 5

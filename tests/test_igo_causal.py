@@ -95,12 +95,13 @@ def test_seed003_test5_hub_keeps_causal_order(seed: int, times_out: bool) -> Non
     repair requests no longer naming messages still in flight, which made the overload
     milder): seed 21 takes it now, with stall detection (a heard peer blocked for 8 s
     counts as disconnected, which hands it to reconciliation before any dependency times
-    out) set beyond the run; the others run the same scenario. With stall detection on
+    out) set beyond the run, and repair neither paced by bytes nor deduplicated (as when
+    the path was found); the others run the same scenario. With stall detection on
     (the default) causal order holds as well. About 1 s each."""
     from flowchat.experiment import causal_check, run_sim, select
 
     res = run_sim(select("5")[0], duration=90.0, seed=seed, ls="hub",
-                  config={"stall_timeout": 1000.0})
+                  config={"stall_timeout": 1000.0, "repair_bytes": 1e9, "repair_dedup": 0.0})
     if times_out:
         assert sum(c.get("dependency.skipped", 0) for c in res.counters.values()) > 0
     assert causal_check(res) == []

@@ -41,6 +41,10 @@ class IGOConfig:
     nack_retry: float = 2.0  #: ask again (another holder) after this long without progress
     repair_coalesce: float = 0.05  #: collect requests this long before answering
     repair_rate: float = 100.0  #: repairs sent per second at most
+    repair_bytes: float = 16384.0  #: ... and repair bytes per second at most (a burst of
+    #: one second): repair is paced below what a link carries, whatever the requests
+    repair_dedup: float = 1.0  #: a message resent to a site is not resent to it again
+    #: within this many seconds (a retry racing the answer in flight)
     history_size: int = 20000  #: messages kept per origin for repairs
     max_lag: int = 2000  #: a requester further behind than this is dropped from our duty
     dependency_timeout: float = 15.0  #: a missing causal dependency is skipped after this
@@ -94,7 +98,8 @@ class IGOConfig:
         if self.inbox_band_base <= self.data_band <= last:
             raise ValueError("the data band must not be one of the inbox bands")
         for name in ("heartbeat_interval", "disconnect_interval", "nack_retry", "repair_rate",
-                     "long_term_rate", "ack_interval", "dependency_timeout", "keep_ready_for"):
+                     "long_term_rate", "ack_interval", "dependency_timeout", "keep_ready_for",
+                     "repair_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         for name in ("nack_delay", "hint_delay", "repair_coalesce"):

@@ -120,6 +120,9 @@ class SiteCore:
         #: (origin, incarnation, seq, requester)
         self._low_repairs: deque[tuple[int, int, int, int]] = deque()
         self._repair_bucket = TokenBucket(config.repair_rate, config.repair_rate, now)
+        self._repair_bytes = TokenBucket(config.repair_bytes, config.repair_bytes, now)
+        #: (origin, incarnation, seq, requester) -> when it was last resent to it
+        self._resent: dict[tuple[int, int, int, int], float] = {}
         self._low_bucket = TokenBucket(config.long_term_rate, 1.0, now)
         self._lt_bucket = TokenBucket(config.long_term_rate, 1.0, now)
         self._lt_turn = 0  #: the stream whose low-priority fetch goes next (round robin)

@@ -114,10 +114,13 @@ class TokenBucket:
             self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
             self.t = now
 
-    def take(self, now: float) -> bool:
+    def take(self, now: float, amount: float = 1.0) -> bool:
+        """Take *amount* tokens (one message, or its bytes) if the bucket holds them; an
+        amount beyond the burst is taken from a full bucket (it goes, alone)."""
         self.refill(now)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        need = min(amount, self.burst)
+        if self.tokens >= need:
+            self.tokens -= need
             return True
         return False
 

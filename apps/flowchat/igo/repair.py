@@ -179,15 +179,29 @@ class Repairs(SiteCore):
     def _serve_repairs(self, now: float) -> None:
         cfg = self.cfg
         if self._repairs and self._repair_due is not None and now >= self._repair_due:
+            self._forget_resent(now)
             for key in sorted(self._repairs):
-                if not self._repair_bucket.take(now):
-                    break
-                who = self._repairs.pop(key)
                 o, inc, s = key
                 st = self._stream(o, inc)
                 msg = st.store.get(s) if st is not None else None
                 if msg is None:
+                    del self._repairs[key]
                     continue
+                # deduplicated: not again to a site it went to a moment ago (in flight)
+                who = {r for r in self._repairs[key]
+                       if now - self._resent.get((o, inc, s, r), float("-inf"))
+                       >= cfg.repair_dedup}
+                if not who:
+                    del self._repairs[key]
+                    self.counters["repair.deduplicated"] += 1
+                    continue
+                if not (self._repair_bucket.take(now)
+                        and self._repair_bytes.take(now, len(msg.payload))):
+                    self.counters["repair.paced"] += 1
+                    break
+                del self._repairs[key]
+                for r in who:
+                    self._resent[(o, inc, s, r)] = now
                 band = cfg.inbox_band(next(iter(who))) if len(who) == 1 else cfg.data_band
                 self._emit(Send(band, self._encode_msg(msg, F_RESEND),
                                 "repair" if len(who) == 1 else "repair-multicast"))
@@ -203,6 +217,11 @@ class Repairs(SiteCore):
                                     self._encode_msg(msg, F_RESEND | F_LOW),
                                     "repair-low"))
                     self.counters["repair.low-sent"] += 1
+
+    def _forget_resent(self, now: float) -> None:
+        if len(self._resent) > 4 * self.cfg.max_lag:
+            horizon = now - self.cfg.repair_dedup
+            self._resent = {k: t for k, t in self._resent.items() if t >= horizon}
 
     def _on_gone(self, tx: int, g: Gone, now: float) -> None:
         if g.requester != self.me:
