@@ -79,12 +79,18 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
     def _pump(self, now: float) -> None:
         """Acknowledgements in: let queued messages go while the window allows, and say
         when the site becomes congested or clear."""
-        acks = [p.acks[self.me] for p in self.peers.values()
+        # whose acknowledgements count: every connected site (all-to-all, hasten); the
+        # leader alone in leader mode (the others fetch what an ORDER names, and a site cut
+        # off from the leader never repairs our stream: its position says nothing)
+        judges = ([self.peers[self.leader]]
+                  if self.leader is not None and not self.is_leader
+                  else list(self.peers.values()))
+        acks = [p.acks[self.me] for p in judges
                 if p.state is PeerState.S1 and len(p.acks) == self.n
                 and len(p.ack_incs) == self.n and p.ack_incs[self.me] == self.inc]
         if acks:
             self.flow.acked(min(acks))
-        elif not any(p.state is PeerState.S1 for p in self.peers.values()):
+        elif not any(p.state is PeerState.S1 for p in judges):
             self.flow.restart_acks()  # nobody connected to wait for
         while (payload := self.flow.next_ready(now)) is not None:
             self._send_own(payload, now)
