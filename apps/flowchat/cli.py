@@ -221,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=1, help="simulator and bot seed (default 1)")
     e.add_argument("--size", type=int, default=1000, help="message size in bytes (default "
                                                           "1000)")
-    e.add_argument("--rate", type=float, default=2.0,
-                   help="messages per second per site (default 2)")
+    e.add_argument("--rate", type=float, default=None,
+                   help="messages per second per site (default: the scenario's, else 2)")
     e.add_argument("--no-plots", action="store_true", help="skip the PNG graphs")
     e.add_argument("--base-port", type=int, help="--real: router ports from here")
     _igo_options(e)
@@ -354,8 +354,9 @@ def _experiment(a: argparse.Namespace) -> int:
     rows = X.run_all(exps, out=a.out, real=a.real, duration=a.duration,
                      plots=not a.no_plots, **kwargs)
     dur = rows[0]["duration"] if rows else 0
+    rate = f"{a.rate:g}/s" if a.rate else "each scenario's rate (2/s unless it says)"
     notes = [f"{'Real routers on loopback' if a.real else 'Simulator'}, {dur:g} s per run, "
-             f"seed {a.seed}, {a.size}-byte messages at {a.rate:g}/s per site, location "
+             f"seed {a.seed}, {a.size}-byte messages at {rate} per site, location "
              f"service placement: {a.ls}."]
     path = X.write_summary(rows, a.out, title="flowchat experiment: seed 003 Table 2",
                            notes=notes)

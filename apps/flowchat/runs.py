@@ -28,12 +28,15 @@ from .scenarios import (
     scenario_groups,
 )
 
+#: messages per second per site when neither the run nor the scenario says (seed 6.2)
+DEFAULT_RATE = 2.0
+
 #: how long a bot holds back when its site is congested before it tries again
 BOT_BACKOFF = 0.25
 
 
 def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duration: float = 300.0,
-            seed: int = 1, size: int = 1000, rate: float = 2.0, ls: str = "sites",
+            seed: int = 1, size: int = 1000, rate: float | None = None, ls: str = "sites",
             start: float = 2.0, tick: float = 0.1, config: dict[str, Any] | None = None,
             keep_marks: bool = True) -> RunResult:
     """Run one experiment in the simulator; returns every delivery and event.
@@ -62,7 +65,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
     for s in sites.values():
         s.start()
     rng = random.Random(f"{seed}/bots")
-    rate = exp.rate or rate
+    rate = rate or exp.rate or DEFAULT_RATE  # the run's, else the scenario's
     rates = {n: dict(exp.site_rates).get(n, rate) for n in SITES}
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
     highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
@@ -150,7 +153,8 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
 
 async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY,
                          duration: float = 60.0, seed: int = 1, size: int = 1000,
-                         rate: float = 2.0, ls: str = "sites", workdir: str | None = None,
+                         rate: float | None = None, ls: str = "sites",
+                         workdir: str | None = None,
                          base_port: int | None = None, config: dict[str, Any] | None = None,
                          start: float = 3.0) -> RunResult:
     """One experiment on real router processes (``flowrouter.testbed.launcher.Launcher``): one
@@ -178,7 +182,7 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
     tasks: list[asyncio.Task[Any]] = []
     report = LaunchReport(topo.name, exp.scenario, duration)
     rng = random.Random(f"{seed}/bots")
-    rate = exp.rate or rate
+    rate = rate or exp.rate or DEFAULT_RATE  # the run's, else the scenario's
     rates = {n: dict(exp.site_rates).get(n, rate) for n in SITES}
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
     highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
