@@ -111,6 +111,7 @@ def test_control_port_caps_connections() -> None:
             assert not reply["ok"] and "3 connections at once" in reply["error"]
             assert await within(r4.read()) == b""  # and closed
             assert node.core.counters["refused.port-connections"] == 1
+            assert [a["kind"] for a in node.status()["alerts"]] == ["port-connections"]
             for _r, w in idle:  # room again once they go
                 w.close()
             await _until(lambda: CONTROL not in node.gate.open_by_port)
@@ -234,6 +235,7 @@ def test_descriptor_budget_refuses_applications_and_keeps_room_for_routers() -> 
             cr, cw = await asyncio.open_connection(*core.control_address)
             assert "descriptor budget" in json.loads(await within(cr.readline()))["error"]
             cw.close()
+            assert {a["kind"] for a in core.status()["alerts"]} == {"descriptors"}
             # a router that lost its link comes back, from the reserve
             for lid, lk in list(edge.core.links.items()):
                 if lk.role is C.Role.ROUTER:

@@ -21,8 +21,10 @@ goes. Limits, why:
   on a port routers may use is still accepted for its HELLO up to the limit minus half the
   reserve, so a router can always come back after a cut. The rest is for dialling.
 
-Every refusal is counted (``refused.<kind>``: ``port-connections``, ``descriptors``),
-logged at most once per interval per kind, and listed in the status (``connections``).
+Every refusal is counted (``refused.<kind>``: ``port-connections``, ``descriptors``) and
+raised as an alert of that kind (the node hands it to the core: counted, logged at most once
+per interval, listed under the status's alerts; without that hook, logged here at most once
+per interval per kind); the counts are in the status (``connections``).
 
 Sans-I/O apart from :func:`raise_descriptor_limit` and :func:`descriptors_open` (which read
 the process's limit and its open descriptors); imports only the standard library.
@@ -127,7 +129,8 @@ class ConnectionGate:
 
     def __init__(self, limits: ServerLimits, counters: MutableMapping[str, int],
                  descriptors: int, baseline: int,
-                 on_budget: Callable[[str | None], None] | None = None) -> None:
+                 on_budget: Callable[[str | None], None] | None = None,
+                 on_trip: Callable[[str, str], None] | None = None) -> None:
         self.limits = limits
         self.counters = counters
         #: the descriptors the router may use, and those open before it served anything
@@ -135,6 +138,8 @@ class ConnectionGate:
         self.baseline = baseline
         #: told whether applications are refused now for lack of descriptors (the reason)
         self.on_budget = on_budget
+        #: told of each refusal (kind, why): the router's alerts
+        self.on_trip = on_trip
         #: open connections per port key ("listen HOST:PORT", CONTROL, HTTP, DIAL) and those
         #: of them that count against the port's cap
         self.open_by_port: dict[str, int] = {}
@@ -186,7 +191,10 @@ class ConnectionGate:
             kind = "port-connections"
         if why is not None:
             self.counters[f"refused.{kind}"] += 1
-            self._log(kind, now, why)
+            if self.on_trip is not None:
+                self.on_trip(kind, why)
+            else:
+                self._log(kind, now, why)
             return why
         self.open_by_port[port] = self.open_by_port.get(port, 0) + 1
         if port != DIAL:

@@ -97,7 +97,14 @@ class RouterNode:
 
     def _new_gate(self) -> ConnectionGate:
         return ConnectionGate(self.config.limits, self.core.counters, raise_descriptor_limit(),
-                              descriptors_open(), self.core.trust.set_application_budget)
+                              descriptors_open(), self.core.trust.set_application_budget,
+                              self._connection_refused)
+
+    def _connection_refused(self, kind: str, why: str) -> None:
+        """A connection was refused at once (a port's cap, the descriptor budget): an
+        alert (counted, logged, listed)."""
+        if self._loop is not None:
+            self.execute(self.core.alert(kind, f"connection refused: {why}", self.now()))
 
     def _attach_fast_path(self) -> None:
         engine, self.fast_path_info = engine_choice()
