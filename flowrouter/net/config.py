@@ -21,6 +21,9 @@ Example (every key optional except ``router.name``)::
     slow_consumer_stall = 0.5     # seconds without progress before an output holds no credit
     slow_consumer_idle = 0.0      # ... or this long, while a sibling fed by the same input drains
     frame_timeout = 30.0          # seconds a started frame may take to arrive in full
+    reconnect_min = 0.1           # re-dial back-off: from this, doubling ...
+    reconnect_max = 5.0           # ... up to this (starts over once a link stayed up)
+    dial_timeout = 4.0            # seconds a dial may wait for the peer to answer
     member_notice_interval = 1.0  # band-19 membership notices: at most one per flow per this
     member_refresh = 30.0         #   many seconds; snapshots of local members this often
     control_token = "file:/etc/flownet/control.token"  # commands need proof (see below;
@@ -279,6 +282,9 @@ class NodeConfig:
     tick_interval: float = 0.25
     reconnect_min: float = 0.1
     reconnect_max: float = 5.0
+    #: seconds a dial of a peer may wait for the connection (the kernel's SYN repeats at
+    #: 1 and 3 s fall inside it); then the attempt counts as failed and the back-off runs
+    dial_timeout: float = 4.0
     udp_idle_timeout: float = 30.0
     #: receive and send buffer asked of the kernel for the UDP socket (0: its default;
     #: Linux caps it at net.core.rmem_max / wmem_max): what arrives while the router waits
@@ -328,7 +334,7 @@ class NodeConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("epoch", "join_timeout", "tick_interval", "reconnect_min",
-                    "reconnect_max", "udp_idle_timeout"):
+                    "reconnect_max", "dial_timeout", "udp_idle_timeout"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key} must be a positive number of seconds, got "
                                   f"{getattr(self, key)}")
@@ -492,6 +498,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "tick_interval": limit(float, 0.001, 60.0),
     "reconnect_min": limit(float, 0.001, 3600.0),
     "reconnect_max": limit(float, 0.001, 86400.0),
+    "dial_timeout": limit(float, 0.001, 3600.0),
     "udp_idle_timeout": limit(float, 0.01, 86400.0),
     "udp_socket_buffer": limit(int, 0, 1 << 30),
     "read_buffer": limit(int, 64 * 1024, 1 << 30),

@@ -35,6 +35,7 @@ from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.nodeapi import Link, ReadBatch
+from flowrouter.net.redial import DialSchedule
 from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.net.udp import UdpLink, UdpLinks
 from flowrouter.wire.control import Role
@@ -70,7 +71,8 @@ class RouterNode:
         self._changed = asyncio.Event()
         self._stopping = False
         self._loop = loop
-        self._backoff: dict[str, float] = {}
+        #: when to dial each configured peer again, and what to log about it
+        self.dials = DialSchedule(config.reconnect_min, config.reconnect_max)
         self._tracer: TraceWriter | None = None
         #: the read in progress; ``begin_read`` starts one (a bound method of the batch:
         #: one call per read on the hot path)
@@ -290,24 +292,31 @@ class RouterNode:
         self._spawn(self._dial(peer, delay))
 
     def redial(self, peer: PeerConfig, why: str | None = None) -> None:
+        """The dial of *peer* failed or its link went down: dial again after the back-off
+        (:class:`~flowrouter.net.redial.DialSchedule`), logging only changes of state."""
+        reason = why or "link closed"
         if why is not None:
             self.peer_errors[peer.address] = (time.time(), why)
         if self._stopping:
             return
-        cfg = self.config
-        delay = self._backoff.get(peer.address, cfg.reconnect_min)
-        self._backoff[peer.address] = min(delay * 2, cfg.reconnect_max)
-        log.info("router %s: re-dialling %s (%s) in %.1fs", cfg.name, peer.name or "peer",
-                 peer.address, delay)
-        self._dial_soon(peer, delay)
+        step = self.dials.failed(peer.address, self.now(), reason)
+        who = f"{peer.name or 'peer'} ({peer.address})"
+        if step.note:
+            log.info("router %s: %s %s; dialling again in %.1fs, then backing off up to "
+                     "%.1fs", self.config.name, who, step.note, step.wait,
+                     self.config.reconnect_max)
+        else:
+            log.debug("router %s: %s still down (%s); dialling again in %.1fs",
+                      self.config.name, who, reason, step.wait)
+        self._dial_soon(peer, step.wait)
 
     async def _dial(self, peer: PeerConfig, delay: float) -> None:
         if delay:
             await asyncio.sleep(delay)
-        if self._stopping:
-            return
+        if self._stopping or peer not in self.config.peers:
+            return  # stopping, or the peer left the configuration (a reload)
         if peer.name in self._blocked:
-            self.redial(peer)  # keep trying; it goes through once the link is set up again
+            self.redial(peer, "administratively down")  # goes through once it is up again
             return
         loop = asyncio.get_running_loop()
         host, port = parse_address(peer.address, "peer address")
@@ -316,18 +325,28 @@ class RouterNode:
                 log.error("peer %s uses UDP but this router has no [router] udp address",
                           peer.address)
                 return
+            self.dials.attempt(peer.address, self.now())
             self.udp.dial((host, port), peer)
             return
+        self.dials.attempt(peer.address, self.now())
+        timeout = self.config.dial_timeout
         try:
-            await loop.create_connection(lambda: TcpLink(self, peer), host, port)
-            self._backoff.pop(peer.address, None)
+            # A time-out of its own: a connect into a blackout would otherwise wait on the
+            # kernel's SYN repeats (minutes), long after the network healed.
+            await asyncio.wait_for(
+                loop.create_connection(lambda: TcpLink(self, peer), host, port), timeout)
+        except TimeoutError:
+            self.redial(peer, f"no answer within {timeout:g}s (dial_timeout)")
         except OSError as exc:
-            log.info("router %s: cannot reach %s (%s): %s", self.config.name,
-                     peer.name or "peer", peer.address, exc.strerror or exc)
             self.redial(peer, f"cannot connect: {exc.strerror or exc}")
 
     def reached(self, peer: PeerConfig) -> None:
-        self._backoff.pop(peer.address, None)
+        """The link to configured *peer* is up (its handshake done, not just connected):
+        the back-off may start over once it stays up."""
+        note = self.dials.up(peer.address, self.now())
+        if note:
+            log.info("router %s: %s (%s) %s", self.config.name, peer.name or "peer",
+                     peer.address, note)
 
     # administration (fault schedules) ---------------------------------------------------------
     def set_emulation(self, peer: str, emu: Emulation | None) -> None:
@@ -354,7 +373,7 @@ class RouterNode:
             log.info("router %s: link to %s administratively up", self.config.name, peer)
             for p in self.config.peers:
                 if p.name == peer:
-                    self._backoff.pop(p.address, None)
+                    self.dials.reset(p.address)
             return 0
         self._blocked.add(peer)
         log.info("router %s: link to %s administratively down", self.config.name, peer)

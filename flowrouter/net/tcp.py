@@ -226,6 +226,8 @@ class TcpLink(asyncio.BufferedProtocol):
             reads.end()
         codec.end_handshake()
         rest = codec.take_buffered()
+        if self.peer is not None and link.state is LinkState.UP:
+            node.reached(self.peer)  # the back-off starts over only for a link that is up
         node.link_state_changed()
         if rest and codec.phase is _PLAIN and node.fast is not None:
             self.rx.load(rest)  # the stream goes on in the receive buffer
