@@ -49,7 +49,8 @@ def add_up_parser(sub: Any) -> None:
                     "topology's ports), connect its endpoints as applications that join one "
                     "shared flow and send at --rate, apply the fault schedule of --scenario "
                     "on time, print a live view of links and traffic, and shut everything "
-                    "down cleanly at the end of --duration or on Ctrl-C.")
+                    "down cleanly at the end of --duration or on Ctrl-C. The routers die "
+                    "with this launcher whatever kills it (SIGKILL included).")
     up.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file (topologies/)")
     up.add_argument("--scenario", help="named fault scenario from the file")
     up.add_argument("--duration", type=float, help="seconds to run (default: the scenario's "

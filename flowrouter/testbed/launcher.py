@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,34 @@ class LaunchReport:
     def delivered_between(self, receiver: str, sender: str, t0: float, t1: float) -> int:
         return sum(1 for d in self.deliveries
                    if d.receiver == receiver and d.sender == sender and t0 <= d.t < t1)
+
+
+PR_SET_PDEATHSIG = 1  #: prctl(2): the signal a process gets when its parent dies
+
+
+def lifeline(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that ties a child to its launcher: it gets SIGTERM when the launcher
+    dies, however it dies (SIGKILL included), so no router outlives ``flowrouter up``.
+
+    It runs in the child between fork and exec: ``prctl(PR_SET_PDEATHSIG)``, which outlives
+    the exec (and the exec of ``ip netns exec``, which becomes the router: the router is
+    still the launcher's child), then a check that the launcher did not die before the line
+    was set (the child was then already handed to another parent). None where there is no
+    such call (not Linux): there the launcher's own clean-up is all there is."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, called after
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
 
 
 def _free_port(host: str) -> int:
@@ -222,6 +253,7 @@ class Launcher:
         self.workdir.mkdir(parents=True, exist_ok=True)
         await self._prepare()
         env = dict(os.environ)
+        tie = lifeline(os.getpid())
         for r in self.topo.routers:
             cfg = self.workdir / f"{r.name}.toml"
             cfg.write_text(self.router_config(r.name), encoding="utf-8")
@@ -232,8 +264,9 @@ class Launcher:
                         self.log_level, "run", "--config", str(cfg)]),
                     stdout=logf, stderr=logf, env=env,
                     # Own session: a Ctrl-C at the terminal reaches only this launcher,
-                    # which then stops every router itself (cleanly, in order).
-                    start_new_session=True)
+                    # which then stops every router itself (cleanly, in order); and the
+                    # lifeline: when the launcher dies anyway, its routers go with it.
+                    start_new_session=True, preexec_fn=tie)
         deadline = time.monotonic() + 30
         for name, ctl in self.control.items():
             while True:
