@@ -1,5 +1,6 @@
-"""HTTP monitoring for every long-running flownet process: ``/healthz``, ``/status``,
-``/metrics`` (Prometheus text format) and any extra pages a process adds (the dashboard).
+"""HTTP monitoring for every long-running flownet process: ``/livez`` (alive), ``/readyz``
+(ready for work; ``/healthz`` is the same), ``/status``, ``/metrics`` (Prometheus text
+format) and any extra pages a process adds (the dashboard).
 
 A deliberately small HTTP/1.1 server on asyncio streams (GET and HEAD, one request per
 connection, bounded request size and time, and at most ``max_connections`` connections at
@@ -55,13 +56,16 @@ Handler = Callable[[str], Page | Awaitable[Page]]  #: query string -> page
 class Monitored:
     """What one process serves. *status* returns its JSON document (without the common
     fields, which are added here); *metrics* yields prometheus metric families; *health*
-    says whether the process is healthy and why not; *pages* adds paths (e.g. ``/``)."""
+    says whether the process is ready to serve and why not (``/readyz``, and its alias
+    ``/healthz``: a load balancer sends it no work while not); *live* whether it is alive at
+    all (``/livez``: an orchestrator restarts it when not); *pages* adds paths (e.g. ``/``)."""
 
     kind: str  #: router, location-service, directory, chat-server
     name: str
     status: Callable[[], dict[str, Any]]
     metrics: Callable[[], Iterable[Metric]] = lambda: ()
     health: Callable[[], tuple[bool, str]] = lambda: (True, "ok")
+    live: Callable[[], tuple[bool, str]] = lambda: (True, "alive")
     pages: dict[str, Handler] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
 
@@ -134,7 +138,7 @@ class MonitorServer:
         self._server = await asyncio.start_server(self._client, host, port,
                                                   limit=MAX_REQUEST_HEAD)
         self.address = self._server.sockets[0].getsockname()[:2]
-        log.info("%s %s: HTTP monitoring on http://%s:%d/ (/healthz /status /metrics)",
+        log.info("%s %s: HTTP monitoring on http://%s:%d/ (/livez /readyz /status /metrics)",
                  self.source.kind, self.source.name, *self.address)
 
     async def stop(self) -> None:
@@ -152,15 +156,20 @@ class MonitorServer:
         source = self.source
         if path in source.pages:
             return source.pages[path](query)
-        if path == "/healthz":
+        if path in ("/readyz", "/healthz"):  # /healthz: the older name, same meaning
             ok, why = source.health()
             return _json(200 if ok else 503, {"status": "ok" if ok else "unhealthy",
-                                              "detail": why})
+                                              "ready": ok, "detail": why})
+        if path == "/livez":
+            ok, why = source.live()
+            return _json(200 if ok else 503, {"status": "ok" if ok else "dead",
+                                              "live": ok, "detail": why})
         if path == "/status":
             return _json(200, status_document(source))
         if path == "/metrics":
             return 200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(source)
-        return _json(404, {"error": f"no page {path}; try /healthz, /status, /metrics"
+        return _json(404, {"error": f"no page {path}; try /livez, /readyz, /healthz, "
+                           "/status, /metrics"
                            + (", " + ", ".join(sorted(source.pages)) if source.pages else "")})
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

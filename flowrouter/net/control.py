@@ -25,6 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flowrouter.net import listviews
 from flowrouter.net.commandauth import CommandGuard, sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
 from flowrouter.net.connlimits import CONTROL, ConnectionGate
@@ -41,7 +42,9 @@ CONTROL_REPLY_LIMIT = 256 * 1024 * 1024
 #: server's error replies and ``flowrouter ctl --help`` show). Those in
 #: commandauth.READ_ONLY_COMMANDS are served to anyone; the others need proof.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "status": ("", "links, flows, LS routes, quotas, alerts and counters (read-only)"),
+    "status": ("[sort=FIELD] [limit=N]", "links, flows, LS routes, quotas, alerts and "
+               "counters; lists sorted by FIELD (numbers largest first; -FIELD reverses) "
+               "and cut to N rows (read-only)"),
     "ping": ("", "the router's name and run nonce, which a signed command covers (read-only)"),
     "link": ("peer=NAME up=true|false", "take the link to router NAME administratively "
              "down (closed, not re-dialled) or up again"),
@@ -97,7 +100,10 @@ def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
     """The reply to one control request (raises ConfigError, KeyError, TypeError or
     ValueError for a malformed one)."""
     if cmd == "status":
-        return {"ok": True, "status": node.status()}
+        status = node.status()
+        if "sort" in req or "limit" in req:  # flowrouter.net.listviews: as /status?sort=
+            status = listviews.apply(status, req.get("sort"), req.get("limit"))
+        return {"ok": True, "status": status}
     if cmd == "ping":
         guard = node.guard
         return {"ok": True, "name": node.config.name,

@@ -70,6 +70,8 @@ class RouterNode:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
+        self._stopped = False
+        self._draining = False
         self._loop = loop
         #: when to dial each configured peer again, and what to log about it
         self.dials = DialSchedule(config.reconnect_min, config.reconnect_max)
@@ -191,6 +193,7 @@ class RouterNode:
         for server in (self._server, self._control, *self._more_servers):
             if server is not None:
                 await server.wait_closed()
+        self._stopped = True
         log.info("router %s stopped", self.config.name)
 
     async def __aenter__(self) -> RouterNode:
@@ -494,6 +497,24 @@ class RouterNode:
         return self._stopping
 
     @property
+    def stopped(self) -> bool:
+        """It stopped (its listeners closed, its links gone)."""
+        return self._stopped
+
+    @property
+    def draining(self) -> bool:
+        """It is draining: accepting nothing new, its applications asked to move."""
+        return self._draining
+
+    @property
+    def listening(self) -> bool:
+        """Every listener it was configured with is bound and serving."""
+        servers = [self._server] if self.config.listen else []
+        servers += self._more_servers
+        return all(srv is not None and srv.is_serving() for srv in servers) and (
+            not self.config.udp or self.udp is not None)
+
+    @property
     def blocked_peers(self) -> frozenset[str]:
         """Peers administratively down (``link`` control command)."""
         return frozenset(self._blocked)
@@ -503,11 +524,17 @@ class RouterNode:
         return frozenset(self._emulation)
 
     def status(self) -> dict[str, Any]:
-        st = self.core.status(self.now())
+        now = self.now()
+        st = self.core.status(now)
         for row in st["links"]:
             link = self.links.get(row["id"])
-            if link is not None and link.out is not None:
-                row["output"] = link.out.stats()
+            if link is not None:
+                row["bytes_in"], row["bytes_out"] = link.bytes_in, link.bytes_out
+                if link.out is not None:
+                    row["output"] = link.out.stats()
+        for row, entry in zip(st["flows"], self.core.flows.values(), strict=True):
+            row["members"] = len(entry.down)  # downstream links that joined it
+            row["age"] = round(now - entry.created, 3)
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio

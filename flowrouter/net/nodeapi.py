@@ -76,6 +76,12 @@ class Link(Protocol):
         serves every UDP peer)."""
     @property
     def address(self) -> str: ...
+    @property
+    def bytes_in(self) -> int:
+        """Bytes received on it (as read: records and handshake included)."""
+    @property
+    def bytes_out(self) -> int:
+        """Bytes handed to its transport."""
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None: ...
     def set_reading(self, on: bool) -> None: ...

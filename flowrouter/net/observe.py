@@ -12,10 +12,13 @@ Metric names (all prefixed ``flownet_``; the README's "Monitoring" section lists
                                             (labels ``peer``, ``address``)
 ``router_link_frames_total``       counter  frames per link (``link``, ``peer``, ``role``,
                                             ``direction`` rx/tx)
+``router_link_bytes_total``        counter  bytes per link (same labels)
 ``router_link_queued_bytes``       gauge    bytes waiting in a link's output queue
 ``router_link_dropped_total``      counter  frames a link's full output queue dropped
 ``router_flows``                   gauge    flow-table entries
 ``router_flows_max``               gauge    the configured flow-table limit
+``router_flow_members``            gauge    downstream links per flow (``flow``; the 100
+                                            flows with the most)
 ``router_events_total``            counter  the router's counters by ``event`` name
 ``router_drops_total``             counter  dropped frames by ``reason``
 ``router_alerts``                  gauge    alerts currently held (``/status`` has them)
@@ -25,12 +28,18 @@ Every process also exports ``flownet_info`` and ``flownet_uptime_seconds``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from flowrouter.monitor import Monitored
+from flowrouter.monitor import Handler, Monitored, Page, status_document
+from flowrouter.net import listviews
+
+#: flows /metrics has a series for (the ones with the most members): one series per flow
+#: of a million-flow table would swamp any Prometheus
+FLOW_METRICS = 100
 
 if TYPE_CHECKING:
     from flowrouter.net.runtime import RouterNode
@@ -61,11 +70,29 @@ def router_status(node: RouterNode) -> dict[str, Any]:
 
 
 def router_health(node: RouterNode) -> tuple[bool, str]:
+    """Readiness (``/readyz``, ``/healthz``): the router listens where it is configured to,
+    is not stopping or draining, and, when it has configured peers, at least one of them is
+    up (a router cut off from the overlay takes applications it cannot serve)."""
     if node.stopping:
         return False, "stopping"
-    down = [p["peer"] or p["address"] for p in peer_rows(node, node.core.status()["links"])
-            if not p["up"]]
+    if node.draining:
+        return False, "draining: applications are asked to move to another router"
+    if not node.listening:
+        return False, "not listening"
+    rows = peer_rows(node, node.core.status()["links"])
+    down = [p["peer"] or p["address"] for p in rows if not p["up"]]
+    if rows and len(down) == len(rows):
+        return False, f"no configured peer is up (down: {', '.join(down)})"
     return True, f"ok; configured peers down: {', '.join(down)}" if down else "ok"
+
+
+def router_live(node: RouterNode) -> tuple[bool, str]:
+    """Liveness (``/livez``): the process answers, its event loop turns (this page is
+    served by it) and it has not stopped. Not tied to peers: restarting a router because
+    its neighbours are away would not bring them back."""
+    if node.stopped:
+        return False, "stopped"
+    return True, "alive"
 
 
 def router_metrics(node: RouterNode) -> Iterable[Metric]:
@@ -91,16 +118,27 @@ def router_metrics(node: RouterNode) -> Iterable[Metric]:
     dropped = CounterMetricFamily("flownet_router_link_dropped",
                                   "frames dropped by the link's full output queue",
                                   labels=["link", "peer", "role"])
+    nbytes = CounterMetricFamily("flownet_router_link_bytes", "bytes carried per link (as "
+                                 "read from and written to its transport)",
+                                 labels=["link", "peer", "role", "direction"])
     for lk in st["links"]:
         ids = [str(lk["id"]), lk["peer"] or "", lk["role"]]
         frames.add_metric([*ids, "rx"], lk["rx"])
         frames.add_metric([*ids, "tx"], lk["tx"])
+        nbytes.add_metric([*ids, "rx"], lk.get("bytes_in", 0))
+        nbytes.add_metric([*ids, "tx"], lk.get("bytes_out", 0))
         out = lk.get("output") or {}
         queued.add_metric(ids, out.get("queued_bytes", 0))
         dropped.add_metric(ids, out.get("dropped", 0))
-    yield from (frames, queued, dropped)
+    yield from (frames, nbytes, queued, dropped)
     yield GaugeMetricFamily("flownet_router_flows", "flow-table entries",
                             value=st["flow_count"])
+    members = GaugeMetricFamily(
+        "flownet_router_flow_members", f"downstream links that joined the flow (the "
+        f"{FLOW_METRICS} flows with the most)", labels=["flow"])
+    for row in listviews.view(st["flows"], "members", FLOW_METRICS):
+        members.add_metric([row["flow"]], row["members"])
+    yield members
     yield GaugeMetricFamily("flownet_router_flows_max", "the flow-table limit (max_flows)",
                             value=node.config.max_flows)
     events = CounterMetricFamily("flownet_router_events", "router counters by event",
@@ -117,13 +155,36 @@ def router_metrics(node: RouterNode) -> Iterable[Metric]:
                             value=len(st.get("alerts", ())))
 
 
+def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
+    """A page that answers ``?sort=FIELD&limit=N`` (:mod:`flowrouter.net.listviews`): the
+    whole status document (*name* None) or one of its lists."""
+    def page(query: str) -> Page:
+        sort, limit = listviews.from_query(query)
+        try:
+            if name is None:
+                doc = listviews.apply(status_document(source), sort, limit)
+            else:
+                rows = router_status(node)[name]
+                doc = listviews.apply({name: rows}, sort, limit, (name,))
+        except listviews.ViewError as exc:
+            return 400, "application/json", json.dumps({"error": str(exc)}).encode() + b"\n"
+        return 200, "application/json", json.dumps(doc, indent=1, default=str).encode() + b"\n"
+    return page
+
+
 def router_source(node: RouterNode, kind: str = "router") -> Monitored:
     """The monitoring view of *node* (``kind`` location-service for an LS member)."""
     from flowrouter.net.dashboard import dashboard_pages, router_overlay
 
-    return Monitored(kind=kind, name=node.config.name, status=lambda: router_status(node),
-                     metrics=lambda: router_metrics(node), health=lambda: router_health(node),
-                     pages=dashboard_pages(lambda: router_overlay(node)))
+    source = Monitored(kind=kind, name=node.config.name, status=lambda: router_status(node),
+                       metrics=lambda: router_metrics(node),
+                       health=lambda: router_health(node), live=lambda: router_live(node),
+                       pages=dashboard_pages(lambda: router_overlay(node)))
+    source.pages["/status"] = list_page(node, source, None)
+    for name in ("links", "flows", "peers"):
+        source.pages[f"/{name}"] = list_page(node, source, name)
+    return source
 
 
-__all__ = ["peer_rows", "router_health", "router_metrics", "router_source", "router_status"]
+__all__ = ["list_page", "peer_rows", "router_health", "router_live", "router_metrics",
+           "router_source", "router_status"]

@@ -57,7 +57,7 @@ class TcpLink(asyncio.BufferedProtocol):
 
     __slots__ = ("node", "peer", "link_id", "transport", "codec", "out", "address",
                  "reading", "frames_in", "partial_since", "only", "rx", "fd", "port",
-                 "counted", "held")
+                 "counted", "held", "bytes_in", "bytes_out")
 
     def __init__(self, node: Node, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
@@ -89,6 +89,9 @@ class TcpLink(asyncio.BufferedProtocol):
         self.counted = True
         #: reading stopped until the next tick: the application's control budget is spent
         self.held = False
+        #: bytes read from and handed to the connection (status, metrics)
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     # asyncio callbacks ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -139,6 +142,7 @@ class TcpLink(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         rx = self.rx
         rx.filled(nbytes)
+        self.bytes_in += nbytes
         if self.codec.phase is _PLAIN and self.node.fast is not None:
             if rx.waiting:
                 return  # the frame kept is still incomplete (its clock runs on)
@@ -407,8 +411,11 @@ class TcpLink(asyncio.BufferedProtocol):
         if transport is not None and not transport.is_closing():
             codec = self.codec
             if codec.sealed is not None:  # sealing needs the bytes together anyway
-                transport.write(codec.send_data(header + bytes(payload)))
+                record = codec.send_data(header + bytes(payload))
+                self.bytes_out += len(record)
+                transport.write(record)
             else:
+                self.bytes_out += len(header) + len(payload)
                 write_gathered(transport, self.fd, [header, payload])
 
     def write_many(self, buffers: list[Any]) -> None:
@@ -418,8 +425,11 @@ class TcpLink(asyncio.BufferedProtocol):
         if transport is not None and not transport.is_closing():
             codec = self.codec
             if codec.sealed is not None:
-                transport.write(codec.send_data(b"".join(buffers)))
+                record = codec.send_data(b"".join(buffers))
+                self.bytes_out += len(record)
+                transport.write(record)
             else:
+                self.bytes_out += sum(map(len, buffers))
                 write_gathered(transport, self.fd, buffers)
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:

@@ -44,7 +44,8 @@ log = logging.getLogger("flowrouter.net.runtime")
 class UdpLink:
     """One remote UDP address on the node's shared socket."""
 
-    __slots__ = ("udp", "addr", "link_id", "peer", "last_rx", "address", "out", "dest")
+    __slots__ = ("udp", "addr", "link_id", "peer", "last_rx", "address", "out", "dest",
+                 "bytes_in", "bytes_out")
 
     #: never paused: one socket serves every UDP peer (flow control leaves it alone)
     reading = None
@@ -59,6 +60,9 @@ class UdpLink:
         self.out: LinkOutput | None = None
         #: *addr* as the node's datagram I/O sends to it (flowrouter.net.udpio)
         self.dest: Any = addr
+        #: datagram bytes received from and handed to the socket for this address (status)
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -67,11 +71,13 @@ class UdpLink:
         pass  # one socket serves every UDP peer: nothing to pause per link
 
     def write(self, header: bytes, payload: Any) -> None:
+        self.bytes_out += len(header) + len(payload)
         self.udp.gather(self.dest, [header, payload])
 
     def write_many(self, buffers: list[Any]) -> None:
         """Whole frames (a frame may be a header and its payload in two buffers): each
         becomes a datagram (:meth:`UdpLinks.gather`)."""
+        self.bytes_out += sum(map(len, buffers))
         self.udp.gather(self.dest, buffers)
 
     def close(self, reason: str) -> None:
@@ -232,14 +238,17 @@ class UdpLinks:
                         out_link = all_links.get(lk)
                         if out_link is not None and out_link.out is not None:
                             out_link.out.send_frames(frames, count)
+                    taken = pos
                     while pos < p:  # the datagrams the engine took
                         pos += grams[i][1]
                         i += 1
+                    link.bytes_in += pos - taken
                     if stop == STOP_END:
                         self._changed(link)
                         continue
                     size = grams[i][1]  # the engine stopped here: the core's datagram
             end = pos + size
+            link.bytes_in += size
             try:
                 header, payload = split_datagram(view[pos:end], max_payload)
             except MalformedFrame as exc:

@@ -147,6 +147,13 @@ def build_parser(extra: Sequence[Command] = ()) -> argparse.ArgumentParser:
     st.add_argument("--control", required=True, metavar="HOST:PORT",
                     help="the router's control address")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
+    st.add_argument("--sort", metavar="FIELD",
+                    help="order links and flows by FIELD, numbers largest first (-FIELD: "
+                         "reversed): links by bytes_in, bytes_out, rx, tx, flows, rtt_ms, "
+                         "peer ...; flows by members, age, flow ...")
+    st.add_argument("--limit", type=int, metavar="N",
+                    help="show at most N links and N flows (the router says how many there "
+                         "are)")
     st.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                     help="give up when the router does not answer within this (default 5)")
 
@@ -249,13 +256,17 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append("")
     lines.append("LINKS")
     lines.append(f"  {'id':>4} {'peer':<16} {'role':<9} {'state':<9} {'via':<4} "
-                 f"{'address':<22} {'flows':>5} {'rx':>9} {'tx':>9} {'rtt ms':>8}")
+                 f"{'address':<22} {'flows':>5} {'rx':>9} {'tx':>9} {'bytes in':>12} "
+                 f"{'bytes out':>12} {'rtt ms':>8}")
     for lk in st["links"]:
         rtt = lk.get("rtt_ms")
         lines.append(f"  {lk['id']:>4} {lk['peer']:<16.16} {lk['role']:<9} {lk['state']:<9} "
                      f"{lk['transport']:<4} {lk['address']:<22} {lk['flows']:>5} "
-                     f"{lk['rx']:>9} {lk['tx']:>9} "
+                     f"{lk['rx']:>9} {lk['tx']:>9} {lk.get('bytes_in', 0):>12} "
+                     f"{lk.get('bytes_out', 0):>12} "
                      f"{'-' if rtt is None else format(rtt, '.3f'):>8}")
+    if "links_total" in st:
+        lines.append(f"  ({len(st['links'])} of {st['links_total']} links)")
     lines.append("")
     lines.append("LOCATION SERVICE ROUTES")
     for r in st["ls_routes"]:
@@ -268,7 +279,9 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"  {f['flow']}  up {f['upstream']}  agg {f['aggregate']}  "
                      f"down {down}{'' if f['joined'] else '  (joining)'}")
     if len(st["flows"]) > 200:
-        lines.append(f"  ... {len(st['flows']) - 200} more (use --json)")
+        lines.append(f"  ... {len(st['flows']) - 200} more (use --json, or --sort/--limit)")
+    if "flows_total" in st:
+        lines.append(f"  ({len(st['flows'])} of {st['flows_total']} flows)")
     lines += _format_limits(st)
     auth = st.get("link_auth")
     if auth:
@@ -373,7 +386,8 @@ def _command(args: argparse.Namespace, event_loop: str) -> int:
     if args.command == "status":
         from flowrouter.net.runtime import query_control
 
-        reply = asyncio.run(query_control(args.control, timeout=args.timeout))
+        view = {k: v for k, v in (("sort", args.sort), ("limit", args.limit)) if v is not None}
+        reply = asyncio.run(query_control(args.control, timeout=args.timeout, **view))
         print(json.dumps(reply["status"], indent=2) if args.json
               else format_status(reply["status"]))
         return 0
