@@ -169,6 +169,20 @@ def setup_logging(args: argparse.Namespace | None = None, *, node: str | None = 
     root.setLevel(getattr(logging, level.upper()))
 
 
+def reopen_log_files() -> int:
+    """Reopen the ``--log-file`` this process writes (after logrotate moved it away: new
+    lines go to a new file at the same path); returns how many were reopened."""
+    n = 0
+    for handler in _our_handlers:
+        if isinstance(handler, logging.FileHandler):
+            stream = open(handler.baseFilename, "a", encoding="utf-8")  # noqa: SIM115
+            old = handler.setStream(stream)
+            if old is not None:
+                old.close()
+            n += 1
+    return n
+
+
 # ---------------------------------------------------------------------------- running
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__

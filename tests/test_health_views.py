@@ -11,16 +11,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import flowlib
-from flowrouter.monitor import render_metrics, start_monitor
+from flowrouter.monitor import MonitorServer, render_metrics, start_monitor
 from flowrouter.net import listviews
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.observe import router_health, router_live, router_source
@@ -81,32 +83,46 @@ def test_without_peers_ready_means_listening() -> None:
     run(go())
 
 
-async def _pair_with_traffic() -> tuple[RouterNode, RouterNode, Any, Any]:
+@contextlib.asynccontextmanager
+async def _pair_with_traffic(monitored: str
+                             ) -> AsyncIterator[tuple[RouterNode, RouterNode, MonitorServer]]:
+    """hub (the core) and edge (dialling it), an application on each, three flows (two
+    listened to on hub, twenty 1000-byte messages on the first), and HTTP monitoring of
+    the *monitored* one."""
     hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", core_lsids=frozenset({0x10}),
                                 default_lsid=0x10, accept_routers=["edge@127.0.0.1"]))
     await hub.start()
     edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", default_lsid=0x10, peers=[
         PeerConfig("%s:%d" % hub.tcp_address, "hub")]))
     await edge.start()
-    await edge.wait_peers_up(1)
-    await within(edge.wait_routes(0x10))
-    tx = await within(flowlib.connect(["%s:%d" % edge.tcp_address], name="tx"))
-    rx = await within(flowlib.connect(["%s:%d" % hub.tcp_address], name="rx"))
-    flows = [await tx.create() for _ in range(3)]
-    listeners = [await rx.listen(f, "data") for f in flows[:2]]
-    for _ in range(20):
-        await tx.send(flows[0], bytes(1000))
-    for _ in range(20):
-        await within(listeners[0].get())
-    return hub, edge, tx, rx
+    mon = None
+    try:
+        await edge.wait_peers_up(1)
+        await within(edge.wait_routes(0x10))
+        tx = await within(flowlib.connect(["%s:%d" % edge.tcp_address], name="tx"))
+        rx = await within(flowlib.connect(["%s:%d" % hub.tcp_address], name="rx"))
+        flows = [await tx.create() for _ in range(3)]
+        listeners = [await rx.listen(f, "data") for f in flows[:2]]
+        for _ in range(20):
+            await tx.send(flows[0], bytes(1000))
+        for _ in range(20):
+            await within(listeners[0].get())
+        mon = await start_monitor(router_source(hub if monitored == "hub" else edge),
+                                  "127.0.0.1:0")
+        assert mon is not None
+        yield hub, edge, mon
+        await tx.close()
+        await rx.close()
+    finally:
+        if mon is not None:
+            await mon.stop()
+        await edge.stop()
+        await hub.stop()
 
 
 def test_link_bytes_and_flow_members_in_status_and_metrics() -> None:
     async def go() -> None:
-        hub, edge, tx, rx = await _pair_with_traffic()
-        mon = await start_monitor(router_source(edge), "127.0.0.1:0")
-        assert mon is not None
-        try:
+        async with _pair_with_traffic("edge") as (hub, edge, mon):
             def router_row(node: RouterNode) -> dict[str, Any]:
                 return next(r for r in node.status()["links"] if r["role"] == "router")
 
@@ -132,22 +148,13 @@ def test_link_bytes_and_flow_members_in_status_and_metrics() -> None:
             members = {s.labels["flow"]: s.value for s in hub_samples
                        if s.name == "flownet_router_flow_members"}
             assert members == {f["flow"]: f["members"] for f in flows}
-        finally:
-            await mon.stop()
-            await tx.close()
-            await rx.close()
-            await edge.stop()
-            await hub.stop()
 
     run(go())
 
 
 def test_lists_sort_and_limit_over_http_control_and_cli() -> None:
     async def go() -> None:
-        hub, edge, tx, rx = await _pair_with_traffic()
-        mon = await start_monitor(router_source(hub), "127.0.0.1:0")
-        assert mon is not None
-        try:
+        async with _pair_with_traffic("hub") as (hub, _edge, mon):
             code, _, body = await get(mon.address, "/links?sort=bytes_in&limit=1")
             doc = json.loads(body)
             assert code == 200 and len(doc["links"]) == 1 and doc["links_total"] == 2
@@ -164,12 +171,6 @@ def test_lists_sort_and_limit_over_http_control_and_cli() -> None:
             code, _, body = await get(mon.address, "/flows?sort=nonsense")
             assert code == 400 and "cannot sort by 'nonsense'" in json.loads(body)["error"]
             assert (await get(mon.address, "/peers?limit=x"))[0] == 400
-        finally:
-            await mon.stop()
-            await tx.close()
-            await rx.close()
-            await edge.stop()
-            await hub.stop()
 
     run(go())
 

@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "down (closed, not re-dialled) or up again"),
     "emulate": ("peer=NAME [bandwidth=BPS] [delay=S] [loss=P] [down=true|false]",
                 "emulate a slow, far, lossy or cut link toward router NAME (all zero: off)"),
+    "reload": ("", "read the configuration again and apply it live (as SIGHUP); the reply "
+               "lists what changed, or why nothing did"),
+    "drain": ("[grace=S]", "stop accepting, tell applications to move to another router, "
+              "exit when they have gone or after S seconds (default 30; as SIGUSR2)"),
 }
 
 if TYPE_CHECKING:
@@ -57,6 +61,14 @@ if TYPE_CHECKING:
     from flowrouter.net.config import NodeConfig
 
 log = logging.getLogger("flowrouter.net.runtime")
+
+
+class Operable(Protocol):
+    """Reload and drain, as the control interface asks for them
+    (:class:`flowrouter.net.operate.Operations`)."""
+
+    def reload_logged(self) -> dict[str, Any]: ...
+    def drain(self, timeout: float | None = None) -> dict[str, Any]: ...
 
 
 class Controlled(Protocol):
@@ -77,6 +89,10 @@ class Controlled(Protocol):
     def blocked_peers(self) -> frozenset[str]: ...
     @property
     def emulated_peers(self) -> frozenset[str]: ...
+
+    @property
+    def ops(self) -> Operable:
+        """Reload and drain (flowrouter.net.operate)."""
 
     def status(self) -> dict[str, Any]: ...
     def set_emulation(self, peer: str, emu: Emulation | None) -> None: ...
@@ -108,6 +124,10 @@ def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
         guard = node.guard
         return {"ok": True, "name": node.config.name,
                 **({"boot": guard.boot} if guard is not None else {})}
+    if cmd == "reload":
+        return node.ops.reload_logged()
+    if cmd == "drain":
+        return node.ops.drain(req.get("grace", req.get("timeout")))
     if cmd in ("emulate", "link") and not knows_peer(node, str(req["peer"])):
         return {"ok": False, "error": f"{cmd}: router {node.config.name} has no peer named "
                 f"{req['peer']!r} (known: {', '.join(peer_names(node)) or 'none'})"}

@@ -35,6 +35,7 @@ from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.nodeapi import Link, ReadBatch
+from flowrouter.net.operate import Operations
 from flowrouter.net.redial import DialSchedule
 from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.net.udp import UdpLink, UdpLinks
@@ -98,6 +99,8 @@ class RouterNode:
         self._only: dict[int, Role | None] = {}  #: id(server) -> the role it accepts
         #: connections per port and the descriptor budget (flowrouter.net.connlimits)
         self.gate = self._new_gate()
+        #: reload and drain (flowrouter.net.operate)
+        self.ops = Operations(self)
 
     def _new_gate(self) -> ConnectionGate:
         return ConnectionGate(self.config.limits, self.core.counters, raise_descriptor_limit(),
@@ -176,6 +179,8 @@ class RouterNode:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.ops.drain_task is not None:
+            self.ops.drain_task.cancel()
         self.flow.stop()
         for task in list(self._tasks):
             task.cancel()
@@ -342,6 +347,43 @@ class RouterNode:
             self.redial(peer, f"no answer within {timeout:g}s (dial_timeout)")
         except OSError as exc:
             self.redial(peer, f"cannot connect: {exc.strerror or exc}")
+
+    def dial(self, peer: PeerConfig) -> None:
+        """Start dialling *peer* (a peer a reload added)."""
+        self.dials.reset(peer.address)
+        self._dial_soon(peer, 0.0)
+
+    def drop_peers(self, peers: list[PeerConfig], reason: str) -> None:
+        """Stop dialling *peers* and close their links (a reload removed them)."""
+        gone = [p.address for p in peers]
+        self.close_links([lid for lid, link in self.links.items()
+                          if isinstance(link, TcpLink | UdpLink) and link.peer in peers],
+                         reason)
+        for address in gone:
+            self.dials.forget(address)
+            self.peer_errors.pop(address, None)
+
+    def close_links(self, link_ids: list[int], reason: str) -> None:
+        """Close these links now, as a failure would (their flows are repaired)."""
+        now = self.now()
+        for lid in link_ids:
+            link = self.links.get(lid)
+            self.execute(self.core.close_link(lid, now, reason))
+            if link is not None:
+                link.close(reason)
+                if isinstance(link, UdpLink):
+                    self.unregister(lid)
+        if link_ids:
+            self.link_state_changed()
+
+    def begin_drain(self) -> None:
+        """Stop accepting connections (the listeners close; links stay) and say so in
+        readiness (flowrouter.net.operate drains)."""
+        self._draining = True
+        for server in (self._server, *self._more_servers):
+            if server is not None:
+                server.close()
+        self.link_state_changed()
 
     def reached(self, peer: PeerConfig) -> None:
         """The link to configured *peer* is up (its handshake done, not just connected):

@@ -36,6 +36,15 @@ Locking a router down (README "Security"): [link_auth] keys, encrypt, rekey_reco
 rekey_seconds; [quota] limits per principal (flows, joins_per_second, join_burst,
 connections_per_host, flow_notices); [router] control_token, then commands are sent with
 'flowrouter ctl --token-file FILE'.
+
+signals (docs/operations.md):
+  SIGHUP   reload --config (and these flags) live; a bad file keeps the running config
+           and the log says why; the log lists what changed ('flowrouter ctl reload' too)
+  SIGUSR1  reopen --log-file (after logrotate moved it)
+  SIGUSR2  drain: stop accepting, tell applications to move to another router, exit when
+           they have gone or after 30 s ('flowrouter ctl drain timeout=S' too)
+  SIGTERM  stop now (exit 0); Ctrl-C: stop (exit 130)
+health: /livez (alive), /readyz and /healthz (listening, and a configured peer up)
 """
 
 
@@ -209,14 +218,18 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
     return NodeConfig(**fields)
 
 
-async def run_node(cfg: NodeConfig, kind: str = "router") -> int:
-    """Run a router (with its HTTP monitoring) until SIGTERM (exit code 0) or Ctrl-C (130),
-    then stop it cleanly."""
+async def run_node(cfg: NodeConfig, kind: str = "router",
+                   source: Callable[[], NodeConfig] | None = None) -> int:
+    """Run a router (with its HTTP monitoring) until SIGTERM (exit code 0), Ctrl-C (130) or
+    the end of a drain (0), then stop it cleanly. SIGHUP reloads the configuration from
+    *source* (the config file and flags read again), SIGUSR1 reopens the log file (after
+    logrotate), SIGUSR2 drains (flowrouter.net.operate)."""
     from flowrouter.monitor import start_monitor
     from flowrouter.net.observe import router_source
     from flowrouter.net.runtime import RouterNode
 
     node = RouterNode(cfg)
+    node.ops.source = source
     stop = asyncio.Event()
     got: list[int] = []
 
@@ -224,16 +237,30 @@ async def run_node(cfg: NodeConfig, kind: str = "router") -> int:
         got.append(sig)
         stop.set()
 
+    def on_reopen() -> None:
+        n = console.reopen_log_files()
+        log.info("router %s: SIGUSR1: %s", node.config.name,
+                 f"reopened {n} log file(s)" if n else "no log file to reopen (stderr)")
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+    loop.add_signal_handler(signal.SIGHUP, node.ops.reload_logged)
+    loop.add_signal_handler(signal.SIGUSR1, on_reopen)
+    loop.add_signal_handler(signal.SIGUSR2, node.ops.drain)
     await node.start()
     http = await start_monitor(router_source(node, kind), cfg.http_address(),
                                request_timeout=cfg.limits.http_idle,
                                max_connections=cfg.limits.http_connections, check=node.gate)
     log.info("router %s running (core for %s); Ctrl-C to stop", cfg.name,
              ", ".join(f"{x:#x}" for x in sorted(cfg.core_lsids)) or "no LSID")
-    await stop.wait()
+    drained = asyncio.ensure_future(node.ops.wait_drained())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([drained, stopped], return_when=asyncio.FIRST_COMPLETED)
+    for task in (drained, stopped):
+        task.cancel()
+    for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        loop.remove_signal_handler(sig)
     log.info("router %s stopping", cfg.name)
     if http is not None:
         await http.stop()
@@ -380,7 +407,7 @@ def _command(args: argparse.Namespace, event_loop: str) -> int:
         console.set_node(cfg.name)
         log.info("event loop: %s", event_loop)
         try:
-            return asyncio.run(run_node(cfg))
+            return asyncio.run(run_node(cfg, source=lambda: _config_from_args(args)))
         except OSError as exc:
             raise console.RuntimeFailure(f"cannot start router {cfg.name}: {exc}") from None
     if args.command == "status":

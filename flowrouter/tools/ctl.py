@@ -46,6 +46,8 @@ def _epilog() -> str:
               "emulate peer=r2 delay=0.05 loss=0.01",
               "  flowrouter ctl --control 10.0.0.1:7101 --link-key site-2026:/etc/flownet/"
               "site.key link peer=r2 up=true",
+              "  flowrouter ctl --control 127.0.0.1:7101 reload",
+              "  flowrouter ctl --control 127.0.0.1:7101 drain grace=60",
               "", "Secrets come from files or the environment only, never from the command "
               "line.", "Exit status: 0 done, 1 refused or no router answers, 2 usage error."]
     return "\n".join(lines)
@@ -85,13 +87,15 @@ def _value(text: str) -> Any:
     return text
 
 
-def _arguments(pairs: list[str]) -> dict[str, Any]:
+def _arguments(pairs: list[str], cmd: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise console.UsageError(f"argument {pair!r} must look like KEY=VALUE "
                                      "(e.g. peer=r2)")
+        if cmd == "drain" and key == "timeout":
+            key = "grace"  # drain timeout=S: the drain's own time-out (not the reply's)
         if key in ("cmd", "auth", "address", "timeout", "token", "link_key"):
             raise console.UsageError(f"{key!r} is not a command argument")
         out[key] = _value(value)
@@ -145,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cmd not in COMMANDS:
         raise console.UsageError(f"unknown command {args.cmd!r}; the control interface "
                                  f"accepts: {', '.join(COMMANDS)} (flowrouter ctl -h)")
-    fields = _arguments(args.args)
+    fields = _arguments(args.args, args.cmd)
     reply = asyncio.run(query_control(args.control, args.cmd, timeout=args.timeout,
                                       token=_token(args), link_key=_link_key(args.link_key),
                                       **fields))
