@@ -27,8 +27,13 @@ log = logging.getLogger("flowrouter")
 RUN_EPILOG = """\
 examples:
   flowrouter run --config r1.toml
-  flowrouter run --name r1 --listen 127.0.0.1:7001 --core-lsid 0x10 --control 127.0.0.1:7101
+  flowrouter run --name r1 --listen 127.0.0.1:7001 --core-lsid 0x10 --control 127.0.0.1:7101 \\
+                 --accept-router r2@127.0.0.1
   flowrouter run --name r2 --listen 127.0.0.1:7002 --peer r1=127.0.0.1:7001
+
+Without link keys a router accepts router links only from routers it dials, --accept-router
+NAME@HOST entries and [[peer]]s; any other router is refused (and keeps re-dialling, backing
+off to every reconnect_max seconds).
 
 Flags given on the command line override the same settings from --config.
 The config file format is documented in the README ("Configuring a router").
