@@ -188,6 +188,11 @@ class MonitorServer:
             except (ConnectionError, asyncio.IncompleteReadError):
                 writer.close()
                 return
+            except asyncio.CancelledError:
+                # the process stops with this connection open: close it quietly (asyncio
+                # 3.11 logs a traceback for every connection handler that ends cancelled)
+                writer.close()
+                return
             await self._reply(writer, page, head_only)
         finally:
             self.open -= 1
@@ -207,8 +212,8 @@ class MonitorServer:
         try:
             writer.write(head if head_only else head + body)
             await writer.drain()
-        except ConnectionError:
-            pass
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # gone, or the process stops (as above)
         finally:
             writer.close()
 

@@ -215,3 +215,24 @@ def test_views_are_pure() -> None:
     assert listviews.apply({"links": rows}, None, "0")["links"] == []
     with pytest.raises(listviews.ViewError):
         listviews.check_view(None, -1)
+
+
+def test_stopping_with_open_http_and_control_connections_logs_no_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 28: stopping a router with open HTTP connections logged a CancelledError
+    traceback per connection (about 1,100 with many open)."""
+    async def go() -> None:
+        node = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", control="127.0.0.1:0"))
+        await node.start()
+        mon = await start_monitor(router_source(node), "127.0.0.1:0")
+        assert mon is not None
+        held = [await asyncio.open_connection(*mon.address) for _ in range(20)]
+        held += [await asyncio.open_connection(*node.control_address) for _ in range(20)]
+        await asyncio.sleep(0.05)  # the server has taken them (no event for an accept)
+        await mon.stop()
+        await node.stop()
+        for _, writer in held:
+            writer.close()
+
+    asyncio.run(go())  # asyncio.run cancels what is left, as a process stopping does
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]

@@ -204,6 +204,9 @@ async def serve_client(node: Controlled, reader: asyncio.StreamReader,
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
+    except asyncio.CancelledError:
+        pass  # the router stops with this connection open (asyncio 3.11 would log a
+        # traceback for a handler that ends cancelled)
     finally:
         gate.release(CONTROL)
         writer.close()

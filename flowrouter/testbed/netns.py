@@ -216,6 +216,8 @@ class Forwarder:
             return
         try:
             await asyncio.gather(self._pipe(reader, w2), self._pipe(r2, writer))
+        except asyncio.CancelledError:
+            pass  # stopped (asyncio 3.11 logs a traceback for a handler ending cancelled)
         finally:
             for w in (writer, w2):
                 w.close()
