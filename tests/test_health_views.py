@@ -52,6 +52,10 @@ def test_ready_only_with_a_configured_peer_up_live_regardless() -> None:
                 assert "hub" in doc["detail"] and "ghost" in doc["detail"]
             code, _, body = await get(mon.address, "/livez")
             assert code == 200 and json.loads(body)["live"] is True
+            code, _, body = await get(mon.address, "/peers?sort=attempts")
+            peers = json.loads(body)["peers"]
+            assert all(p["up"] is False and p["attempts"] >= 1 and p["backoff"] > 0
+                       for p in peers), peers  # how hard it has been trying, and how often
             # the hub comes up where edge dials it: ready with one of two peers up
             await hub.start()
             await edge.stop()

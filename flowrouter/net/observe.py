@@ -59,6 +59,7 @@ def peer_rows(node: RouterNode, links: list[dict[str, Any]]) -> list[dict[str, A
             row["last_error"] = err[1] if err else "not connected yet"
             row["since"] = round(err[0], 3) if err else None
             row["blocked"] = bool(peer.name and peer.name in node.blocked_peers)
+            row.update(node.dials.status(peer.address))  # failed attempts, the back-off
         rows.append(row)
     return rows
 
