@@ -88,6 +88,11 @@ def test_reload_refuses_what_needs_a_restart_and_keeps_the_running_config() -> N
             with pytest.raises(ConfigError, match="only a restart can change name, listen"):
                 node.ops.reload(NodeConfig("r9", listen="127.0.0.1:1", max_flows=6))
             assert node.config is running and node.core.p.max_flows == 5
+            with pytest.raises(ConfigError, match=r"\[limits\] work_per_tick"):
+                node.ops.reload(_cfg("r1", max_flows=5, limits={"work_per_tick": 10}))
+            diff = node.ops.reload(_cfg("r1", max_flows=5, limits={"listen_connections": 3}))
+            assert diff == ["[limits] listen_connections: 4096 -> 3"]
+            assert node.gate.limits.listen_connections == 3  # admission reads it now
             reply = node.ops.reload_logged()  # no source: built in code
             assert not reply["ok"] and "not started from a config file" in reply["error"]
         finally:

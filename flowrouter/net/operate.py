@@ -6,7 +6,8 @@ one's link is closed and no longer dialled, an added one is dialled at once, a c
 both), ``accept_routers``, link keys (new links handshake with them; sealed links keep their
 session until cycled), the control token, quotas and flow-table limits, flow control's limits
 (queues and outputs made from now on), the re-dial back-off and time-out, soft-state timing,
-membership notices and the emulation defaults change live. A file that does not load (bad
+membership notices, the emulation defaults and ``[limits]`` connections per port,
+``control_idle`` and ``descriptor_reserve`` change live. A file that does not load (bad
 TOML, a bad value, an unreadable key file) or changes what only a restart applies
 (:data:`flowrouter.net.reload.RESTART_ONLY`: addresses, name, core LSIDs, ...) leaves the
 running configuration as it is; the reply and the log say why. The log lists what changed,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from flowrouter.core.router import Router
     from flowrouter.net.backpressure import Backpressure
     from flowrouter.net.config import PeerConfig
+    from flowrouter.net.connlimits import ConnectionGate
     from flowrouter.net.nodeapi import Link
     from flowrouter.net.redial import DialSchedule
 
@@ -56,6 +58,7 @@ class Operated(Protocol):
     core: Router
     flow: Backpressure
     dials: DialSchedule
+    gate: ConnectionGate
     guard: CommandGuard | None
     links: dict[int, Link]
 
@@ -134,6 +137,7 @@ class Operations:
         node.core.trust.accepted_routers = params.accept_routers
         node.core.trust.quotas.limits = params.quota or QuotaLimits()
         node.flow.control.limits = new.flow_limits()
+        node.gate.limits = new.limits  # connections per port, control idle, the reserve
         node.dials.reconfigure(new.reconnect_min, new.reconnect_max)
         if guard is not None and secrets is not None:
             guard.secrets = dict(secrets)

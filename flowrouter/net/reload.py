@@ -36,9 +36,18 @@ def _fields() -> tuple[str, ...]:
     return tuple(NodeConfig.__slots__)  # type: ignore[attr-defined]
 
 
+#: ``[limits]`` keys built into objects at start (the HTTP server's request time-out, the
+#: soft state's work budget, the descriptor count): the others (connections per port,
+#: control idle time-out, the descriptor reserve) are read live from the connection gate
+LIMITS_RESTART_ONLY = ("http_idle", "work_per_tick", "work_backlog", "descriptors")
+
+
 def restart_needed(old: NodeConfig, new: NodeConfig) -> list[str]:
     """The settings that differ and only a restart would apply."""
-    return [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
+    out = [f for f in RESTART_ONLY if getattr(old, f) != getattr(new, f)]
+    out += [f"[limits] {f}" for f in LIMITS_RESTART_ONLY
+            if getattr(old.limits, f) != getattr(new.limits, f)]
+    return out
 
 
 def _peer_text(peer: PeerConfig) -> str:
@@ -86,6 +95,9 @@ def changes(old: NodeConfig, new: NodeConfig) -> list[str]:
                 [f"removed {', '.join(gone)}"] if gone else []) + (
                 [f"replaced {', '.join(kept)}"] if kept else [])
             lines.append(f"link keys: {'; '.join(parts)}")
+        elif name == "limits":
+            da, db = a.as_dict(), b.as_dict()
+            lines += [f"[limits] {k}: {da[k]} -> {db[k]}" for k in da if da[k] != db[k]]
         elif name == "emulation":
             for peer in sorted(set(a) | set(b)):
                 if a.get(peer) != b.get(peer):
@@ -100,4 +112,5 @@ def changes(old: NodeConfig, new: NodeConfig) -> list[str]:
     return lines
 
 
-__all__ = ["RESTART_ONLY", "changes", "peer_changes", "restart_needed"]
+__all__ = ["LIMITS_RESTART_ONLY", "RESTART_ONLY", "changes", "peer_changes",
+           "restart_needed"]
