@@ -18,6 +18,8 @@ import pytest
 from flowrouter.testbed import netns
 from flowrouter.testbed.launcher import lifeline
 
+from .ports import free_port_block
+
 ROOT = Path(__file__).resolve().parent.parent
 
 needs_netns = pytest.mark.skipif(
@@ -87,7 +89,7 @@ def _gone(pids: list[int], timeout: float = 15.0) -> list[int]:
 @linux
 def test_routers_die_when_up_is_killed(tmp_path: Path) -> None:
     routers = _routers_then_kill([str(ROOT / "topologies" / "two-site.toml"),
-                                  "--base-port", "27300"], 3, tmp_path)
+                                  "--base-port", str(free_port_block(3))], 3, tmp_path)
     left = _gone(routers)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
