@@ -133,3 +133,35 @@ def test_the_creator_index_follows_the_flow_table(net: CoreNet) -> None:
         for key in r.flows:
             grouped.setdefault(key[:8], set()).add(key)
         assert r.state.by_creator == grouped, name
+
+
+def test_one_principal_cannot_fill_the_policy_table() -> None:
+    """Every policy is kept and passed to every router, and the table is bounded: one
+    application installing policies for flow after flow of its own creator is held to
+    ``[quota] policies`` targets (new versions of its own are free), counted and alerted;
+    another principal is not affected."""
+    from flowrouter.core.quotas import QuotaLimits
+
+    n = CoreNet(member_notice_interval=0.0, quota=QuotaLimits(policies=3))
+    n.router("core", core_lsids=frozenset({LSID}))
+    owner = CreatorKey.generate()
+    a = n.endpoint("a", "core")
+    for i in range(5):
+        a.control(LINK_KEY, C.PolicyMsg(Policy.issue(owner, owner.flow(LSID, i), version=1,
+                                                     now=0.0).encode()))
+    core = n.routers["core"]
+    assert core.counters["policies.installed"] == 3
+    assert core.counters["refused.policy-quota"] == 2
+    assert any(al["kind"] == "policy-quota" for al in core.status()["alerts"])
+    a.control(LINK_KEY, C.PolicyMsg(Policy.issue(owner, owner.flow(LSID, 0), version=2,
+                                                 now=0.0).encode()))
+    assert core.counters["policies.installed"] == 4  # a new version of its own: free
+    b = CreatorKey.generate()
+    n.routers["core"].open_link(99, n.now, address="10.9.9.9:1")  # another host
+    body = C.Hello(99, C.Role.ENDPOINT, "b", 65536).encode()
+    core.receive(99, C.hello_header(len(body), C.FEATURES), body, n.now)
+    raw = Policy.issue(b, b.flow(LSID, 1), version=1, now=0.0).encode()
+    body = C.PolicyMsg(raw).encode()
+    from flowrouter.wire.header import pack_header
+    core.receive(99, pack_header(LINK_KEY, len(body), 0), body, n.now)
+    assert core.counters["policies.installed"] == 5

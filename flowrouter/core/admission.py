@@ -51,12 +51,21 @@ class Admission:
         #: limit kind -> (start of its alert interval, flows told in it): :meth:`alert`
         self._notice_window: dict[str, tuple[float, int]] = {}
 
-    def install_policy(self, link: Link, raw: bytes) -> Policy | None:
+    def install_policy(self, link: Link, raw: bytes, now: float) -> Policy | None:
         """A creator's signed policy from *link*: verify and install it; the policy now in
         force, or None when it was already known, stale or does not verify (counted)."""
         if raw in self._policy_raws:
             return None
         try:
+            if link.role is not C.Role.ROUTER:  # its principal's quota, before the check
+                target = Policy.decode(raw)
+                wide = target.creator_wide
+                refusal = self.state.trust.policy_refusal(
+                    link, target.flow_key[:8] if wide else target.flow_key)
+                if refusal is not None:  # counted, alerted (the log rate-limited)
+                    self.counters[f"refused.{refusal.kind}"] += 1
+                    self.alert(refusal.kind, refusal.text, now)
+                    return None
             pol = self.policies.install(raw)
         except CapabilityError as exc:
             key = "policies.stale" if exc.reason == "stale-policy" else "refused.policy"

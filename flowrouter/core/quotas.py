@@ -13,6 +13,9 @@ bounds them). Three limits, each explicit and configurable (``[quota]`` in the r
 * ``flows`` — flows one principal may hold state for at this router, over all its links;
 * ``joins_per_second`` (with a burst of ``join_burst``) — joins, advertisements and mask
   changes one principal may send, a token bucket;
+* ``policies`` — flow (or creator-wide) policies one principal may install at this router:
+  every policy is kept and passed to every router, and the table has room for
+  ``PolicyStore.max_policies``; a new version of a policy it installed before is free;
 * ``connections_per_host`` — application connections from one source host at once,
   counted once a connection's HELLO is accepted as an application's (a connection still in
   its handshake, or a proven router, never counts).
@@ -42,6 +45,9 @@ class QuotaLimits:
     #: and alert interval (the refused peer picks the flow: without a bound, a flood of
     #: joins to made-up flows would become a flood of fault notices and log lines)
     flow_notices: int = 16
+    #: policy targets (flows, or creators for creator-wide policies) one principal may
+    #: install at this router
+    policies: int = 256
 
     def __post_init__(self) -> None:
         if self.flows < 1 or self.join_burst < 1 or self.connections_per_host < 1:
@@ -51,6 +57,8 @@ class QuotaLimits:
             raise ValueError("quota flow_notices must be >= 0 (0: no notices on band 17)")
         if self.joins_per_second <= 0:
             raise ValueError("quota joins_per_second must be positive")
+        if self.policies < 1:
+            raise ValueError("quota policies must be at least 1")
 
 
 def host_of(address: str) -> str:
@@ -89,6 +97,19 @@ class PrincipalQuotas:
         #: source host -> application connections open now
         self.connections: dict[str, int] = {}
         self._conn_host: dict[int, str] = {}
+        #: principal -> the policy targets it installed here
+        self._policies: dict[str, set[bytes]] = {}
+
+    def admit_policy(self, principal: str, target: bytes) -> bool:
+        """A policy for *target* from *principal*: False (and not counted) past its quota
+        of distinct targets; a target it installed before is always admitted."""
+        held = self._policies.setdefault(principal, set())
+        if target in held:
+            return True
+        if len(held) >= self.limits.policies:
+            return False
+        held.add(target)
+        return True
 
     # connections ---------------------------------------------------------------------------
     def admit_connection(self, link_id: int, address: str) -> bool:

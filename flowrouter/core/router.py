@@ -245,7 +245,7 @@ class Router:
         """A creator's signed policy: install it, withdraw the current members it
         excludes (joined before it, revoked, ...), and pass it on to the other router
         neighbours once."""
-        pol = self._admission.install_policy(link, raw)
+        pol = self._admission.install_policy(link, raw, now)
         if pol is None:
             return []
         out: list[Action] = []

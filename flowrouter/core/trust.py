@@ -141,6 +141,17 @@ class TrustBoundary:
                            f"a principal already holds the {lim.flows} flows it may")
         return None
 
+    def policy_refusal(self, link: Link, target: bytes) -> Refusal | None:
+        """An application installs a policy for *target* (a flow key, or a creator's for a
+        creator-wide one): against its principal's ``policies`` quota."""
+        principal = self.quotas.principal(link.link_id)
+        if principal is None or self.quotas.admit_policy(principal, target):
+            return None
+        n = self.limits.policies
+        return Refusal("policy-quota", f"{principal} already installed policies for {n} "
+                       "flows or creators at this router (the limit)",
+                       f"a principal already installed the {n} policies it may")
+
     def flows_held(self, principal: str, links: dict[int, Link]) -> int:
         return sum(len(links[lid].dependent) for lid in self.quotas.links.get(principal, ())
                    if lid in links)

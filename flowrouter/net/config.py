@@ -44,6 +44,7 @@ Example (every key optional except ``router.name``)::
     connections_per_host = 256    # application connections from one host at once
     flow_notices = 16             # refused joins of different flows told to their members
                                   #   (Fault LIMIT, band 17) per limit and 5 s; 0: none
+    policies = 256                # flows (or creators) one principal may install policies for
 
     [gc]                          # soft state: liveness, refresh digests, hold times
     liveness_interval = 1.0       # an ECHO on every link this often

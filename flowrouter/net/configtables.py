@@ -20,7 +20,7 @@ from flowrouter.wire.linkrecords import SEQ_MASK
 QUOTA_RANGES: dict[str, tuple[type, float, float]] = {
     "flows": (int, 1, 1 << 40), "joins_per_second": (float, 0.001, 1e9),
     "join_burst": (int, 1, 1 << 40), "connections_per_host": (int, 1, 1 << 32),
-    "flow_notices": (int, 0, 1 << 20)}
+    "flow_notices": (int, 0, 1 << 20), "policies": (int, 1, 1 << 20)}
 QUOTA_KEYS = set(QUOTA_RANGES)
 GC_KEYS = {"epoch", "ping_after", "delete_after", "liveness_interval", "dead_after",
            "refresh_interval", "hold_factor", "max_refresh_rate"}
