@@ -37,9 +37,11 @@ def _fields() -> tuple[str, ...]:
 
 
 #: ``[limits]`` keys built into objects at start (the HTTP server's request time-out, the
-#: soft state's work budget, the descriptor count): the others (connections per port,
-#: control idle time-out, the descriptor reserve) are read live from the connection gate
-LIMITS_RESTART_ONLY = ("http_idle", "work_per_tick", "work_backlog", "descriptors")
+#: soft state's work budget, the core's control budget per tick, the descriptor count): the
+#: others (connections per port, control idle time-out, the descriptor reserve) are read
+#: live from the connection gate
+LIMITS_RESTART_ONLY = ("http_idle", "work_per_tick", "work_backlog", "control_per_tick",
+                       "descriptors")
 
 
 def restart_needed(old: NodeConfig, new: NodeConfig) -> list[str]:
