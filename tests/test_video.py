@@ -79,7 +79,7 @@ async def streaming(node: RouterNode, cfg: StreamConfig
 
 
 def picture_size(frame: P.Frame) -> tuple[int, int]:
-    return Image.open(io.BytesIO(frame.jpeg)).size
+    return Image.open(io.BytesIO(frame.picture)).size
 
 
 def link_tx(node: RouterNode, peer: str) -> int:
@@ -203,7 +203,7 @@ def test_overflow_reports_lower_the_rate_of_that_resolution_only() -> None:
                 low = core.encoding(P.band_of(2))
                 assert low is not None and low.fps == cfg.fps and low.cuts == 0
                 assert any(isinstance(a, RateChanged) and a.band == P.band_of(1)
-                           and a.why == "overflow" for _, a in streamer.events)
+                           and a.why == "congestion" for _, a in streamer.events)
                 # viewers see the lowered rate in the advertisement
                 await until(lambda: fine.core.advert is not None and  # type: ignore
                             fine.core.advert.offer_for(MID).fps < cfg.fps,  # type: ignore

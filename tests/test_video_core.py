@@ -62,10 +62,15 @@ def run_core(core: StreamerCore, t0: float, t1: float, step: float = 0.05,
 def test_every_message_round_trips() -> None:
     msgs = [
         P.Advert(7, 2, 9, 1.5, (P.Offer(40, HIGH, True, 7.5, 80), P.Offer(41, LOW, False, 5, 60))),
+        P.Advert(7, 2, 9, 1.5, (P.Offer(40, HIGH, True, 7.5, 80, 4, P.CODEC_H264),)),
         P.Request("viewer-ä", 41),
+        P.Request("v", 41, key=True),
         P.Feedback("v", 40, 12),
+        P.Feedback("v", 40, 0, 1234, congested=True, media_ms=99, rate=12500),
         P.State(7, 2, 123456, 0.2, (P.EncodingState(40, HIGH, 2.5, 40, 99),), 0xABCDEF01),
+        P.State(7, 2, 123456, 0.2, (P.EncodingState(40, HIGH, 2.5, 40, 99, 2),), 1),
         P.Frame(7, 2, 5, 1000, 41, LOW, 60, 5.0, JPEG),
+        P.Frame(7, 2, 5, 1000, 41, LOW, 60, 5.0, b"\0\0\1h264", P.CODEC_H264, key=False),
     ]
     for m in msgs:
         assert P.decode(P.encode(m)) == m
@@ -75,14 +80,18 @@ def test_every_message_round_trips() -> None:
     (b"", "truncated header"),
     (b"XX\x01\x01", "bad magic"),
     (b"FV\x09\x01", "unsupported flowvideo version"),
-    (b"FV\x01\x63", "unknown flowvideo message kind"),
-    (b"FV\x01\x02\x01v\x05", "not a resolution band"),
-    (b"FV\x01\x02\x01v\x28\x00", "stray bytes"),
-    (b"FV\x01\x02\x05v", "bad viewer name length"),
+    (b"FV\x02\x63", "unknown flowvideo message kind"),
+    (b"FV\x02\x02\x01v\x05\x00", "not a resolution band"),
+    (b"FV\x02\x02\x01v\x28\x00\x00", "stray bytes"),
+    (b"FV\x02\x02\x05v", "bad viewer name length"),
+    (b"FV\x01\x02\x01v\x28", "unsupported flowvideo version 1"),
     (P.encode_frame(P.Frame(1, 1, 1, 1, 40, HIGH, 50, 1, JPEG))[:-50][:20] + b"notjpeg",
      "truncated frame"),
-    (P.encode_frame(P.Frame(1, 1, 1, 1, 40, HIGH, 50, 1, JPEG))[:33] + b"GIF89a",
+    (P.encode_frame(P.Frame(1, 1, 1, 1, 40, HIGH, 50, 1, JPEG))[:38] + b"GIF89a",
      "not a JPEG"),
+    (P.encode_frame(P.Frame(1, 1, 1, 1, 40, HIGH, 50, 1, JPEG, 9)), "unknown picture codec"),
+    (P.encode_state(P.State(1, 1, 1, 1, (P.EncodingState(40, HIGH, 1, 1, 1, 3),))),
+     "bad picture scale 3"),
     (P.encode_advert(P.Advert(1, 1, 1, 1.0, ()))[:-1] + b"\x20", "advert lists 32"),
 ])
 def test_malformed_messages_are_refused_with_a_reason(data: bytes, why: str) -> None:
@@ -92,7 +101,7 @@ def test_malformed_messages_are_refused_with_a_reason(data: bytes, why: str) -> 
 
 @given(st.binary(max_size=80))
 def test_decoding_garbage_raises_only_protocol_errors(data: bytes) -> None:
-    for blob in (data, b"FV\x01" + data[:1] + data[1:]):
+    for blob in (data, b"FV\x02" + data[:1] + data[1:]):
         try:
             P.decode(blob)
         except P.ProtocolError:
@@ -141,12 +150,12 @@ def test_overflow_feedback_lowers_that_band_and_recovery_raises_it_again() -> No
     core = StreamerCore(c, 0.0)
     core.on_request("slow", 40, 0.0)
     core.on_request("fine", 41, 0.0)
-    assert core.on_feedback("slow", 40, 3, 1.0) == [RateChanged(40, 4.0, 80, "overflow")]
+    assert core.on_feedback("slow", 40, 3, 1.0) == [RateChanged(40, 4.0, 80, "congestion")]
     assert core.on_feedback("slow", 40, 3, 1.2) == []       # the same episode (hold 0.5 s)
     assert core.on_feedback("slow", 40, 3, 1.8)[0].fps == 2.0
     assert core.on_feedback("slow", 40, 3, 2.4)[0].fps == 1.0
     lowered = core.on_feedback("slow", 40, 3, 3.0)           # at min fps: quality goes down
-    assert lowered == [RateChanged(40, 1.0, 60, "overflow")]
+    assert lowered == [RateChanged(40, 1.0, 60, "congestion")]
     assert core.encoding(41).fps == 8.0 and core.encoding(41).cuts == 0  # type: ignore
     # the advertisement carries the lowered values
     advert = core.advert()
@@ -193,10 +202,39 @@ def test_backup_takes_over_after_dead_after_and_continues_the_stream() -> None:
     assert abs(backup.media_ms(t) - primary.media_ms(t)) <= 60
     first = [a for a in backup.poll(t) if isinstance(a, Encode)]
     assert [a.band for a in first] == [41]
-    assert first[0].seq == primary.encoding(41).frames  # type: ignore[union-attr]
+    assert first[0].seq >= primary.encoding(41).frames and first[0].key  # type: ignore
     # stated bound for the viewer's gap: the last frame before the death is at most one
     # frame period old, so the gap is below dead_after + state_period + 1/fps
     assert take.silent_for + c.state_period + 1 / c.fps < 2.0
+
+
+@pytest.mark.parametrize("death", [5.0, 5.05, 5.1, 5.15, 5.2, 5.25, 5.3, 5.35])
+def test_frame_numbers_and_media_time_move_on_across_a_takeover(death: float) -> None:
+    """The primary sends frames after its last state reached the backup (up to a state
+    period of them) and dies: the backup's first frame still comes after its last one, in
+    number and in media time, at every phase of the death within the state period."""
+    c = cfg(fps=10.0, state_period=0.2, dead_after=0.8)
+    primary = StreamerCore(c, 0.0)
+    primary.on_request("v", 41, 0.0)
+    watch = BackupWatch(c, 0.0)
+    shown: list[tuple[int, int]] = []  # (seq, media ms) of every frame the viewer got
+    for t, a in run_core(primary, 0.0, death, step=0.01, refresh={41: 1.0}):
+        if isinstance(a, Send) and a.band == P.BAND_STATE:
+            watch.on_state(P.decode(a.payload), t)  # type: ignore[arg-type]
+        elif isinstance(a, Encode):
+            shown.append((a.seq, a.media_ms))
+    t, take = death, None
+    while take is None:
+        t = round(t + 0.01, 6)
+        take = watch.poll(t)
+    assert take.state is not None
+    backup = StreamerCore.resume(c, take.state, t, take.silent_for)
+    backup.on_request("v", 41, t)
+    for _, a in run_core(backup, t, t + 2.0, step=0.01, refresh={41: 1.0}):
+        if isinstance(a, Encode):
+            shown.append((a.seq, a.media_ms))
+    seqs, media = [s for s, _ in shown], [m for _, m in shown]
+    assert seqs == sorted(set(seqs)) and media == sorted(set(media)), shown
 
 
 def test_of_two_primaries_the_lower_ranked_steps_down() -> None:
@@ -235,7 +273,7 @@ def test_viewer_subscribes_to_its_resolution_and_refreshes_its_request() -> None
     acts = v.on_advert(advert(), 0.1)
     assert acts[0] == Subscribe(41, LOW)
     assert isinstance(acts[1], SendMsg) and acts[1].band == P.BAND_REQUEST
-    assert P.decode(acts[1].payload) == P.Request("v", 41)
+    assert P.decode(acts[1].payload) == P.Request("v", 41, key=True)  # a key picture on join
     assert v.on_advert(advert(), 0.2) == []                # same choice: nothing new
     assert v.poll(0.5) == [] and len(v.poll(1.1)) == 1     # refresh every request period
     assert ViewerCore("h", "highest", 0.0).on_advert(advert(), 0)[0] == Subscribe(40, HIGH)
@@ -254,7 +292,73 @@ def test_viewer_checks_frames_and_counts_takeovers_gaps_and_underruns() -> None:
     v.on_frame(frame(inc=2, seq=7), 2.5)                   # 1.5 s: longer than the playout
     assert v.stats.underruns == 1 and v.stats.max_gap == pytest.approx(1.5)
     fb = v.on_overflow(4, 3.0)
-    assert P.decode(fb[0].payload) == P.Feedback("v", 41, 4)  # type: ignore[union-attr]
+    report = P.decode(fb[0].payload)  # type: ignore[union-attr]
+    assert isinstance(report, P.Feedback) and (report.viewer, report.band, report.dropped) \
+        == ("v", 41, 4)
+
+
+def feedbacks(actions: list[object]) -> list[P.Feedback]:
+    return [m for m in (P.decode(a.payload) for a in actions if isinstance(a, SendMsg))
+            if isinstance(m, P.Feedback)]
+
+
+def test_viewer_measures_queueing_delay_and_reports_it_for_its_band() -> None:
+    v = ViewerCore("v", LOW, 0.0, delay_limit=0.3, report_interval=0.2)
+    v.on_advert(advert(), 0.0)
+    # frames every 200 ms of media time; the path adds 50 ms, then a queue builds up
+    t, seq, reports = 0.05, 0, []
+    for extra in [0, 0, 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]:
+        reports += feedbacks(v.on_frame(frame(seq=seq), t + extra))
+        seq, t = seq + 1, t + 0.2
+    assert v.stats.delay == pytest.approx(0.6) and v.stats.max_delay == pytest.approx(0.6)
+    assert [r.delay_ms for r in reports] == [300, 400, 500, 600]
+    assert all(r.band == 41 and r.dropped == 0 and not r.congested for r in reports)
+    # the clocks need not agree: an offset of an hour changes nothing
+    w = ViewerCore("w", LOW, 0.0)
+    w.on_advert(advert(), 0.0)
+    for i in range(5):
+        assert feedbacks(w.on_frame(frame(seq=i), 3600 + i * 0.2)) == []
+    assert w.stats.delay == pytest.approx(0.0)
+
+
+def test_viewer_counts_missing_numbers_and_a_routers_congestion_fault() -> None:
+    v = ViewerCore("v", LOW, 0.0, report_interval=0.2)
+    v.on_advert(advert(), 0.0)
+    v.on_frame(frame(seq=0), 0.0)
+    assert v.on_fault(True, 0.1) == []            # a fault alone is someone else's link
+    reports = feedbacks(v.on_frame(frame(seq=4), 0.8))  # 1, 2, 3 were dropped on the way
+    assert v.stats.lost == 3 and v.stats.congested == 1
+    assert [(r.dropped, r.congested) for r in reports] == [(3, True)]
+    assert v.on_fault(False, 0.9) == []            # other faults are not about the rate
+    v.on_frame(frame(inc=2, seq=9), 1.8)           # a takeover skips numbers: no loss
+    assert v.stats.lost == 3
+
+
+def test_viewer_never_goes_back_and_waits_for_a_key_picture_of_an_inter_frame_codec() -> None:
+    v = ViewerCore("v", LOW, 0.0)
+    v.on_advert(advert(), 0.0)
+    assert v.on_frame(frame(seq=5), 0.0)
+    assert v.on_frame(frame(inc=2, seq=5), 0.9) == [] and v.stats.backwards == 1
+    assert v.on_frame(frame(inc=2, seq=7, res=Resolution(40, 30)), 1.0)  # scaled: admitted
+    assert v.on_frame(frame(inc=2, seq=8, res=Resolution(40, 31)), 1.2) == []
+    assert v.stats.wrong_size == 1
+
+    h = ViewerCore("h", LOW, 0.0)
+    offers = (P.Offer(41, LOW, True, 5.0, 80, 1, P.CODEC_H264),)
+    acts = h.on_advert(P.Advert(1, 1, 1, 1.0, offers), 0.0)
+    assert P.decode(acts[1].payload) == P.Request("h", 41, key=True)  # type: ignore
+
+    def pic(seq: int, key: bool) -> P.Frame:
+        return P.Frame(1, 1, seq, seq * 200, 41, LOW, 80, 5.0, b"\0\0\1x", P.CODEC_H264, key)
+    assert h.on_frame(pic(0, False), 0.0) == [] and h.stats.waiting_key == 1
+    assert isinstance(h.on_frame(pic(1, True), 0.2)[-1], Show)
+    assert isinstance(h.on_frame(pic(2, False), 0.4)[-1], Show)
+    acts = h.on_frame(pic(4, False), 0.8)           # 3 is lost: ask for a key picture
+    assert not any(isinstance(a, Show) for a in acts)
+    requests = [P.decode(a.payload) for a in acts if isinstance(a, SendMsg)
+                and a.band == P.BAND_REQUEST]
+    assert requests == [P.Request("h", 41, key=True)]
+    assert isinstance(h.on_frame(pic(5, True), 1.0)[-1], Show)
 
 
 # ------------------------------------------------------------------------------ sources, CLI

@@ -95,7 +95,7 @@ def test_one_viewer_cannot_cut_a_band_others_watch() -> None:
     assert core.counters["feedback.below-share"] == 2
     # most of the band's viewers overflowing is a real overflow: cut
     assert core.on_feedback("alice", BANDS[0], 5, 1.7) == \
-        [RateChanged(BANDS[0], 4.0, 80, "overflow")]
+        [RateChanged(BANDS[0], 4.0, 80, "congestion")]
 
 
 def test_feedback_from_a_non_viewer_of_the_band_is_ignored() -> None:
@@ -114,7 +114,7 @@ def test_a_viewer_alone_on_its_band_is_heard_at_once() -> None:
     core = StreamerCore(cfg(), 0.0)
     core.on_request("slow", BANDS[2], 0.0)
     assert core.on_feedback("slow", BANDS[2], 3, 1.0) == \
-        [RateChanged(BANDS[2], 4.0, 80, "overflow")]
+        [RateChanged(BANDS[2], 4.0, 80, "congestion")]
 
 
 def test_one_viewer_cannot_keep_a_cut_band_from_recovering() -> None:
@@ -200,24 +200,25 @@ NAME = st.binary(max_size=70)
 
 
 def _raw(kind: int, body: bytes) -> bytes:
-    return struct.pack(">2sBB", b"FV", 1, kind) + body
+    return struct.pack(">2sBB", b"FV", P.VERSION, kind) + body
 
 
 RAW_MESSAGES = st.one_of(
     st.builds(lambda a, b, c, d, offers: _raw(P.KIND_ADVERT, struct.pack(
         ">IIIIB", a, b, c, d, len(offers)) + b"".join(offers)), U32, U32, U32, U32,
-        st.lists(st.builds(lambda *f: struct.pack(">BHHBHB", *f), U8, U16, U16, U8, U16, U8),
-                 max_size=4)),
-    st.builds(lambda n, b: _raw(P.KIND_REQUEST, bytes([len(n) & 0xFF]) + n + bytes([b])),
-              NAME, U8),
-    st.builds(lambda n, b, d: _raw(P.KIND_FEEDBACK, bytes([len(n) & 0xFF]) + n
-                                   + struct.pack(">BI", b, d)), NAME, U8, U32),
+        st.lists(st.builds(lambda *f: struct.pack(">BHHBHBBB", *f), U8, U16, U16, U8, U16, U8,
+                           U8, U8), max_size=4)),
+    st.builds(lambda n, b, f: _raw(P.KIND_REQUEST, bytes([len(n) & 0xFF]) + n + bytes([b, f])),
+              NAME, U8, U8),
+    st.builds(lambda n, b, d, ms, f, m, r: _raw(P.KIND_FEEDBACK, bytes([len(n) & 0xFF]) + n
+                                                + struct.pack(">BIIBQI", b, d, ms, f, m, r)),
+              NAME, U8, U32, U32, U8, U64, U32),
     st.builds(lambda a, b, c, d, e, encs: _raw(P.KIND_STATE, struct.pack(
         ">IIIQIB", a, b, c, d, e, len(encs)) + b"".join(encs)), U32, U32, U32, U64, U32,
-        st.lists(st.builds(lambda *f: struct.pack(">BHHHBQ", *f), U8, U16, U16, U16, U8, U64),
-                 max_size=4)),
-    st.builds(lambda f, tail: _raw(P.KIND_FRAME, struct.pack(">IIQQBHHBH", *f) + tail),
-              st.tuples(U32, U32, U64, U64, U8, U16, U16, U8, U16),
+        st.lists(st.builds(lambda *f: struct.pack(">BHHHBQB", *f), U8, U16, U16, U16, U8, U64,
+                           U8), max_size=4)),
+    st.builds(lambda f, tail: _raw(P.KIND_FRAME, struct.pack(">IIQQBHHBHBB", *f) + tail),
+              st.tuples(U32, U32, U64, U64, U8, U16, U16, U8, U16, U8, U8),
               st.sampled_from([b"", JPEG, b"GIF"])),
 )
 

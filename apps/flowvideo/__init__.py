@@ -1,13 +1,14 @@
 """flowvideo: multi-resolution video over one flow (seed 002 section 5.2).
 
 A streamer publishes one flow: an advertisement band listing the resolutions and their bands,
-a request band on which viewers ask for one, a feedback band for overflow reports, a state
+a request band on which viewers ask for one, a feedback band for congestion reports, a state
 band a backup streamer follows (Figure 3.3), and one band per active resolution. Routers
 filter by band, so a link carries only the resolutions someone below it watches.
 
 =============================  ============================================================
 :mod:`flowvideo.protocol`     bands and message formats (sans-I/O)
 :mod:`flowvideo.streamer_core`  the streamer's and backup's decisions (sans-I/O)
+:mod:`flowvideo.ratecontrol`  one band's rate, quality and scale under congestion (sans-I/O)
 :mod:`flowvideo.viewer_core`  a viewer's decisions and playout accounting (sans-I/O)
 :mod:`flowvideo.sources`      test pattern, X screen, image files; JPEG via Pillow
 :mod:`flowvideo.streamer`     the streamer's asyncio shell

@@ -33,7 +33,7 @@ from .viewer_core import parse_want
 
 DESCRIPTION = """\
 Video over flows. One flow carries a stream: an advertisement band (32) lists the resolutions
-and their bands, viewers ask for one on the request band (33), overflow reports go on the
+and their bands, viewers ask for one on the request band (33), congestion reports go on the
 feedback band (34), a backup streamer follows the primary on the state band (35), and each
 active resolution has its own band (40, 41, ...). Routers forward a band only toward viewers
 that watch it.
@@ -46,9 +46,16 @@ or WebP, or a still picture, played in a loop).
 
 A resolution starts when a viewer requests it and stops when no request came for
 --expire-periods x --request-period seconds (viewers refresh every request period, which the
-advertisement tells them). An overflow report halves that resolution's frame rate (down to
---min-fps; then lowers the JPEG quality); after --recover-after quiet seconds it comes back
-step by step.
+advertisement tells them).
+
+Rate control from the network: a viewer reports congestion of its resolution when it loses
+pictures (its queue overflowed, or a router dropped them: numbers missing; a router's
+link-congested fault on the fault band marks those), or when its queueing delay (arrival
+minus media time, above the least it saw) passes --delay-limit (0.3 s). The streamer lowers
+that resolution only: its frame rate to what the viewer's received rate fits (else by half;
+down to --min-fps), then its quality (down to --min-quality), then its picture size (1/2,
+1/4 ... down to 1/--max-scale). After --recover-after quiet seconds it probes one step back
+up; a probe that brings reports back doubles the wait (up to --max-recover-after).
 
 Without --flow the primary creates a flow and prints it (and writes it to --flow-file). A
 backup (--backup --flow FLOW) listens to the state band only and takes over the same stream
@@ -59,7 +66,7 @@ What senders on the flow can make the streamer do. Viewers are the names in thei
 (claims: flownet does not tell who sent a message). A name holds one resolution at a time
 (its request for another takes it off the first); a resolution tracks at most --max-viewers
 names, and --max-active N caps the resolutions encoding at once (default 0: all), whatever
-names ask. An overflow report counts only from a current viewer of that resolution, and cuts
+names ask. A congestion report counts only from a current viewer of that resolution, and cuts
 it only when more than --feedback-share (0.5) of its viewers reported within a request
 period: one viewer cannot degrade the others' pictures. --state-key FILE (the same secret
 file at the primary and its backup; 32+ hex digits or 16+ bytes) seals state messages with
@@ -137,7 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--advert-period", type=_positive, default=0.5)
     s.add_argument("--state-period", type=_positive, default=0.2)
     s.add_argument("--dead-after", type=_positive, default=0.8)
-    s.add_argument("--recover-after", type=_positive, default=2.0)
+    s.add_argument("--recover-after", type=_positive, default=2.0,
+                   help="quiet seconds before a lowered resolution probes upward (default 2)")
+    s.add_argument("--max-recover-after", type=_positive, default=16.0,
+                   help="longest wait between probes after failed ones (default 16 s)")
+    s.add_argument("--delay-limit", type=_positive, default=0.3,
+                   help="queueing delay at a viewer that counts as congestion (default 0.3 s)")
+    s.add_argument("--max-scale", type=int, default=4, choices=P.SCALES,
+                   help="congestion may send pictures at 1/N of their size (default 4)")
     s.add_argument("--fragment-size", type=int, default=8000,
                    help="send pictures larger than this in fragments (default 8000)")
     s.add_argument("--max-active", type=int, default=0, metavar="N",
@@ -146,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="viewer names tracked per resolution (default 64)")
     s.add_argument("--feedback-share", type=float, default=0.5, metavar="F",
                    help="cut a resolution only when more than this share of its viewers "
-                        "reported overflow (default 0.5)")
+                        "reported congestion (default 0.5)")
     s.add_argument("--state-key", type=Path, metavar="FILE",
                    help="shared secret of the primary and its backup (a file, never an "
                         "argument): state messages are sealed with it, unsealed ones refused")
@@ -201,7 +215,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
                        advert_period=args.advert_period, state_period=args.state_period,
                        dead_after=args.dead_after, recover_after=args.recover_after,
                        max_active=args.max_active, max_viewers=args.max_viewers,
-                       feedback_share=args.feedback_share,
+                       feedback_share=args.feedback_share, delay_limit=args.delay_limit,
+                       max_scale=args.max_scale, max_recover_after=args.max_recover_after,
                        state_key=(P.read_state_key(args.state_key.read_bytes())
                                   if args.state_key else None))
     if args.backup and args.flow is None:
@@ -242,7 +257,7 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     def on_frame(frame: P.Frame) -> None:
         nonlocal saved
         if args.save and frame.seq % max(1, args.save_every) == 0:
-            (args.save / f"frame-{frame.band}-{frame.seq:06d}.jpg").write_bytes(frame.jpeg)
+            (args.save / f"frame-{frame.band}-{frame.seq:06d}.jpg").write_bytes(frame.picture)
             saved += 1
 
     name = args.name or f"watch-{socket.gethostname()[:40]}-{os.getpid()}"
@@ -259,7 +274,8 @@ async def cmd_watch(args: argparse.Namespace) -> int:
             print(json.dumps(snap) if args.json else
                   f"[{loop.time() - t0:6.1f}s] {snap['resolution'] or 'waiting'} on band "
                   f"{snap['band']}: {snap['frames']} frames, longest gap {snap['max_gap']}s, "
-                  f"underruns {snap['underruns']}, overflow reports {snap['reports']}",
+                  f"underruns {snap['underruns']}, delay {snap['delay']}s, lost {snap['lost']}, "
+                  f"congestion reports {snap['reports']}",
                   flush=True)
             if args.move_to and not moved and loop.time() - t0 >= args.move_after:
                 await viewer.move(args.move_to)

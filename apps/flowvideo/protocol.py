@@ -6,13 +6,18 @@ One flow carries one stream. Its application bands:
 ``BAND_ADVERT`` 32     streamer -> viewers: the resolutions on offer, their bands, which
                        are active and at what rate/quality, and the request period
 ``BAND_REQUEST`` 33    viewers -> streamer: "I watch the resolution on band B" (refreshed)
-``BAND_FEEDBACK`` 34   viewers -> streamer: "my queue for band B overflowed, N dropped"
+``BAND_FEEDBACK`` 34   viewers -> streamer: "band B is congested here: N lost, delay D"
 ``BAND_STATE`` 35      primary -> backup: position and liveness (Figure 3.3)
 ``40 + i``             the frames of resolution *i* (``FIRST_RESOLUTION_BAND``)
 =====================  ===================================================================
 
 Every message starts with ``b"FV"``, a version byte and a kind byte, then fixed big-endian
-fields. Everything read from the network is checked: a bad message raises
+fields. Version 2 added what rate control and inter-frame codecs need: a frame's codec and
+key flag, a request's "send a key picture" flag, a feedback's measured delay, received rate
+and congestion flag, and the picture scale a band runs at (a band under congestion may send
+its pictures at 1/2, 1/4 or 1/8 of its nominal size; in adverts and states).
+
+Everything read from the network is checked: a bad message raises
 :class:`ProtocolError` (a ``ValueError``) with a one-line reason, and the shells count it.
 
 Imports only the standard library.
@@ -41,16 +46,26 @@ STATE_MAC_LEN = 32       #: HMAC-SHA256 trailer of a state message when a state 
 MIN_STATE_KEY = 16       #: bytes of a state key at least
 
 MAGIC = b"FV"
-VERSION = 1
+VERSION = 2
 KIND_ADVERT, KIND_REQUEST, KIND_FEEDBACK, KIND_STATE, KIND_FRAME = 1, 2, 3, 4, 5
 
 _PREFIX = struct.Struct(">2sBB")
 _ADVERT = struct.Struct(">IIIIB")          # stream, incarnation, seq, request period ms, n
-_OFFER = struct.Struct(">BHHBHB")          # band, w, h, active, fps x10, quality
+_OFFER = struct.Struct(">BHHBHBBB")        # band, w, h, active, fps x10, quality, scale, codec
 _STATE = struct.Struct(">IIIQIB")          # stream, inc, server, media ms, period ms, n
-_STATE_ENC = struct.Struct(">BHHHBQ")      # band, w, h, fps x10, quality, frames sent
-_FRAME = struct.Struct(">IIQQBHHBH")       # stream, inc, seq, media ms, band, w, h, q, fps x10
-_FEEDBACK = struct.Struct(">BI")           # band, dropped
+_STATE_ENC = struct.Struct(">BHHHBQB")     # band, w, h, fps x10, quality, frames sent, scale
+_FRAME = struct.Struct(">IIQQBHHBHBB")     # stream, inc, seq, media ms, band, w, h, q, fps x10,
+                                           # codec, flags
+_FEEDBACK = struct.Struct(">BIIBQI")       # band, dropped, delay ms, flags, media ms, rate
+_REQUEST = struct.Struct(">BB")            # band, flags
+
+CODEC_JPEG, CODEC_H264, CODEC_VP8 = 0, 1, 2
+CODEC_NAMES = {CODEC_JPEG: "jpeg", CODEC_H264: "h264", CODEC_VP8: "vp8"}
+FRAME_KEY = 0x01           #: frame flag: a key picture (decodable on its own)
+REQUEST_KEY = 0x01         #: request flag: send a key picture (joined, switched, lost one)
+FEEDBACK_CONGESTED = 0x01  #: feedback flag: a router on the path said link-congested
+MAX_SCALE = 8              #: a band's pictures are sent at 1/scale of its size at most
+SCALES = (1, 2, 4, 8)
 
 
 class ProtocolError(ValueError):
@@ -79,6 +94,19 @@ class Resolution:
 
     def __str__(self) -> str:
         return f"{self.width}x{self.height}"
+
+    def scaled(self, scale: int) -> Resolution:
+        """This size divided by *scale* (a band's pictures under congestion), at least 1x1;
+        sides are kept even so that every codec (4:2:0) can take them."""
+        if scale <= 1:
+            return self
+        w, h = self.width // scale, self.height // scale
+        return Resolution(max(2, w - w % 2), max(2, h - h % 2))
+
+    def admits(self, size: Resolution) -> bool:
+        """Whether a picture of *size* may come on this resolution's band: its own size or
+        one of its scaled-down sizes."""
+        return any(self.scaled(k) == size for k in SCALES)
 
     @property
     def pixels(self) -> int:
@@ -110,6 +138,8 @@ class Offer:
     active: bool
     fps: float
     quality: int
+    scale: int = 1        #: its pictures go at 1/scale of the resolution (congestion)
+    codec: int = CODEC_JPEG
 
 
 @dataclass(frozen=True)
@@ -128,13 +158,22 @@ class Advert:
 class Request:
     viewer: str
     band: int
+    key: bool = False   #: the viewer needs a key picture (it joined, switched or lost one)
 
 
 @dataclass(frozen=True)
 class Feedback:
+    """A viewer's congestion report for its band: frames lost (its queue overflowed, or
+    numbers missing), the queueing delay it measures, and whether a router on its path said
+    link-congested on the fault band."""
+
     viewer: str
     band: int
     dropped: int
+    delay_ms: int = 0
+    congested: bool = False
+    media_ms: int = 0   #: media time of the frame the delay was measured on (0: none)
+    rate: int = 0       #: picture bytes per second the viewer received lately (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -144,6 +183,7 @@ class EncodingState:
     fps: float
     quality: int
     frames: int
+    scale: int = 1
 
 
 @dataclass(frozen=True)
@@ -170,7 +210,9 @@ class Frame:
     resolution: Resolution
     quality: int
     fps: float
-    jpeg: bytes
+    picture: bytes     #: the encoded picture (a JPEG, or an H.264 / VP8 packet)
+    codec: int = CODEC_JPEG
+    key: bool = True   #: decodable on its own (every JPEG is)
 
 
 Message = Advert | Request | Feedback | State | Frame
@@ -204,17 +246,21 @@ def encode_advert(a: Advert) -> bytes:
                                                 a.seq & U32, _ms(a.request_period),
                                                 len(a.offers))]
     parts += [_OFFER.pack(o.band, o.resolution.width, o.resolution.height, int(o.active),
-                          _fps10(o.fps), o.quality) for o in a.offers]
+                          _fps10(o.fps), _clamp(o.quality, 0xFF), _clamp(o.scale, MAX_SCALE, 1),
+                          _clamp(o.codec, 0xFF)) for o in a.offers]
     return b"".join(parts)
 
 
 def encode_request(r: Request) -> bytes:
-    return _prefix(KIND_REQUEST) + _name(r.viewer) + bytes([r.band])
+    return _prefix(KIND_REQUEST) + _name(r.viewer) + _REQUEST.pack(r.band,
+                                                                    REQUEST_KEY if r.key else 0)
 
 
 def encode_feedback(f: Feedback) -> bytes:
     return (_prefix(KIND_FEEDBACK) + _name(f.viewer)
-            + _FEEDBACK.pack(f.band, min(f.dropped, 0xFFFFFFFF)))
+            + _FEEDBACK.pack(f.band, _clamp(f.dropped, U32), _clamp(f.delay_ms, U32),
+                             FEEDBACK_CONGESTED if f.congested else 0,
+                             _clamp(f.media_ms, U64), _clamp(f.rate, U32)))
 
 
 def encode_state(s: State) -> bytes:
@@ -222,7 +268,8 @@ def encode_state(s: State) -> bytes:
                                               s.server & U32, _clamp(s.media_ms, U64),
                                               _ms(s.period), len(s.encodings))]
     parts += [_STATE_ENC.pack(e.band, e.resolution.width, e.resolution.height, _fps10(e.fps),
-                              _clamp(e.quality, 0xFF), _clamp(e.frames, U64))
+                              _clamp(e.quality, 0xFF), _clamp(e.frames, U64),
+                              _clamp(e.scale, MAX_SCALE, 1))
               for e in s.encodings]
     return b"".join(parts)
 
@@ -231,8 +278,9 @@ def encode_frame(f: Frame) -> bytes:
     return (_prefix(KIND_FRAME)
             + _FRAME.pack(f.stream & U32, _clamp(f.incarnation, U32), _clamp(f.seq, U64),
                           _clamp(f.media_ms, U64), f.band, f.resolution.width,
-                          f.resolution.height, _clamp(f.quality, 0xFF), _fps10(f.fps))
-            + f.jpeg)
+                          f.resolution.height, _clamp(f.quality, 0xFF), _fps10(f.fps),
+                          _clamp(f.codec, 0xFF), FRAME_KEY if f.key else 0)
+            + f.picture)
 
 
 def _state_mac(key: bytes, body: bytes) -> bytes:
@@ -326,6 +374,12 @@ def _video_band(band: int) -> int:
     return band
 
 
+def _scale(scale: int) -> int:
+    if scale not in SCALES:
+        raise ProtocolError(f"bad picture scale {scale} (one of {SCALES})")
+    return scale
+
+
 def decode(data: bytes) -> Message:
     """Parse one flowvideo message; :class:`ProtocolError` says what is wrong."""
     data = bytes(data)
@@ -341,43 +395,49 @@ def decode(data: bytes) -> Message:
             raise ProtocolError(f"advert lists {n} resolutions (max {MAX_RESOLUTIONS})")
         offers = []
         for _ in range(n):
-            band, w, h, active, fps10, q = r.take(_OFFER, "offer")
+            band, w, h, active, fps10, q, scale, codec = r.take(_OFFER, "offer")
             offers.append(Offer(_video_band(band), _resolution(w, h), bool(active),
-                                fps10 / 10, q))
+                                fps10 / 10, q, _scale(scale), codec))
         r.end("advert")
         if period_ms == 0:
             raise ProtocolError("advert with a zero request period")
         return Advert(stream, inc, seq, period_ms / 1000, tuple(offers))
     if kind == KIND_REQUEST:
         name = r.name()
-        (band,) = r.take(struct.Struct(">B"), "request")
+        band, flags = r.take(_REQUEST, "request")
         r.end("request")
-        return Request(name, _video_band(band))
+        return Request(name, _video_band(band), bool(flags & REQUEST_KEY))
     if kind == KIND_FEEDBACK:
         name = r.name()
-        band, dropped = r.take(_FEEDBACK, "feedback")
+        band, dropped, delay_ms, flags, media_ms, rate = r.take(_FEEDBACK, "feedback")
         r.end("feedback")
-        return Feedback(name, _video_band(band), dropped)
+        return Feedback(name, _video_band(band), dropped, delay_ms,
+                        bool(flags & FEEDBACK_CONGESTED), media_ms, rate)
     if kind == KIND_STATE:
         stream, inc, server, media_ms, period_ms, n = r.take(_STATE, "state")
         if n > MAX_RESOLUTIONS:
             raise ProtocolError(f"state lists {n} encodings (max {MAX_RESOLUTIONS})")
         encs = []
         for _ in range(n):
-            band, w, h, fps10, q, frames = r.take(_STATE_ENC, "encoding")
+            band, w, h, fps10, q, frames, scale = r.take(_STATE_ENC, "encoding")
             encs.append(EncodingState(_video_band(band), _resolution(w, h), fps10 / 10, q,
-                                      frames))
+                                      frames, _scale(scale)))
         r.end("state")
         if period_ms == 0:
             raise ProtocolError("state with a zero period")
         return State(stream, inc, media_ms, period_ms / 1000, tuple(encs), server)
     if kind == KIND_FRAME:
-        stream, inc, seq, media_ms, band, w, h, q, fps10 = r.take(_FRAME, "frame")
-        jpeg = r.rest()
-        if len(jpeg) > MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {len(jpeg)} bytes (max {MAX_FRAME_BYTES})")
-        if not jpeg.startswith(b"\xff\xd8"):
+        stream, inc, seq, media_ms, band, w, h, q, fps10, codec, flags = r.take(_FRAME,
+                                                                                "frame")
+        picture = r.rest()
+        if len(picture) > MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {len(picture)} bytes (max {MAX_FRAME_BYTES})")
+        if codec not in CODEC_NAMES:
+            raise ProtocolError(f"unknown picture codec {codec}")
+        if codec == CODEC_JPEG and not picture.startswith(b"\xff\xd8"):
             raise ProtocolError("frame picture is not a JPEG")
+        if not picture:
+            raise ProtocolError("frame without a picture")
         return Frame(stream, inc, seq, media_ms, _video_band(band), _resolution(w, h), q,
-                     fps10 / 10, jpeg)
+                     fps10 / 10, picture, codec, bool(flags & FRAME_KEY))
     raise ProtocolError(f"unknown flowvideo message kind {kind}")

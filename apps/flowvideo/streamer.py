@@ -220,7 +220,8 @@ class Streamer:
                 self._say(f"stop {a.resolution} on band {a.band} (no request for "
                           f"{a.idle:.1f}s)")
             elif isinstance(a, RateChanged):
-                self._say(f"band {a.band}: {a.fps:g} fps, quality {a.quality} ({a.why})")
+                size = "" if a.scale == 1 else f", pictures at 1/{a.scale} size"
+                self._say(f"band {a.band}: {a.fps:g} fps, quality {a.quality}{size} ({a.why})")
         if encodes:
             await self._encode_and_send(encodes)
 
@@ -239,6 +240,7 @@ class Streamer:
             if await self._send(enc.band, payload):
                 self.sent_frames[enc.band] += 1
                 self.sent_bytes[enc.band] += len(payload)
+                core.on_sent(enc.band, len(jpeg))
 
     def _render(self, encodes: list[Encode]) -> list[bytes]:
         picture = self.source.grab(encodes[0].media_ms)
@@ -262,7 +264,8 @@ class Streamer:
         core = self.core
         encs = [] if core is None else [
             {"band": e.band, "resolution": str(e.resolution), "active": e.active,
-             "fps": e.fps, "quality": e.quality, "frames": e.frames, "cuts": e.cuts,
+             "fps": e.fps, "quality": e.quality, "scale": e.scale, "frames": e.frames,
+             "cuts": e.cuts,
              "raises": e.raises, "viewers": sorted(e.viewers)} for e in core.encodings]
         return {"role": self.role, "flow": str(self.flow),
                 "stream": None if core is None else f"{core.stream:08x}",

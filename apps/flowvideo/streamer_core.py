@@ -13,11 +13,16 @@ the period). A resolution with no request for ``expire_periods`` periods stops. 
 for an inactive resolution starts it at once. (Router membership is not visible to an
 application, and a refresh also survives a viewer's move to another router.)
 
-Overflow feedback (seed 002 section 3.5): a report for a band halves that band's frame rate
-(down to ``min_fps``); at ``min_fps`` it lowers the JPEG quality by ``quality_step`` instead
-(down to ``min_quality``). Reports within ``feedback_hold`` of the last cut are one episode.
-After ``recover_after`` seconds without a report the quality comes back first, then the rate
-grows by ``fps_step`` per ``recover_after`` until it reaches the configured values.
+Rate control from the network (seed 002 section 3.5): viewers report congestion of their
+band on the feedback band (frames lost to their queue or to a router, a router's
+link-congested fault, a queueing delay over ``delay_limit``); each band has its own
+:class:`~flowvideo.ratecontrol.BandRate`, which lowers the frame rate, then the quality, then
+the picture scale of that band only, and raises them again, probing, once the reports stop
+(see :mod:`flowvideo.ratecontrol`).
+
+Key pictures: a request from a viewer new on a band, or one flagged ``key`` (a viewer that
+lost a picture an inter-frame decoder needs), marks the band's next picture as a key picture
+(:attr:`Encode.key`); so do a start, a change of scale and a takeover.
 
 **What one viewer can make the streamer do** (a viewer is a name in its messages: flowlib
 tells no sender's identity, so names are claims). A name holds one band at a time: its
@@ -47,16 +52,19 @@ every ``state_period`` on the state band. :class:`BackupWatch` follows it and sa
 media position, the frame numbers and the active encodings (each given one request period
 of grace for its viewers' next refresh).
 
-Imports only the standard library and :mod:`flowvideo.protocol`.
+Imports only the standard library, :mod:`flowvideo.protocol` and
+:mod:`flowvideo.ratecontrol`.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 from . import protocol as P
 from .protocol import Resolution
+from .ratecontrol import BandRate, RateLimits
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,11 @@ class StreamConfig:
     recover_after: float = 2.0
     max_active: int = 0        #: resolutions encoding at once at most (0: all of them)
     max_viewers: int = 64      #: viewer names tracked per band (more are refused)
+    max_scale: int = 4         #: congestion may send a band's pictures at 1/max_scale size
+    delay_limit: float = 0.3   #: queueing delay (s) at a viewer that counts as congestion
+    #: longest wait before probing upward again (at least recover_after)
+    max_recover_after: float = 16.0
+    codec: int = P.CODEC_JPEG  #: how pictures are encoded (JPEG needs no extra package)
     feedback_share: float = 0.5  #: a cut needs reports from more than this share of viewers
     #: shared by a primary and its backup: state messages are sealed with it and only
     #: sealed ones are believed (None: any state on the band is believed)
@@ -99,12 +112,24 @@ class StreamConfig:
             raise ValueError("need max_active >= 0 and max_viewers >= 1")
         if not 0 <= self.feedback_share < 1:
             raise ValueError("feedback_share must be in [0, 1)")
+        if self.max_scale not in P.SCALES:
+            raise ValueError(f"max_scale is one of {P.SCALES}")
+        if self.codec not in P.CODEC_NAMES:
+            raise ValueError(f"unknown codec {self.codec}")
+        if not 0 < self.delay_limit <= 60:
+            raise ValueError("need 0 < delay_limit <= 60")
         if self.state_key is not None and len(self.state_key) < P.MIN_STATE_KEY:
             raise ValueError(f"a state key has at least {P.MIN_STATE_KEY} bytes")
 
     @property
     def feedback_window(self) -> float:
         return max(self.feedback_hold, self.request_period)
+
+    def rate_limits(self) -> RateLimits:
+        return RateLimits(self.fps, self.quality, self.min_fps, self.min_quality,
+                          self.quality_step, self.fps_step, self.max_scale, self.feedback_hold,
+                          self.recover_after, max(self.recover_after, self.max_recover_after),
+                          self.delay_limit)
 
 
 def read_state(config: StreamConfig, payload: bytes) -> P.State:
@@ -123,7 +148,8 @@ def read_state(config: StreamConfig, payload: bytes) -> P.State:
 # ------------------------------------------------------------------------------ actions
 @dataclass(frozen=True)
 class Encode:
-    """Capture the source at *media_ms* and send it on *band* at this size and quality."""
+    """Capture the source at *media_ms* and send it on *band* at this size (the band's
+    resolution, scaled down under congestion) and quality; *key*: a key picture."""
 
     band: int
     resolution: Resolution
@@ -131,6 +157,7 @@ class Encode:
     fps: float
     seq: int
     media_ms: int
+    key: bool = True
 
 
 @dataclass(frozen=True)
@@ -158,7 +185,8 @@ class RateChanged:
     band: int
     fps: float
     quality: int
-    why: str   #: "overflow" or "recovered"
+    why: str   #: "congestion" or "recovered"
+    scale: int = 1
 
 
 Action = Encode | Send | Started | Stopped | RateChanged
@@ -170,19 +198,39 @@ class Encoding:
 
     band: int
     resolution: Resolution
-    fps: float
-    quality: int
+    rate: BandRate
     active: bool = False
     last_request: float = 0.0
     next_due: float = 0.0
     frames: int = 0           #: frames sent (the next frame's seq)
-    last_cut: float | None = None
-    last_change: float = 0.0
+    key_due: bool = True      #: the next picture is a key picture
     viewers: dict[str, float] = field(default_factory=dict)  #: name -> last request
-    reports: dict[str, float] = field(default_factory=dict)  #: name -> last overflow report
+    reports: dict[str, float] = field(default_factory=dict)  #: name -> last congestion report
     grace_until: float = float("-inf")  #: resumed: kept on until then without any viewer
-    cuts: int = 0
-    raises: int = 0
+
+    @property
+    def fps(self) -> float:
+        return self.rate.fps
+
+    @property
+    def quality(self) -> int:
+        return self.rate.quality
+
+    @property
+    def scale(self) -> int:
+        return self.rate.scale
+
+    @property
+    def cuts(self) -> int:
+        return self.rate.cuts
+
+    @property
+    def raises(self) -> int:
+        return self.rate.raises
+
+    def size(self) -> Resolution:
+        """The size its pictures go at now."""
+        return self.resolution.scaled(self.rate.scale)
 
 
 MAX_POSITION = 1 << 62  #: media milliseconds and frame numbers resumed at most
@@ -196,7 +244,8 @@ class StreamerCore:
         self.server = random.getrandbits(32) if server is None else server
         self.incarnation = incarnation
         self._media_origin = now - media_ms / 1000
-        self.encodings = [Encoding(P.band_of(i), res, config.fps, config.quality)
+        limits = config.rate_limits()
+        self.encodings = [Encoding(P.band_of(i), res, BandRate(limits, last_change=now))
                           for i, res in enumerate(config.resolutions)]
         self._by_band = {e.band: e for e in self.encodings}
         self._viewer_band: dict[str, int] = {}  #: viewer name -> the one band it holds
@@ -210,7 +259,9 @@ class StreamerCore:
                silent_for: float, server: int | None = None) -> StreamerCore:
         """A core that continues *state* (a backup taking over *silent_for* seconds after the
         primary's last state): same stream, next incarnation, media time moved on by the
-        silence, the same encodings active with their rates, numbers and a grace period."""
+        silence, the same encodings active with their rates and a grace period, and frame
+        numbers past any the primary can have sent since the state (it sent at most one per
+        period of the higher of its rate and ours): numbers never repeat or go back."""
         # every field is clamped to what this streamer can carry on (a state at the top of
         # a field's range must not crash the backup that continues it)
         core = cls(config, now, stream=state.stream & P.U32,
@@ -224,9 +275,10 @@ class StreamerCore:
                 continue
             enc.active, enc.last_request, enc.next_due = True, now, now
             enc.grace_until = now + config.expire_periods * config.request_period
-            enc.fps = min(max(es.fps, config.min_fps), config.fps)
-            enc.quality = min(max(es.quality, config.min_quality), config.quality)
-            enc.frames = min(es.frames, MAX_POSITION)
+            enc.rate.resume(es.fps, es.quality, es.scale, now)
+            sent_since = math.ceil(silent_for * max(es.fps, config.fps)) + 1
+            enc.frames = min(es.frames, MAX_POSITION) + sent_since
+            enc.key_due = True
         return core
 
     def outranked_by(self, state: P.State) -> bool:
@@ -246,6 +298,11 @@ class StreamerCore:
     def media_ms(self, now: float) -> int:
         return max(0, round((now - self._media_origin) * 1000))
 
+    def clock_of(self, media_ms: int) -> float:
+        """The time (on the clock passed in) at which media time *media_ms* was taken: a
+        frame's capture time, for measuring delays where the clocks are shared (tests)."""
+        return self._media_origin + media_ms / 1000
+
     def active(self) -> list[Encoding]:
         return [e for e in self.encodings if e.active]
 
@@ -255,13 +312,16 @@ class StreamerCore:
     # ---------------------------------------------------------------------- events
     def on_message(self, msg: P.Message, now: float) -> list[Action]:
         if isinstance(msg, P.Request):
-            return self.on_request(msg.viewer, msg.band, now)
+            return self.on_request(msg.viewer, msg.band, now, key=msg.key)
         if isinstance(msg, P.Feedback):
-            return self.on_feedback(msg.viewer, msg.band, msg.dropped, now)
+            return self.on_feedback(msg.viewer, msg.band, msg.dropped, now,
+                                    delay_ms=msg.delay_ms, congested=msg.congested,
+                                    media_ms=msg.media_ms, received=msg.rate)
         self._count("ignored." + type(msg).__name__.lower())
         return []
 
-    def on_request(self, viewer: str, band: int, now: float) -> list[Action]:
+    def on_request(self, viewer: str, band: int, now: float, *,
+                   key: bool = False) -> list[Action]:
         enc = self._by_band.get(band)
         if enc is None:
             self._count("requests.unknown-band")
@@ -287,16 +347,23 @@ class StreamerCore:
                 out.append(self._stop(old, now))  # nobody else watches it: stop now
         self._viewer_band[viewer] = band
         self._count("requests")
+        if key or viewer not in enc.viewers:  # joined, switched or lost a key picture
+            enc.key_due = True
         enc.last_request = now
         enc.viewers[viewer] = now
         if enc.active:
             return out
-        enc.active, enc.next_due = True, now
-        enc.fps, enc.quality = self.cfg.fps, self.cfg.quality
-        enc.last_cut, enc.last_change = None, now
+        enc.active, enc.next_due, enc.key_due = True, now, True
+        enc.rate.reset(now)
         enc.reports.clear()
         self._next_advert = now  # tell viewers at once
         return out + [Started(band, enc.resolution, viewer)]
+
+    def on_sent(self, band: int, nbytes: int) -> None:
+        """The shell sent a picture of *nbytes* on *band* (cuts aim with the mean size)."""
+        enc = self._by_band.get(band)
+        if enc is not None:
+            enc.rate.sent(nbytes)
 
     def _stop(self, enc: Encoding, now: float) -> Stopped:
         enc.active = False
@@ -311,7 +378,10 @@ class StreamerCore:
             if self._viewer_band.get(v) == enc.band:
                 del self._viewer_band[v]
 
-    def on_feedback(self, viewer: str, band: int, dropped: int, now: float) -> list[Action]:
+    def on_feedback(self, viewer: str, band: int, dropped: int, now: float, *,
+                    delay_ms: int = 0, congested: bool = False,
+                    media_ms: int = 0, received: int = 0) -> list[Action]:
+        """A viewer's congestion report for its band (see the module docs for who counts)."""
         enc = self._by_band.get(band)
         if enc is None or not enc.active:
             self._count("feedback.ignored")
@@ -319,8 +389,9 @@ class StreamerCore:
         if viewer not in enc.viewers:
             self._count("feedback.not-a-viewer")
             return []
-        if dropped <= 0:
-            self._count("feedback.nothing-dropped")
+        delay = delay_ms / 1000
+        if not enc.rate.is_signal(dropped, delay, congested):
+            self._count("feedback.no-congestion")
             return []
         self._count("feedback")
         window = self.cfg.feedback_window
@@ -330,23 +401,18 @@ class StreamerCore:
         if len(enc.reports) <= self.cfg.feedback_share * len(enc.viewers):
             self._count("feedback.below-share")  # others on this band are fine
             return []
-        if enc.last_cut is not None and now - enc.last_cut < self.cfg.feedback_hold:
-            enc.last_cut = now
+        scale = enc.rate.scale
+        captured = self.clock_of(media_ms) if media_ms else None
+        if not enc.rate.congested(now, lost=dropped > 0 or congested, delay=delay,
+                                  captured=captured, received=received):
+            self._count("feedback.same-episode")
             return []
-        enc.last_cut = now
-        if enc.fps > self.cfg.min_fps:
-            enc.fps = max(self.cfg.min_fps, enc.fps / 2)
-        elif enc.quality > self.cfg.min_quality:
-            enc.quality = max(self.cfg.min_quality, enc.quality - self.cfg.quality_step)
-        else:
-            self._count("feedback.at-floor")
-            return []
-        enc.cuts += 1
-        enc.last_change = now
+        self._count("feedback.cut")
         enc.reports.clear()  # the next cut needs the share again
         enc.next_due = min(enc.next_due, now + 1 / enc.fps)
+        enc.key_due = enc.key_due or enc.rate.scale != scale
         self._next_advert = now
-        return [RateChanged(band, enc.fps, enc.quality, "overflow")]
+        return [RateChanged(band, enc.fps, enc.quality, "congestion", enc.scale)]
 
     # ---------------------------------------------------------------------- time
     def poll(self, now: float) -> list[Action]:
@@ -364,9 +430,10 @@ class StreamerCore:
             if changed is not None:
                 out.append(changed)
             if now >= enc.next_due:
-                out.append(Encode(enc.band, enc.resolution, enc.quality, enc.fps, enc.frames,
-                                  self.media_ms(now)))
+                out.append(Encode(enc.band, enc.size(), enc.quality, enc.fps, enc.frames,
+                                  self.media_ms(now), enc.key_due))
                 enc.frames += 1
+                enc.key_due = False
                 # the next frame one period after this one's slot; never a burst to catch up
                 enc.next_due = max(enc.next_due + 1 / enc.fps, now)
         if now >= self._next_advert:
@@ -381,20 +448,12 @@ class StreamerCore:
         return out
 
     def _maybe_recover(self, enc: Encoding, now: float) -> RateChanged | None:
-        cfg = self.cfg
-        if enc.fps >= cfg.fps and enc.quality >= cfg.quality:
+        scale = enc.rate.scale
+        if not enc.rate.recover(now):
             return None
-        quiet_since = max(enc.last_cut or 0.0, enc.last_change)
-        if now - quiet_since < cfg.recover_after:
-            return None
-        if enc.quality < cfg.quality:
-            enc.quality = min(cfg.quality, enc.quality + cfg.quality_step)
-        else:
-            enc.fps = min(cfg.fps, enc.fps + cfg.fps_step)
-        enc.raises += 1
-        enc.last_change = now
+        enc.key_due = enc.key_due or enc.rate.scale != scale
         self._next_advert = now
-        return RateChanged(enc.band, enc.fps, enc.quality, "recovered")
+        return RateChanged(enc.band, enc.fps, enc.quality, "recovered", enc.scale)
 
     def next_deadline(self) -> float:
         times = [self._next_advert, self._next_state]
@@ -403,8 +462,9 @@ class StreamerCore:
             times.append(max(max(enc.viewers.values(), default=float("-inf"))
                              + self.cfg.expire_periods * self.cfg.request_period,
                              enc.grace_until))
-            if enc.fps < self.cfg.fps or enc.quality < self.cfg.quality:
-                times.append(max(enc.last_cut or 0.0, enc.last_change) + self.cfg.recover_after)
+            recover = enc.rate.next_recover()
+            if recover is not None:
+                times.append(recover)
         return min(times)
 
     # ---------------------------------------------------------------------- messages
@@ -412,13 +472,13 @@ class StreamerCore:
         self._advert_seq += 1
         return P.Advert(self.stream, self.incarnation, self._advert_seq,
                         self.cfg.request_period,
-                        tuple(P.Offer(e.band, e.resolution, e.active, e.fps, e.quality)
-                              for e in self.encodings))
+                        tuple(P.Offer(e.band, e.resolution, e.active, e.fps, e.quality,
+                                      e.scale, self.cfg.codec) for e in self.encodings))
 
     def state(self, now: float) -> P.State:
         return P.State(self.stream, self.incarnation, self.media_ms(now), self.cfg.state_period,
-                       tuple(P.EncodingState(e.band, e.resolution, e.fps, e.quality, e.frames)
-                             for e in self.active()), self.server)
+                       tuple(P.EncodingState(e.band, e.resolution, e.fps, e.quality, e.frames,
+                                             e.scale) for e in self.active()), self.server)
 
 
 # ------------------------------------------------------------------------------ backup

@@ -1,7 +1,8 @@
-"""The viewer's asyncio shell: a flowlib client listening to the advertisement band (and the
-local overflow band), then to the one resolution band its
-:class:`~flowvideo.viewer_core.ViewerCore` picks; it refreshes its request, reports queue
-overflows on the feedback band, and can move to other routers while watching.
+"""The viewer's asyncio shell: a flowlib client listening to the advertisement band (and,
+for rate control, the local overflow band and the routers' fault band), then to the one
+resolution band its :class:`~flowvideo.viewer_core.ViewerCore` picks; it refreshes its
+request, reports congestion on the feedback band, and can move to other routers while
+watching.
 
 Moving is make-before-break: the viewer connects to the new routers, joins the advertisement
 band and its resolution band there and asks for its resolution again, and only then closes
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import flowlib
-from flowrouter.wire.bands import BAND_OVERFLOW
+from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW
 
 from . import protocol as P
 from .protocol import Resolution
@@ -85,8 +86,8 @@ class Viewer:
         return await flowlib.connect(list(routers), name=self.name, **kw)
 
     async def _join(self, client: flowlib.FlowClient) -> None:
-        adv = await client.listen(self.flow, [P.BAND_ADVERT, BAND_OVERFLOW], size=64,
-                                  name="adverts")
+        adv = await client.listen(self.flow, [P.BAND_ADVERT, BAND_OVERFLOW, BAND_FAULT],
+                                  size=64, name="adverts")
         self._spawn(self._read_adverts(client, adv))
         assert self.core is not None
         if self.core.band is not None:
@@ -149,6 +150,14 @@ class Viewer:
                     except ValueError:
                         dropped = 1
                     await self._apply(self.core.on_overflow(dropped, self._now()))
+                continue
+            if msg.band == BAND_FAULT:
+                try:
+                    limit = msg.fault().extra.get("limit")
+                except ValueError:
+                    self.bad_messages += 1
+                    continue
+                await self._apply(self.core.on_fault(limit == "link-congested", self._now()))
                 continue
             m = self._decoded(msg.payload, P.Advert, "advert")
             if m is None:
@@ -253,5 +262,9 @@ class Viewer:
             "takeovers": 0 if s is None else s.takeovers,
             "reports": 0 if s is None else s.reports,
             "dropped": 0 if s is None else s.dropped,
+            "lost": 0 if s is None else s.lost,
+            "delay": 0.0 if s is None else round(s.delay, 3),
+            "max_delay": 0.0 if s is None else round(s.max_delay, 3),
+            "backwards": 0 if s is None else s.backwards,
             "adverts": self.adverts, "moves": self.moves, "bad_messages": self.bad_messages,
         }

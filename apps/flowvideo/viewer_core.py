@@ -7,6 +7,22 @@ resolution it wants (an exact ``WxH``, or ``lowest``/``highest`` on offer) and s
 at once; ``poll(now)`` then refreshes the request every request period (the advertisement
 carries it). Frames are checked (band, size, stream) before they are shown.
 
+Congestion (what the streamer's rate control hears from this viewer, for its band only): the
+viewer measures each frame's **queueing delay** (arrival time minus media time, above the
+least seen in this incarnation of the stream: clocks need not agree, only the part that
+grows counts), counts **lost frames** (numbers missing on its band, within one incarnation),
+and notes **link-congested faults** a router sent on the fault band (they reach every member
+of the flow, so one counts only with a loss or a delay of this viewer's own). It reports on
+the feedback band when it lost frames or its delay is over ``delay_limit``, at most every
+``report_interval``, with the delay it measures and the picture bytes per second it received
+over the last ``RATE_WINDOW`` (under congestion, what its path carries: the streamer cuts
+the frame rate to fit it); the streamer decides what to cut.
+
+Monotonic playout: within a stream a frame whose number or media time does not move past the
+last one shown (a late frame of an old primary, a reordering) is not shown (``backwards``).
+Inter-frame codecs: after joining, switching or a loss the viewer shows nothing until a key
+picture (``waiting_key``), and asks for one with its next request (``Request.key``).
+
 Playout accounting: a player that shows frames ``playout`` seconds after they arrive runs dry
 only when no frame arrives for longer than ``playout``; ``underruns`` counts such gaps and
 ``gaps`` keeps the recent long ones (a failover, a move) for the report. (The terminal and
@@ -17,6 +33,7 @@ Imports only the standard library and :mod:`flowvideo.protocol`.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from . import protocol as P
@@ -24,6 +41,7 @@ from .protocol import Resolution
 
 MIN_REQUEST_PERIOD = 0.1  #: seconds between a viewer's requests at least ...
 MAX_REQUEST_PERIOD = 60.0  #: ... and at most, whatever an advertisement says
+RATE_WINDOW = 1.0  #: seconds of arrivals the received rate is measured over
 
 
 @dataclass(frozen=True)
@@ -71,14 +89,32 @@ class ViewerStats:
     requests: int = 0
     reports: int = 0
     dropped: int = 0         #: what our queue reported dropping
+    lost: int = 0            #: frame numbers missing (dropped on the path)
+    backwards: int = 0       #: frames not shown: number or media time not past the last
+    waiting_key: int = 0     #: inter-frame pictures not shown while waiting for a key one
+    congested: int = 0       #: link-congested faults heard on the fault band
+    delay: float = 0.0       #: the last frame's queueing delay (s)
+    max_delay: float = 0.0
 
 
 class ViewerCore:
     def __init__(self, name: str, want: Resolution | str | None, now: float, *,
-                 playout: float = 2.0) -> None:
+                 playout: float = 2.0, delay_limit: float = 0.3,
+                 report_interval: float = 0.2) -> None:
         self.name = name
         self.want = want
         self.playout = playout
+        self.delay_limit = delay_limit
+        self.report_interval = report_interval
+        self.codec = P.CODEC_JPEG
+        self.need_key = False
+        self._base: float | None = None      #: least (arrival - media time) seen
+        self._lost_unreported = 0
+        self._last_report = float("-inf")
+        self._fault_at = float("-inf")
+        self._key_asked = False
+        self._arrivals: deque[tuple[float, int]] = deque()  #: (time, picture bytes)
+        self._receiving_since: float | None = None
         self.advert: P.Advert | None = None
         self.band: int | None = None
         self.resolution: Resolution | None = None
@@ -104,8 +140,12 @@ class ViewerCore:
         if offer is None or offer.band == self.band:
             return []
         self.band, self.resolution = offer.band, offer.resolution
+        self.codec = offer.codec
         self.last_seq = None
-        return [Subscribe(offer.band, offer.resolution), self._request(now)]
+        self._receiving_since = None  # another band: another rate
+        self._arrivals.clear()
+        self.need_key = offer.codec != P.CODEC_JPEG
+        return [Subscribe(offer.band, offer.resolution), self._request(now, key=True)]
 
     def set_want(self, want: Resolution | str | None, now: float) -> list[Action]:
         self.want = want
@@ -114,7 +154,7 @@ class ViewerCore:
             return []
         return self.on_advert(self.advert, now) if self.advert else []
 
-    def _request(self, now: float) -> SendMsg:
+    def _request(self, now: float, key: bool = False) -> SendMsg:
         assert self.band is not None
         period = self.advert.request_period if self.advert else 1.0
         # the advertisement's period, within sane bounds: a forged advert must not make
@@ -122,7 +162,8 @@ class ViewerCore:
         period = min(max(period, MIN_REQUEST_PERIOD), MAX_REQUEST_PERIOD)
         self._next_request = now + period
         self.stats.requests += 1
-        return SendMsg(P.BAND_REQUEST, P.encode_request(P.Request(self.name, self.band)))
+        self._key_asked = key
+        return SendMsg(P.BAND_REQUEST, P.encode_request(P.Request(self.name, self.band, key)))
 
     def rejoined(self, now: float) -> list[Action]:
         """After a move to another router: ask again at once (the shell re-subscribed)."""
@@ -131,7 +172,7 @@ class ViewerCore:
     # ---------------------------------------------------------------------- time
     def poll(self, now: float) -> list[Action]:
         if self.band is not None and now >= self._next_request:
-            return [self._request(now)]
+            return [self._request(now, key=self.need_key)]
         return []
 
     def next_deadline(self) -> float | None:
@@ -143,19 +184,42 @@ class ViewerCore:
         if frame.band != self.band:
             s.wrong_band += 1
             return []
-        if frame.resolution != self.resolution:
+        if self.resolution is None or not self.resolution.admits(frame.resolution):
             s.wrong_size += 1
             return []
+        out: list[Action] = []
         if frame.stream != self.stream:
             self.stream, self.incarnation = frame.stream, frame.incarnation
-            self.last_media_ms = None
+            self.last_media_ms = self.last_seq = self._base = None
+            self._receiving_since = None
+            self._arrivals.clear()
             s.streams += 1
         elif frame.incarnation < self.incarnation:
             s.stale += 1
             return []
         elif frame.incarnation > self.incarnation:
             self.incarnation = frame.incarnation
+            self._base = None  # another streamer's clock
             s.takeovers += 1
+        elif self.last_seq is not None and frame.seq > self.last_seq + 1:
+            lost = frame.seq - self.last_seq - 1
+            s.lost += lost
+            self._lost_unreported += lost
+            self.need_key = self.codec != P.CODEC_JPEG
+        if (self.last_seq is not None and frame.seq <= self.last_seq) or \
+                (self.last_media_ms is not None and frame.media_ms <= self.last_media_ms):
+            s.backwards += 1
+            return []
+        self.last_media_ms = frame.media_ms
+        out += self._measure(frame, now)
+        if self.need_key:
+            if not frame.key:
+                s.waiting_key += 1
+                self.last_seq, self.last_media_ms = frame.seq, frame.media_ms
+                if not self._key_asked and self.band is not None:
+                    out.append(self._request(now, key=True))
+                return out
+            self.need_key = self._key_asked = False
         if s.last_at is not None:
             gap = now - s.last_at
             s.max_gap = max(s.max_gap, gap)
@@ -168,10 +232,56 @@ class ViewerCore:
             s.first_at = now
         s.last_at = now
         s.frames += 1
-        s.bytes += len(frame.jpeg)
+        s.bytes += len(frame.picture)
         self.last_seq = frame.seq
         self.last_media_ms = frame.media_ms
-        return [Show(frame)]
+        return out + [Show(frame)]
+
+    # ---------------------------------------------------------------------- congestion
+    def _measure(self, frame: P.Frame, now: float) -> list[Action]:
+        """The frame's queueing delay; a report when it or a loss says congestion."""
+        s = self.stats
+        self._arrivals.append((now, len(frame.picture)))
+        while self._arrivals[0][0] <= now - RATE_WINDOW:
+            self._arrivals.popleft()
+        if self._receiving_since is None:
+            self._receiving_since = now
+        offset = now - frame.media_ms / 1000
+        if self._base is None or offset < self._base:
+            self._base = offset
+        s.delay = offset - self._base
+        s.max_delay = max(s.max_delay, s.delay)
+        return self._maybe_report(now)
+
+    def _maybe_report(self, now: float) -> list[Action]:
+        s = self.stats
+        lost = self._lost_unreported
+        congested = now - self._fault_at <= 1.0 and (lost > 0 or s.delay >= self.delay_limit / 2)
+        if not (lost or congested or s.delay >= self.delay_limit):
+            return []
+        if self.band is None or now - self._last_report < self.report_interval:
+            return []
+        self._last_report = now
+        self._lost_unreported = 0
+        s.reports += 1
+        return [SendMsg(P.BAND_FEEDBACK, P.encode_feedback(P.Feedback(
+            self.name, self.band, lost, round(s.delay * 1000), congested,
+            self.last_media_ms or 0, self.received_rate(now))))]
+
+    def received_rate(self, now: float) -> int:
+        """Picture bytes per second over the last RATE_WINDOW (0 before a window's worth)."""
+        if self._receiving_since is None or now - self._receiving_since < RATE_WINDOW:
+            return 0
+        return round(sum(n for t, n in self._arrivals if t > now - RATE_WINDOW) / RATE_WINDOW)
+
+    def on_fault(self, congested: bool, now: float) -> list[Action]:
+        """A router said on the fault band that it drops this flow's frames on a congested
+        link (*congested*; other faults are not about the rate)."""
+        if not congested:
+            return []
+        self.stats.congested += 1
+        self._fault_at = now
+        return self._maybe_report(now)
 
     def on_overflow(self, dropped: int, now: float) -> list[Action]:
         """Our queue for the video band dropped *dropped* frames: tell the streamer."""
@@ -179,5 +289,7 @@ class ViewerCore:
             return []
         self.stats.dropped += dropped
         self.stats.reports += 1
-        return [SendMsg(P.BAND_FEEDBACK,
-                        P.encode_feedback(P.Feedback(self.name, self.band, dropped)))]
+        self.need_key = self.codec != P.CODEC_JPEG
+        return [SendMsg(P.BAND_FEEDBACK, P.encode_feedback(P.Feedback(
+            self.name, self.band, dropped, round(self.stats.delay * 1000),
+            media_ms=self.last_media_ms or 0)))]

@@ -164,7 +164,7 @@ class WebViewer:
                 feed = self.feeds.setdefault(res, FrameFeed())
 
                 def show(frame: P.Frame, feed: FrameFeed = feed) -> None:
-                    feed.put(frame.jpeg)
+                    feed.put(frame.picture)
 
                 v = Viewer(self.routers, self.flow, res, name=f"web-{res}",
                            queue_size=self.queue_size, connect_kwargs=self.connect_kwargs,
