@@ -200,7 +200,8 @@ def test_chromium_shows_the_screen_stream_at_the_picked_resolution(
                 port = web.address[1]
                 driver = await asyncio.to_thread(WebDriver, tmp_path)
                 await asyncio.to_thread(driver.cmd, "POST", "/url",
-                                        {"url": f"http://127.0.0.1:{port}/?res=160x120"})
+                                        {"url": f"http://127.0.0.1:{port}/"
+                                                "?res=160x120&mode=mjpeg&fit=0"})
 
                 async def natural_width() -> int:
                     assert driver is not None

@@ -103,6 +103,15 @@ def _want(text: str) -> P.Resolution | str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _codec(text: str) -> int:
+    from .codecs import parse_codec
+
+    try:
+        return parse_codec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _flow(text: str) -> flowlib.FlowID:
     try:
         return flowlib.FlowID.parse(text)
@@ -136,7 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resolutions", type=_resolutions, default="320x240,160x120,80x60",
                    help="resolutions on offer, largest first (default %(default)s)")
     s.add_argument("--fps", type=_positive, default=10.0, help="frame rate (default 10)")
-    s.add_argument("--quality", type=int, default=75, help="JPEG quality 1..95 (default 75)")
+    s.add_argument("--quality", type=int, default=75,
+                   help="picture quality 1..95 (JPEG's scale; H.264 and VP8 map it to their "
+                        "constant quality) (default 75)")
+    s.add_argument("--codec", type=_codec, default=P.CODEC_JPEG, metavar="CODEC",
+                   help="jpeg (default: every picture on its own, needs only Pillow), h264 or "
+                        "vp8 (inter-frame, 4-10x smaller; need PyAV: pip install "
+                        "'flownet[video]')")
     s.add_argument("--min-fps", type=_positive, default=1.0)
     s.add_argument("--min-quality", type=int, default=20)
     s.add_argument("--request-period", type=_positive, default=1.0)
@@ -206,10 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------ commands
 async def cmd_serve(args: argparse.Namespace) -> int:
+    from .codecs import CodecUnavailable, available
     from .sources import open_source
     from .streamer import Streamer
 
+    if not available(args.codec):
+        raise CodecUnavailable(f"{P.CODEC_NAMES[args.codec]} needs PyAV with its encoder: "
+                               "pip install 'flownet[video]'")
     cfg = StreamConfig(resolutions=args.resolutions, fps=args.fps, quality=args.quality,
+                       codec=args.codec,
                        min_fps=args.min_fps, min_quality=args.min_quality,
                        request_period=args.request_period, expire_periods=args.expire_periods,
                        advert_period=args.advert_period, state_period=args.state_period,

@@ -3,13 +3,15 @@
 :class:`~flowvideo.streamer_core.BackupWatch` on the state band first.
 
 A primary advertises the flow, listens to the request and feedback bands, and every time the
-core says so grabs one picture, scales and JPEG-encodes it for each resolution due (in a
-worker thread, so timers stay on time) and sends it on that resolution's band; flowlib
-fragments pictures larger than a frame. A backup listens to the state band only (it never
-receives the stream) and, when the core's watch says the primary is silent, becomes the
-primary of the same stream.
+core says so grabs one picture, scales and encodes it for each resolution due (in a worker
+thread, so timers stay on time; one :class:`~flowvideo.codecs.PictureEncoder` per band: JPEG,
+or H.264 / VP8, whose key pictures the core asks for) and sends it on that resolution's
+band; flowlib fragments pictures larger than a frame. A backup listens to the state band
+only (it never receives the stream) and, when the core's watch says the primary is silent,
+becomes the primary of the same stream.
 
-Imports flowlib, Pillow (through :mod:`flowvideo.sources`) and the video modules.
+Imports flowlib, Pillow (through :mod:`flowvideo.sources`), PyAV (through
+:mod:`flowvideo.codecs`, for H.264 / VP8 only) and the video modules.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 import flowlib
 
 from . import protocol as P
-from .sources import Source, encode_jpeg
+from .codecs import PictureEncoder, make_encoder
+from .sources import Source
 from .streamer_core import (
     Action,
     BackupWatch,
@@ -68,6 +71,8 @@ class Streamer:
         self._outranked: P.State | None = None
         self.events: list[tuple[float, Action | str]] = []
         self.serving = asyncio.Event()  #: set once this streamer streams (primary or took over)
+        self.encoders: dict[int, PictureEncoder] = {}  #: band -> its encoder (while active)
+        self.key_frames: Counter[int] = Counter()    #: band -> key pictures sent
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -217,6 +222,7 @@ class Streamer:
             elif isinstance(a, Started):
                 self._say(f"start {a.resolution} on band {a.band} (asked by {a.viewer})")
             elif isinstance(a, Stopped):
+                self.encoders.pop(a.band, None)  # a restart begins with a new encoder
                 self._say(f"stop {a.resolution} on band {a.band} (no request for "
                           f"{a.idle:.1f}s)")
             elif isinstance(a, RateChanged):
@@ -233,18 +239,30 @@ class Streamer:
         except Exception as exc:  # a source that failed once; keep the stream alive
             self._say(f"source {self.source.name}: {exc}")
             return
-        for enc, jpeg in zip(encodes, pictures):
+        for enc, (data, key) in zip(encodes, pictures):
+            if not data:
+                continue  # an encoder that holds a picture back (none of ours should)
             frame = P.Frame(core.stream, core.incarnation, enc.seq, enc.media_ms, enc.band,
-                            enc.resolution, enc.quality, enc.fps, jpeg)
+                            enc.resolution, enc.quality, enc.fps, data, self.cfg.codec, key)
             payload = P.encode_frame(frame)
             if await self._send(enc.band, payload):
                 self.sent_frames[enc.band] += 1
                 self.sent_bytes[enc.band] += len(payload)
-                core.on_sent(enc.band, len(jpeg))
+                self.key_frames[enc.band] += key
+                core.on_sent(enc.band, len(data))
+            elif key:
+                core.on_send_failed(enc.band)  # the next picture is a key picture again
 
-    def _render(self, encodes: list[Encode]) -> list[bytes]:
+    def _render(self, encodes: list[Encode]) -> list[tuple[bytes, bool]]:
         picture = self.source.grab(encodes[0].media_ms)
-        return [encode_jpeg(picture, e.resolution, e.quality) for e in encodes]
+        out = []
+        for e in encodes:
+            encoder = self.encoders.get(e.band)
+            if encoder is None:
+                encoder = self.encoders[e.band] = make_encoder(self.cfg.codec)
+            out.append(encoder.encode(picture, e.resolution, e.quality, e.fps, e.media_ms,
+                                      e.key))
+        return out
 
     async def _send(self, band: int, payload: bytes) -> bool:
         # Pictures over the client's fragment_size go in fragments even when a router would
@@ -271,7 +289,8 @@ class Streamer:
                 "stream": None if core is None else f"{core.stream:08x}",
                 "incarnation": None if core is None else core.incarnation,
                 "encodings": encs, "sent_frames": dict(self.sent_frames),
-                "sent_bytes": dict(self.sent_bytes), "bad_messages": self.bad_messages,
+                "sent_bytes": dict(self.sent_bytes), "key_frames": dict(self.key_frames),
+                "codec": P.CODEC_NAMES[self.cfg.codec], "bad_messages": self.bad_messages,
                 "unauthenticated_states": self.unauthenticated,
                 "send_failures": self.send_failures,
                 "counters": {} if core is None else dict(core.counters),

@@ -365,6 +365,12 @@ class StreamerCore:
         if enc is not None:
             enc.rate.sent(nbytes)
 
+    def on_send_failed(self, band: int) -> None:
+        """A key picture of *band* could not be sent: the next one is a key picture."""
+        enc = self._by_band.get(band)
+        if enc is not None:
+            enc.key_due = True
+
     def _stop(self, enc: Encoding, now: float) -> Stopped:
         enc.active = False
         enc.reports.clear()

@@ -1,13 +1,21 @@
 """The browser viewer: a small asyncio HTTP server that watches a flowvideo stream and shows
-it to a web browser as MJPEG (``multipart/x-mixed-replace``), with a resolution picker.
+it to a web browser, in a ``<video>`` element (fragmented MP4 through Media Source
+Extensions: :mod:`flowvideo.player`) or as MJPEG (``multipart/x-mixed-replace``), with a
+resolution picker, fit-to-window and the frame rate, delay and stalls on the page.
 
 ==========================  ===============================================================
-``GET /``                   the page: a picker filled from the advertisement, the picture
+``GET /``                   the page (:mod:`flowvideo.webpage`); ``?res=WxH`` picks the
+                            resolution, ``&mode=mjpeg`` the MJPEG picture, ``&fit=0`` 1:1
+``GET /stream.mp4?res=R``   the pictures at resolution R as fragmented MP4 (H.264): what the
+                            page's video element plays, and ffplay / VLC / mpv open too
 ``GET /stream.mjpg?res=R``  the picture at resolution R, pushed frame after frame
 ``GET /frame.jpg?res=R``    the latest picture at R (waits for the first one)
-``GET /resolutions.json``   what the advertisement offers
-``GET /status.json``        the viewers behind the page (frames, gaps, drops)
+``GET /resolutions.json``   what the advertisement offers (and whether MP4 can be served)
+``GET /status.json``        the viewers behind the page (frames, gaps, delay, drops)
 ==========================  ===============================================================
+
+Pictures of an inter-frame codec (H.264, VP8) are decoded as they come (in order: the
+decoder needs every one); JPEG pictures are decoded only when an MP4 client needs them.
 
 One :class:`~flowvideo.viewer.Viewer` hears the advertisements; one more per resolution
 that a browser watches subscribes to that resolution's band. A resolution no browser has
@@ -15,7 +23,8 @@ watched for ``idle_close`` seconds is left, so the streamer stops it when its re
 expire. Limits: ``max_clients`` open HTTP connections (more are answered 503 and counted),
 request heads of at most 8 KiB read within 10 s; anything else is a 400.
 
-Imports asyncio, flowlib and the video modules.
+Imports asyncio, flowlib and the video modules (PyAV through :mod:`flowvideo.codecs` and
+:mod:`flowvideo.player`, for what needs it).
 """
 
 from __future__ import annotations
@@ -28,11 +37,16 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
+from PIL import Image
+
 import flowlib
 
 from . import protocol as P
+from .codecs import PictureDecoder, available
 from .protocol import Resolution
+from .sources import encode_jpeg
 from .viewer import Viewer
+from .webpage import PAGE
 
 log = logging.getLogger("flowvideo.web")
 
@@ -40,40 +54,43 @@ MAX_HEAD = 8192
 HEAD_TIMEOUT = 10.0
 BOUNDARY = "flowvideo-frame"
 
-PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>flowvideo</title>
-<style>body{font-family:sans-serif;margin:8px;background:#eee}
-#pic{display:block;margin-top:8px;image-rendering:pixelated}</style></head>
-<body><label>resolution <select id="res"></select></label> <span id="info"></span>
-<img id="pic" alt="waiting for the stream">
-<script>
-const sel = document.getElementById('res'), pic = document.getElementById('pic');
-const info = document.getElementById('info');
-const want = new URLSearchParams(location.search).get('res');
-function show(res) { pic.src = '/stream.mjpg?res=' + res; info.textContent = res; }
-sel.onchange = () => show(sel.value);
-fetch('/resolutions.json').then(r => r.json()).then(d => {
-  for (const o of d.offers) {
-    const opt = document.createElement('option');
-    opt.value = opt.textContent = o.resolution; sel.appendChild(opt);
-  }
-  if (want) sel.value = want;
-  if (sel.value) show(sel.value); else info.textContent = 'no stream advertised yet';
-});
-</script></body></html>
-"""
-
-
 class FrameFeed:
-    """The latest picture of one resolution and the waiters for the next one."""
+    """The latest picture of one resolution and the waiters for the next one: as the JPEG
+    bytes and as an image, each made from the other when first asked for."""
 
     def __init__(self) -> None:
-        self.jpeg: bytes | None = None
+        self.frame: P.Frame | None = None
         self.seq = 0
+        self._jpeg: bytes | None = None
+        self._image: Image.Image | None = None
+        self._decoder = PictureDecoder()
         self._waiters: list[asyncio.Future[None]] = []
 
-    def put(self, jpeg: bytes) -> None:
-        self.jpeg = jpeg
+    @property
+    def jpeg(self) -> bytes | None:
+        if self._jpeg is None and self._image is not None:
+            self._jpeg = encode_jpeg(self._image, Resolution(*self._image.size), 80)
+        return self._jpeg
+
+    @property
+    def image(self) -> Image.Image | None:
+        if self._image is None and self._jpeg is not None:
+            self._image = self._decoder.decode(self.frame) if self.frame else None
+        return self._image
+
+    @property
+    def decode_errors(self) -> int:
+        return self._decoder.errors
+
+    def put(self, frame: P.Frame) -> None:
+        if frame.codec == P.CODEC_JPEG:
+            self._jpeg, self._image = frame.picture, None
+        else:  # every picture of an inter-frame codec goes through the decoder, in order
+            image = self._decoder.decode(frame)
+            if image is None:
+                return
+            self._jpeg, self._image = None, image
+        self.frame = frame
         self.seq += 1
         for w in self._waiters:
             if not w.done():
@@ -154,7 +171,8 @@ class WebViewer:
         if core is None or core.advert is None:
             return []
         return [{"resolution": str(o.resolution), "band": o.band, "active": o.active,
-                 "fps": o.fps, "quality": o.quality}
+                 "fps": o.fps, "quality": o.quality, "scale": o.scale,
+                 "codec": P.CODEC_NAMES.get(o.codec, str(o.codec))}
                 for o in sorted(core.advert.offers, key=lambda o: o.resolution.pixels)]
 
     async def _viewer_for(self, res: Resolution) -> Viewer:
@@ -164,7 +182,7 @@ class WebViewer:
                 feed = self.feeds.setdefault(res, FrameFeed())
 
                 def show(frame: P.Frame, feed: FrameFeed = feed) -> None:
-                    feed.put(frame.picture)
+                    feed.put(frame)
 
                 v = Viewer(self.routers, self.flow, res, name=f"web-{res}",
                            queue_size=self.queue_size, connect_kwargs=self.connect_kwargs,
@@ -233,14 +251,15 @@ class WebViewer:
         if url.path == "/":
             await self._reply(writer, 200, "text/html; charset=utf-8", PAGE.encode())
         elif url.path == "/resolutions.json":
-            offers = {"flow": self.flow, "offers": self.offers()}
+            offers = {"flow": self.flow, "offers": self.offers(),
+                      "mp4": available(P.CODEC_H264)}
             await self._reply(writer, 200, "application/json", json.dumps(offers).encode())
         elif url.path == "/status.json":
             body: dict[str, Any] = {
                 "flow": self.flow, "viewers": [v.snapshot() for v in self.viewers.values()],
                 "counters": self.counters}
             await self._reply(writer, 200, "application/json", json.dumps(body).encode())
-        elif url.path in ("/stream.mjpg", "/frame.jpg"):
+        elif url.path in ("/stream.mjpg", "/frame.jpg", "/stream.mp4"):
             res = self._resolution(query)
             if res is None:
                 await self._reply(writer, 404, "text/plain",
@@ -249,6 +268,8 @@ class WebViewer:
             await self._viewer_for(res)
             if url.path == "/frame.jpg":
                 await self._one_frame(writer, res)
+            elif url.path == "/stream.mp4":
+                await self._mp4(writer, res)
             else:
                 await self._mjpeg(writer, res)
         else:
@@ -269,7 +290,7 @@ class WebViewer:
     async def _reply(self, writer: asyncio.StreamWriter, status: int, ctype: str,
                      body: bytes) -> None:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Too Large",
-                  503: "Service Unavailable"}.get(status, "")
+                  501: "Not Implemented", 503: "Service Unavailable"}.get(status, "")
         writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
                      f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
                      "Connection: close\r\n\r\n".encode() + body)
@@ -304,3 +325,42 @@ class WebViewer:
                 await writer.drain()
         finally:
             self.watching[res] -= 1
+
+    async def _mp4(self, writer: asyncio.StreamWriter, res: Resolution) -> None:
+        """Fragmented MP4 for a player: headers once the first picture is encoded (they
+        carry its codec string, which a Media Source needs), then a fragment per picture."""
+        if not available(P.CODEC_H264):
+            self._count("http.no-mp4")
+            await self._reply(writer, 501, "text/plain",
+                              b"MP4 needs PyAV: pip install 'flownet[video]'\n")
+            return
+        from .player import Mp4Stream
+
+        feed = self.feeds[res]
+        self.watching[res] = self.watching.get(res, 0) + 1
+        self._count("http.mp4-streams")
+        offer = next((o for o in self.offers() if o["resolution"] == str(res)), None)
+        stream = Mp4Stream(res, fps=offer["fps"] if offer else 10.0)
+        try:
+            seen = max(0, feed.seq - 1)  # begin with the latest picture there is
+            started = False
+            while True:
+                if not await feed.next(seen, 30.0):
+                    return  # the stream is gone; the player may reload
+                seen, frame, image = feed.seq, feed.frame, feed.image
+                if frame is None or image is None:
+                    continue
+                data = await asyncio.to_thread(stream.add, image, frame.media_ms)
+                if not started:
+                    started = True
+                    writer.write(("HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\n"
+                                  f"X-Flowvideo-Codec: {stream.codec_string()}\r\n"
+                                  "Access-Control-Expose-Headers: X-Flowvideo-Codec\r\n"
+                                  "Cache-Control: no-store\r\nConnection: close\r\n\r\n"
+                                  ).encode())
+                if data:
+                    writer.write(data)
+                    await writer.drain()
+        finally:
+            self.watching[res] -= 1
+            await asyncio.to_thread(stream.close)
