@@ -1,6 +1,7 @@
 """flowvideo's tools: the web server refuses bad requests in a visible way, `flowvideo watch`
-prints status lines and saves pictures, and `flowvideo demo` (router processes) shows band
-filtering and a backup takeover.
+prints status lines and saves pictures, `flowvideo serve --codec h264 --audio tone` reaches
+`flowvideo watch --audio`, and `flowvideo demo` (router processes) shows band filtering and a
+backup takeover.
 """
 
 from __future__ import annotations
@@ -8,8 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from PIL import Image
 
 from flowlib import BandMask
 from flowvideo import protocol as P
@@ -80,6 +85,56 @@ def test_watch_prints_status_and_saves_pictures(tmp_path: Path) -> None:
             assert last["frames"] >= 4 and last["bad_messages"] == 0
             assert len(list((tmp_path / "pics").glob("frame-42-*.jpg"))) >= 4
     run(main(), 90)
+
+
+def test_serve_h264_with_sound_and_watch_it_with_the_cli(tmp_path: Path) -> None:
+    """`flowvideo serve --codec h264 --audio tone` and `flowvideo watch --audio` as processes:
+    the watcher decodes the H.264 pictures it saves and hears the sound in sync."""
+    pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
+
+    async def main() -> None:
+        async with star() as (r0, r1, _r2):
+            flow_file = tmp_path / "flow"
+            serve = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "flowvideo.cli", "serve", "--router", addr(r0),
+                "--source", "pattern:160x120", "--resolutions", "160x120,80x60", "--codec",
+                "h264", "--audio", "tone", "--flow-file", str(flow_file),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            try:
+                deadline = asyncio.get_running_loop().time() + 30
+                while not flow_file.exists() or not flow_file.read_text().strip():
+                    assert asyncio.get_running_loop().time() < deadline, "no flow"
+                    assert serve.returncode is None
+                    await asyncio.sleep(0.1)
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "flowvideo.cli", "watch", "--router", addr(r1),
+                    "--flow", flow_file.read_text().strip(), "--resolution", "160x120",
+                    "--frames", "20", "--json", "--audio", "--save", str(tmp_path / "pics"),
+                    "--save-every", "5",
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                out, err = await asyncio.wait_for(proc.communicate(), 60)
+                assert proc.returncode == 0, err.decode()
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    serve.kill()
+                await serve.wait()
+            last = json.loads(out.decode().strip().splitlines()[-1])
+            assert last["frames"] >= 20 and last["audio_chunks"] >= 10
+            assert abs(last["av_skew"]) < 0.1
+            pics = sorted((tmp_path / "pics").glob("frame-40-*.jpg"))
+            assert len(pics) >= 2
+            for pic in pics:
+                assert Image.open(pic).size == (160, 120)
+    run(main(), 90)
+
+
+def test_serve_refuses_unknown_codecs_and_sounds_in_one_line() -> None:
+    for args, code in ((["--codec", "mpeg1"], 2), (["--audio", "bells"], 1)):
+        proc = subprocess.run([sys.executable, "-m", "flowvideo.cli", "serve", "--router",
+                               "127.0.0.1:9", *args], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == code, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_demo_filters_by_band_and_survives_the_primary() -> None:

@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import flowlib
 from flowlib.cliopts import add_connection_options, connect_kwargs, routers
@@ -41,8 +42,15 @@ that watch it.
 
 EPILOG_SERVE = """\
 Sources: 'pattern[:WxH]' (a moving test pattern), 'screen:DISPLAY' (an X display, e.g.
-screen::99 for an Xvfb on :99; Pillow grabs it over XCB), 'file:PATH' (an animated GIF, APNG
-or WebP, or a still picture, played in a loop).
+screen::99 for an Xvfb on :99; Pillow grabs it over XCB), 'file:PATH' (a video file: MP4,
+MKV, WebM, ... through PyAV; or an animated GIF, APNG or WebP, or a still picture; played in
+a loop), 'camera[:DEVICE]' (a capture device, default /dev/video0; PyAV).
+
+Sound (--audio): 'tone' (a beep every second), 'file:PATH' (the sound track of a video file;
+with --source file:PATH the same file keeps picture and sound together) or 'none'. It goes on
+the audio band (36) in --audio-chunk-ms chunks stamped with the pictures' media clock; a
+viewer measures the audio/video skew ('watch --audio'). Codec: opus (32 kbit/s, PyAV) or pcm
+(16 kHz, 256 kbit/s, no extra package).
 
 A resolution starts when a viewer requests it and stops when no request came for
 --expire-periods x --request-period seconds (viewers refresh every request period, which the
@@ -142,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="follow the primary of --flow and take over when it dies")
     s.add_argument("--source", default="pattern", help="pattern[:WxH], screen:DISPLAY or "
                    "file:PATH (default pattern)")
+    s.add_argument("--audio", default="none", metavar="SPEC",
+                   help="sound: none (default), tone, or file:PATH (a video file's track)")
+    s.add_argument("--audio-codec", choices=["opus", "pcm"], default=None,
+                   help="opus (default when PyAV has it) or pcm")
+    s.add_argument("--audio-chunk-ms", type=int, default=40,
+                   help="media milliseconds per audio message (20..1000, default 40)")
     s.add_argument("--resolutions", type=_resolutions, default="320x240,160x120,80x60",
                    help="resolutions on offer, largest first (default %(default)s)")
     s.add_argument("--fps", type=_positive, default=10.0, help="frame rate (default 10)")
@@ -199,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="routers to move to (comma-separated)")
     w.add_argument("--move-after", type=_positive, default=5.0)
     w.add_argument("--json", action="store_true", help="status lines as JSON")
+    w.add_argument("--audio", action="store_true",
+                   help="listen to the sound too (the status shows the audio/video skew)")
     w.add_argument("--name", help="this viewer's name in requests and reports (default "
                                   "watch-HOST-PID; a name holds one resolution at a time)")
 
@@ -229,7 +245,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         raise CodecUnavailable(f"{P.CODEC_NAMES[args.codec]} needs PyAV with its encoder: "
                                "pip install 'flownet[video]'")
     cfg = StreamConfig(resolutions=args.resolutions, fps=args.fps, quality=args.quality,
-                       codec=args.codec,
+                       codec=args.codec, audio=args.audio != "none",
+                       audio_chunk_ms=args.audio_chunk_ms,
                        min_fps=args.min_fps, min_quality=args.min_quality,
                        request_period=args.request_period, expire_periods=args.expire_periods,
                        advert_period=args.advert_period, state_period=args.state_period,
@@ -242,6 +259,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     if args.backup and args.flow is None:
         raise ValueError("--backup needs --flow (the primary's flow)")
     source = open_source(args.source)
+    sound, sound_codec = _audio(args)
     client = await flowlib.connect(routers(args), name="flowvideo-backup" if args.backup
                                    else "flowvideo", fragment_size=args.fragment_size,
                                    **connect_kwargs(args))
@@ -251,7 +269,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         if args.flow_file:
             args.flow_file.write_text(f"{flow}\n", encoding="utf-8")
         streamer = Streamer(client, flow, source, cfg, backup=args.backup,
-                            on_event=lambda t: print(t, flush=True))
+                            on_event=lambda t: print(t, flush=True), audio=sound,
+                            audio_codec=sound_codec)
         task = asyncio.ensure_future(streamer.run())
         try:
             while not task.done():
@@ -267,23 +286,50 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audio(args: argparse.Namespace) -> tuple[Any, int]:
+    """The sound source and codec --audio and --audio-codec ask for (None: no sound)."""
+    from .audio import FileAudioSource, ToneSource, opus_available
+
+    codec_name = args.audio_codec or ("opus" if opus_available() else "pcm")
+    if codec_name == "opus" and not opus_available():
+        raise ValueError("--audio-codec opus needs PyAV: pip install 'flownet[video]'")
+    codec = P.AUDIO_OPUS if codec_name == "opus" else P.AUDIO_PCM
+    kind, _, arg = args.audio.partition(":")
+    if kind == "none":
+        return None, codec
+    if kind == "tone":
+        return ToneSource(), codec
+    if kind == "file" and arg:
+        return FileAudioSource(arg), codec
+    raise ValueError(f"bad --audio {args.audio!r} (none, tone or file:PATH)")
+
+
 async def cmd_watch(args: argparse.Namespace) -> int:
+    from .codecs import PictureDecoder
+    from .sources import encode_jpeg
     from .viewer import Viewer
 
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)
     saved = 0
+    decoder = PictureDecoder()  # H.264 / VP8 pictures are saved as JPEG files too
 
     def on_frame(frame: P.Frame) -> None:
         nonlocal saved
-        if args.save and frame.seq % max(1, args.save_every) == 0:
-            (args.save / f"frame-{frame.band}-{frame.seq:06d}.jpg").write_bytes(frame.picture)
-            saved += 1
+        if not args.save:
+            return
+        image = None if frame.codec == P.CODEC_JPEG else decoder.decode(frame)
+        if frame.seq % max(1, args.save_every) == 0:
+            data = frame.picture if image is None else encode_jpeg(
+                image, P.Resolution(*image.size), 90)
+            if frame.codec == P.CODEC_JPEG or image is not None:
+                (args.save / f"frame-{frame.band}-{frame.seq:06d}.jpg").write_bytes(data)
+                saved += 1
 
     name = args.name or f"watch-{socket.gethostname()[:40]}-{os.getpid()}"
     viewer = Viewer(routers(args), args.flow, args.resolution, name=name,
                     queue_size=args.queue, playout=args.playout,
-                    connect_kwargs=connect_kwargs(args), on_frame=on_frame)
+                    connect_kwargs=connect_kwargs(args), on_frame=on_frame, audio=args.audio)
     loop = asyncio.get_running_loop()
     async with viewer:
         t0 = loop.time()
@@ -295,7 +341,9 @@ async def cmd_watch(args: argparse.Namespace) -> int:
                   f"[{loop.time() - t0:6.1f}s] {snap['resolution'] or 'waiting'} on band "
                   f"{snap['band']}: {snap['frames']} frames, longest gap {snap['max_gap']}s, "
                   f"underruns {snap['underruns']}, delay {snap['delay']}s, lost {snap['lost']}, "
-                  f"congestion reports {snap['reports']}",
+                  f"congestion reports {snap['reports']}"
+                  + (f", audio {snap['audio_chunks']} chunks, skew {snap['av_skew']}s"
+                     if args.audio else ""),
                   flush=True)
             if args.move_to and not moved and loop.time() - t0 >= args.move_after:
                 await viewer.move(args.move_to)

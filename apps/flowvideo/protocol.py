@@ -8,6 +8,7 @@ One flow carries one stream. Its application bands:
 ``BAND_REQUEST`` 33    viewers -> streamer: "I watch the resolution on band B" (refreshed)
 ``BAND_FEEDBACK`` 34   viewers -> streamer: "band B is congested here: N lost, delay D"
 ``BAND_STATE`` 35      primary -> backup: position and liveness (Figure 3.3)
+``BAND_AUDIO`` 36      streamer -> viewers: the sound, in chunks stamped with media time
 ``40 + i``             the frames of resolution *i* (``FIRST_RESOLUTION_BAND``)
 =====================  ===================================================================
 
@@ -34,6 +35,7 @@ BAND_ADVERT = 32
 BAND_REQUEST = 33
 BAND_FEEDBACK = 34
 BAND_STATE = 35
+BAND_AUDIO = 36
 FIRST_RESOLUTION_BAND = 40
 MAX_RESOLUTIONS = 16
 MAX_SIDE = 8192          #: largest width or height we encode or accept
@@ -47,7 +49,7 @@ MIN_STATE_KEY = 16       #: bytes of a state key at least
 
 MAGIC = b"FV"
 VERSION = 2
-KIND_ADVERT, KIND_REQUEST, KIND_FEEDBACK, KIND_STATE, KIND_FRAME = 1, 2, 3, 4, 5
+KIND_ADVERT, KIND_REQUEST, KIND_FEEDBACK, KIND_STATE, KIND_FRAME, KIND_AUDIO = 1, 2, 3, 4, 5, 6
 
 _PREFIX = struct.Struct(">2sBB")
 _ADVERT = struct.Struct(">IIIIB")          # stream, incarnation, seq, request period ms, n
@@ -58,6 +60,8 @@ _FRAME = struct.Struct(">IIQQBHHBHBB")     # stream, inc, seq, media ms, band, w
                                            # codec, flags
 _FEEDBACK = struct.Struct(">BIIBQI")       # band, dropped, delay ms, flags, media ms, rate
 _REQUEST = struct.Struct(">BB")            # band, flags
+_AUDIO = struct.Struct(">IIQQBIBH")        # stream, inc, seq, media ms, codec, rate, channels,
+                                           # samples
 
 CODEC_JPEG, CODEC_H264, CODEC_VP8 = 0, 1, 2
 CODEC_NAMES = {CODEC_JPEG: "jpeg", CODEC_H264: "h264", CODEC_VP8: "vp8"}
@@ -66,6 +70,9 @@ REQUEST_KEY = 0x01         #: request flag: send a key picture (joined, switched
 FEEDBACK_CONGESTED = 0x01  #: feedback flag: a router on the path said link-congested
 MAX_SCALE = 8              #: a band's pictures are sent at 1/scale of its size at most
 SCALES = (1, 2, 4, 8)
+AUDIO_PCM, AUDIO_OPUS = 16, 17  #: audio codecs: 16-bit little-endian PCM; Opus packets
+AUDIO_CODEC_NAMES = {AUDIO_PCM: "pcm", AUDIO_OPUS: "opus"}
+MAX_AUDIO_BYTES = 64 << 10
 
 
 class ProtocolError(ValueError):
@@ -215,7 +222,24 @@ class Frame:
     key: bool = True   #: decodable on its own (every JPEG is)
 
 
-Message = Advert | Request | Feedback | State | Frame
+@dataclass(frozen=True)
+class Audio:
+    """A chunk of sound: *samples* per channel from media time *media_ms* on (the same media
+    clock as the pictures'). PCM: interleaved 16-bit little-endian samples; Opus: packets,
+    each after its 2-byte big-endian length."""
+
+    stream: int
+    incarnation: int
+    seq: int
+    media_ms: int
+    codec: int
+    rate: int
+    channels: int
+    samples: int
+    data: bytes
+
+
+Message = Advert | Request | Feedback | State | Frame | Audio
 
 
 def _prefix(kind: int) -> bytes:
@@ -316,6 +340,14 @@ def read_state_key(text: bytes) -> bytes:
     return key
 
 
+def encode_audio(a: Audio) -> bytes:
+    return (_prefix(KIND_AUDIO)
+            + _AUDIO.pack(a.stream & U32, _clamp(a.incarnation, U32), _clamp(a.seq, U64),
+                          _clamp(a.media_ms, U64), _clamp(a.codec, 0xFF), _clamp(a.rate, U32),
+                          _clamp(a.channels, 0xFF), _clamp(a.samples, 0xFFFF))
+            + a.data)
+
+
 def encode(msg: Message) -> bytes:
     if isinstance(msg, Advert):
         return encode_advert(msg)
@@ -325,6 +357,8 @@ def encode(msg: Message) -> bytes:
         return encode_feedback(msg)
     if isinstance(msg, State):
         return encode_state(msg)
+    if isinstance(msg, Audio):
+        return encode_audio(msg)
     return encode_frame(msg)
 
 
@@ -440,4 +474,17 @@ def decode(data: bytes) -> Message:
             raise ProtocolError("frame without a picture")
         return Frame(stream, inc, seq, media_ms, _video_band(band), _resolution(w, h), q,
                      fps10 / 10, picture, codec, bool(flags & FRAME_KEY))
+    if kind == KIND_AUDIO:
+        stream, inc, seq, media_ms, codec, rate, channels, samples = r.take(_AUDIO, "audio")
+        data = r.rest()
+        if codec not in AUDIO_CODEC_NAMES:
+            raise ProtocolError(f"unknown audio codec {codec}")
+        if not 8000 <= rate <= 192000 or not 1 <= channels <= 8 or not data:
+            raise ProtocolError(f"bad audio chunk ({rate} Hz, {channels} channels, "
+                                f"{len(data)} bytes)")
+        if len(data) > MAX_AUDIO_BYTES:
+            raise ProtocolError(f"audio chunk of {len(data)} bytes (max {MAX_AUDIO_BYTES})")
+        if codec == AUDIO_PCM and len(data) != 2 * channels * samples:
+            raise ProtocolError("PCM audio chunk of the wrong length")
+        return Audio(stream, inc, seq, media_ms, codec, rate, channels, samples, data)
     raise ProtocolError(f"unknown flowvideo message kind {kind}")

@@ -6,11 +6,14 @@
 * :class:`ScreenSource`: the screen of an X display, grabbed with ``PIL.ImageGrab`` (Pillow's
   XCB support; an Xvfb display in tests);
 * :class:`FileSource`: an animated image file Pillow reads (GIF, APNG, WebP, or a still
-  picture), played in a loop at its own frame durations. (Video containers would need PyAV;
-  not supported.)
+  picture), played in a loop at its own frame durations;
+* video files (MP4, MKV, WebM, ...) and cameras: :mod:`flowvideo.avsources` (PyAV), chosen by
+  :func:`open_source` for ``file:`` paths with a video container's suffix (or that Pillow
+  cannot read) and for ``camera[:DEVICE]``.
 
 ``grab(media_ms)`` returns an RGB image; :func:`encode_jpeg` scales and encodes it. Both run
-in a worker thread in the shell. Imports Pillow and :mod:`flowvideo.protocol`.
+in a worker thread in the shell. Imports Pillow and :mod:`flowvideo.protocol` (and
+:mod:`flowvideo.avsources`, when a video file or a camera is asked for).
 """
 
 from __future__ import annotations
@@ -116,8 +119,12 @@ class FileSource:
         return self.frames[-1]
 
 
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mkv", ".webm", ".mov", ".avi", ".ts", ".mpg", ".ogv")
+
+
 def open_source(spec: str) -> Source:
-    """``pattern[:WxH]``, ``screen:DISPLAY`` (e.g. ``screen::99``) or ``file:PATH``."""
+    """``pattern[:WxH]``, ``screen:DISPLAY`` (e.g. ``screen::99``), ``file:PATH`` (an
+    animated image, or a video file) or ``camera[:DEVICE]`` (default /dev/video0)."""
     kind, _, arg = spec.partition(":")
     if kind == "pattern":
         return PatternSource(Resolution.parse(arg) if arg else Resolution(640, 480))
@@ -127,9 +134,18 @@ def open_source(spec: str) -> Source:
         return ScreenSource(arg)
     if kind == "file":
         if not arg:
-            raise SourceError("file source needs a path: file:movie.gif")
+            raise SourceError("file source needs a path: file:movie.mp4")
+        if arg.lower().endswith(VIDEO_SUFFIXES):
+            from .avsources import VideoFileSource
+
+            return VideoFileSource(arg)
         return FileSource(arg)
-    raise SourceError(f"unknown source {spec!r} (pattern[:WxH], screen:DISPLAY, file:PATH)")
+    if kind == "camera":
+        from .avsources import CameraSource
+
+        return CameraSource(arg or "/dev/video0")
+    raise SourceError(f"unknown source {spec!r} (pattern[:WxH], screen:DISPLAY, file:PATH, "
+                      "camera[:DEVICE])")
 
 
 def encode_jpeg(im: Image.Image, size: Resolution, quality: int) -> bytes:

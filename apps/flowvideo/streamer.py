@@ -27,12 +27,14 @@ from typing import Any
 import flowlib
 
 from . import protocol as P
+from .audio import AudioEncoder, AudioSource, make_audio_encoder
 from .codecs import PictureEncoder, make_encoder
 from .sources import Source
 from .streamer_core import (
     Action,
     BackupWatch,
     Encode,
+    EncodeAudio,
     RateChanged,
     Send,
     Started,
@@ -50,11 +52,16 @@ EventHook = Callable[[str], None]
 class Streamer:
     def __init__(self, client: flowlib.FlowClient, flow: flowlib.FlowID, source: Source,
                  config: StreamConfig | None = None, *, backup: bool = False,
-                 on_event: EventHook | None = None) -> None:
+                 on_event: EventHook | None = None, audio: AudioSource | None = None,
+                 audio_codec: int = P.AUDIO_PCM) -> None:
         self.client = client
         self.flow = flow
         self.source = source
         self.cfg = config or StreamConfig()
+        self.audio = audio  #: sound (with cfg.audio), on the audio band
+        self.audio_encoder: AudioEncoder | None = (
+            make_audio_encoder(audio_codec) if audio is not None and self.cfg.audio else None)
+        self.audio_sent = 0
         self.backup = backup
         self.on_event = on_event
         self.core: StreamerCore | None = None
@@ -213,8 +220,9 @@ class Streamer:
     # ---------------------------------------------------------------------- actions
     async def _apply(self, actions: list[Action]) -> None:
         encodes = [a for a in actions if isinstance(a, Encode)]
+        sounds = [a for a in actions if isinstance(a, EncodeAudio)]
         for a in actions:
-            if isinstance(a, Encode):
+            if isinstance(a, (Encode, EncodeAudio)):
                 continue
             self.events.append((self._now(), a))
             if isinstance(a, Send):
@@ -228,8 +236,31 @@ class Streamer:
             elif isinstance(a, RateChanged):
                 size = "" if a.scale == 1 else f", pictures at 1/{a.scale} size"
                 self._say(f"band {a.band}: {a.fps:g} fps, quality {a.quality}{size} ({a.why})")
+        if sounds:  # before the pictures: sound is small and must not wait for them
+            await self._send_audio(sounds)
         if encodes:
             await self._encode_and_send(encodes)
+
+    async def _send_audio(self, sounds: list[EncodeAudio]) -> None:
+        core, source, encoder = self.core, self.audio, self.audio_encoder
+        if core is None or source is None or encoder is None:
+            return
+
+        def render() -> list[bytes]:
+            return [encoder.encode(source.read(a.media_ms, a.ms * encoder.rate // 1000,
+                                               encoder.rate)) for a in sounds]
+        try:
+            chunks = await asyncio.to_thread(render)
+        except Exception as exc:  # a source that failed once; keep the stream alive
+            self._say(f"audio {source.name}: {exc}")
+            return
+        for a, data in zip(sounds, chunks):
+            if not data:
+                continue
+            msg = P.Audio(core.stream, core.incarnation, a.seq, a.media_ms, encoder.codec,
+                          encoder.rate, 1, a.ms * encoder.rate // 1000, data)
+            if await self._send(P.BAND_AUDIO, P.encode_audio(msg)):
+                self.audio_sent += 1
 
     async def _encode_and_send(self, encodes: list[Encode]) -> None:
         core = self.core
@@ -290,7 +321,8 @@ class Streamer:
                 "incarnation": None if core is None else core.incarnation,
                 "encodings": encs, "sent_frames": dict(self.sent_frames),
                 "sent_bytes": dict(self.sent_bytes), "key_frames": dict(self.key_frames),
-                "codec": P.CODEC_NAMES[self.cfg.codec], "bad_messages": self.bad_messages,
+                "codec": P.CODEC_NAMES[self.cfg.codec], "audio_sent": self.audio_sent,
+                "bad_messages": self.bad_messages,
                 "unauthenticated_states": self.unauthenticated,
                 "send_failures": self.send_failures,
                 "counters": {} if core is None else dict(core.counters),

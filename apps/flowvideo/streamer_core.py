@@ -20,6 +20,10 @@ link-congested fault, a queueing delay over ``delay_limit``); each band has its 
 the picture scale of that band only, and raises them again, probing, once the reports stop
 (see :mod:`flowvideo.ratecontrol`).
 
+Sound (``audio``): while any resolution is active, an :class:`EncodeAudio` every
+``audio_chunk_ms`` of media time, for the chunk that just ended (numbered on; after a stall
+the position skips ahead rather than bursting). Its media time is the pictures' clock.
+
 Key pictures: a request from a viewer new on a band, or one flagged ``key`` (a viewer that
 lost a picture an inter-frame decoder needs), marks the band's next picture as a key picture
 (:attr:`Encode.key`); so do a start, a change of scale and a takeover.
@@ -90,6 +94,8 @@ class StreamConfig:
     #: longest wait before probing upward again (at least recover_after)
     max_recover_after: float = 16.0
     codec: int = P.CODEC_JPEG  #: how pictures are encoded (JPEG needs no extra package)
+    audio: bool = False        #: send sound on the audio band
+    audio_chunk_ms: int = 40   #: media milliseconds of sound per audio message
     feedback_share: float = 0.5  #: a cut needs reports from more than this share of viewers
     #: shared by a primary and its backup: state messages are sealed with it and only
     #: sealed ones are believed (None: any state on the band is believed)
@@ -112,6 +118,8 @@ class StreamConfig:
             raise ValueError("need max_active >= 0 and max_viewers >= 1")
         if not 0 <= self.feedback_share < 1:
             raise ValueError("feedback_share must be in [0, 1)")
+        if not 10 <= self.audio_chunk_ms <= 1000 or self.audio_chunk_ms % 20:
+            raise ValueError("audio_chunk_ms is a multiple of 20 in 20..1000")
         if self.max_scale not in P.SCALES:
             raise ValueError(f"max_scale is one of {P.SCALES}")
         if self.codec not in P.CODEC_NAMES:
@@ -189,7 +197,16 @@ class RateChanged:
     scale: int = 1
 
 
-Action = Encode | Send | Started | Stopped | RateChanged
+@dataclass(frozen=True)
+class EncodeAudio:
+    """Read and send the sound of media time [*media_ms*, *media_ms* + *ms*)."""
+
+    seq: int
+    media_ms: int
+    ms: int
+
+
+Action = Encode | EncodeAudio | Send | Started | Stopped | RateChanged
 
 
 @dataclass
@@ -252,6 +269,8 @@ class StreamerCore:
         self._advert_seq = 0
         self._next_advert = now
         self._next_state = now
+        self._audio_ms: int | None = None  #: media time of the next sound chunk
+        self.audio_chunks = 0
         self.counters: dict[str, int] = {}
 
     @classmethod
@@ -442,6 +461,7 @@ class StreamerCore:
                 enc.key_due = False
                 # the next frame one period after this one's slot; never a burst to catch up
                 enc.next_due = max(enc.next_due + 1 / enc.fps, now)
+        out += self._audio_due(now)
         if now >= self._next_advert:
             out.append(Send(P.BAND_ADVERT, P.encode_advert(self.advert())))
             self._next_advert = now + cfg.advert_period
@@ -451,6 +471,21 @@ class StreamerCore:
                 state = P.seal_state(state, cfg.state_key)
             out.append(Send(P.BAND_STATE, state))
             self._next_state = now + cfg.state_period
+        return out
+
+    def _audio_due(self, now: float) -> list[Action]:
+        if not self.cfg.audio or not any(e.active for e in self.encodings):
+            self._audio_ms = None
+            return []
+        chunk, media = self.cfg.audio_chunk_ms, self.media_ms(now)
+        if self._audio_ms is None or media - self._audio_ms > 5 * chunk:
+            self._audio_ms = media - media % chunk  # (re)start at a chunk boundary
+            return []
+        out: list[Action] = []
+        while self._audio_ms + chunk <= media:
+            out.append(EncodeAudio(self.audio_chunks, self._audio_ms, chunk))
+            self.audio_chunks += 1
+            self._audio_ms += chunk
         return out
 
     def _maybe_recover(self, enc: Encoding, now: float) -> RateChanged | None:
@@ -463,6 +498,8 @@ class StreamerCore:
 
     def next_deadline(self) -> float:
         times = [self._next_advert, self._next_state]
+        if self._audio_ms is not None:
+            times.append(self.clock_of(self._audio_ms + self.cfg.audio_chunk_ms))
         for enc in self.active():
             times.append(enc.next_due)
             times.append(max(max(enc.viewers.values(), default=float("-inf"))

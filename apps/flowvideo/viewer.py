@@ -24,26 +24,30 @@ from flowrouter.wire.bands import BAND_FAULT, BAND_OVERFLOW
 
 from . import protocol as P
 from .protocol import Resolution
-from .viewer_core import Action, SendMsg, Show, Subscribe, ViewerCore
+from .viewer_core import Action, Play, SendMsg, Show, Subscribe, ViewerCore
 
 M = TypeVar("M", bound=P.Message)
 
 log = logging.getLogger("flowvideo.viewer")
 
 FrameHook = Callable[[P.Frame], None]
+AudioHook = Callable[[P.Audio], None]
 
 
 class Viewer:
     def __init__(self, routers: Sequence[str], flow: flowlib.FlowID | str,
                  want: Resolution | str | None, *, name: str = "viewer", queue_size: int = 8,
                  playout: float = 2.0, connect_kwargs: dict[str, Any] | None = None,
-                 on_frame: FrameHook | None = None) -> None:
+                 on_frame: FrameHook | None = None, audio: bool = False,
+                 on_audio: AudioHook | None = None) -> None:
         self.routers = list(routers)
         self.flow = flowlib.FlowID.parse(flow) if isinstance(flow, str) else flow
         self.name = name
         self.queue_size = queue_size
         self.connect_kwargs = dict(connect_kwargs or {})
         self.on_frame = on_frame
+        self.audio = audio      #: listen to the audio band too
+        self.on_audio = on_audio
         self._want = want
         self._playout = playout
         self.core: ViewerCore | None = None
@@ -89,6 +93,10 @@ class Viewer:
         adv = await client.listen(self.flow, [P.BAND_ADVERT, BAND_OVERFLOW, BAND_FAULT],
                                   size=64, name="adverts")
         self._spawn(self._read_adverts(client, adv))
+        if self.audio:
+            sound = await client.listen(self.flow, P.BAND_AUDIO, size=64,
+                                        overflow="drop-oldest", name="audio")
+            self._spawn(self._read_audio(client, sound))
         assert self.core is not None
         if self.core.band is not None:
             await self._subscribe(client, self.core.band)
@@ -202,6 +210,15 @@ class Viewer:
             if m is not None:
                 await self._apply(self.core.on_frame(m, self._now()))
 
+    async def _read_audio(self, client: flowlib.FlowClient, lst: flowlib.Listener) -> None:
+        assert self.core is not None
+        async for msg in lst:
+            if client is not self.client:
+                return
+            m = self._decoded(msg.payload, P.Audio, "audio")
+            if m is not None:
+                await self._apply(self.core.on_audio(m, self._now()))
+
     async def _tick(self) -> None:
         assert self.core is not None
         while True:
@@ -220,6 +237,9 @@ class Viewer:
                 self.frame_event.set()
                 if self.on_frame is not None:
                     self.on_frame(a.frame)
+            elif isinstance(a, Play):
+                if self.on_audio is not None:
+                    self.on_audio(a.chunk)
             elif isinstance(a, Subscribe):
                 assert self.client is not None
                 await self._subscribe(self.client, a.band)
@@ -266,5 +286,7 @@ class Viewer:
             "delay": 0.0 if s is None else round(s.delay, 3),
             "max_delay": 0.0 if s is None else round(s.max_delay, 3),
             "backwards": 0 if s is None else s.backwards,
+            "audio_chunks": 0 if s is None else s.audio_chunks,
+            "av_skew": 0.0 if s is None else round(s.av_skew, 3),
             "adverts": self.adverts, "moves": self.moves, "bad_messages": self.bad_messages,
         }

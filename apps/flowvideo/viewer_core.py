@@ -23,6 +23,13 @@ last one shown (a late frame of an old primary, a reordering) is not shown (``ba
 Inter-frame codecs: after joining, switching or a loss the viewer shows nothing until a key
 picture (``waiting_key``), and asks for one with its next request (``Request.key``).
 
+Sound (when the viewer listens to the audio band): chunks of the same stream are played as
+they come (:class:`Play`), numbers missing are counted (``audio_lost``), and the **audio/video
+skew** is measured: how much later a chunk's sound is than the newest picture, both against
+the stream's media clock (a chunk's offset is its arrival minus the media time of its end,
+when all its samples existed; a picture's its arrival minus its media time). A player that
+presents both on that clock is in sync to within this skew (``av_skew``, ``max_av_skew``).
+
 Playout accounting: a player that shows frames ``playout`` seconds after they arrive runs dry
 only when no frame arrives for longer than ``playout``; ``underruns`` counts such gaps and
 ``gaps`` keeps the recent long ones (a failover, a move) for the report. (The terminal and
@@ -61,7 +68,12 @@ class Show:
     frame: P.Frame
 
 
-Action = Subscribe | SendMsg | Show
+@dataclass(frozen=True)
+class Play:
+    chunk: P.Audio
+
+
+Action = Subscribe | SendMsg | Show | Play
 
 
 def parse_want(text: str) -> Resolution | str:
@@ -95,6 +107,10 @@ class ViewerStats:
     congested: int = 0       #: link-congested faults heard on the fault band
     delay: float = 0.0       #: the last frame's queueing delay (s)
     max_delay: float = 0.0
+    audio_chunks: int = 0
+    audio_lost: int = 0
+    av_skew: float = 0.0     #: the last chunk's sound minus the newest picture, in lateness
+    max_av_skew: float = 0.0  #: the largest skew either way
 
 
 class ViewerCore:
@@ -115,6 +131,8 @@ class ViewerCore:
         self._key_asked = False
         self._arrivals: deque[tuple[float, int]] = deque()  #: (time, picture bytes)
         self._receiving_since: float | None = None
+        self._video_offset: tuple[float, float] | None = None  #: (arrival, arrival - media)
+        self._audio_seq: tuple[int, int, int] | None = None    #: (stream, incarnation, seq)
         self.advert: P.Advert | None = None
         self.band: int | None = None
         self.resolution: Resolution | None = None
@@ -247,6 +265,7 @@ class ViewerCore:
         if self._receiving_since is None:
             self._receiving_since = now
         offset = now - frame.media_ms / 1000
+        self._video_offset = (now, offset)
         if self._base is None or offset < self._base:
             self._base = offset
         s.delay = offset - self._base
@@ -273,6 +292,28 @@ class ViewerCore:
         if self._receiving_since is None or now - self._receiving_since < RATE_WINDOW:
             return 0
         return round(sum(n for t, n in self._arrivals if t > now - RATE_WINDOW) / RATE_WINDOW)
+
+    def on_audio(self, chunk: P.Audio, now: float) -> list[Action]:
+        """A chunk of sound: played if it belongs to the stream shown (see the module docs
+        for the skew)."""
+        s = self.stats
+        if self.stream is not None and (chunk.stream, chunk.incarnation) != \
+                (self.stream, self.incarnation):
+            s.stale += 1
+            return []
+        key = (chunk.stream, chunk.incarnation)
+        if self._audio_seq is not None and self._audio_seq[:2] == key:
+            if chunk.seq <= self._audio_seq[2]:
+                s.backwards += 1
+                return []
+            s.audio_lost += chunk.seq - self._audio_seq[2] - 1
+        self._audio_seq = (*key, chunk.seq)
+        s.audio_chunks += 1
+        if self._video_offset is not None and now - self._video_offset[0] <= 1.0:
+            end_ms = chunk.media_ms + 1000 * chunk.samples / max(1, chunk.rate)
+            s.av_skew = (now - end_ms / 1000) - self._video_offset[1]
+            s.max_av_skew = max(s.max_av_skew, abs(s.av_skew))
+        return [Play(chunk)]
 
     def on_fault(self, congested: bool, now: float) -> list[Action]:
         """A router said on the fault band that it drops this flow's frames on a congested
