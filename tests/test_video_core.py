@@ -334,6 +334,22 @@ def test_viewer_counts_missing_numbers_and_a_routers_congestion_fault() -> None:
     assert v.stats.lost == 3
 
 
+def test_viewer_reports_a_stall_after_a_congestion_fault() -> None:
+    """A router shedding a picture's fragments can starve a band: no picture, no missing
+    number to see. After a link-congested fault, pictures that stop are reported."""
+    v = ViewerCore("v", LOW, 0.0)
+    v.on_advert(advert(fps=5.0), 0.0)
+    v.on_frame(frame(seq=0), 0.0)
+    assert feedbacks(v.poll(3.0)) == []                  # silent, but no fault: a streamer gone?
+    v.on_fault(True, 3.0)
+    assert v.next_deadline() is not None and v.next_deadline() <= 3.0  # type: ignore
+    reports = feedbacks(v.poll(3.1))
+    assert [(r.dropped, r.congested, r.media_ms) for r in reports] == [(16, True, 0)]
+    assert feedbacks(v.poll(4.0)) == []                  # one per STALL_REPORT
+    assert len(feedbacks(v.poll(5.2))) == 1 and v.stats.stalls == 2
+    assert feedbacks(v.poll(9.0)) == []                  # the fault is long past
+
+
 def test_viewer_never_goes_back_and_waits_for_a_key_picture_of_an_inter_frame_codec() -> None:
     v = ViewerCore("v", LOW, 0.0)
     v.on_advert(advert(), 0.0)

@@ -24,7 +24,7 @@ from flowvideo.streamer_core import Encode, RateChanged, Send, StreamConfig, Str
 from flowvideo.viewer import Viewer
 from flowvideo.viewer_core import SendMsg, Show, ViewerCore
 
-from .rawep import addr, mesh
+from .rawep import addr, core_and_edge, mesh
 from .test_video import LSID, until
 
 HIGH, LOW = Resolution(320, 240), Resolution(80, 60)
@@ -257,13 +257,25 @@ def test_live_a_100_kbit_router_link_under_a_205_kbit_stream() -> None:
     asyncio.run(asyncio.wait_for(_live_constrained(), 120))
 
 
-async def _live_constrained() -> None:
+def test_live_a_router_that_drops_on_a_congested_link() -> None:
+    """The issue's second case: the router's link buffer is 64 KiB, so it drops frames and
+    sends link-congested faults (band 17) instead of queueing. With the delay signal off
+    (a delay limit of a minute: the 64 KiB queue then fills, 5 s at 100 kbit/s, before
+    anything is lost), the losses, the faults and the stall they cause alone bring the band
+    down: pictures come again and the losses stop."""
+    asyncio.run(asyncio.wait_for(_live_constrained(drops=True), 150))
+
+
+async def _live_constrained(drops: bool = False) -> None:
     small, tiny = Resolution(160, 120), Resolution(48, 36)
+    limit = 60.0 if drops else 0.3
     cfg = StreamConfig(resolutions=(small, tiny), fps=10.0, quality=75, request_period=0.5,
-                       advert_period=0.3, recover_after=2.0)
+                       advert_period=0.3, recover_after=2.0, delay_limit=limit)
     loop = asyncio.get_running_loop()
-    async with mesh({"r0": [], "r1": ["r0"]}, LSID) as (r0, r1):
-        r0.set_emulation("r1", Emulation(bandwidth=100_000))
+    routers = core_and_edge(max_link_buffer=64 * 1024) if drops else \
+        mesh({"r0": [], "r1": ["r0"]}, LSID)
+    async with routers as (r0, r1):
+        r0.set_emulation(r1.config.name, Emulation(bandwidth=100_000))
         client = await flowlib.connect(addr(r0), name="streamer", fragment_size=1000)
         flow = await client.create()
         streamer = Streamer(client, flow, PatternSource(small, detail=False), cfg)
@@ -272,11 +284,15 @@ async def _live_constrained() -> None:
         try:
             await asyncio.wait_for(streamer.serving.wait(), 20)
             async with Viewer([addr(r1)], flow, small, name="behind-slow-link",
-                              on_frame=lambda f: got.append((loop.time(), f))) as slow, \
+                              on_frame=lambda f: got.append((loop.time(), f)),
+                              delay_limit=limit) as slow, \
                     Viewer([addr(r0)], flow, tiny, name="near") as near:
                 await until(lambda: len(got) >= 1, 20, "a first picture behind the link")
                 start = loop.time()
-                await asyncio.sleep(15.0)  # the issue's delay grew to 6.3 s within 12 s
+                if drops:  # the losses stop within 25 s; judge the 10 s after that
+                    await asyncio.sleep(25.0)
+                    start, lost = loop.time(), slow.stats.lost
+                await asyncio.sleep(15.0 if not drops else 10.0)  # 6.3 s late in 12 s
                 end = loop.time()
                 core = streamer.core
                 assert core is not None
@@ -285,11 +301,16 @@ async def _live_constrained() -> None:
                 print(f"\nbehind 100 kbit/s: {len(window)} pictures in {end - start:.1f} s, "
                       f"delay max {max(delay):.2f} s, last {delay[-1]:.2f} s; "
                       f"band 40 at {core.encoding(40).fps} fps, "  # type: ignore[union-attr]
-                      f"reports {slow.stats.reports}")
-                assert max(delay) < 2.0, delay
+                      f"reports {slow.stats.reports}, lost {slow.stats.lost}, "
+                      f"faults heard {slow.stats.congested}")
+                if drops:
+                    assert r0.core.counters["drop.link-congested"] > 0
+                    assert slow.stats.congested > 0 and slow.stats.lost > 0
+                    assert slow.stats.lost - lost <= 3    # the losses stopped
+                assert drops or max(delay) < 2.0, delay
                 times = [start] + [at for at, _ in window] + [end]
                 assert max(b - a for a, b in zip(times, times[1:])) < 2.0  # pictures keep coming
-                assert len(window) >= 15
+                assert len(window) >= (10 if drops else 15)
                 sent = streamer.sent_bytes[P.band_of(0)]
                 assert sent > 0
                 small_enc, tiny_enc = core.encoding(40), core.encoding(41)

@@ -39,7 +39,7 @@ class Viewer:
                  want: Resolution | str | None, *, name: str = "viewer", queue_size: int = 8,
                  playout: float = 2.0, connect_kwargs: dict[str, Any] | None = None,
                  on_frame: FrameHook | None = None, audio: bool = False,
-                 on_audio: AudioHook | None = None) -> None:
+                 on_audio: AudioHook | None = None, delay_limit: float = 0.3) -> None:
         self.routers = list(routers)
         self.flow = flowlib.FlowID.parse(flow) if isinstance(flow, str) else flow
         self.name = name
@@ -50,6 +50,7 @@ class Viewer:
         self.on_audio = on_audio
         self._want = want
         self._playout = playout
+        self._delay_limit = delay_limit
         self.core: ViewerCore | None = None
         self.client: flowlib.FlowClient | None = None
         self.latest: P.Frame | None = None
@@ -79,7 +80,8 @@ class Viewer:
     # ---------------------------------------------------------------------- life cycle
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.core = ViewerCore(self.name, self._want, self._now(), playout=self._playout)
+        self.core = ViewerCore(self.name, self._want, self._now(), playout=self._playout,
+                               delay_limit=self._delay_limit)
         self.client = await self._connect(self.routers)
         await self._join(self.client)
         self._spawn(self._tick())
@@ -153,11 +155,17 @@ class Viewer:
             if msg.is_overflow:
                 extra = msg.fault().extra
                 if self._frames_l is not None and extra.get("listener") == self._frames_l.name:
-                    try:
+                    try:  # our picture queue overflowed
                         dropped = int(extra.get("dropped", "1"))
                     except ValueError:
                         dropped = 1
                     await self._apply(self.core.on_overflow(dropped, self._now()))
+                elif self.core.band is not None and "listener" not in extra \
+                        and extra.get("band") == str(self.core.band):
+                    # pictures of our band lost in pieces (a router dropped some of their
+                    # fragments; the reassembly gave up, seconds later): evidence of loss on
+                    # the path, like a router's fault (the missing numbers count the loss)
+                    await self._apply(self.core.on_fault(True, self._now()))
                 continue
             if msg.band == BAND_FAULT:
                 try:

@@ -12,7 +12,10 @@ viewer measures each frame's **queueing delay** (arrival time minus media time, 
 least seen in this incarnation of the stream: clocks need not agree, only the part that
 grows counts), counts **lost frames** (numbers missing on its band, within one incarnation),
 and notes **link-congested faults** a router sent on the fault band (they reach every member
-of the flow, so one counts only with a loss or a delay of this viewer's own). It reports on
+of the flow, so one counts only with a loss, a delay or a stall of this viewer's own: a router
+that sheds a picture's fragments can starve a band entirely, and then the only evidence is
+that pictures stopped coming; such a **stall** is reported every ``STALL_REPORT`` seconds while
+it lasts after a fault). It reports on
 the feedback band when it lost frames or its delay is over ``delay_limit``, at most every
 ``report_interval``, with the delay it measures and the picture bytes per second it received
 over the last ``RATE_WINDOW`` (under congestion, what its path carries: the streamer cuts
@@ -49,6 +52,9 @@ from .protocol import Resolution
 MIN_REQUEST_PERIOD = 0.1  #: seconds between a viewer's requests at least ...
 MAX_REQUEST_PERIOD = 60.0  #: ... and at most, whatever an advertisement says
 RATE_WINDOW = 1.0  #: seconds of arrivals the received rate is measured over
+STALL_AFTER = 1.0  #: no picture for this long (or 3 frame periods) after a fault: a stall
+STALL_REPORT = 2.0  #: seconds between two stall reports at least
+FAULT_MEMORY = 5.0  #: a link-congested fault counts this long (routers repeat them slower)
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ class ViewerStats:
     backwards: int = 0       #: frames not shown: number or media time not past the last
     waiting_key: int = 0     #: inter-frame pictures not shown while waiting for a key one
     congested: int = 0       #: link-congested faults heard on the fault band
+    stalls: int = 0          #: stalls reported (no picture for a while after a fault)
     delay: float = 0.0       #: the last frame's queueing delay (s)
     max_delay: float = 0.0
     audio_chunks: int = 0
@@ -129,6 +136,7 @@ class ViewerCore:
         self._last_report = float("-inf")
         self._fault_at = float("-inf")
         self._key_asked = False
+        self._last_stall = float("-inf")
         self._arrivals: deque[tuple[float, int]] = deque()  #: (time, picture bytes)
         self._receiving_since: float | None = None
         self._video_offset: tuple[float, float] | None = None  #: (arrival, arrival - media)
@@ -189,12 +197,46 @@ class ViewerCore:
 
     # ---------------------------------------------------------------------- time
     def poll(self, now: float) -> list[Action]:
+        out: list[Action] = []
         if self.band is not None and now >= self._next_request:
-            return [self._request(now, key=self.need_key)]
-        return []
+            out.append(self._request(now, key=self.need_key))
+        return out + self._stalled(now)
 
     def next_deadline(self) -> float | None:
-        return self._next_request if self.band is not None else None
+        if self.band is None:
+            return None
+        stall = self._stall_check()
+        return self._next_request if stall is None else min(self._next_request, stall)
+
+    def _stall_after(self) -> float:
+        offer = next((o for o in self.advert.offers if o.band == self.band), None) \
+            if self.advert else None
+        return max(STALL_AFTER, 3 / offer.fps) if offer and offer.fps > 0 else STALL_AFTER
+
+    def _stall_check(self) -> float | None:
+        """When a stall would be reported (None: no recent fault, nothing to watch)."""
+        last = self.stats.last_at
+        if last is None or self._fault_at == float("-inf"):
+            return None
+        return max(last + self._stall_after(), self._last_stall + STALL_REPORT)
+
+    def _stalled(self, now: float) -> list[Action]:
+        at = self._stall_check()
+        if at is None or now < at or now - self._fault_at > FAULT_MEMORY \
+                or self.band is None:
+            return []
+        last = self.stats.last_at
+        assert last is not None
+        gap = now - last
+        offer = next((o for o in self.advert.offers if o.band == self.band), None) \
+            if self.advert else None
+        missing = max(1, round(gap * offer.fps)) if offer else 1
+        self._last_stall = self._last_report = now
+        self.stats.reports += 1
+        self.stats.stalls += 1
+        return [SendMsg(P.BAND_FEEDBACK, P.encode_feedback(P.Feedback(
+            self.name, self.band, missing, round(gap * 1000), True, 0,
+            self.received_rate(now))))]
 
     # ---------------------------------------------------------------------- frames
     def on_frame(self, frame: P.Frame, now: float) -> list[Action]:
