@@ -244,7 +244,9 @@ def test_the_backup_takes_over_when_the_primary_process_is_killed(tmp_path) -> N
                 btask = asyncio.ensure_future(backup.run())
                 await until(lambda: backup.watch is not None and backup.watch.states >= 2,
                             30, "the backup to hear the primary's state")
-                async with Viewer([addr(r2)], flow, LOW, name="viewer", playout=5.0) as v:
+                shown: list[tuple[int, int]] = []
+                async with Viewer([addr(r2)], flow, LOW, name="viewer", playout=5.0,
+                                  on_frame=lambda f: shown.append((f.seq, f.media_ms))) as v:
                     await until(lambda: v.stats.frames >= 3, 30, "frames from the primary")
                     # the backup follows the state band only: it receives no stream
                     assert [str(lst.mask) for lst in backup_c.listeners(flow)] == \
@@ -259,6 +261,11 @@ def test_the_backup_takes_over_when_the_primary_process_is_killed(tmp_path) -> N
                     assert backup.serving.is_set() and backup.silence is not None
                     assert v.core.stream == stream and v.stats.streams == 1
                     assert v.core.last_seq > seq and v.core.last_media_ms > media
+                    # numbers and media time never repeat or go back across the takeover
+                    # (the issue saw 41 then 40): none was even refused as going back
+                    assert v.stats.backwards == 0
+                    assert [n for n, _ in shown] == sorted({n for n, _ in shown})
+                    assert [m for _, m in shown] == sorted({m for _, m in shown})
                     gap = max(g for _, g in v.stats.gaps) if v.stats.gaps else v.stats.max_gap
                     print(f"takeover: backup waited {backup.silence:.2f}s; the viewer's "
                           f"picture stopped for {gap:.2f}s")
