@@ -17,6 +17,7 @@ import contextlib
 import io
 import sys
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from PIL import Image
 
@@ -24,7 +25,7 @@ import flowlib
 from flowrouter.net.runtime import RouterNode
 from flowvideo import protocol as P
 from flowvideo.protocol import Resolution
-from flowvideo.sources import PatternSource
+from flowvideo.sources import PatternSource, Source
 from flowvideo.streamer import Streamer
 from flowvideo.streamer_core import RateChanged, StreamConfig
 from flowvideo.viewer import Viewer
@@ -62,11 +63,15 @@ def config(**kw: object) -> StreamConfig:
 
 
 @contextlib.asynccontextmanager
-async def streaming(node: RouterNode, cfg: StreamConfig
+async def streaming(node: RouterNode, cfg: StreamConfig, source: Source | None = None, *,
+                    fragment_size: int = FRAGMENT, **streamer_kw: Any
                     ) -> AsyncIterator[tuple[Streamer, flowlib.FlowID]]:
-    client = await flowlib.connect(addr(node), name="streamer", fragment_size=FRAGMENT)
+    """A primary streamer of *source* (a 240x180 pattern by default) on a new flow at
+    *node*, once it serves; cancelled and disconnected after."""
+    client = await flowlib.connect(addr(node), name="streamer", fragment_size=fragment_size)
     flow = await client.create()
-    streamer = Streamer(client, flow, PatternSource(Resolution(240, 180)), cfg)
+    streamer = Streamer(client, flow, source or PatternSource(Resolution(240, 180)), cfg,
+                        **streamer_kw)
     task = asyncio.ensure_future(streamer.run())
     try:
         await asyncio.wait_for(streamer.serving.wait(), 20)

@@ -10,12 +10,10 @@ up; without it only the JPEG parts run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 from PIL import Image, ImageChops, ImageStat
 
-import flowlib
 from flowvideo import protocol as P
 from flowvideo.codecs import (
     CodecUnavailable,
@@ -27,12 +25,11 @@ from flowvideo.codecs import (
 )
 from flowvideo.protocol import Resolution
 from flowvideo.sources import PatternSource
-from flowvideo.streamer import Streamer
 from flowvideo.streamer_core import StreamConfig
 from flowvideo.viewer import Viewer
 
 from .rawep import addr, run
-from .test_video import star, until
+from .test_video import star, streaming, until
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
 INTER = [P.CODEC_H264, P.CODEC_VP8]
@@ -98,46 +95,35 @@ def test_viewers_joining_and_switching_late_get_a_key_picture_at_once(codec: int
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        async with star() as (r0, r1, r2):
-            client = await flowlib.connect(addr(r0), name="streamer", fragment_size=1000)
-            flow = await client.create()
-            streamer = Streamer(client, flow, PatternSource(Resolution(240, 180)), cfg)
-            task = asyncio.ensure_future(streamer.run())
-            try:
-                await asyncio.wait_for(streamer.serving.wait(), 20)
-                first = Viewer([addr(r1)], flow, high, name="first")
-                async with first:
-                    await until(lambda: first.stats.frames >= 20, 30, "20 pictures at A")
-                    shown: list[tuple[float, P.Frame]] = []
-                    dec = PictureDecoder()
-                    pictures: list[Image.Image | None] = []
+        async with star() as (r0, r1, r2), streaming(r0, cfg) as (streamer, flow):
+            first = Viewer([addr(r1)], flow, high, name="first")
+            async with first:
+                await until(lambda: first.stats.frames >= 20, 30, "20 pictures at A")
+                shown: list[tuple[float, P.Frame]] = []
+                dec = PictureDecoder()
+                pictures: list[Image.Image | None] = []
 
-                    def on_frame(f: P.Frame) -> None:
-                        shown.append((loop.time(), f))
-                        pictures.append(dec.decode(f))
-                    t_join = loop.time()
-                    async with Viewer([addr(r2)], flow, high, name="late",
-                                      on_frame=on_frame) as late:
-                        await until(lambda: len(shown) >= 5, 20, "pictures at the late viewer")
-                        at, f = shown[0]
-                        assert f.key and f.codec == codec
-                        # the key picture came with the join, not after the 600-picture
-                        # interval (60 s): within a few frame periods
-                        assert at - t_join < 2.0
-                        assert late.stats.waiting_key <= 3
-                        n = len(shown)
-                        t_switch = loop.time()
-                        await late.set_want(low)
-                        await until(lambda: any(fr.resolution == low for _, fr in shown[n:]),
-                                    20, "pictures at the new resolution")
-                        at, f = next((a, fr) for a, fr in shown[n:] if fr.resolution == low)
-                        assert f.key and at - t_switch < 2.0
-                    assert all(p is not None for p in pictures) and dec.errors == 0
-                    assert pictures[-1] is not None and pictures[-1].size == (80, 60)
-                    assert streamer.key_frames[P.band_of(0)] >= 2  # at start and on the join
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await client.close()
+                def on_frame(f: P.Frame) -> None:
+                    shown.append((loop.time(), f))
+                    pictures.append(dec.decode(f))
+                t_join = loop.time()
+                async with Viewer([addr(r2)], flow, high, name="late",
+                                  on_frame=on_frame) as late:
+                    await until(lambda: len(shown) >= 5, 20, "pictures at the late viewer")
+                    at, f = shown[0]
+                    assert f.key and f.codec == codec
+                    # the key picture came with the join, not after the 600-picture
+                    # interval (60 s): within a few frame periods
+                    assert at - t_join < 2.0
+                    assert late.stats.waiting_key <= 3
+                    n = len(shown)
+                    t_switch = loop.time()
+                    await late.set_want(low)
+                    await until(lambda: any(fr.resolution == low for _, fr in shown[n:]),
+                                20, "pictures at the new resolution")
+                    at, f = next((a, fr) for a, fr in shown[n:] if fr.resolution == low)
+                    assert f.key and at - t_switch < 2.0
+                assert all(p is not None for p in pictures) and dec.errors == 0
+                assert pictures[-1] is not None and pictures[-1].size == (80, 60)
+                assert streamer.key_frames[P.band_of(0)] >= 2  # at start and on the join
     run(main(), 90)

@@ -10,7 +10,6 @@ Skipped when Chromium, chromedriver or PyAV is missing (.ci/install installs the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import os
 import time
@@ -19,15 +18,13 @@ from pathlib import Path
 
 import pytest
 
-import flowlib
 from flowvideo import protocol as P
 from flowvideo.protocol import Resolution
 from flowvideo.sources import PatternSource
-from flowvideo.streamer import Streamer
 from flowvideo.web import WebViewer
 
 from .rawep import addr, run
-from .test_video import config, star, until
+from .test_video import config, star, streaming, until
 from .test_video_browser import CHROMEDRIVER, CHROMIUM, WebDriver
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
@@ -54,11 +51,9 @@ def test_chromium_plays_the_flow_in_a_video_element(codec: int, tmp_path: Path) 
     async def main() -> None:
         small = Resolution(160, 120)
         cfg = config(resolutions=(Resolution(320, 240), small), fps=10.0, codec=codec)
-        async with star() as (r0, _r1, r2):
-            client = await flowlib.connect(addr(r0), name="streamer", fragment_size=4000)
-            flow = await client.create()
-            streamer = Streamer(client, flow, PatternSource(Resolution(320, 240)), cfg)
-            stask = asyncio.ensure_future(streamer.run())
+        async with star() as (r0, _r1, r2), \
+                streaming(r0, cfg, PatternSource(Resolution(320, 240)), fragment_size=4000
+                          ) as (_streamer, flow):
             web = WebViewer([addr(r2)], str(flow), port=0)
             driver: WebDriver | None = None
             try:
@@ -120,8 +115,4 @@ def test_chromium_plays_the_flow_in_a_video_element(codec: int, tmp_path: Path) 
                 if driver is not None:
                     await asyncio.to_thread(driver.quit)
                 await web.close()
-                stask.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stask
-                await client.close()
     run(main(), 240)

@@ -8,24 +8,21 @@ one by one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 
 import pytest
 
-import flowlib
 from flowrouter.net.config import Emulation
 from flowvideo import protocol as P
 from flowvideo.protocol import Resolution
 from flowvideo.ratecontrol import BandRate, RateLimits
 from flowvideo.sources import PatternSource
-from flowvideo.streamer import Streamer
 from flowvideo.streamer_core import Encode, RateChanged, Send, StreamConfig, StreamerCore
 from flowvideo.viewer import Viewer
 from flowvideo.viewer_core import SendMsg, Show, ViewerCore
 
 from .rawep import addr, core_and_edge, mesh
-from .test_video import LSID, until
+from .test_video import LSID, streaming, until
 
 HIGH, LOW = Resolution(320, 240), Resolution(80, 60)
 
@@ -276,13 +273,8 @@ async def _live_constrained(drops: bool = False) -> None:
         mesh({"r0": [], "r1": ["r0"]}, LSID)
     async with routers as (r0, r1):
         r0.set_emulation(r1.config.name, Emulation(bandwidth=100_000))
-        client = await flowlib.connect(addr(r0), name="streamer", fragment_size=1000)
-        flow = await client.create()
-        streamer = Streamer(client, flow, PatternSource(small, detail=False), cfg)
-        task = asyncio.ensure_future(streamer.run())
         got: list[tuple[float, P.Frame]] = []
-        try:
-            await asyncio.wait_for(streamer.serving.wait(), 20)
+        async with streaming(r0, cfg, PatternSource(small, detail=False)) as (streamer, flow):
             async with Viewer([addr(r1)], flow, small, name="behind-slow-link",
                               on_frame=lambda f: got.append((loop.time(), f)),
                               delay_limit=limit) as slow, \
@@ -317,8 +309,3 @@ async def _live_constrained(drops: bool = False) -> None:
                 assert small_enc is not None and tiny_enc is not None
                 assert small_enc.cuts >= 1 and tiny_enc.cuts == 0 and tiny_enc.fps == 10.0
                 assert near.stats.frames > len(window)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await client.close()

@@ -7,8 +7,6 @@ under 100 ms.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import io
 import struct
 from pathlib import Path
@@ -16,18 +14,16 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-import flowlib
 from flowvideo import protocol as P
 from flowvideo.audio import AudioDecoder, FileAudioSource, PcmEncoder, ToneSource
 from flowvideo.protocol import Resolution
 from flowvideo.sources import SourceError, open_source
-from flowvideo.streamer import Streamer
 from flowvideo.streamer_core import EncodeAudio, StreamConfig, StreamerCore
 from flowvideo.viewer import Viewer
 from flowvideo.viewer_core import Play, ViewerCore
 
 from .rawep import addr, run
-from .test_video import star, until
+from .test_video import star, streaming, until
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
 
@@ -156,38 +152,26 @@ def test_a_film_with_its_sound_over_routers_stays_in_sync(films: dict[str, Path]
                        advert_period=0.3, audio=True)
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        async with star() as (r0, _r1, r2):
-            client = await flowlib.connect(addr(r0), name="streamer", fragment_size=4000)
-            flow = await client.create()
-            streamer = Streamer(client, flow, open_source(f"file:{films['mp4']}"), cfg,
-                                audio=FileAudioSource(str(films["mp4"])),
-                                audio_codec=audio_codec)
-            task = asyncio.ensure_future(streamer.run())
-            pictures: list[tuple[int, int]] = []   # (media ms, colour)
-            sound: list[P.Audio] = []
-            try:
-                await asyncio.wait_for(streamer.serving.wait(), 20)
-                async with Viewer([addr(r2)], flow, res, name="film", audio=True,
-                                  on_frame=lambda f: pictures.append(
-                                      (f.media_ms, colour_at(Image.open(io.BytesIO(
-                                          f.picture))))),
-                                  on_audio=sound.append) as viewer:
-                    await until(lambda: len(sound) >= 75 and len(pictures) >= 30, 30,
-                                "3 s of sound and pictures")
-                    stats = viewer.stats
-                    core = streamer.core
-                    assert core is not None
-                    print(f"\nav skew: max {stats.max_av_skew * 1000:.0f} ms over "
-                          f"{stats.audio_chunks} chunks ({P.AUDIO_CODEC_NAMES[audio_codec]})")
-                    assert stats.max_av_skew < 0.1
-                    assert stats.audio_lost == 0
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await client.close()
-        _ = loop
+        pictures: list[tuple[int, int]] = []   # (media ms, colour)
+        sound: list[P.Audio] = []
+        async with star() as (r0, _r1, r2), \
+                streaming(r0, cfg, open_source(f"file:{films['mp4']}"), fragment_size=4000,
+                          audio=FileAudioSource(str(films["mp4"])), audio_codec=audio_codec
+                          ) as (streamer, flow):
+            async with Viewer([addr(r2)], flow, res, name="film", audio=True,
+                              on_frame=lambda f: pictures.append(
+                                  (f.media_ms, colour_at(Image.open(io.BytesIO(
+                                      f.picture))))),
+                              on_audio=sound.append) as viewer:
+                await until(lambda: len(sound) >= 75 and len(pictures) >= 30, 30,
+                            "3 s of sound and pictures")
+                stats = viewer.stats
+                core = streamer.core
+                assert core is not None
+                print(f"\nav skew: max {stats.max_av_skew * 1000:.0f} ms over "
+                      f"{stats.audio_chunks} chunks ({P.AUDIO_CODEC_NAMES[audio_codec]})")
+                assert stats.max_av_skew < 0.1
+                assert stats.audio_lost == 0
         # the pictures are the film's at their media time (a colour per 500 ms, looped
         # every 2 s); allow the one picture at each change
         wrong = [(ms, c) for ms, c in pictures if c != (ms % 2000) // 500
