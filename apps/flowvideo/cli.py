@@ -1,6 +1,8 @@
 """``flowvideo``: multi-resolution video over one flow (seed 002 section 5.2).
 
     flowvideo serve --router 127.0.0.1:7001 --source pattern [--resolutions 320x240,160x120]
+    flowvideo serve --router 127.0.0.1:7001 --source file:film.mp4 --audio file:film.mp4 \\
+        --codec h264
     flowvideo serve --router 127.0.0.1:7002 --backup --flow FLOW
     flowvideo watch --router 127.0.0.1:7003 --flow FLOW --resolution 160x120
     flowvideo web   --router 127.0.0.1:7003 --flow FLOW --listen 127.0.0.1:8090
@@ -87,6 +89,18 @@ The viewer joins the advertisement band first, then the band of the resolution i
 (WxH, 'lowest' or 'highest'), and prints one status line per second. --move-to ROUTERS moves
 the viewer to other routers after --move-after seconds (make-before-break) to show that the
 stream continues. --save DIR writes every --save-every-th picture as a JPEG file.
+"""
+
+
+EPILOG_WEB = """\
+The page (/) plays the stream in a video element (fragmented MP4, H.264, through Media
+Source Extensions; needs PyAV) or as MJPEG (?mode=mjpeg), fits it to the window (?fit=0: 1:1)
+and shows the frame rate, the delay and the stalls. A standard player opens the same stream:
+  ffplay -fflags nobuffer 'http://HOST:PORT/stream.mp4?res=320x240'
+  vlc 'http://HOST:PORT/stream.mp4?res=320x240'
+Every player connection gets its own encoder and starts with a key picture; pictures of any
+flow codec (JPEG, H.264, VP8) are decoded first. Also /stream.mjpg, /frame.jpg,
+/resolutions.json and /status.json (?res=WxH picks the resolution).
 """
 
 
@@ -218,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--name", help="this viewer's name in requests and reports (default "
                                   "watch-HOST-PID; a name holds one resolution at a time)")
 
-    b = sub.add_parser("web", help="serve the stream to web browsers (MJPEG)")
+    b = sub.add_parser("web", help="serve the stream to web browsers and players (MP4, MJPEG)",
+                       epilog=EPILOG_WEB, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_connection_options(b, policies=False)
     b.add_argument("--flow", type=_flow, required=True)
     b.add_argument("--listen", type=_listen, default=("127.0.0.1", 8090),
