@@ -138,7 +138,6 @@ class ViewerCore:
         self._key_asked = False
         self._last_stall = float("-inf")
         self._arrivals: deque[tuple[float, int]] = deque()  #: (time, picture bytes)
-        self._receiving_since: float | None = None
         self._video_offset: tuple[float, float] | None = None  #: (arrival, arrival - media)
         self._audio_seq: tuple[int, int, int] | None = None    #: (stream, incarnation, seq)
         self.advert: P.Advert | None = None
@@ -168,7 +167,6 @@ class ViewerCore:
         self.band, self.resolution = offer.band, offer.resolution
         self.codec = offer.codec
         self.last_seq = None
-        self._receiving_since = None  # another band: another rate
         self._arrivals.clear()
         self.need_key = offer.codec != P.CODEC_JPEG
         return [Subscribe(offer.band, offer.resolution), self._request(now, key=True)]
@@ -251,7 +249,6 @@ class ViewerCore:
         if frame.stream != self.stream:
             self.stream, self.incarnation = frame.stream, frame.incarnation
             self.last_media_ms = self.last_seq = self._base = None
-            self._receiving_since = None
             self._arrivals.clear()
             s.streams += 1
         elif frame.incarnation < self.incarnation:
@@ -302,10 +299,8 @@ class ViewerCore:
         """The frame's queueing delay; a report when it or a loss says congestion."""
         s = self.stats
         self._arrivals.append((now, len(frame.picture)))
-        while self._arrivals[0][0] <= now - RATE_WINDOW:
+        while self._arrivals[0][0] < now - RATE_WINDOW:
             self._arrivals.popleft()
-        if self._receiving_since is None:
-            self._receiving_since = now
         offset = now - frame.media_ms / 1000
         self._video_offset = (now, offset)
         if self._base is None or offset < self._base:
@@ -330,10 +325,14 @@ class ViewerCore:
             self.last_media_ms or 0, self.received_rate(now))))]
 
     def received_rate(self, now: float) -> int:
-        """Picture bytes per second over the last RATE_WINDOW (0 before a window's worth)."""
-        if self._receiving_since is None or now - self._receiving_since < RATE_WINDOW:
+        """Picture bytes per second over the last RATE_WINDOW: the bytes of the pictures
+        after the window's first over the time from its arrival to the last one's (under
+        congestion pictures arrive back to back: the path's rate). 0 with fewer than three
+        pictures or a third of a window of them."""
+        a = self._arrivals
+        if len(a) < 3 or a[-1][0] - a[0][0] < RATE_WINDOW / 3:
             return 0
-        return round(sum(n for t, n in self._arrivals if t > now - RATE_WINDOW) / RATE_WINDOW)
+        return round(sum(n for _, n in list(a)[1:]) / (a[-1][0] - a[0][0]))
 
     def on_audio(self, chunk: P.Audio, now: float) -> list[Action]:
         """A chunk of sound: played if it belongs to the stream shown (see the module docs
