@@ -4,8 +4,10 @@
   played in a loop at its own timestamps: ``grab(media_ms)`` gives the picture on screen at
   that media time (decoding forward; at the end it starts over). A backup that continues the
   media time continues the film.
-* :class:`CameraSource`: a capture device (Video4Linux2 on Linux, e.g. ``/dev/video0``); a
-  reader thread keeps only the newest picture, so a slow encoder never shows old ones.
+* :class:`CameraSource`: a capture device (Video4Linux2 on Linux, e.g. ``/dev/video0``; any
+  FFmpeg input format by name: ``avfoundation``, ``dshow``, ``x11grab``, or ``lavfi`` for a
+  generated picture); a reader thread keeps only the newest picture, so a slow encoder
+  never shows old ones.
 
 Both raise :class:`~flowvideo.sources.SourceError` (one line) when the file or device cannot
 be opened. The audio of a file is :mod:`flowvideo.audio`'s.
@@ -107,7 +109,7 @@ class CameraSource:
                                         daemon=True)
         self._thread.start()
         if not self._ready.wait(10.0):
-            self.close()
+            self._stop = True
             raise SourceError(f"camera {device} gave no picture within 10 s")
 
     def _reader(self) -> None:
@@ -126,5 +128,9 @@ class CameraSource:
         return self._latest
 
     def close(self) -> None:
+        """Stop the reader, then close the device (never under a decode in progress)."""
         self._stop = True
-        self._container.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._container.close()

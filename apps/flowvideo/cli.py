@@ -46,7 +46,8 @@ EPILOG_SERVE = """\
 Sources: 'pattern[:WxH]' (a moving test pattern), 'screen:DISPLAY' (an X display, e.g.
 screen::99 for an Xvfb on :99; Pillow grabs it over XCB), 'file:PATH' (a video file: MP4,
 MKV, WebM, ... through PyAV; or an animated GIF, APNG or WebP, or a still picture; played in
-a loop), 'camera[:DEVICE]' (a capture device, default /dev/video0; PyAV).
+a loop), 'camera[:DEVICE[@FORMAT]]' (a capture device: /dev/video0 by default, or any
+FFmpeg input format, e.g. camera:0@avfoundation; PyAV).
 
 Sound (--audio): 'tone' (a beep every second), 'file:PATH' (the sound track of a video file;
 with --source file:PATH the same file keeps picture and sound together) or 'none'. It goes on

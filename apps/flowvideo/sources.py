@@ -124,7 +124,9 @@ VIDEO_SUFFIXES = (".mp4", ".m4v", ".mkv", ".webm", ".mov", ".avi", ".ts", ".mpg"
 
 def open_source(spec: str) -> Source:
     """``pattern[:WxH]``, ``screen:DISPLAY`` (e.g. ``screen::99``), ``file:PATH`` (an
-    animated image, or a video file) or ``camera[:DEVICE]`` (default /dev/video0)."""
+    animated image, or a video file) or ``camera[:DEVICE[@FORMAT]]`` (default /dev/video0,
+    Video4Linux2; FORMAT is FFmpeg's input format, e.g. ``avfoundation``, ``dshow``,
+    ``x11grab`` or ``lavfi``)."""
     kind, _, arg = spec.partition(":")
     if kind == "pattern":
         return PatternSource(Resolution.parse(arg) if arg else Resolution(640, 480))
@@ -143,7 +145,8 @@ def open_source(spec: str) -> Source:
     if kind == "camera":
         from .avsources import CameraSource
 
-        return CameraSource(arg or "/dev/video0")
+        device, at, fmt = (arg or "/dev/video0").rpartition("@")
+        return CameraSource(device, fmt) if at else CameraSource(fmt)
     raise SourceError(f"unknown source {spec!r} (pattern[:WxH], screen:DISPLAY, file:PATH, "
                       "camera[:DEVICE])")
 
