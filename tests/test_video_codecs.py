@@ -4,12 +4,16 @@ or switches late gets a key picture within moments (not at the next periodic one
 every picture it shows; the pictures are several times smaller than JPEG.
 
 PyAV is in the test extra (.ci/install): no skip when the suite runs as the project sets it
-up; without it only the JPEG parts run.
+up. The JPEG-only path is checked with PyAV hidden.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image, ImageChops, ImageStat
@@ -33,6 +37,7 @@ from .test_video import star, streaming, until
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
 INTER = [P.CODEC_H264, P.CODEC_VP8]
+ROOT = Path(__file__).resolve().parent.parent
 SRC = PatternSource(Resolution(320, 240))
 
 
@@ -127,3 +132,37 @@ def test_viewers_joining_and_switching_late_get_a_key_picture_at_once(codec: int
                 assert pictures[-1] is not None and pictures[-1].size == (80, 60)
                 assert streamer.key_frames[P.band_of(0)] >= 2  # at start and on the join
     run(main(), 90)
+
+
+def test_without_pyav_jpeg_works_and_the_rest_says_what_to_install() -> None:
+    """JPEG stays the zero-dependency default: with PyAV hidden, the streamer, viewer and
+    web modules import, JPEG encodes, and H.264, video files and Opus each fail in one line
+    naming the extra to install."""
+    script = """
+import sys
+sys.modules['av'] = None
+import flowvideo.web, flowvideo.streamer, flowvideo.viewer
+from flowvideo import protocol as P
+from flowvideo.audio import AudioError, OpusEncoder, opus_available
+from flowvideo.codecs import CodecUnavailable, available, make_encoder
+from flowvideo.protocol import Resolution
+from flowvideo.sources import PatternSource, SourceError, open_source
+data, key = make_encoder(P.CODEC_JPEG).encode(PatternSource().grab(0), Resolution(80, 60),
+                                              75, 10, 0, False)
+assert data.startswith(b'\\xff\\xd8') and key
+assert available(P.CODEC_JPEG) and not available(P.CODEC_H264) and not opus_available()
+for make, error in ((lambda: make_encoder(P.CODEC_H264), CodecUnavailable),
+                    (lambda: open_source('file:film.mp4'), SourceError),
+                    (OpusEncoder, AudioError)):
+    try:
+        make()
+    except error as exc:
+        assert "pip install 'flownet[video]'" in str(exc), exc
+    else:
+        raise AssertionError('no error')
+print('fine')
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT), str(ROOT / "apps")])})
+    assert proc.returncode == 0 and proc.stdout.strip() == "fine", proc.stderr
