@@ -1,8 +1,9 @@
 """The compiled forwarding engine and its pure-Python twin make the same decisions.
 
-Random link tables, flow tables and frame streams (hypothesis) go to both engines; every
-call must return the same stop position and reason, output bytes per link, touched flows and
-counters. The router-level tests (test_fastpath_router.py) hold the engines to the core.
+Random link tables, flow tables (with keys mirrored as absent and LSID routes: senders that
+are not members) and frame streams (hypothesis) go to both engines; every call must return
+the same stop position and reason, output bytes per link, touched flows and counters. The
+router-level tests (test_fastpath_router.py) hold the engines to the core.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ masks = st.integers(min_value=0, max_value=(1 << 128) - 1) | st.sampled_from(
 
 
 @st.composite
-def scenario(draw: st.DrawFn) -> tuple[list, list, list[bytes], list[int]]:
+def scenario(draw: st.DrawFn) -> tuple[list, list, list[bytes], list[int], list, list]:
     link_ids = draw(st.lists(st.integers(1, 40), min_size=1, max_size=6, unique=True))
     links = [(lk, draw(st.booleans()), draw(st.sampled_from([64, 1000, 65536])),
               (0, *draw(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)))))
@@ -70,6 +71,10 @@ def scenario(draw: st.DrawFn) -> tuple[list, list, list[bytes], list[int]]:
         if draw(st.booleans()):
             agg = draw(masks)  # the core's aggregate is what counts, even when odd
         flows.append((_key(i), up, down, agg))
+    # keys the core holds no entry for, and where their LSID's frames go
+    absent = draw(st.lists(st.sampled_from([_key(4), _key(5), _key(0)]), max_size=3))
+    routes = [(0x10, r) for r in draw(st.lists(st.sampled_from(
+        [fastpath_py.ROUTE_NO_MEMBERS, fastpath_py.ROUTE_NONE, *link_ids, 99]), max_size=1))]
     frames = []
     for _ in range(draw(st.integers(0, 12))):
         kind = draw(st.integers(0, 9))
@@ -83,14 +88,19 @@ def scenario(draw: st.DrawFn) -> tuple[list, list, list[bytes], list[int]]:
         lv = draw(st.integers(0, 4))
         frames.append(key + struct.pack("!IBBBB", size, band, lt, lv, ttl) + b"p" * size)
     cut = draw(st.integers(0, 30))
-    return links, flows, frames, [cut, draw(st.integers(1, 5)), draw(st.integers(1, 5))]
+    return (links, flows, frames, [cut, draw(st.integers(1, 5)), draw(st.integers(1, 5))],
+            absent, routes)
 
 
-def _load(engine, links, flows) -> None:
+def _load(engine, links, flows, absent=(), routes=()) -> None:
     for lk, router, mx, mods in links:
         engine.set_link(lk, router, mx, mods)
     for key, up, down, agg in flows:
         engine.set_flow(key, up, down, agg)
+    for key in absent:
+        engine.set_absent(key)
+    for lsid, route in routes:
+        engine.set_route(lsid, route)
 
 
 def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_BUDGET
@@ -113,11 +123,11 @@ def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario(), st.booleans(), st.sampled_from([NO_BUDGET, 0, 1, 16, 100, 1000, 65536]))
 def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int) -> None:
-    links, flows, frames, (cut, fb, db) = sc
+    links, flows, frames, (cut, fb, db), absent, routes = sc
     native = native_engine()
     twin = fastpath_py.Engine()
-    _load(native, links, flows)
-    _load(twin, links, flows)
+    _load(native, links, flows, absent, routes)
+    _load(twin, links, flows, absent, routes)
     data = b"".join(frames)
     if cut and data:
         data = data[:-min(cut, len(data))]  # an incomplete last frame
@@ -241,3 +251,50 @@ def test_many_flows_survive_growth_and_removal() -> None:
     assert _run(native, 2, data, NO_BUDGET, NO_BUDGET) == _run(twin, 2, data, NO_BUDGET,
                                                                   NO_BUDGET)
     assert native.sizes() == twin.sizes() == (3750, 2)
+
+
+def test_absent_flows_go_toward_their_location_service() -> None:
+    """A key the core holds no entry for goes on its LSID's route, TTL and locality charged
+    as for any copy and counted as forward.toward-core; back out of the route's own link
+    (NOT_ON_TREE), or without a route mirrored, it is the core's; a drop route counts why."""
+    from flowrouter.core.fastpath_py import COUNT_AT, STOP_MISS_ROUTE
+
+    for eng in (fastpath_py.Engine(), native_engine()):
+        key = _key(7)
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        eng.set_link(2, True, 65536, (0, 0, 2, 0))  # a router, delay costs 2
+        eng.set_absent(key)
+        one = key + struct.pack("!IBBBB", 3, 40, 2, 3, 9) + b"abc"
+        assert eng.forward(1, one, 0, NO_BUDGET, NO_BUDGET, 65536)[:2] == (0, STOP_MISS_ROUTE)
+        eng.set_route(0x10, 2)
+        assert eng.has_route(0x10) and eng.has_flow(key)
+        pos, stop, outs, touched, counts = eng.forward(1, one * 2, 0, NO_BUDGET, NO_BUDGET,
+                                                       65536)
+        assert (pos, stop, touched) == (2 * len(one), STOP_END, [])
+        assert outs == [(2, (key + struct.pack("!IBBBB", 3, 40, 2, 1, 8) + b"abc") * 2, 2)]
+        assert counts[COUNT_AT["forwarded"]] == 2 and counts[COUNT_AT["forward.toward-core"]] == 2
+        # TTL 1 may not go on to a router: dropped, still counted toward the core
+        low = key + struct.pack("!IBBBB", 3, 40, 0, 0, 1) + b"abc"
+        counts = eng.forward(1, low, 0, NO_BUDGET, NO_BUDGET, 65536)[4]
+        assert counts[COUNT_AT["drop.ttl"]] == 1 and counts[COUNT_AT["forward.toward-core"]] == 1
+        assert eng.forward(2, one, 0, NO_BUDGET, NO_BUDGET, 65536)[:2] == (0, STOP_SLOW)
+        for route, name in ((fastpath_py.ROUTE_NO_MEMBERS, "drop.no-members"),
+                            (fastpath_py.ROUTE_NONE, "drop.no-route")):
+            eng.set_route(0x10, route)
+            pos, stop, outs, _t, counts = eng.forward(1, one, 0, NO_BUDGET, NO_BUDGET, 65536)
+            assert (pos, outs, counts[COUNT_AT[name]]) == (len(one), [], 1)
+            assert eng.forward(1, one, 0, NO_BUDGET, 1, 65536)[:2] == (0, STOP_SLOW)  # sampled
+        eng.forget_routes()
+        assert not eng.has_route(0x10)
+        eng.forget_absent()
+        assert not eng.has_flow(key) and eng.sizes() == (0, 2)
+        eng.set_absent(key)
+        eng.set_flow(key, -1, [(1, 1 << 40)], 1 << 40)  # an entry replaces the absence
+        eng.set_route(0x10, 2)
+        assert eng.forward(2, one, 0, NO_BUDGET, NO_BUDGET, 65536)[2][0][0] == 1
+        eng.forget_absent()
+        assert eng.has_flow(key)
+        with pytest.raises(ValueError):
+            eng.set_route(1 << 32, 1)
+        with pytest.raises(ValueError):
+            eng.set_absent(b"short")

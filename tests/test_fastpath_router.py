@@ -6,7 +6,10 @@ one hands every frame to ``Router.receive`` (the reference), the other forwards 
 through :class:`flowrouter.core.fastpath.FastPath` and gives the core only the frames the
 engine stops at, as the runtime does. The bytes sent on every link, the counters (drop
 reasons included), per-link frame counts, traffic epochs and sampled trace records must be
-identical, for the compiled engine and for the Python twin.
+identical, for the compiled engine and for the Python twin. Senders that are not members
+are part of every history: data for keys the router holds no entry for (toward the far
+location service, at the core's own LSID, to an LSID with no route), LS routes that move or
+vanish under them, and joins that make such a key a flow.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from hypothesis import strategies as st
 
 from flowrouter.core import fastpath_py
 from flowrouter.core.fastpath import STOP_END, STOP_SLOW, FastPath
+from flowrouter.core.quotas import host_of
 from flowrouter.core.router import Router, RouterParams, Send
 from flowrouter.core.tables import Modifiers
 from flowrouter.core.traces import MemoryTrace
@@ -29,7 +33,7 @@ from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import HEADER_SIZE, pack_header
 from tests.fastpath_support import native_module, why_not
 
-CORE, FAR = 0x10, 0x20
+CORE, FAR, NOWHERE = 0x10, 0x20, 0x30
 LINK_KEY = LINK_LOCAL_FLOW.key
 MAX_IN = 65536
 
@@ -39,6 +43,8 @@ def _key(i: int, lsid: int) -> bytes:
 
 
 FLOWS = [_key(i, lsid) for lsid in (CORE, FAR) for i in (1, 2, 3)]
+#: keys nobody joined at first: their senders are not members
+STRANGERS = [_key(9, lsid) for lsid in (CORE, FAR, NOWHERE)]
 
 
 class Harness:
@@ -46,7 +52,9 @@ class Harness:
 
     def __init__(self, engine: Any, tracing: bool) -> None:
         tracer = MemoryTrace("r", sample_rate=0.25, seed=7) if tracing else None
-        params = RouterParams("r", 1, core_lsids=frozenset({CORE}))
+        # router links are opened without an address here: accept them as routers
+        params = RouterParams("r", 1, core_lsids=frozenset({CORE}),
+                              accept_routers=frozenset({("*", host_of(""))}))
         self.r = Router(params, 0.0, tracer) if tracer else Router(params, 0.0)
         self.fast = FastPath(self.r, engine) if engine is not None else None
         self.sent: dict[int, bytearray] = defaultdict(bytearray)
@@ -105,13 +113,16 @@ ops = st.one_of(
     st.tuples(st.just("open"), st.integers(1, 4), st.sampled_from(list(C.Role)),
               st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
               st.sampled_from([50, 1000, 65536])),
-    st.tuples(st.just("join"), st.integers(1, 4), st.sampled_from(FLOWS), masks),
+    st.tuples(st.just("join"), st.integers(1, 4), st.sampled_from(FLOWS + STRANGERS), masks),
+    st.tuples(st.just("routes"), st.integers(1, 4), st.lists(st.tuples(
+        st.sampled_from([FAR, NOWHERE]), st.sampled_from([0, 1, 3, 32])), max_size=2,
+        unique_by=lambda t: t[0])),
     st.tuples(st.just("mask"), st.integers(1, 4), st.sampled_from(FLOWS), masks),
     st.tuples(st.just("leave"), st.integers(1, 4), st.sampled_from(FLOWS)),
     st.tuples(st.just("close"), st.integers(1, 4)),
     st.tuples(st.just("tick"), st.floats(0.1, 20.0)),
     st.tuples(st.just("data"), st.integers(1, 4), st.lists(st.tuples(
-        st.sampled_from(FLOWS + [_key(9, CORE), _key(9, FAR)]),
+        st.sampled_from(FLOWS + STRANGERS),
         st.sampled_from([0, 16, 17, 18, 19, 32, 40, 63, 64, 100, 127]),
         st.sampled_from([0, 3, 100, 1500, 9000]), st.sampled_from([0, 1, 2, 32]),
         st.sampled_from([0, 0, 1, 2, 3]), st.integers(0, 3)), min_size=1, max_size=8)),
@@ -124,8 +135,8 @@ SETUP = [("open", 1, C.Role.ENDPOINT, (0, 0, 0), 65536), ("open", 2, C.Role.ROUT
                                                             (1, 1, 1), 65536),
          ("open", 3, C.Role.ENDPOINT, (0, 2, 0), 1000),
          *[("join", lk, key, 1 | 1 << 40 | 1 << 100) for lk in (1, 3) for key in FLOWS],
-         ("data", 1, [(key, 40, 3, 9, 0, 0) for key in FLOWS]),
-         ("data", 2, [(key, 40, 3, 9, 0, 0) for key in FLOWS])]
+         ("data", 1, [(key, 40, 3, 9, 0, 0) for key in FLOWS + STRANGERS]),
+         ("data", 2, [(key, 40, 3, 9, 0, 0) for key in FLOWS + STRANGERS])]
 
 
 def _apply(h: Harness, op: tuple) -> None:
@@ -140,6 +151,11 @@ def _apply(h: Harness, op: tuple) -> None:
                else C.Leave())
         body = msg.encode()
         h.frame(link, pack_header(key, len(body), 0) + body)
+    elif kind == "routes":  # a neighbour's LS route vector replaces what it said before
+        link = h.r.links.get(op[1])
+        if link is not None and link.role is C.Role.ROUTER:
+            body = C.LsRoutes(tuple(op[2])).encode()
+            h.frame(op[1], pack_header(LINK_KEY, len(body), 0) + body)
     elif kind == "close":
         h.do(h.r.close_link(op[1], h.now))
     elif kind == "tick":
@@ -156,19 +172,23 @@ def _engines() -> list[str]:
     return ["twin", "native"]
 
 
+def _engine(kind: str) -> Any:
+    """A fresh engine of *kind* (the compiled one skips the test where it cannot be had)."""
+    if kind == "native":
+        mod = native_module()
+        if mod is None:
+            pytest.skip(why_not())
+        return mod.Engine()
+    return fastpath_py.Engine()
+
+
 @pytest.mark.parametrize("kind", _engines())
 @settings(max_examples=120, deadline=None, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(history=st.lists(ops, min_size=1, max_size=30), tracing=st.booleans())
 def test_fast_path_forwards_exactly_like_the_core(kind: str, history: list, tracing: bool
                                                   ) -> None:
-    if kind == "native":
-        mod = native_module()
-        if mod is None:
-            pytest.skip(why_not())
-        engine = mod.Engine()
-    else:
-        engine = fastpath_py.Engine()
+    engine = _engine(kind)
     ref = Harness(None, tracing)
     fast = Harness(engine, tracing)
     for op in [*SETUP, *history]:
@@ -199,3 +219,37 @@ def test_a_steady_flow_is_forwarded_without_the_core() -> None:
     h.frame(2, pack_header(key, len(body), 0) + body)
     h.read(1, one)
     assert len(h.sent[2]) == len(one) * 103 and h.r.counters["drop.no-receivers"] == 1
+
+
+@pytest.mark.parametrize("kind", _engines())
+def test_a_sender_that_is_not_a_member_is_forwarded_without_the_core(kind: str) -> None:
+    """Frames of a key the router holds no entry for go toward the flow's location service
+    in the engine, counted as the core counts them; once a join creates the entry, they
+    follow the tree instead, and a moved LS route is followed at once."""
+    engine = _engine(kind)
+    h = Harness(engine, tracing=False)
+    h.open(1, C.Role.ENDPOINT, (0, 0, 0), 65536)
+    h.open(2, C.Role.ROUTER, (0, 0, 0), 65536)  # announces FAR at distance 1
+    key = STRANGERS[1]
+    one = key + struct.pack("!IBBBB", 5, 40, 0, 0, 9) + b"hello"
+    h.sent.clear()
+    h.read(1, one * 3)  # mirrors the absence, its route and links on the first miss
+    slow = h.fast.stats["slow"]  # type: ignore[union-attr]
+    h.read(1, one * 100)
+    assert h.fast.stats["slow"] == slow  # type: ignore[union-attr]
+    assert bytes(h.sent[2]) == (key + struct.pack("!IBBBB", 5, 40, 0, 0, 8) + b"hello") * 103
+    assert h.r.counters["forward.toward-core"] == 103 and h.r.counters["forwarded"] == 103
+    # another router now offers a shorter way: the next frames take it
+    h.open(3, C.Role.ROUTER, (0, 0, 0), 65536)
+    body = C.LsRoutes(((FAR, 0),)).encode()
+    h.frame(3, pack_header(LINK_KEY, len(body), 0) + body)
+    h.sent.clear()
+    h.read(1, one)
+    assert len(h.sent[3]) == len(one) and not h.sent[2]
+    # a member joins on link 1's side (an application on link 4): the tree takes over
+    h.open(4, C.Role.ENDPOINT, (0, 0, 0), 65536)
+    body = C.Join(1, 1 | 1 << 40).encode()
+    h.frame(4, pack_header(key, len(body), 0) + body)
+    h.sent.clear()
+    h.read(1, one)
+    assert len(h.sent[4]) == len(one) and h.r.counters["forward.toward-core"] == 104

@@ -73,7 +73,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     PyObject *inview = NULL; /* a memoryview of data, made for the first reference */
     const uint8_t *d = view.buf;
     Py_ssize_t n = view.len;
-    long long counts[9] = {0};
+    long long counts[NCOUNTS] = {0};
     int stop = STOP_END;
     PyObject *touched = PyList_New(0);
     PyObject *outputs = NULL, *result = NULL;
@@ -118,10 +118,30 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         Flow *f = fp_flow_find(e, h);
         if (!f) { stop = STOP_MISS_FLOW; break; }
         int is_down = 0;
-        for (uint32_t i = 0; i < f->ndown; i++)
-            if (f->down[i] == in_id) { is_down = 1; break; }
         int drop_kind = 0;
         Py_ssize_t nt = 0;
+        int missing = 0;
+        if (f->absent) { /* toward the location service (slots has room for one) */
+            uint32_t lsid = ((uint32_t)h[8] << 24) | ((uint32_t)h[9] << 16)
+                            | ((uint32_t)h[10] << 8) | h[11];
+            Route *r = fp_route_find(e, lsid);
+            if (!r) { stop = STOP_MISS_ROUTE; break; }
+            if (r->link == in_id) { stop = STOP_SLOW; break; } /* the core: NOT_ON_TREE */
+            if (r->link < 0) {
+                if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
+                counts[r->link == ROUTE_NO_MEMBERS ? 10 : 11]++;
+                counts[7]++;
+                counts[8]++;
+                pos = end;
+                continue;
+            }
+            Py_ssize_t s = fp_link_find(e, r->link);
+            if (s < 0) missing = 1;
+            else slots[nt++] = s;
+            goto decided;
+        }
+        for (uint32_t i = 0; i < f->ndown; i++)
+            if (f->down[i] == in_id) { is_down = 1; break; }
         if ((Py_ssize_t)f->ndown + 1 > slots_cap) {
             Py_ssize_t cap = (Py_ssize_t)f->ndown + 1;
             Py_ssize_t *ns = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
@@ -132,7 +152,6 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             lefts = nl;
             slots_cap = cap;
         }
-        int missing = 0;
         if (in_id == f->up) {
             if (!mask_has(f->agg, band)) {
                 drop_kind = 2;
@@ -172,6 +191,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             pos = end;
             continue;
         }
+    decided:
         if (missing) { stop = STOP_MISS_LINK; break; }
         /* decide every copy first: a frame is taken whole or not at all */
         int out_ttl = ttl - 1;
@@ -200,6 +220,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         counts[5] += d_big;
         counts[7] += nd;
         counts[8]++;
+        if (f->absent) counts[9]++;
         if (nsend) {
             counts[6]++;
             counts[0] += nsend;
@@ -306,9 +327,9 @@ done:
         Py_DECREF(touched);
         return NULL;
     }
-    result = Py_BuildValue("(niNN(LLLLLLLLL))", pos, stop, outputs, touched, counts[0],
+    result = Py_BuildValue("(niNN(LLLLLLLLLLLL))", pos, stop, outputs, touched, counts[0],
                            counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
-                           counts[7], counts[8]);
+                           counts[7], counts[8], counts[9], counts[10], counts[11]);
     return result;
 }
 
@@ -335,7 +356,15 @@ static PyMethodDef Engine_methods[] = {
      "set_flow(key, upstream, [(link, mask)], agg): mirror a flow entry"},
     {"forget_flow", (PyCFunction)Engine_forget_flow, METH_O, "forget_flow(key)"},
     {"has_flow", (PyCFunction)Engine_has_flow, METH_O, "has_flow(key) -> bool"},
-    {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow and link"},
+    {"set_absent", (PyCFunction)Engine_set_absent, METH_O,
+     "set_absent(key): the core holds no entry for key"},
+    {"forget_absent", (PyCFunction)Engine_forget_absent, METH_NOARGS,
+     "forget every absent key"},
+    {"set_route", (PyCFunction)Engine_set_route, METH_VARARGS,
+     "set_route(lsid, link): where frames of absent flows with this LSID go"},
+    {"forget_routes", (PyCFunction)Engine_forget_routes, METH_NOARGS, "forget every route"},
+    {"has_route", (PyCFunction)Engine_has_route, METH_O, "has_route(lsid) -> bool"},
+    {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow, link and route"},
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
     {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
      "forward(link, data, pos, fwd_budget, drop_budget, max_payload) -> "

@@ -2,7 +2,8 @@
  *
  * Links: an array of slots and an open-addressing map from link id to slot (rebuilt when a
  * link comes or goes, which is rare). Flows: an open-addressing table keyed by the 16-byte
- * flow key, with tombstones, grown at half full. Filled and emptied only through the
+ * flow key, with tombstones, grown at half full; a key the core holds no entry for is kept
+ * there as absent. Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied only through the
  * Python methods below, by flowrouter/core/fastpath.py on the core's behalf.
  */
 #include "_fastpath_tables.h"
@@ -181,6 +182,36 @@ static int mask_from(PyObject *o, mask128 *out) {
     return 0;
 }
 
+/* The slot of *key*: its entry emptied (the down arrays freed), or a new one; NULL and an
+ * exception when the table cannot grow. */
+static Flow *flow_slot(Engine *e, const uint8_t *key) {
+    Flow *f = fp_flow_find(e, key);
+    if (f) {
+        flow_release(f);
+        f->absent = 0;
+        return f;
+    }
+    if ((e->flows_filled + 1) * 2 > e->flows_cap) {
+        Py_ssize_t cap = e->flows_cap ? e->flows_cap : 64;
+        while ((e->flows_used + 1) * 2 > cap) cap *= 2;
+        if (e->flows_used * 4 >= cap) cap *= 2; /* leave room to grow */
+        if (flows_resize(e, cap) < 0) return NULL;
+    }
+    Py_ssize_t m = e->flows_cap - 1;
+    for (Py_ssize_t i = (Py_ssize_t)(hash_key(key) & m);; i = (i + 1) & m) {
+        if (e->flows[i].state != 1) {
+            f = &e->flows[i];
+            if (f->state == 0) e->flows_filled++;
+            break;
+        }
+    }
+    memset(f, 0, sizeof(Flow));
+    memcpy(f->key, key, 16);
+    f->state = 1;
+    e->flows_used++;
+    return f;
+}
+
 PyObject *Engine_set_flow(Engine *e, PyObject *args) {
     Py_buffer key;
     long up;
@@ -210,29 +241,8 @@ PyObject *Engine_set_flow(Engine *e, PyObject *args) {
     }
     Py_DECREF(seq);
     seq = NULL;
-    Flow *f = fp_flow_find(e, key.buf);
-    if (!f) {
-        if ((e->flows_filled + 1) * 2 > e->flows_cap) {
-            Py_ssize_t cap = e->flows_cap ? e->flows_cap : 64;
-            while ((e->flows_used + 1) * 2 > cap) cap *= 2;
-            if (e->flows_used * 4 >= cap) cap *= 2; /* leave room to grow */
-            if (flows_resize(e, cap) < 0) goto fail;
-        }
-        Py_ssize_t m = e->flows_cap - 1;
-        for (Py_ssize_t i = (Py_ssize_t)(hash_key(key.buf) & m);; i = (i + 1) & m) {
-            if (e->flows[i].state != 1) {
-                f = &e->flows[i];
-                if (f->state == 0) e->flows_filled++;
-                break;
-            }
-        }
-        memset(f, 0, sizeof(Flow));
-        memcpy(f->key, key.buf, 16);
-        f->state = 1;
-        e->flows_used++;
-    } else {
-        flow_release(f);
-    }
+    Flow *f = flow_slot(e, key.buf);
+    if (!f) goto fail;
     f->up = up;
     f->ndown = (uint32_t)nd;
     f->down = ids;
@@ -263,12 +273,112 @@ PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+PyObject *Engine_set_absent(Engine *e, PyObject *arg) {
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
+    if (key.len != 16) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "a flow key is 16 bytes");
+        return NULL;
+    }
+    Flow *f = flow_slot(e, key.buf);
+    PyBuffer_Release(&key);
+    if (!f) return NULL;
+    f->up = -1;
+    f->absent = 1;
+    Py_RETURN_NONE;
+}
+
+PyObject *Engine_forget_absent(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    for (Py_ssize_t i = 0; i < e->flows_cap; i++) {
+        Flow *f = &e->flows[i];
+        if (f->state == 1 && f->absent) {
+            f->state = 2;
+            f->absent = 0;
+            e->flows_used--;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
     int found = key.len == 16 && fp_flow_find(e, key.buf) != NULL;
     PyBuffer_Release(&key);
     return PyBool_FromLong(found);
+}
+
+/* ------------------------------------------------------------------ routes */
+static inline uint64_t hash_lsid(uint32_t v) { return hash_long((long)v); }
+
+Route *fp_route_find(Engine *e, uint32_t lsid) {
+    if (e->routes_cap == 0) return NULL;
+    Py_ssize_t m = e->routes_cap - 1;
+    for (Py_ssize_t i = (Py_ssize_t)(hash_lsid(lsid) & m);; i = (i + 1) & m) {
+        Route *r = &e->routes[i];
+        if (!r->used) return NULL;
+        if (r->lsid == lsid) return r;
+    }
+}
+
+static int routes_resize(Engine *e, Py_ssize_t cap) {
+    Route *nr = PyMem_Calloc((size_t)cap, sizeof(Route));
+    if (!nr) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t j = 0; j < e->routes_cap; j++) {
+        Route *r = &e->routes[j];
+        if (!r->used) continue;
+        for (Py_ssize_t i = (Py_ssize_t)(hash_lsid(r->lsid) & (cap - 1));;
+             i = (i + 1) & (cap - 1)) {
+            if (!nr[i].used) { nr[i] = *r; break; }
+        }
+    }
+    PyMem_Free(e->routes);
+    e->routes = nr;
+    e->routes_cap = cap;
+    return 0;
+}
+
+PyObject *Engine_set_route(Engine *e, PyObject *args) {
+    unsigned long long lsid;
+    long link;
+    if (!PyArg_ParseTuple(args, "Kl", &lsid, &link)) return NULL;
+    if (lsid > 0xFFFFFFFFULL || link < ROUTE_NONE) {
+        PyErr_SetString(PyExc_ValueError, "an LSID is 32 bits; a route is a link or ROUTE_*");
+        return NULL;
+    }
+    Route *r = fp_route_find(e, (uint32_t)lsid);
+    if (!r) {
+        if ((e->routes_used + 1) * 2 > e->routes_cap
+                && routes_resize(e, e->routes_cap ? e->routes_cap * 2 : 16) < 0)
+            return NULL;
+        Py_ssize_t m = e->routes_cap - 1;
+        for (Py_ssize_t i = (Py_ssize_t)(hash_lsid((uint32_t)lsid) & m);; i = (i + 1) & m) {
+            if (!e->routes[i].used) { r = &e->routes[i]; break; }
+        }
+        r->used = 1;
+        r->lsid = (uint32_t)lsid;
+        e->routes_used++;
+    }
+    r->link = link;
+    Py_RETURN_NONE;
+}
+
+static void routes_clear(Engine *e) {
+    PyMem_Free(e->routes);
+    e->routes = NULL;
+    e->routes_cap = e->routes_used = 0;
+}
+
+PyObject *Engine_forget_routes(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    routes_clear(e);
+    Py_RETURN_NONE;
+}
+
+PyObject *Engine_has_route(Engine *e, PyObject *arg) {
+    unsigned long long lsid = PyLong_AsUnsignedLongLong(arg);
+    if (lsid == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(lsid <= 0xFFFFFFFFULL && fp_route_find(e, (uint32_t)lsid) != NULL);
 }
 
 void fp_engine_clear(Engine *e) {
@@ -283,6 +393,7 @@ void fp_engine_clear(Engine *e) {
     PyMem_Free(e->lmap);
     e->lmap = NULL;
     e->lmap_cap = 0;
+    routes_clear(e);
 }
 
 PyObject *Engine_clear(Engine *e, PyObject *Py_UNUSED(ignored)) {

@@ -23,7 +23,15 @@
 #define NUM_BANDS 128
 #define NUM_LOC 4
 
-enum { STOP_END = 0, STOP_PARTIAL = 1, STOP_SLOW = 2, STOP_MISS_FLOW = 3, STOP_MISS_LINK = 4 };
+enum { STOP_END = 0, STOP_PARTIAL = 1, STOP_SLOW = 2, STOP_MISS_FLOW = 3, STOP_MISS_LINK = 4,
+       STOP_MISS_ROUTE = 5 };
+
+/* what a route says instead of a link: the core drops such frames (no members, no route) */
+#define ROUTE_NO_MEMBERS (-1)
+#define ROUTE_NONE (-2)
+/* counts[]: COUNT_NAMES (0-5), decisions forwarded / dropped (6, 7), frames taken (8),
+ * MORE_COUNT_NAMES (9-11): see fastpath_py.py */
+#define NCOUNTS 12
 
 typedef struct { uint64_t lo, hi; } mask128;
 
@@ -64,6 +72,7 @@ typedef struct {
 typedef struct {
     uint8_t key[16];
     uint8_t state; /* 0 empty, 1 used, 2 tombstone */
+    uint8_t absent; /* the core holds no entry: frames go toward the LSID's route */
     long up;       /* -1: none */
     uint32_t ndown;
     long *down;
@@ -71,6 +80,14 @@ typedef struct {
     mask128 agg;
     uint64_t mark; /* call serial when last put in `touched` */
 } Flow;
+
+/* Where a frame of an absent flow with this LSID goes: a link, or ROUTE_NO_MEMBERS /
+ * ROUTE_NONE. */
+typedef struct {
+    uint32_t lsid;
+    uint8_t used;
+    long link;
+} Route;
 
 typedef struct {
     PyObject_HEAD
@@ -85,6 +102,8 @@ typedef struct {
     Py_ssize_t ndirty, dirty_cap;
     Copy *copies;
     Py_ssize_t ncopies, copies_cap;
+    Route *routes; /* open addressing by LSID, grown at half full; never deleted singly */
+    Py_ssize_t routes_cap, routes_used;
 } Engine;
 
 /* ------------------------------------------------------------------ hashing */
@@ -107,6 +126,7 @@ static inline uint64_t hash_long(long v) {
 /* mirror of the tables (_fastpath_tables.c) */
 Py_ssize_t fp_link_find(Engine *e, long id);
 Flow *fp_flow_find(Engine *e, const uint8_t *key);
+Route *fp_route_find(Engine *e, uint32_t lsid);
 void fp_engine_clear(Engine *e);
 int fp_init(void);
 PyObject *Engine_set_link(Engine *e, PyObject *args);
@@ -115,6 +135,11 @@ PyObject *Engine_has_link(Engine *e, PyObject *arg);
 PyObject *Engine_set_flow(Engine *e, PyObject *args);
 PyObject *Engine_forget_flow(Engine *e, PyObject *arg);
 PyObject *Engine_has_flow(Engine *e, PyObject *arg);
+PyObject *Engine_set_absent(Engine *e, PyObject *arg);
+PyObject *Engine_forget_absent(Engine *e, PyObject *ignored);
+PyObject *Engine_set_route(Engine *e, PyObject *args);
+PyObject *Engine_forget_routes(Engine *e, PyObject *ignored);
+PyObject *Engine_has_route(Engine *e, PyObject *arg);
 PyObject *Engine_clear(Engine *e, PyObject *ignored);
 PyObject *Engine_sizes(Engine *e, PyObject *ignored);
 

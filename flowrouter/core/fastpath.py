@@ -14,11 +14,21 @@ first time a frame needs it, and the core calls :meth:`FastPath.flow_changed` /
 Flows the engine must not decide alone are never copied: entries of a core with LS siblings,
 and every flow while any flow policy is in force (senders' capabilities are checked per frame).
 
+A key the core holds no entry for (a sender that is not a member, the core-based-tree rule)
+is mirrored as absent, with its LSID's route as the core's LS routing table gives it (the
+link toward the location service, or that the core drops such frames): the engine sends its
+frames on toward the location service as the core would. Creating an entry goes through
+``flow_changed`` like any change, which forgets the absence; the routes are forgotten
+whenever the core's ``generation`` moves (links or LS routes changed). At most
+``MAX_ABSENT`` absent keys are kept (anyone may send to any key): past that they are all
+forgotten and mirrored again as frames need them.
+
 Choice of engine (reported by :func:`engine_choice` and in the router's status):
 ``FLOWNET_NATIVE=0`` turns the fast path off, ``FLOWNET_NATIVE=twin`` uses the Python twin
 (tests), anything else uses the compiled engine when it imports.
 
-Imports: the standard library and :mod:`flowrouter.core.fastpath_py` (sans-I/O, like the core).
+Imports: the standard library, :mod:`flowrouter.core.fastpath_py` and
+:mod:`flowrouter.wire` (sans-I/O, like the core).
 """
 
 from __future__ import annotations
@@ -28,13 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 from flowrouter.core import fastpath_py
 from flowrouter.core.fastpath_py import (
-    COUNT_NAMES,
+    COUNT_AT,
+    ROUTE_NO_MEMBERS,
+    ROUTE_NONE,
     STOP_END,
     STOP_MISS_FLOW,
     STOP_MISS_LINK,
+    STOP_MISS_ROUTE,
     STOP_PARTIAL,
     STOP_SLOW,
 )
+from flowrouter.wire.flowid import key_lsid
 
 if TYPE_CHECKING:
     from flowrouter.core.router import Router
@@ -47,6 +61,10 @@ ENV = "FLOWNET_NATIVE"
 #: the few Python objects a view takes; below this the copy is cheaper)
 REF_MIN = 8192
 _NO_BUDGET = 1 << 62
+#: absent keys mirrored at most (then all are forgotten and mirrored again as needed)
+MAX_ABSENT = 1 << 16
+#: (index in the engine's counts, counter name)
+_COUNTERS = tuple((i, name) for name, i in COUNT_AT.items())
 
 
 def _native_engine() -> tuple[Any, str]:
@@ -86,7 +104,7 @@ def new_engine(kind: str = "auto") -> Any:
 class FastPath:
     """Forwards whole buffers for one :class:`Router` through an engine kept in step with it."""
 
-    __slots__ = ("router", "engine", "description", "stats")
+    __slots__ = ("router", "engine", "description", "stats", "_generation", "_absent")
 
     def __init__(self, router: Router, engine: Any, description: str = "") -> None:
         self.router = router
@@ -94,6 +112,10 @@ class FastPath:
         self.description = description or type(engine).__module__
         #: frames the engine took, calls, frames it left to the core, copies installed
         self.stats = {"calls": 0, "installs": 0, "slow": 0}
+        #: the core's generation the mirrored routes are from; absent keys set since the
+        #: last time they were all forgotten
+        self._generation = router.state.generation
+        self._absent = 0
         router.fib = self
 
     # ------------------------------------------------------------------ mirror upkeep
@@ -108,6 +130,7 @@ class FastPath:
     def reset(self) -> None:
         """Forget everything (policies appeared, or anything the hooks cannot name)."""
         self.engine.clear()
+        self._absent = 0
 
     def _install_link(self, link_id: int) -> bool:
         from flowrouter.core.tables import LinkState
@@ -134,6 +157,33 @@ class FastPath:
         self.stats["installs"] += 1
         return True
 
+    def _install_absent(self, key: bytes) -> bool:
+        """Mirror that the core holds no entry for *key*, with its LSID's route as the
+        core's forwarding would take it (False: leave such frames to the core)."""
+        r = self.router
+        if key in r.flows:
+            return self._install_flow(key)
+        eng = self.engine
+        lsid = key_lsid(key)
+        if not eng.has_route(lsid):
+            if lsid in r.p.core_lsids:
+                route = ROUTE_NO_MEMBERS
+            else:
+                link = r.routing.link_for(lsid)
+                route = ROUTE_NONE if link is None else link
+                if link is not None and not eng.has_link(link) and not self._install_link(
+                        link):
+                    return False
+            eng.set_route(lsid, route)
+        if not eng.has_flow(key):
+            if self._absent >= MAX_ABSENT:
+                eng.forget_absent()
+                self._absent = 0
+            eng.set_absent(key)
+            self._absent += 1
+            self.stats["installs"] += 1
+        return True
+
     # ------------------------------------------------------------------ forwarding
     def forward(self, link_id: int, data: Any, pos: int, max_payload: int,
                 ref_min: int = REF_MIN) -> tuple[int, int, list[tuple[int, Any, int]]]:
@@ -153,6 +203,9 @@ class FastPath:
         if r.state.policies_active:
             return pos, STOP_SLOW, []
         eng = self.engine
+        if r.state.generation != self._generation:  # links or LS routes changed
+            eng.forget_routes()
+            self._generation = r.state.generation
         tracing = r.state.tracing
         tr = r.tracer
         counters = r.counters
@@ -171,21 +224,21 @@ class FastPath:
                     links[lk].tx += n
             if counts[8]:
                 links[link_id].rx += counts[8]
-            for i, name in enumerate(COUNT_NAMES):
+            for i, name in _COUNTERS:
                 if counts[i]:
                     counters[name] += counts[i]
             if tracing:
                 tr.fwd_left -= counts[6]
                 tr.drop_left -= counts[7]
-            if stop in (STOP_MISS_FLOW, STOP_MISS_LINK):
+            if stop in (STOP_MISS_FLOW, STOP_MISS_LINK, STOP_MISS_ROUTE):  # the mirror lacks one
                 if pos != at:
                     at, attempts = pos, 0
                 attempts += 1
-                if attempts <= 2:  # the input link, then the flow and its links
+                if attempts <= 2:  # the input link, then the flow (or absence) and its links
                     if stop == STOP_MISS_LINK and not eng.has_link(link_id):
                         ok = self._install_link(link_id)
                     else:
-                        ok = self._install_flow(bytes(data[pos:pos + 16]))
+                        ok = self._install_absent(bytes(data[pos:pos + 16]))
                     if ok:
                         continue
                 stop = STOP_SLOW

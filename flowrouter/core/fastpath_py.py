@@ -1,11 +1,19 @@
 """The forwarding engine of the fast path in pure Python: the twin of ``_fastpath.c``.
 
 Both hold a mirror of what forwarding needs (flow key -> upstream link, downstream links with
-band masks; per link: router or not, largest payload, locality costs) and forward the
-ordinary data frames of a whole received buffer at once into per-link output buffers. They
-decide nothing the core would not: :mod:`flowrouter.core.fastpath` keeps the mirror in step
-with the core's tables and hands every frame they stop at to the core. The equivalence tests
-feed both engines and the core the same tables and frames and demand the same output.
+band masks; per link: router or not, largest payload, locality costs; per LSID: where a frame
+of a flow the core holds no entry for goes) and forward the ordinary data frames of a whole
+received buffer at once into per-link output buffers. They decide nothing the core would not:
+:mod:`flowrouter.core.fastpath` keeps the mirror in step with the core's tables and hands
+every frame they stop at to the core. The equivalence tests feed both engines and the core
+the same tables and frames and demand the same output.
+
+Senders that are not members (the core-based-tree rule): a flow key the core holds no entry
+for is mirrored as *absent* (``set_absent``), and its LSID's route (``set_route``: the link
+toward the location service, or why the core drops such frames). A data frame of an absent
+flow goes on that one link, TTL and locality charged as for any copy, and counts
+``forward.toward-core`` as in the core; a frame that would go back out of the link it came in
+on (the core answers NOT_ON_TREE) is the core's.
 
 ``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min)`` returns
 ``(pos, stop, outputs, touched, counts)``:
@@ -14,8 +22,9 @@ feed both engines and the core the same tables and frames and demand the same ou
   buffer ended (``STOP_END``), a frame is incomplete (``STOP_PARTIAL``), the frame at ``pos``
   is for the core (``STOP_SLOW``: control bands, link-local frames, invalid headers, a trace
   sample due, a band only routers originate (17..19) sent by an application link), or the
-  mirror lacks its flow or one of its links (``STOP_MISS_FLOW``, ``STOP_MISS_LINK``). No side
-  effect of the frame at ``pos`` has happened;
+  mirror lacks its flow, one of its links or (for an absent flow) its LSID's route
+  (``STOP_MISS_FLOW``, ``STOP_MISS_LINK``, ``STOP_MISS_ROUTE``). No side effect of the frame
+  at ``pos`` has happened;
 * ``outputs`` — ``[(link, out, frames)]``: each output link's frames, headers rewritten
   (one header per distinct TTL and locality), in arrival order. ``out`` is one ``bytes``
   object, unless a payload of ``ref_min`` bytes or more (default: none) went to that link:
@@ -28,7 +37,8 @@ feed both engines and the core the same tables and frames and demand the same ou
   the epoch of traffic on them);
 * ``counts`` — ``COUNT_NAMES`` in order, then the forward and drop decisions taken (the
   tracer's sampling countdowns; at most ``fwd_budget - 1`` and ``drop_budget - 1`` of them,
-  so the decision that is sampled is always the core's), then the frames taken.
+  so the decision that is sampled is always the core's), then the frames taken, then
+  ``MORE_COUNT_NAMES`` in order (``COUNT_AT`` maps every counter name to its index).
 
 Imports: nothing from this project (it must stay a drop-in twin of the C module).
 """
@@ -42,10 +52,23 @@ STOP_PARTIAL = 1
 STOP_SLOW = 2
 STOP_MISS_FLOW = 3
 STOP_MISS_LINK = 4
+STOP_MISS_ROUTE = 5
+
+#: what a route says instead of a link (``set_route``): the core drops such frames, counted
+#: as ``drop.no-members`` (we are the location service's core and hold no entry) or
+#: ``drop.no-route`` (no link leads toward it)
+ROUTE_NO_MEMBERS = -1
+ROUTE_NONE = -2
 
 #: counter names of ``counts[0:6]``, as the core names them
 COUNT_NAMES = ("forwarded", "drop.ttl", "drop.band-filtered", "drop.no-receivers",
                "drop.locality", "drop.too-big-for-link")
+#: counter names of ``counts[9:12]``
+MORE_COUNT_NAMES = ("forward.toward-core", "drop.no-members", "drop.no-route")
+#: counter name -> index in ``counts``
+COUNT_AT = {**{name: i for i, name in enumerate(COUNT_NAMES)},
+            **{name: 9 + i for i, name in enumerate(MORE_COUNT_NAMES)}}
+_NCOUNTS = 12
 
 _HEADER = 24
 _ROUTER_BANDS_END = 16
@@ -64,8 +87,11 @@ class Engine:
     def __init__(self) -> None:
         #: link -> (is_router, max_payload, modifiers indexed by locality type)
         self._links: dict[int, tuple[bool, int, tuple[int, ...]]] = {}
-        #: key -> (upstream or -1, [(link, mask)], aggregate mask)
-        self._flows: dict[bytes, tuple[int, list[tuple[int, int]], int]] = {}
+        #: key -> (upstream or -1, [(link, mask)], aggregate mask), or None: absent (the
+        #: core holds no entry: frames go toward the LSID's route)
+        self._flows: dict[bytes, tuple[int, list[tuple[int, int]], int] | None] = {}
+        #: LSID -> link toward its location service, or ROUTE_NO_MEMBERS / ROUTE_NONE
+        self._routes: dict[int, int] = {}
 
     # ------------------------------------------------------------------ the mirror
     def set_link(self, link: int, router: bool, max_payload: int,
@@ -89,21 +115,50 @@ class Engine:
         self._flows[bytes(key)] = (int(upstream), [(int(lk), int(m)) for lk, m in down],
                                    int(agg))
 
+    def set_absent(self, key: bytes) -> None:
+        """Mirror that the core holds no entry for *key*: its data frames go toward the
+        location service of its LSID (see ``set_route``)."""
+        if len(key) != 16:
+            raise ValueError("a flow key is 16 bytes")
+        self._flows[bytes(key)] = None
+
     def forget_flow(self, key: bytes) -> None:
+        """Forget the copy of *key*'s entry, or that it is absent."""
         self._flows.pop(bytes(key), None)
+
+    def forget_absent(self) -> None:
+        """Forget every absent key (there may be many: any key anyone sent to)."""
+        for key in [k for k, f in self._flows.items() if f is None]:
+            del self._flows[key]
+
+    def set_route(self, lsid: int, link: int) -> None:
+        """Mirror where a frame of an absent flow with this LSID goes: *link*, or
+        ``ROUTE_NO_MEMBERS`` / ``ROUTE_NONE`` (dropped, counted as the core counts it)."""
+        if not 0 <= lsid < 1 << 32 or link < ROUTE_NONE:
+            raise ValueError("an LSID is 32 bits; a route is a link or ROUTE_*")
+        self._routes[int(lsid)] = int(link)
+
+    def forget_routes(self) -> None:
+        """Forget every route (the core's LS routes or links changed)."""
+        self._routes.clear()
 
     def clear(self) -> None:
         self._flows.clear()
         self._links.clear()
+        self._routes.clear()
 
     def has_flow(self, key: bytes) -> bool:
+        """True if *key*'s entry, or its absence, is mirrored."""
         return bytes(key) in self._flows
+
+    def has_route(self, lsid: int) -> bool:
+        return lsid in self._routes
 
     def has_link(self, link: int) -> bool:
         return link in self._links
 
     def sizes(self) -> tuple[int, int]:
-        """(flows, links) mirrored."""
+        """(flows, links) mirrored (absent keys count as flows)."""
         return len(self._flows), len(self._links)
 
     # ------------------------------------------------------------------ forwarding
@@ -112,11 +167,11 @@ class Engine:
                 ) -> tuple[int, int, list[tuple[int, Any, int]], list[bytes], tuple[int, ...]]:
         data = memoryview(data)
         n = len(data)
-        links, flows = self._links, self._flows
+        links, flows, routes = self._links, self._flows, self._routes
         #: per link: copied frames (bytes) and, for payloads passed on, (header, start, end)
         bufs: dict[int, list[Any]] = {}
         touched: dict[bytes, None] = {}
-        counts = [0] * 9
+        counts = [0] * _NCOUNTS
         stop = STOP_END
         if link not in links:
             return pos, STOP_MISS_LINK, [], [], tuple(counts)
@@ -148,26 +203,46 @@ class Engine:
                 counts[8] += 1
                 pos = end
                 continue
-            flow = flows.get(key)
-            if flow is None:
+            if key not in flows:
                 stop = STOP_MISS_FLOW
                 break
-            up, down, agg = flow
-            bit = 1 << band
-            is_down = any(lk == link for lk, _m in down)
+            flow = flows[key]
             drop_kind = 0
             targets: list[int] = []
-            if link == up:
-                if not agg & bit:
-                    drop_kind = 2
-                else:
-                    targets = [lk for lk, m in down if m & bit]
+            if flow is None:  # absent: toward the location service
+                route = routes.get(int.from_bytes(key[8:12], "big"))
+                if route is None:
+                    stop = STOP_MISS_ROUTE
+                    break
+                if route == link:  # from the tree's side: the core answers NOT_ON_TREE
+                    stop = STOP_SLOW
+                    break
+                if route < 0:
+                    if counts[7] + 1 >= drop_budget:
+                        stop = STOP_SLOW
+                        break
+                    counts[10 if route == ROUTE_NO_MEMBERS else 11] += 1
+                    counts[7] += 1
+                    counts[8] += 1
+                    pos = end
+                    continue
+                is_down = False
+                targets = [route]
             else:
-                targets = [lk for lk, m in down if m & bit and lk != link]
-                if up >= 0:
-                    targets.append(up)
-            if not drop_kind and not targets:
-                drop_kind = 3
+                up, down, agg = flow
+                bit = 1 << band
+                is_down = any(lk == link for lk, _m in down)
+                if link == up:
+                    if not agg & bit:
+                        drop_kind = 2
+                    else:
+                        targets = [lk for lk, m in down if m & bit]
+                else:
+                    targets = [lk for lk, m in down if m & bit and lk != link]
+                    if up >= 0:
+                        targets.append(up)
+                if not drop_kind and not targets:
+                    drop_kind = 3
             if drop_kind:
                 if counts[7] + 1 >= drop_budget:
                     stop = STOP_SLOW
@@ -211,6 +286,8 @@ class Engine:
             counts[5] += drops[2]
             counts[7] += ndrops
             counts[8] += 1
+            if flow is None:
+                counts[9] += 1
             if plan:
                 counts[6] += 1
                 counts[0] += len(plan)
