@@ -54,6 +54,7 @@ from common import (  # noqa: E402
     Child,
     RouterChain,
     free_port,
+    load_average,
     log_directory,
     machine_info,
     proc_cpu_seconds,
@@ -87,8 +88,9 @@ def _read_frame(sock: socket.socket, buf: bytearray) -> tuple[bytes, bytes]:
         buf += chunk
 
 
-def flownet_attach(addr: str, name: str, key: bytes, mask: int) -> socket.socket:
-    """Connect to a router as an application, join *key* with *mask*, wait for the ack."""
+def flownet_attach(addr: str, name: str, key: bytes, mask: int | None) -> socket.socket:
+    """Connect to a router as an application, join *key* with *mask* (None: do not join),
+    wait for the ack."""
     from flowrouter.wire import control as C
     from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 
@@ -106,6 +108,8 @@ def flownet_attach(addr: str, name: str, key: bytes, mask: int) -> socket.socket
             break
         if isinstance(msg, C.Error):
             raise ConnectionError(f"router refused us: {msg.text}")
+    if mask is None:
+        return sock
     sock.sendall(_frame(key, 0, C.Join(1, mask).encode()))
     while True:
         hdr, body = _read_frame(sock, buf)
@@ -159,7 +163,9 @@ def worker_publisher(p: dict[str, Any]) -> None:
         _answer_in_background(sock, "nats")
     elif p["system"] == "flownet":
         key = bytes.fromhex(p["key"])
-        sock = flownet_attach(p["addr"], "bulk-pub", key, 1)  # membership band only
+        # a member on the membership band only; a stranger only says HELLO, and its frames
+        # travel toward the location service until they meet the tree
+        sock = flownet_attach(p["addr"], "bulk-pub", key, 1 if p.get("join", True) else None)
         one = _frame(key, DATA_BAND, payload)
         _answer_in_background(sock, "flownet")
     else:
@@ -390,7 +396,9 @@ def _argv(role: str, **params: Any) -> list[str]:
 
 async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
                     log_dir: Path, pub_addr: str, sub_addr: str, cpu_of: Any,
-                    key: str = "") -> dict[str, Any]:
+                    key: str = "", label: str = "", join: bool = True) -> dict[str, Any]:
+    """One rate row; *label* names it in the tables (default: *system*)."""
+    label = label or system
     seconds = args.warmup + args.duration + 1.0
     sub = await Child.start(f"sub-{system}", _argv(
         "subscriber", system=system, addr=sub_addr, size=size, key=key,
@@ -399,7 +407,8 @@ async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
         if system == "raw":
             pub_addr = (await sub.expect("listening", 10))["addr"]
         pub = await Child.start(f"pub-{system}", _argv(
-            "publisher", system=system, addr=pub_addr, size=size, key=key, seconds=seconds),
+            "publisher", system=system, addr=pub_addr, size=size, key=key, seconds=seconds,
+            join=join),
             log_dir, stdin=True)
         try:
             if system != "raw":
@@ -419,7 +428,7 @@ async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
         await sub.stop()
     msgs = max(got["msgs"], 1)
     cpu = [(b - a) / msgs * 1e6 for a, b in zip(cpu0, cpu1)]
-    row = {"system": system, "hops": hops, "size": size, "msg_rate": got["msg_rate"],
+    row = {"system": label, "hops": hops, "size": size, "msg_rate": got["msg_rate"],
            "mb_s": got["msg_rate"] * size / 1e6,
            "sent_msgs": sent["sent"] // got["per_msg"], "recv_msgs": got["msgs"],
            "cpu_s_per_M": cpu, "cpu_s_per_M_max": max(cpu) if cpu else None}
@@ -427,28 +436,45 @@ async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
         row["note"] = f"publisher: {sent['error']}"
     elif system == "nats" and got["msgs"] < sent["sent"] // got["per_msg"] * 0.99:
         row["note"] = "subscriber got less than was published"
-    say(f"  {system:8s} hops={hops} {size:>6} B: {got['msg_rate']:>12,.0f} msg/s  "
+    say(f"  {label:8s} hops={hops} {size:>6} B: {got['msg_rate']:>12,.0f} msg/s  "
         f"cpu/M msgs {['%.2f' % c for c in cpu]}")
     return row
 
 
+def flownet_sides(args: argparse.Namespace) -> list[tuple[str, Path | None, bool]]:
+    """(label, code or None for this checkout, sender joins) of each flownet row kind:
+    ``flownet`` / ``flownet-stranger`` (a sender that is not a member), and with ``--base``
+    the same from that checkout, labelled ``base`` / ``base-stranger``."""
+    codes: list[tuple[str, Path | None]] = [("flownet", None)]
+    if args.base:
+        codes.insert(0, ("base", Path(args.base).resolve()))
+    return [(name if sender == "member" else f"{name}-{sender}", code, sender == "member")
+            for name, code in codes for sender in args.senders]
+
+
 async def run_rates(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
+    """Per chain length, every system's chain is started first, then each payload size is
+    measured on each in turn (so load from elsewhere on the machine hits them alike)."""
     rows: list[dict[str, Any]] = []
     for size in args.sizes:
         rows.append(await _one_rate("raw", 0, size, args, log_dir, "", "", lambda: []))
     for hops in args.hops:
-        async with RouterChain(hops, log_dir) as chain:
+        async with contextlib.AsyncExitStack() as stack:
+            chains = []
+            for label, code, join in flownet_sides(args):
+                chain = await stack.enter_async_context(RouterChain(hops, log_dir, code=code))
+                chains.append((label, chain, join))
+            nats = None if args.no_nats else await stack.enter_async_context(
+                NatsChain(hops, log_dir))
             for size in args.sizes:
-                key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
-                rows.append(await _one_rate("flownet", hops, size, args, log_dir,
-                                            chain.listen[0], chain.listen[-1], chain.cpu,
-                                            key))
-        if args.no_nats:
-            continue
-        async with NatsChain(hops, log_dir) as nats:
-            for size in args.sizes:
-                rows.append(await _one_rate("nats", hops, size, args, log_dir, nats.first,
-                                            nats.last, nats.cpu))
+                for label, chain, join in chains:
+                    key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
+                    rows.append(await _one_rate("flownet", hops, size, args, log_dir,
+                                                chain.listen[0], chain.listen[-1], chain.cpu,
+                                                key, label, join))
+                if nats is not None:
+                    rows.append(await _one_rate("nats", hops, size, args, log_dir, nats.first,
+                                                nats.last, nats.cpu))
     return rows
 
 
@@ -505,25 +531,26 @@ async def run_rtt(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any
 def print_tables(result: dict[str, Any]) -> None:
     rows = result["rates"]
     by = {(r["system"], r["hops"], r["size"]): r for r in rows}
+    kinds = sorted({(r["hops"], r["system"]) for r in rows if r["hops"]},
+                   key=lambda hk: (hk[0], hk[1] == "nats", hk[1]))
     out = []
     for size in sorted({r["size"] for r in rows}):
         line: dict[str, Any] = {"size": size}
         raw = by.get(("raw", 0, size))
         line["raw"] = raw["msg_rate"] if raw else None
-        for hops in sorted({r["hops"] for r in rows if r["hops"]}):
-            f, n = by.get(("flownet", hops, size)), by.get(("nats", hops, size))
-            line[f"f{hops}"] = f["msg_rate"] if f else None
-            line[f"n{hops}"] = n["msg_rate"] if n else None
-            line[f"fc{hops}"] = f["cpu_s_per_M_max"] if f else None
-            line[f"nc{hops}"] = n["cpu_s_per_M_max"] if n else None
+        for hops, system in kinds:
+            r = by.get((system, hops, size))
+            line[f"{system}{hops}"] = r["msg_rate"] if r else None
+            line[f"{system}{hops}cpu"] = r["cpu_s_per_M_max"] if r else None
         out.append(line)
     cols = [("size", "payload", ">8"), ("raw", "raw TCP", ">12,.0f")]
-    for hops in sorted({r["hops"] for r in rows if r["hops"]}):
-        cols += [(f"f{hops}", f"flownet {hops}h", ">12,.0f"), (f"n{hops}", f"NATS {hops}h",
-                                                                ">12,.0f"),
-                 (f"fc{hops}", f"rtr cpu/M {hops}h", ">14.2f"),
-                 (f"nc{hops}", f"nats cpu/M {hops}h", ">15.2f")]
+    for hops, system in kinds:
+        cols.append((f"{system}{hops}", f"{system} {hops}h", ">12,.0f"))
+    for hops, system in kinds:
+        cols.append((f"{system}{hops}cpu", f"cpu/M {system} {hops}h", ">10.2f"))
     say(table(out, cols))
+    say(f"load average at the start {result['machine'].get('loadavg')}, at the end "
+        f"{result.get('loadavg_end')}")
     for r in result.get("rtt", []):
         say(f"rtt {r['system']}: median {r['median_us']:.1f} us p99 {r['p99_us']:.1f} us "
             f"(pass medians {r.get('pass_medians_us')})")
@@ -538,6 +565,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             result["rates"] = await run_rates(args, log_dir)
         if args.rtt or args.rtt_only:
             result["rtt"] = await run_rtt(args, log_dir)
+        result["loadavg_end"] = load_average()
         return result
 
 
@@ -548,6 +576,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--no-nats", action="store_true")
+    ap.add_argument("--senders", nargs="+", choices=["member", "stranger"],
+                    default=["member"],
+                    help="flownet publishers: members (joined on the membership band) "
+                         "and/or strangers (HELLO only, not members: their frames travel "
+                         "toward the location service until they meet the tree)")
+    ap.add_argument("--base", metavar="CHECKOUT",
+                    help="also run the flownet rows with routers from this checkout "
+                         "(labelled base), taking turns with this one's in the same run")
     ap.add_argument("--no-native", action="store_true",
                     help="routers forward in Python only (FLOWNET_NATIVE=0)")
     ap.add_argument("--no-uvloop", action="store_true",

@@ -91,12 +91,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def child_env() -> dict[str, str]:
-    """Environment for children: the frozen copy of the code first on the import path."""
+def child_env(code: Path | None = None) -> dict[str, str]:
+    """Environment for children: the frozen copy of the code (or *code*, another checkout
+    to compare with) first on the import path."""
     env = dict(os.environ)
-    env[CODE_ENV] = str(CODE_DIR)
-    env["PYTHONPATH"] = str(CODE_DIR) + (os.pathsep + env["PYTHONPATH"]
-                                         if env.get("PYTHONPATH") else "")
+    code = CODE_DIR if code is None else code
+    env[CODE_ENV] = str(code)
+    env["PYTHONPATH"] = str(code) + (os.pathsep + env["PYTHONPATH"]
+                                     if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONHASHSEED", "0")
     return env
 
@@ -259,14 +261,15 @@ class Child:
 
     @classmethod
     async def start(cls, name: str, argv: list[str], log_dir: Path,
-                    stdin: bool = False) -> Child:
+                    stdin: bool = False, code: Path | None = None) -> Child:
         log_path = log_dir / f"{name}.log"
         log = open(log_path, "wb")  # noqa: SIM115,ASYNC230 - a local file, closed below
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=subprocess.PIPE, stderr=log,
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                env=child_env(), cwd=str(CODE_DIR), limit=1 << 20)
+                env=child_env(code), cwd=str(CODE_DIR if code is None else code),
+                limit=1 << 20)
         finally:
             log.close()
         return cls(name, proc, log_path)
@@ -393,10 +396,13 @@ class ProcessGroup:
 
 class RouterChain(ProcessGroup):
     """Routers r1 - r2 - ... - rN, each its own ``flowrouter run`` process; rN is the core of
-    LSID 0x10. ``listen[i]``/``control[i]`` are the addresses of r(i+1)."""
+    LSID 0x10. ``listen[i]``/``control[i]`` are the addresses of r(i+1). With *code*, the
+    routers run that checkout's code (a before/after comparison in one run)."""
 
-    def __init__(self, n: int, log_dir: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(self, n: int, log_dir: Path, extra_args: Sequence[str] = (),
+                 code: Path | None = None) -> None:
         self.n = n
+        self.code = code
         self.log_dir = log_dir
         self.extra_args = list(extra_args)
         self.procs: list[Child] = []
@@ -417,7 +423,8 @@ class RouterChain(ProcessGroup):
                 argv += ["--peer", f"r{i + 2}={self.listen[i + 1]}"]
             if i > 0:  # r(i) dials this one: accept it as a router (no link keys here)
                 argv += ["--accept-router", f"r{i}@{HOST}"]
-            self.procs.insert(0, await Child.start(f"router-r{i + 1}", argv, self.log_dir))
+            self.procs.insert(0, await Child.start(f"router-r{i + 1}", argv, self.log_dir,
+                                                   code=self.code))
         deadline = time.monotonic() + 20.0
         for i in range(n):
             await self._wait_up(i, deadline)
