@@ -394,10 +394,45 @@ def _argv(role: str, **params: Any) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--worker", role, json.dumps(params)]
 
 
+async def _profile(args: argparse.Namespace, label: str, hops: int, size: int,
+                   pids: list[int]) -> list[tuple[Any, Path]]:
+    """Start ``py-spy record`` on each router over the measured window (``--profile``)."""
+    spy = shutil.which("py-spy")
+    if not args.profile or spy is None or not pids:
+        return []
+    out_dir = Path(args.profile)  # made by main() before the run
+    await asyncio.sleep(args.warmup)
+    spies = []
+    for i, pid in enumerate(pids):
+        out = out_dir / f"{label}-{hops}h-{size}B-r{i + 1}.collapsed.txt"
+        proc = await asyncio.create_subprocess_exec(
+            spy, "record", "-p", str(pid), "-d", str(max(1, round(args.duration))), "-r",
+            "200", "-f", "raw", "--nonblocking", "-o", str(out),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        spies.append((proc, out))
+    return spies
+
+
+async def _profile_summary(spies: list[tuple[Any, Path]]) -> None:
+    """Wait for the py-spy runs; print each router's top functions by self time."""
+    from profile_hotpath import summarize_collapsed
+
+    for proc, out in spies:
+        await proc.wait()
+        if not out.exists():
+            continue
+        summary = summarize_collapsed(out.read_text(), 6)
+        out.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+        say(f"    {out.name}: {summary['samples']} busy samples; self: " + "; ".join(
+            f"{r['share']:.0%} {r['function']}" for r in summary["self"]))
+
+
 async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
                     log_dir: Path, pub_addr: str, sub_addr: str, cpu_of: Any,
-                    key: str = "", label: str = "", join: bool = True) -> dict[str, Any]:
-    """One rate row; *label* names it in the tables (default: *system*)."""
+                    key: str = "", label: str = "", join: bool = True,
+                    pids: list[int] | None = None) -> dict[str, Any]:
+    """One rate row; *label* names it in the tables (default: *system*); *pids*: the
+    routers to profile with ``--profile``."""
     label = label or system
     seconds = args.warmup + args.duration + 1.0
     sub = await Child.start(f"sub-{system}", _argv(
@@ -419,7 +454,9 @@ async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
             cpu0 = cpu_of()
             pub.tell("go")
             await pub.proc.stdin.drain()  # type: ignore[union-attr]
+            spies = await _profile(args, label, hops, size, pids or [])
             sent = await pub.expect("result", seconds + 30)
+            await _profile_summary(spies)
             got = await sub.expect("result", 30)
             cpu1 = cpu_of()
         finally:
@@ -471,7 +508,8 @@ async def run_rates(args: argparse.Namespace, log_dir: Path) -> list[dict[str, A
                     key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
                     rows.append(await _one_rate("flownet", hops, size, args, log_dir,
                                                 chain.listen[0], chain.listen[-1], chain.cpu,
-                                                key, label, join))
+                                                key, label, join,
+                                                [p.pid for p in chain.procs]))
                 if nats is not None:
                     rows.append(await _one_rate("nats", hops, size, args, log_dir, nats.first,
                                                 nats.last, nats.cpu))
@@ -596,6 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rtt-passes", type=int, default=5,
                     help="round-trip passes, the systems taking turns (median of medians)")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="sample each router with py-spy over each flownet row's window; "
+                         "collapsed stacks and a summary per router go to DIR")
     ap.add_argument("--out", help="write the JSON result here")
     return ap
 
@@ -610,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["FLOWNET_NATIVE"] = "0"
     if args.no_uvloop:
         os.environ["FLOWNET_UVLOOP"] = "0"
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     result = asyncio.run(main_async(args))
     print_tables(result)
     write_json(result, args.out)
