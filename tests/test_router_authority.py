@@ -125,13 +125,13 @@ def test_the_fast_path_hands_application_control_frames_to_the_core(engine: obje
     e.set_flow(FLOW.key, 2, [(1, all_bands), (3, all_bands)], all_bands)
     for band in (*CONTROL, *APP_CONTROL, 32):
         frame = pack_header(FLOW.key, 4, band, 0, 0, 32) + b"abcd"
-        pos, stop, outs, _t, _c = e.forward(1, frame, 0, 1 << 62, 1 << 62, 65536)
+        pos, stop, outs, _c = e.forward(1, frame, 0, 1 << 62, 1 << 62, 65536)
         if band in CONTROL:
             assert (pos, stop, outs) == (0, STOP_SLOW, []), band
         else:
             assert pos == len(frame) and {lk for lk, _o, _n in outs} == {2, 3}, band
         # from the router side, the same bands are forwarded as before
-        pos, stop, outs, _t, _c = e.forward(2, frame, 0, 1 << 62, 1 << 62, 65536)
+        pos, stop, outs, _c = e.forward(2, frame, 0, 1 << 62, 1 << 62, 65536)
         assert pos == len(frame) and {lk for lk, _o, _n in outs} == {1, 3}, band
 
 

@@ -3,8 +3,7 @@
  * Same interface and the same decisions as flowrouter/core/fastpath_py.py (read its module
  * docstring first): a mirror of the forwarding tables, and forward() over a whole received
  * buffer with no Python object per message. Python objects are made once per call: one
- * bytes object per output link, one per flow whose traffic epoch must be noted, the result
- * tuple. The engine does no I/O and takes no locks; the GIL is held throughout.
+ * bytes object per output link (a few views with large payloads), the result tuple. The engine does no I/O and takes no locks; the GIL is held throughout.
  *
  * The tables it forwards from are in _fastpath_tables.c (declarations in
  * _fastpath_tables.h).
@@ -75,7 +74,6 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     Py_ssize_t n = view.len;
     long long counts[NCOUNTS] = {0};
     int stop = STOP_END;
-    PyObject *touched = PyList_New(0);
     PyObject *outputs = NULL, *result = NULL;
     Py_ssize_t stack_slots[MAX_TARGETS_STACK];
     uint8_t stack_left[MAX_TARGETS_STACK];
@@ -83,8 +81,6 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     uint8_t *lefts = stack_left;
     Py_ssize_t slots_cap = MAX_TARGETS_STACK;
     int failed = 0;
-    if (!touched) { PyBuffer_Release(&view); return NULL; }
-    uint64_t serial = ++e->serial;
     if (pos < 0 || pos > n) {
         PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
         failed = 1;
@@ -117,11 +113,10 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         }
         Flow *f = fp_flow_find(e, h);
         if (!f) { stop = STOP_MISS_FLOW; break; }
-        int is_down = 0;
         int drop_kind = 0;
         Py_ssize_t nt = 0;
         int missing = 0;
-        if (f->absent) { /* toward the location service (slots has room for one) */
+        if (f->ndown == FLOW_ABSENT) { /* toward the location service (slots has room for one) */
             uint32_t lsid = ((uint32_t)h[8] << 24) | ((uint32_t)h[9] << 16)
                             | ((uint32_t)h[10] << 8) | h[11];
             Route *r = fp_route_find(e, lsid);
@@ -140,8 +135,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             else slots[nt++] = s;
             goto decided;
         }
-        for (uint32_t i = 0; i < f->ndown; i++)
-            if (f->down[i] == in_id) { is_down = 1; break; }
+        const int32_t *downs = flow_downs(f);
+        const mask128 *masks = flow_masks(f);
         if ((Py_ssize_t)f->ndown + 1 > slots_cap) {
             Py_ssize_t cap = (Py_ssize_t)f->ndown + 1;
             Py_ssize_t *ns = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
@@ -157,16 +152,16 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
                 drop_kind = 2;
             } else {
                 for (uint32_t i = 0; i < f->ndown; i++) {
-                    if (!mask_has(f->masks[i], band)) continue;
-                    Py_ssize_t s = fp_link_find(e, f->down[i]);
+                    if (!mask_has(masks[i], band)) continue;
+                    Py_ssize_t s = fp_link_find(e, downs[i]);
                     if (s < 0) { missing = 1; break; }
                     slots[nt++] = s;
                 }
             }
         } else {
             for (uint32_t i = 0; i < f->ndown; i++) {
-                if (!mask_has(f->masks[i], band) || f->down[i] == in_id) continue;
-                Py_ssize_t s = fp_link_find(e, f->down[i]);
+                if (!mask_has(masks[i], band) || downs[i] == in_id) continue;
+                Py_ssize_t s = fp_link_find(e, downs[i]);
                 if (s < 0) { missing = 1; break; }
                 slots[nt++] = s;
             }
@@ -182,12 +177,6 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             counts[drop_kind]++;
             counts[7]++;
             counts[8]++;
-            if (is_down && f->mark != serial) {
-                PyObject *k = PyBytes_FromStringAndSize((const char *)h, 16);
-                if (!k || PyList_Append(touched, k) < 0) { Py_XDECREF(k); failed = 1; break; }
-                Py_DECREF(k);
-                f->mark = serial;
-            }
             pos = end;
             continue;
         }
@@ -220,16 +209,10 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         counts[5] += d_big;
         counts[7] += nd;
         counts[8]++;
-        if (f->absent) counts[9]++;
+        if (f->ndown == FLOW_ABSENT) counts[9]++;
         if (nsend) {
             counts[6]++;
             counts[0] += nsend;
-        }
-        if (is_down && f->mark != serial) {
-            PyObject *k = PyBytes_FromStringAndSize((const char *)h, 16);
-            if (!k || PyList_Append(touched, k) < 0) { Py_XDECREF(k); failed = 1; break; }
-            Py_DECREF(k);
-            f->mark = serial;
         }
         for (Py_ssize_t i = 0; i < nsend; i++) {
             if (plan_copy(e, slots[i], pos, size, lt, lefts[i], out_ttl,
@@ -324,10 +307,9 @@ done:
     PyBuffer_Release(&view);
     if (failed || !outputs) {
         Py_XDECREF(outputs);
-        Py_DECREF(touched);
         return NULL;
     }
-    result = Py_BuildValue("(niNN(LLLLLLLLLLLL))", pos, stop, outputs, touched, counts[0],
+    result = Py_BuildValue("(niN(LLLLLLLLLLLL))", pos, stop, outputs, counts[0],
                            counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
                            counts[7], counts[8], counts[9], counts[10], counts[11]);
     return result;
@@ -368,7 +350,7 @@ static PyMethodDef Engine_methods[] = {
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
     {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
      "forward(link, data, pos, fwd_budget, drop_budget, max_payload) -> "
-     "(pos, stop, outputs, touched, counts)"},
+     "(pos, stop, outputs, counts)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,9 +1,11 @@
 /* The compiled engine's mirror of the router's tables: links and flows.
  *
  * Links: an array of slots and an open-addressing map from link id to slot (rebuilt when a
- * link comes or goes, which is rare). Flows: an open-addressing table keyed by the 16-byte
- * flow key, with tombstones, grown at half full; a key the core holds no entry for is kept
- * there as absent. Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied only through the
+ * link comes or goes, which is rare). Flows: a dense array of 64-byte entries (one cache
+ * line; the one downstream link most flows have is inline) and an open-addressing index of
+ * 4-byte positions keyed by the 16-byte flow key, with tombstones, rebuilt at half full to a
+ * quarter (about 90 bytes per flow in all); a key the core holds no entry for is kept there
+ * as absent. Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied only through the
  * Python methods below, by flowrouter/core/fastpath.py on the core's behalf.
  */
 #include "_fastpath_tables.h"
@@ -115,39 +117,44 @@ PyObject *Engine_has_link(Engine *e, PyObject *arg) {
 }
 
 /* ------------------------------------------------------------------ flows */
-Flow *fp_flow_find(Engine *e, const uint8_t *key) {
-    if (e->flows_cap == 0) return NULL;
-    Py_ssize_t m = e->flows_cap - 1;
+/* The index slot holding *key*'s position, or -1. */
+static Py_ssize_t index_find(Engine *e, const uint8_t *key) {
+    if (e->index_cap == 0) return -1;
+    Py_ssize_t m = e->index_cap - 1;
     for (Py_ssize_t i = (Py_ssize_t)(hash_key(key) & m);; i = (i + 1) & m) {
-        Flow *f = &e->flows[i];
-        if (f->state == 0) return NULL;
-        if (f->state == 1 && memcmp(f->key, key, 16) == 0) return f;
+        uint32_t v = e->index[i];
+        if (v == 0) return -1;
+        if (v != IDX_GONE && memcmp(e->flows[v - 1].key, key, 16) == 0) return i;
     }
+}
+
+Flow *fp_flow_find(Engine *e, const uint8_t *key) {
+    Py_ssize_t i = index_find(e, key);
+    return i < 0 ? NULL : &e->flows[e->index[i] - 1];
 }
 
 static void flow_release(Flow *f) {
-    PyMem_Free(f->down);
-    PyMem_Free(f->masks);
-    f->down = NULL;
-    f->masks = NULL;
+    if (f->ndown != FLOW_ABSENT && f->ndown > 1) {
+        PyMem_Free(f->d.many.links);
+        PyMem_Free(f->d.many.masks);
+    }
     f->ndown = 0;
 }
 
-static int flows_resize(Engine *e, Py_ssize_t cap) {
-    Flow *nf = PyMem_Calloc((size_t)cap, sizeof(Flow));
-    if (!nf) { PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t j = 0; j < e->flows_cap; j++) {
-        Flow *f = &e->flows[j];
-        if (f->state != 1) continue;
-        for (Py_ssize_t i = (Py_ssize_t)(hash_key(f->key) & (cap - 1));;
+/* Rebuild the index at *cap* slots (a power of two) from the dense array. */
+static int index_rebuild(Engine *e, Py_ssize_t cap) {
+    uint32_t *idx = PyMem_Calloc((size_t)cap, sizeof(uint32_t));
+    if (!idx) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t j = 0; j < e->nflows; j++) {
+        for (Py_ssize_t i = (Py_ssize_t)(hash_key(e->flows[j].key) & (cap - 1));;
              i = (i + 1) & (cap - 1)) {
-            if (nf[i].state == 0) { nf[i] = *f; break; }
+            if (idx[i] == 0) { idx[i] = (uint32_t)(j + 1); break; }
         }
     }
-    PyMem_Free(e->flows);
-    e->flows = nf;
-    e->flows_cap = cap;
-    e->flows_filled = e->flows_used;
+    PyMem_Free(e->index);
+    e->index = idx;
+    e->index_cap = cap;
+    e->index_filled = e->nflows;
     return 0;
 }
 
@@ -182,51 +189,88 @@ static int mask_from(PyObject *o, mask128 *out) {
     return 0;
 }
 
-/* The slot of *key*: its entry emptied (the down arrays freed), or a new one; NULL and an
- * exception when the table cannot grow. */
+/* The entry of *key*: emptied (its arrays freed) if it exists, else a new one at the end of
+ * the dense array; NULL and an exception when the tables cannot grow. */
 static Flow *flow_slot(Engine *e, const uint8_t *key) {
     Flow *f = fp_flow_find(e, key);
     if (f) {
         flow_release(f);
-        f->absent = 0;
         return f;
     }
-    if ((e->flows_filled + 1) * 2 > e->flows_cap) {
-        Py_ssize_t cap = e->flows_cap ? e->flows_cap : 64;
-        while ((e->flows_used + 1) * 2 > cap) cap *= 2;
-        if (e->flows_used * 4 >= cap) cap *= 2; /* leave room to grow */
-        if (flows_resize(e, cap) < 0) return NULL;
+    if (e->nflows >= 0xFFFFFFF0) { PyErr_SetString(PyExc_ValueError, "too many flows"); return NULL; }
+    if ((e->index_filled + 1) * 2 > e->index_cap) {
+        Py_ssize_t cap = 64;
+        while ((e->nflows + 1) * 4 > cap) cap *= 2; /* at most a quarter full after */
+        if (index_rebuild(e, cap) < 0) return NULL;
     }
-    Py_ssize_t m = e->flows_cap - 1;
+    if (e->nflows == e->flows_cap) {
+        Py_ssize_t cap = e->flows_cap < 64 ? 64 : e->flows_cap + e->flows_cap / 2;
+        Flow *nf = PyMem_Realloc(e->flows, (size_t)cap * sizeof(Flow));
+        if (!nf) { PyErr_NoMemory(); return NULL; }
+        e->flows = nf;
+        e->flows_cap = cap;
+    }
+    Py_ssize_t m = e->index_cap - 1;
     for (Py_ssize_t i = (Py_ssize_t)(hash_key(key) & m);; i = (i + 1) & m) {
-        if (e->flows[i].state != 1) {
-            f = &e->flows[i];
-            if (f->state == 0) e->flows_filled++;
+        uint32_t v = e->index[i];
+        if (v == 0 || v == IDX_GONE) {
+            if (v == 0) e->index_filled++;
+            e->index[i] = (uint32_t)(e->nflows + 1);
             break;
         }
     }
+    f = &e->flows[e->nflows++];
     memset(f, 0, sizeof(Flow));
     memcpy(f->key, key, 16);
-    f->state = 1;
-    e->flows_used++;
     return f;
+}
+
+/* Remove the entry at index slot *i*: the last entry of the dense array moves into its
+ * place (and its index slot follows it). */
+static void flow_remove(Engine *e, Py_ssize_t i) {
+    uint32_t pos = e->index[i] - 1;
+    flow_release(&e->flows[pos]);
+    e->index[i] = IDX_GONE;
+    Py_ssize_t last = e->nflows - 1;
+    if ((Py_ssize_t)pos != last) {
+        Py_ssize_t j = index_find(e, e->flows[last].key);
+        e->flows[pos] = e->flows[last];
+        e->index[j] = pos + 1;
+    }
+    e->nflows--;
+}
+
+static int link_id_from(PyObject *o, int32_t *out) {
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < -1 || v > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "link ids in a flow are 0..2**31-1 (-1: none)");
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
 }
 
 PyObject *Engine_set_flow(Engine *e, PyObject *args) {
     Py_buffer key;
-    long up;
-    PyObject *down, *aggo;
-    if (!PyArg_ParseTuple(args, "y*lOO", &key, &up, &down, &aggo)) return NULL;
+    PyObject *upo, *down, *aggo;
+    if (!PyArg_ParseTuple(args, "y*OOO", &key, &upo, &down, &aggo)) return NULL;
     PyObject *seq = NULL;
-    long *ids = NULL;
+    int32_t *ids = NULL;
     mask128 *masks = NULL;
     mask128 agg;
+    int32_t up;
     if (key.len != 16) { PyErr_SetString(PyExc_ValueError, "a flow key is 16 bytes"); goto fail; }
+    if (link_id_from(upo, &up) < 0) goto fail;
     if (mask_from(aggo, &agg) < 0) goto fail;
     seq = PySequence_Fast(down, "down must be a sequence of (link, mask)");
     if (!seq) goto fail;
     Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
-    ids = PyMem_Malloc((size_t)(nd ? nd : 1) * sizeof(long));
+    if (nd > FLOW_MAX_DOWN) {
+        PyErr_SetString(PyExc_ValueError, "at most 65535 downstream links per flow");
+        goto fail;
+    }
+    ids = PyMem_Malloc((size_t)(nd ? nd : 1) * sizeof(int32_t));
     masks = PyMem_Malloc((size_t)(nd ? nd : 1) * sizeof(mask128));
     if (!ids || !masks) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t i = 0; i < nd; i++) {
@@ -235,8 +279,7 @@ PyObject *Engine_set_flow(Engine *e, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "down must be a sequence of (link, mask)");
             goto fail;
         }
-        ids[i] = PyLong_AsLong(PyTuple_GET_ITEM(it, 0));
-        if (ids[i] == -1 && PyErr_Occurred()) goto fail;
+        if (link_id_from(PyTuple_GET_ITEM(it, 0), &ids[i]) < 0) goto fail;
         if (mask_from(PyTuple_GET_ITEM(it, 1), &masks[i]) < 0) goto fail;
     }
     Py_DECREF(seq);
@@ -244,10 +287,19 @@ PyObject *Engine_set_flow(Engine *e, PyObject *args) {
     Flow *f = flow_slot(e, key.buf);
     if (!f) goto fail;
     f->up = up;
-    f->ndown = (uint32_t)nd;
-    f->down = ids;
-    f->masks = masks;
     f->agg = agg;
+    f->ndown = (uint32_t)nd;
+    if (nd <= 1) { /* inline: the arrays go */
+        if (nd == 1) {
+            f->d.one.link = ids[0];
+            f->d.one.mask = masks[0];
+        }
+        PyMem_Free(ids);
+        PyMem_Free(masks);
+    } else {
+        f->d.many.links = ids;
+        f->d.many.masks = masks;
+    }
     PyBuffer_Release(&key);
     Py_RETURN_NONE;
 fail:
@@ -262,12 +314,8 @@ PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
     if (key.len == 16) {
-        Flow *f = fp_flow_find(e, key.buf);
-        if (f) {
-            flow_release(f);
-            f->state = 2;
-            e->flows_used--;
-        }
+        Py_ssize_t i = index_find(e, key.buf);
+        if (i >= 0) flow_remove(e, i);
     }
     PyBuffer_Release(&key);
     Py_RETURN_NONE;
@@ -285,19 +333,19 @@ PyObject *Engine_set_absent(Engine *e, PyObject *arg) {
     PyBuffer_Release(&key);
     if (!f) return NULL;
     f->up = -1;
-    f->absent = 1;
+    f->ndown = FLOW_ABSENT;
     Py_RETURN_NONE;
 }
 
 PyObject *Engine_forget_absent(Engine *e, PyObject *Py_UNUSED(ignored)) {
-    for (Py_ssize_t i = 0; i < e->flows_cap; i++) {
-        Flow *f = &e->flows[i];
-        if (f->state == 1 && f->absent) {
-            f->state = 2;
-            f->absent = 0;
-            e->flows_used--;
-        }
-    }
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < e->nflows; j++) /* compact, then index again */
+        if (e->flows[j].ndown != FLOW_ABSENT) e->flows[kept++] = e->flows[j];
+    if (kept == e->nflows) Py_RETURN_NONE;
+    e->nflows = kept;
+    Py_ssize_t cap = 64;
+    while (kept * 4 > cap) cap *= 2;
+    if (index_rebuild(e, cap) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -382,11 +430,13 @@ PyObject *Engine_has_route(Engine *e, PyObject *arg) {
 }
 
 void fp_engine_clear(Engine *e) {
-    for (Py_ssize_t i = 0; i < e->flows_cap; i++)
-        if (e->flows[i].state == 1) flow_release(&e->flows[i]);
+    for (Py_ssize_t j = 0; j < e->nflows; j++) flow_release(&e->flows[j]);
     PyMem_Free(e->flows);
     e->flows = NULL;
-    e->flows_cap = e->flows_used = e->flows_filled = 0;
+    e->nflows = e->flows_cap = 0;
+    PyMem_Free(e->index);
+    e->index = NULL;
+    e->index_cap = e->index_filled = 0;
     PyMem_Free(e->links);
     e->links = NULL;
     e->nlinks = e->links_cap = 0;
@@ -404,5 +454,5 @@ PyObject *Engine_clear(Engine *e, PyObject *Py_UNUSED(ignored)) {
 PyObject *Engine_sizes(Engine *e, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t nl = 0;
     for (Py_ssize_t s = 0; s < e->nlinks; s++) nl += e->links[s].used;
-    return Py_BuildValue("(nn)", e->flows_used, nl);
+    return Py_BuildValue("(nn)", e->nflows, nl);
 }

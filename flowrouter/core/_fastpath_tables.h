@@ -32,6 +32,7 @@ enum { STOP_END = 0, STOP_PARTIAL = 1, STOP_SLOW = 2, STOP_MISS_FLOW = 3, STOP_M
 /* counts[]: COUNT_NAMES (0-5), decisions forwarded / dropped (6, 7), frames taken (8),
  * MORE_COUNT_NAMES (9-11): see fastpath_py.py */
 #define NCOUNTS 12
+#define IDX_GONE UINT32_MAX
 
 typedef struct { uint64_t lo, hi; } mask128;
 
@@ -69,17 +70,32 @@ typedef struct {
     uint8_t ref; /* the payload is passed as a view into the input, not copied */
 } Copy;
 
+/* One mirrored flow: 64 bytes, one cache line, in a dense array (the index below maps keys
+ * to it). A flow with one downstream link (most of them) keeps it inline; more go in two
+ * arrays of their own. ndown == FLOW_ABSENT: the core holds no entry for the key. Link ids
+ * in a flow are 0..2^31-1 (the router numbers its links from 1). */
+#define FLOW_ABSENT UINT32_MAX
+#define FLOW_MAX_DOWN 65535
 typedef struct {
     uint8_t key[16];
-    uint8_t state; /* 0 empty, 1 used, 2 tombstone */
-    uint8_t absent; /* the core holds no entry: frames go toward the LSID's route */
-    long up;       /* -1: none */
-    uint32_t ndown;
-    long *down;
-    mask128 *masks;
     mask128 agg;
-    uint64_t mark; /* call serial when last put in `touched` */
+    union {
+        struct { mask128 mask; int32_t link; } one; /* ndown <= 1 */
+        struct { int32_t *links; mask128 *masks; } many; /* ndown > 1 */
+    } d;
+    int32_t up; /* -1: none */
+    uint32_t ndown;
 } Flow;
+
+_Static_assert(sizeof(Flow) == 64, "a mirrored flow is one cache line");
+
+static inline const int32_t *flow_downs(const Flow *f) {
+    return f->ndown <= 1 ? &f->d.one.link : f->d.many.links;
+}
+
+static inline const mask128 *flow_masks(const Flow *f) {
+    return f->ndown <= 1 ? &f->d.one.mask : f->d.many.masks;
+}
 
 /* Where a frame of an absent flow with this LSID goes: a link, or ROUTE_NO_MEMBERS /
  * ROUTE_NONE. */
@@ -95,9 +111,13 @@ typedef struct {
     Py_ssize_t nlinks, links_cap;
     Py_ssize_t *lmap; /* slot+1, 0 empty; size lmap_cap (power of two) */
     Py_ssize_t lmap_cap;
+    /* flows: a dense array (nflows used of flows_cap) and an open-addressing index of
+     * uint32 slots (index_cap, a power of two): 0 empty, IDX_GONE a tombstone, else the
+     * flow's position + 1 */
     Flow *flows;
-    Py_ssize_t flows_cap, flows_used, flows_filled; /* filled = used + tombstones */
-    uint64_t serial;
+    Py_ssize_t nflows, flows_cap;
+    uint32_t *index;
+    Py_ssize_t index_cap, index_filled; /* filled = used + tombstones */
     Py_ssize_t *dirty;
     Py_ssize_t ndirty, dirty_cap;
     Copy *copies;

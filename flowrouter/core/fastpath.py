@@ -152,8 +152,11 @@ class FastPath:
         for lk in (*entry.down, *(() if up is None else (up,))):
             if not self.engine.has_link(lk) and not self._install_link(lk):
                 return False
-        self.engine.set_flow(key, -1 if up is None else up, list(entry.down.items()),
-                             entry.agg)
+        try:
+            self.engine.set_flow(key, -1 if up is None else up, list(entry.down.items()),
+                                 entry.agg)
+        except ValueError:  # beyond what the engine holds (link ids, links per flow)
+            return False
         self.stats["installs"] += 1
         return True
 
@@ -196,8 +199,7 @@ class FastPath:
         bytes or more (see :mod:`flowrouter.core.fastpath_py`), which must be written (or
         copied) before *data*'s buffer is reused. Counters,
         per-link transmit counts and trace sampling are brought up to date, exactly as the
-        core would have for the same frames. (The engines also report which flows' downstream
-        links sent data; soft state no longer counts data as a refresh, so that is unused.)
+        core would have for the same frames.
         """
         r = self.router
         if r.state.policies_active:
@@ -216,8 +218,8 @@ class FastPath:
         while True:
             stats["calls"] += 1
             fb, db = (tr.fwd_left, tr.drop_left) if tracing else (_NO_BUDGET, _NO_BUDGET)
-            pos, stop, outs, _touched, counts = eng.forward(link_id, data, pos, fb, db,
-                                                           max_payload, ref_min)
+            pos, stop, outs, counts = eng.forward(link_id, data, pos, fb, db, max_payload,
+                                                  ref_min)
             if outs:
                 outputs += outs
                 for lk, _buf, n in outs:

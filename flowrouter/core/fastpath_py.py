@@ -16,7 +16,7 @@ flow goes on that one link, TTL and locality charged as for any copy, and counts
 on (the core answers NOT_ON_TREE) is the core's.
 
 ``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min)`` returns
-``(pos, stop, outputs, touched, counts)``:
+``(pos, stop, outputs, counts)``:
 
 * ``pos`` — where forwarding stopped; ``stop`` says why (the ``STOP_*`` codes below): the
   buffer ended (``STOP_END``), a frame is incomplete (``STOP_PARTIAL``), the frame at ``pos``
@@ -33,8 +33,6 @@ on (the core answers NOT_ON_TREE) is the core's.
   payload in ``data``, then the copied bytes after the last one, if any (the compiled engine
   gives the copied runs as views of one bytes object). Views of ``data`` are only valid
   while ``data`` is: the caller must write them before it reuses ``data``'s buffer;
-* ``touched`` — keys of flows whose downstream link ``link`` sent traffic (the core notes
-  the epoch of traffic on them);
 * ``counts`` — ``COUNT_NAMES`` in order, then the forward and drop decisions taken (the
   tracer's sampling countdowns; at most ``fwd_budget - 1`` and ``drop_budget - 1`` of them,
   so the decision that is sampled is always the core's), then the frames taken, then
@@ -77,6 +75,7 @@ _ROUTER_BANDS_END = 16
 _ROUTER_ONLY = (1 << 17) | (1 << 18) | (1 << 19)
 _NUM_BANDS = 128
 _NUM_LOCALITY_TYPES = 4
+_MAX_DOWN = 65535
 
 
 class Engine:
@@ -109,6 +108,10 @@ class Engine:
         their band masks in the core's order, and the core's aggregate mask."""
         if len(key) != 16:
             raise ValueError("a flow key is 16 bytes")
+        if len(down) > _MAX_DOWN:
+            raise ValueError("at most 65535 downstream links per flow")
+        if any(not -1 <= lk < 1 << 31 for lk in (upstream, *(lk for lk, _m in down))):
+            raise ValueError("link ids in a flow are 0..2**31-1 (-1: none)")
         if not 0 <= agg < 1 << _NUM_BANDS or any(not 0 <= m < 1 << _NUM_BANDS
                                                  for _lk, m in down):
             raise ValueError("band masks are 128-bit")
@@ -164,17 +167,16 @@ class Engine:
     # ------------------------------------------------------------------ forwarding
     def forward(self, link: int, data: bytes | bytearray | memoryview, pos: int,
                 fwd_budget: int, drop_budget: int, max_payload: int, ref_min: int = 1 << 62
-                ) -> tuple[int, int, list[tuple[int, Any, int]], list[bytes], tuple[int, ...]]:
+                ) -> tuple[int, int, list[tuple[int, Any, int]], tuple[int, ...]]:
         data = memoryview(data)
         n = len(data)
         links, flows, routes = self._links, self._flows, self._routes
         #: per link: copied frames (bytes) and, for payloads passed on, (header, start, end)
         bufs: dict[int, list[Any]] = {}
-        touched: dict[bytes, None] = {}
         counts = [0] * _NCOUNTS
         stop = STOP_END
         if link not in links:
-            return pos, STOP_MISS_LINK, [], [], tuple(counts)
+            return pos, STOP_MISS_LINK, [], tuple(counts)
         in_router = links[link][0]
         while True:
             if n - pos < _HEADER:
@@ -226,12 +228,10 @@ class Engine:
                     counts[8] += 1
                     pos = end
                     continue
-                is_down = False
                 targets = [route]
             else:
                 up, down, agg = flow
                 bit = 1 << band
-                is_down = any(lk == link for lk, _m in down)
                 if link == up:
                     if not agg & bit:
                         drop_kind = 2
@@ -250,8 +250,6 @@ class Engine:
                 counts[drop_kind] += 1
                 counts[7] += 1
                 counts[8] += 1
-                if is_down:
-                    touched[key] = None
                 pos = end
                 continue
             if any(t not in links for t in targets):
@@ -291,8 +289,6 @@ class Engine:
             if plan:
                 counts[6] += 1
                 counts[0] += len(plan)
-            if is_down:
-                touched[key] = None
             ref = size >= ref_min
             payload = b"" if ref else bytes(data[pos + _HEADER:end])
             headers: dict[int, bytes] = {}
@@ -305,7 +301,7 @@ class Engine:
                                               else hdr + payload)
             pos = end
         outputs = [(t, _pieces(data, frames), len(frames)) for t, frames in bufs.items()]
-        return pos, stop, outputs, list(touched), tuple(counts)
+        return pos, stop, outputs, tuple(counts)
 
 
 def _pieces(data: memoryview, frames: list[Any]) -> Any:
