@@ -127,7 +127,7 @@ class Membership:
             if entry.up_req is None:
                 out += self._rejoin(key, entry, now)
             return out
-        entry.waiting.append((lid, msg.req_id))
+        entry.waiting += ((lid, msg.req_id),)
         if entry.up_req is not None:
             return []
         return self.send_join_up(key, entry, now)
@@ -139,7 +139,7 @@ class Membership:
         When a re-graft fails, members that were already on the tree keep their state
         (local delivery goes on) and the entry becomes an orphan that the GC sweep retries.
         """
-        waiting, entry.waiting = entry.waiting, []
+        waiting, entry.waiting = entry.waiting, ()
         entry.up_req = None
         out: list[Action] = [control_frame(lk, key, C.JoinAck(r, status, reason))
                              for lk, r in waiting]
@@ -175,7 +175,7 @@ class Membership:
             return []
         if msg.status is C.JoinStatus.OK:
             entry.up_req = None
-            waiting, entry.waiting = entry.waiting, []
+            waiting, entry.waiting = entry.waiting, ()
             entry.joined = True
             out: list[Action] = [control_frame(lk, key, C.JoinAck(r, C.JoinStatus.OK))
                                  for lk, r in waiting]
@@ -304,7 +304,7 @@ class Membership:
                 if entry.sib:
                     entry.sib.pop(link_id, None)
                 self.drop_down(entry, key, link_id, "link-down", now, link)
-                entry.waiting = [(lk, r) for lk, r in entry.waiting if lk != link_id]
+                entry.waiting = tuple((lk, r) for lk, r in entry.waiting if lk != link_id)
             if key in self.flows:
                 # Router links carry whole subtrees: their loss is news for every member.
                 # An application going away is a membership change, not a fault (heartbeats
