@@ -122,9 +122,40 @@ def flownet_attach(addr: str, name: str, key: bytes, mask: int | None) -> socket
             return sock
 
 
-def _answer_in_background(sock: socket.socket, kind: str) -> None:
+def flow_keys(key: bytes, n: int) -> list[bytes]:
+    """*key*, then n - 1 more keys of the same creator and LSID (``--flows``)."""
+    base = int.from_bytes(key[12:], "big")
+    return [key] + [key[:12] + ((base + i) & 0xFFFFFFFF).to_bytes(4, "big")
+                    for i in range(1, n)]
+
+
+def join_many(sock: socket.socket, keys: list[bytes], mask: int) -> None:
+    """Join every key of *keys* on an attached socket: JOINs pipelined, in rounds of a few
+    thousand, each round's acks awaited (the router's join quota is raised for this)."""
+    from flowrouter.wire import control as C
+
+    buf = bytearray()
+    for at in range(0, len(keys), 4000):
+        part = keys[at:at + 4000]
+        sock.sendall(b"".join(_frame(k, 0, C.Join(1, mask).encode()) for k in part))
+        left = len(part)
+        while left:
+            hdr, body = _read_frame(sock, buf)
+            if hdr[20] != 0:
+                continue
+            msg = C.decode(body)
+            if isinstance(msg, C.JoinAck):
+                if msg.status is not C.JoinStatus.OK:
+                    raise ConnectionError(f"join refused: {msg.status.name} {msg.reason}")
+                left -= 1
+
+
+def _answer_in_background(sock: socket.socket, kind: str, lock: Any) -> None:
     """Read and discard what a router or server sends a publisher, answering what must be
-    answered (NATS PING); keeps its socket buffer from filling."""
+    answered (NATS PING); keeps its socket buffer from filling. The answer is written under
+    *lock*, which the publisher holds while it writes a batch: a PONG written in the middle
+    of a batch would cut a PUB in two (nats-server pings a client two seconds after it
+    connects, and closes it on the parse error)."""
     import threading
 
     def run() -> None:
@@ -134,7 +165,8 @@ def _answer_in_background(sock: socket.socket, kind: str) -> None:
                 if not data:
                     return
                 if kind == "nats" and b"PING\r\n" in data:
-                    sock.sendall(b"PONG\r\n")
+                    with lock:
+                        sock.sendall(b"PONG\r\n")
         except OSError:
             return
 
@@ -155,33 +187,43 @@ def nats_attach(addr: str) -> socket.socket:
 
 # ---------------------------------------------------------------------------- workers
 def worker_publisher(p: dict[str, Any]) -> None:
+    import threading
+
     size = p["size"]
     payload = bytes(size)
+    lock = threading.Lock()
     if p["system"] == "nats":
         sock = nats_attach(p["addr"])
         one = b"PUB bulk %d\r\n" % size + payload + b"\r\n"
-        _answer_in_background(sock, "nats")
+        _answer_in_background(sock, "nats", lock)
     elif p["system"] == "flownet":
         key = bytes.fromhex(p["key"])
         # a member on the membership band only; a stranger only says HELLO, and its frames
         # travel toward the location service until they meet the tree
         sock = flownet_attach(p["addr"], "bulk-pub", key, 1 if p.get("join", True) else None)
-        one = _frame(key, DATA_BAND, payload)
-        _answer_in_background(sock, "flownet")
+        # with --flows N: one frame per flow, cycling over all N
+        one = b"".join(_frame(k, DATA_BAND, payload) for k in flow_keys(key, p.get("flows", 1)))
+        _answer_in_background(sock, "flownet", lock)
     else:
         host, port = p["addr"].rsplit(":", 1)
         sock = socket.create_connection((host, int(port)))
         one = _frame(bytes(16), DATA_BAND, payload)
     batch = one * max(1, BATCH // len(one))
+    frame_len = len(one) // p.get("flows", 1) if p["system"] == "flownet" else len(one)
+    chunk = max(1, BATCH // frame_len) * frame_len  # whole frames per write
     print(json.dumps({"event": "ready"}), flush=True)
     sys.stdin.readline()  # go
     end = time.monotonic() + p["seconds"]
     sent = 0
     view = memoryview(batch)
+    at = 0
     try:
         while time.monotonic() < end:
-            sock.sendall(view)
-            sent += len(batch)
+            piece = view[at:at + chunk]
+            with lock:
+                sock.sendall(piece)
+            sent += len(piece)
+            at = (at + len(piece)) % len(batch)
     except OSError as exc:
         print(json.dumps({"event": "result", "sent": sent, "error": str(exc)}), flush=True)
         return
@@ -199,8 +241,9 @@ def worker_subscriber(p: dict[str, Any]) -> None:
             pass
         per_msg = len(b"MSG bulk 1 %d\r\n" % size) + size + 2
     elif p["system"] == "flownet":
-        sock = flownet_attach(p["addr"], "bulk-sub", bytes.fromhex(p["key"]),
-                              1 | 1 << DATA_BAND)
+        keys = flow_keys(bytes.fromhex(p["key"]), p.get("flows", 1))
+        sock = flownet_attach(p["addr"], "bulk-sub", keys[0], 1 | 1 << DATA_BAND)
+        join_many(sock, keys[1:], 1 | 1 << DATA_BAND)
         per_msg = HEADER_SIZE + size
     else:
         lsock = socket.socket()
@@ -430,24 +473,25 @@ async def _profile_summary(spies: list[tuple[Any, Path]]) -> None:
 async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
                     log_dir: Path, pub_addr: str, sub_addr: str, cpu_of: Any,
                     key: str = "", label: str = "", join: bool = True,
-                    pids: list[int] | None = None) -> dict[str, Any]:
+                    pids: list[int] | None = None, flows: int = 1) -> dict[str, Any]:
     """One rate row; *label* names it in the tables (default: *system*); *pids*: the
     routers to profile with ``--profile``."""
     label = label or system
     seconds = args.warmup + args.duration + 1.0
     sub = await Child.start(f"sub-{system}", _argv(
         "subscriber", system=system, addr=sub_addr, size=size, key=key,
-        warmup=args.warmup, duration=args.duration, idle=1.0), log_dir, stdin=True)
+        warmup=args.warmup, duration=args.duration, idle=1.0, flows=flows), log_dir,
+        stdin=True)
     try:
         if system == "raw":
             pub_addr = (await sub.expect("listening", 10))["addr"]
         pub = await Child.start(f"pub-{system}", _argv(
             "publisher", system=system, addr=pub_addr, size=size, key=key, seconds=seconds,
-            join=join),
+            join=join, flows=flows),
             log_dir, stdin=True)
         try:
             if system != "raw":
-                await sub.expect("ready", 20)
+                await sub.expect("ready", 20 + flows / 500)
             await pub.expect("ready", 20)
             if system == "nats" and hops > 1:
                 await asyncio.sleep(0.5)  # subscription interest crossing the leaf links
@@ -478,15 +522,39 @@ async def _one_rate(system: str, hops: int, size: int, args: argparse.Namespace,
     return row
 
 
-def flownet_sides(args: argparse.Namespace) -> list[tuple[str, Path | None, bool]]:
-    """(label, code or None for this checkout, sender joins) of each flownet row kind:
-    ``flownet`` / ``flownet-stranger`` (a sender that is not a member), and with ``--base``
-    the same from that checkout, labelled ``base`` / ``base-stranger``."""
+#: lets one host hold many connections and flows and join them fast (``--flows``, and
+#: fanout_bulk.py's 1,000 receivers): each router's ``--name`` overrides the name
+ROUTER_CONFIG = """[router]
+name = "bench"
+max_flows_per_endpoint = 2000000
+
+[quota]
+flows = 2000000
+connections_per_host = 5000
+joins_per_second = 10000000.0
+join_burst = 10000000
+"""
+
+
+def router_config(log_dir: Path) -> list[str]:
+    """``flowrouter run`` arguments for ROUTER_CONFIG (written into *log_dir*)."""
+    conf = log_dir / "bench-router.toml"
+    conf.write_text(ROUTER_CONFIG)
+    return ["--config", str(conf)]
+
+
+def flownet_sides(args: argparse.Namespace) -> list[tuple[str, Path | None, bool, int]]:
+    """(label, code or None for this checkout, sender joins, flows) of each flownet row
+    kind: ``flownet`` / ``flownet-stranger`` (a sender that is not a member), with
+    ``--base`` the same from that checkout, labelled ``base`` / ``base-stranger``, and with
+    ``--flows`` one kind per flow count (``... xN``: the sender cycles over N flows)."""
     codes: list[tuple[str, Path | None]] = [("flownet", None)]
     if args.base:
         codes.insert(0, ("base", Path(args.base).resolve()))
-    return [(name if sender == "member" else f"{name}-{sender}", code, sender == "member")
-            for name, code in codes for sender in args.senders]
+    return [(name + ("" if sender == "member" else f"-{sender}")
+             + ("" if not args.flows else f" x{flows}"), code, sender == "member", flows)
+            for name, code in codes for sender in args.senders
+            for flows in (args.flows or [1])]
 
 
 async def run_rates(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
@@ -495,21 +563,23 @@ async def run_rates(args: argparse.Namespace, log_dir: Path) -> list[dict[str, A
     rows: list[dict[str, Any]] = []
     for size in args.sizes:
         rows.append(await _one_rate("raw", 0, size, args, log_dir, "", "", lambda: []))
+    extra = router_config(log_dir) if args.flows else []
     for hops in args.hops:
         async with contextlib.AsyncExitStack() as stack:
             chains = []
-            for label, code, join in flownet_sides(args):
-                chain = await stack.enter_async_context(RouterChain(hops, log_dir, code=code))
-                chains.append((label, chain, join))
+            for label, code, join, flows in flownet_sides(args):
+                chain = await stack.enter_async_context(RouterChain(hops, log_dir, extra,
+                                                                    code=code))
+                chains.append((label, chain, join, flows))
             nats = None if args.no_nats else await stack.enter_async_context(
                 NatsChain(hops, log_dir))
             for size in args.sizes:
-                for label, chain, join in chains:
+                for label, chain, join, flows in chains:
                     key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
                     rows.append(await _one_rate("flownet", hops, size, args, log_dir,
                                                 chain.listen[0], chain.listen[-1], chain.cpu,
                                                 key, label, join,
-                                                [p.pid for p in chain.procs]))
+                                                [p.pid for p in chain.procs], flows))
                 if nats is not None:
                     rows.append(await _one_rate("nats", hops, size, args, log_dir, nats.first,
                                                 nats.last, nats.cpu))
@@ -619,6 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="flownet publishers: members (joined on the membership band) "
                          "and/or strangers (HELLO only, not members: their frames travel "
                          "toward the location service until they meet the tree)")
+    ap.add_argument("--flows", type=int, nargs="+",
+                    help="flownet rows with the subscriber joined to N flows and the "
+                         "publisher cycling over them, one row kind per N (the routers get "
+                         "a config that lets one application hold that many)")
     ap.add_argument("--base", metavar="CHECKOUT",
                     help="also run the flownet rows with routers from this checkout "
                          "(labelled base), taking turns with this one's in the same run")

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Fan-out against nats-server: one sender, N byte-counting receivers, deliveries/s.
+
+The load generator is bulk.py's (pre-built frames written in 64 KiB batches on a blocking
+socket); the receivers are **one process per system holding every receiver connection**,
+counting bytes in an ``epoll`` loop with 1 MiB ``recv_into`` (each wake-up takes whatever
+every ready socket holds: no Python thread or per-message work per receiver). Deliveries =
+bytes received / bytes per message, summed over the receivers, over a window that starts
+``--warmup`` seconds after the first byte and lasts ``--duration`` seconds (and, beside it,
+every delivery over the time from the first byte to the last: a server that buffers and
+delivers late shows there).
+
+* **flownet**: ``flowrouter run`` chains of 1 or 3 routers; every receiver joins the flow
+  on the data band, the sender joins on the membership band only, on r1; receivers are
+  spread round-robin over the routers of the chain. The routers get bulk.py's config, whose
+  ``[quota]`` lets 1,000 application connections from one host join (the defaults stop at
+  256).
+* **NATS**: nats-server 2.9 (1, or 3 joined by leaf-node links), the same sender and
+  receiver processes speaking its text protocol (SUB / PUB).
+
+    python3 benchmarks/fanout_bulk.py --receivers 10 100 1000 --sizes 16 1024 --hops 1
+    python3 benchmarks/fanout_bulk.py --receivers 100 --sizes 16 1024 --hops 3
+
+Each configuration's flownet chain and NATS chain are started first, then each payload size
+is measured on each in turn; the load average at start and end is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import select
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bulk  # noqa: E402
+from common import (  # noqa: E402
+    HOST,
+    LSID,
+    Child,
+    RouterChain,
+    load_average,
+    log_directory,
+    machine_info,
+    say,
+    table,
+    write_json,
+)
+
+BULK = str(Path(bulk.__file__).resolve())
+
+
+def worker_counter(p: dict[str, Any]) -> None:
+    """Attach ``n`` receivers (round-robin over ``addrs``), then count bytes over all of
+    them in one epoll loop."""
+    size, system, n = p["size"], p["system"], p["n"]
+    socks: list[socket.socket] = []
+    for i in range(n):
+        addr = p["addrs"][i % len(p["addrs"])]
+        if system == "nats":
+            sock = bulk.nats_attach(addr)
+            sock.sendall(b"SUB bulk 1\r\nPING\r\n")
+            got = b""
+            while b"PONG" not in got:
+                got += sock.recv(4096)
+        else:
+            sock = bulk.flownet_attach(addr, f"fan-{i}", bytes.fromhex(p["key"]),
+                                       1 | 1 << bulk.DATA_BAND)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sock.setblocking(False)
+        socks.append(sock)
+    per_msg = (len(b"MSG bulk 1 %d\r\n" % size) + size + 2 if system == "nats"
+               else bulk.HEADER_SIZE + size)
+    ep = select.epoll()
+    by_fd = {s.fileno(): s for s in socks}
+    for fd in by_fd:
+        ep.register(fd, select.EPOLLIN)
+    print(json.dumps({"event": "ready"}), flush=True)
+    buf = bytearray(1 << 20)
+    total = win_bytes = 0
+    first = w_start = w_end = last_byte = None
+    idle, last = p["idle"], time.monotonic()
+    nats_pong = b"PONG\r\n"
+    while True:
+        events = ep.poll(0.2)
+        now = time.monotonic()
+        if not events:
+            if first is not None and now - last > idle or first is None and now - last > 60:
+                break
+            continue
+        last = now
+        got = 0
+        if first is not None:
+            last_byte = now
+        for fd, _ev in events:
+            sock = by_fd[fd]
+            try:
+                k = sock.recv_into(buf)
+            except BlockingIOError:
+                continue
+            if not k:
+                ep.unregister(fd)
+                continue
+            if system == "nats" and b"PING\r\n" in memoryview(buf)[:k]:
+                sock.send(nats_pong)  # (a PING split across reads is answered at the next)
+            got += k
+        total += got
+        if first is None and got:
+            first = now
+            w_start, w_end = first + p["warmup"], first + p["warmup"] + p["duration"]
+        if w_start is not None and w_start <= now < w_end:  # type: ignore[operator]
+            win_bytes += got
+    print(json.dumps({"event": "result", "bytes": total, "per_msg": per_msg,
+                      "deliveries": total // per_msg,
+                      "span_rate": total / per_msg / (last_byte - first)
+                      if first and last_byte and last_byte > first else 0.0,
+                      "rate": win_bytes / per_msg / p["duration"] if first else 0.0}),
+          flush=True)
+
+
+def _argv(role: str, **params: Any) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", role,
+            json.dumps(params)]
+
+
+async def one(system: str, label: str, pub_addr: str, addrs: list[str], n: int, size: int,
+              args: argparse.Namespace, log_dir: Path, key: str = "") -> dict[str, Any]:
+    seconds = args.warmup + args.duration + 1.0
+    rx = await Child.start(f"fan-rx-{label}", _argv(
+        "counter", system=system, addrs=addrs, n=n, size=size, key=key, warmup=args.warmup,
+        duration=args.duration, idle=1.0), log_dir)
+    try:
+        await rx.expect("ready", 120 + n * 0.2)
+        pub = await Child.start(f"fan-tx-{label}", [
+            sys.executable, BULK, "--worker", "publisher",
+            json.dumps({"system": system, "addr": pub_addr, "size": size, "key": key,
+                        "seconds": seconds, "join": True})], log_dir, stdin=True)
+        try:
+            await pub.expect("ready", 30)
+            if system == "nats":
+                await asyncio.sleep(0.5)  # interest crossing the leaf links
+            pub.tell("go")
+            sent = await pub.expect("result", seconds + 30)
+            got = await rx.expect("result", seconds + 60)
+        finally:
+            await pub.stop()
+    finally:
+        await rx.stop()
+    per_msg = got["per_msg"]
+    pub_msg = len(b"PUB bulk %d\r\n" % size) + size + 2 if system == "nats" else per_msg
+    row = {"system": label, "receivers": n, "size": size, "deliveries_per_s": got["rate"],
+           "span_rate": got["span_rate"],
+           "sent_msgs": sent["sent"] // pub_msg, "deliveries": got["deliveries"]}
+    say(f"  {label:8s} x{n:<5} {size:>6} B: {got['rate']:>14,.0f} deliveries/s "
+        f"(sent {row['sent_msgs']:,}, delivered {got['deliveries']:,} in all, "
+        f"{got['span_rate']:,.0f}/s from first to last byte)")
+    return row
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"machine": machine_info(), "command": " ".join(sys.argv),
+                              "rows": rows}
+    async with log_directory(args.keep_logs) as log_dir:
+        extra = bulk.router_config(log_dir)
+        for hops in args.hops:
+            for n in args.receivers:
+                async with contextlib.AsyncExitStack() as stack:
+                    chain = await stack.enter_async_context(
+                        RouterChain(hops, log_dir, extra))
+                    nats = None if args.no_nats else await stack.enter_async_context(
+                        bulk.NatsChain(hops, log_dir))
+                    for size in args.sizes:
+                        key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
+                        row = await one("flownet", f"flownet {hops}h", chain.listen[0],
+                                        chain.listen, n, size, args, log_dir, key)
+                        rows.append({**row, "hops": hops})
+                        if nats is not None:
+                            addrs = [f"{HOST}:{p}" for p in nats.ports]
+                            row = await one("nats", f"nats {hops}h", nats.first, addrs, n,
+                                            size, args, log_dir)
+                            rows.append({**row, "hops": hops})
+    result["loadavg_end"] = load_average()
+    return result
+
+
+def print_table(result: dict[str, Any]) -> None:
+    by = {(r["hops"], r["receivers"], r["size"], r["system"].split()[0]): r
+          for r in result["rows"]}
+    lines = []
+    for hops, n, size in sorted({k[:3] for k in by}):
+        f, nt = by.get((hops, n, size, "flownet")), by.get((hops, n, size, "nats"))
+        fr = f["deliveries_per_s"] if f else None
+        nr = nt["deliveries_per_s"] if nt else None
+        lines.append({"routers": hops, "receivers": n, "size": size, "flownet": fr,
+                      "nats": nr, "x": fr / nr if fr and nr else None,
+                      "fs": f["span_rate"] if f else None,
+                      "ns": nt["span_rate"] if nt else None})
+    say(table(lines, [("routers", "routers", ">d"), ("receivers", "receivers", ">d"),
+                      ("size", "payload", ">d"), ("flownet", "flownet deliveries/s", ">,.0f"),
+                      ("nats", "NATS deliveries/s", ">,.0f"), ("x", "flownet/NATS", ">.2f"),
+                      ("fs", "flownet first-last", ">,.0f"),
+                      ("ns", "NATS first-last", ">,.0f")]))
+    say("deliveries/s: over the window; first-last: every delivery over the time from the "
+        "first byte to the last")
+    say(f"load average at the start {result['machine'].get('loadavg')}, at the end "
+        f"{result.get('loadavg_end')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        {"counter": worker_counter}[argv[1]](json.loads(argv[2]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--receivers", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 1024])
+    ap.add_argument("--hops", type=int, nargs="+", default=[1])
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--warmup", type=float, default=0.5)
+    ap.add_argument("--no-nats", action="store_true")
+    ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--out", help="write the JSON result here")
+    args = ap.parse_args(argv)
+    print_table(result := asyncio.run(run(args)))
+    write_json(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
