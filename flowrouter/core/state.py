@@ -126,9 +126,12 @@ class RouterState:
         self.by_creator: dict[bytes, set[bytes]] = {}
 
     def add_entry(self, key: bytes, entry: FlowEntry) -> None:
-        """A new route entry (every part adds entries through this)."""
+        """A new route entry (every part adds entries through this). The fast path is told
+        at once: it may mirror the key as absent (a sender that is not a member), which the
+        entry now overrides."""
         self.flows[key] = entry
         self.by_creator.setdefault(key[:8], set()).add(key)
+        self.entry_changed(key)
 
     def remove_entry(self, key: bytes) -> None:
         """The route entry of *key* goes (every part removes entries through this)."""
