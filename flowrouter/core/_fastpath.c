@@ -75,11 +75,18 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     long long counts[NCOUNTS] = {0};
     int stop = STOP_END;
     PyObject *outputs = NULL, *result = NULL;
-    Py_ssize_t stack_slots[MAX_TARGETS_STACK];
+    /* slots: the output links of the frame's flow and band (kept for the next frame of the
+     * same flow and band: the cache below); sends, lefts: the copies actually sent */
+    Py_ssize_t stack_slots[MAX_TARGETS_STACK], stack_sends[MAX_TARGETS_STACK];
     uint8_t stack_left[MAX_TARGETS_STACK];
-    Py_ssize_t *slots = stack_slots;
+    Py_ssize_t *slots = stack_slots, *sends = stack_sends;
     uint8_t *lefts = stack_left;
     Py_ssize_t slots_cap = MAX_TARGETS_STACK;
+    /* the last flow looked up, and the flow and band whose outputs slots holds (the tables
+     * do not change during a call: a run of frames of one flow decides its links once) */
+    Flow *lastf = NULL, *cf = NULL;
+    int cband = -1, c_drop = 0, c_missing = 0;
+    Py_ssize_t c_nt = 0;
     int failed = 0;
     if (pos < 0 || pos > n) {
         PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
@@ -111,12 +118,17 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             pos = end;
             continue;
         }
-        Flow *f = fp_flow_find(e, h);
+        Flow *f = lastf && memcmp(lastf->key, h, 16) == 0 ? lastf : fp_flow_find(e, h);
         if (!f) { stop = STOP_MISS_FLOW; break; }
+        lastf = f;
         int drop_kind = 0;
         Py_ssize_t nt = 0;
         int missing = 0;
-        if (f->ndown == FLOW_ABSENT) { /* toward the location service (slots has room for one) */
+        if (f == cf && band == cband) {
+            drop_kind = c_drop;
+            nt = c_nt;
+            missing = c_missing;
+        } else if (f->ndown == FLOW_ABSENT) { /* toward the location service (slots has room for one) */
             uint32_t lsid = ((uint32_t)h[8] << 24) | ((uint32_t)h[9] << 16)
                             | ((uint32_t)h[10] << 8) | h[11];
             Route *r = fp_route_find(e, lsid);
@@ -130,48 +142,68 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
                 pos = end;
                 continue;
             }
+            cf = NULL;
             Py_ssize_t s = fp_link_find(e, r->link);
             if (s < 0) missing = 1;
             else slots[nt++] = s;
-            goto decided;
-        }
-        const int32_t *downs = flow_downs(f);
-        const mask128 *masks = flow_masks(f);
-        if ((Py_ssize_t)f->ndown + 1 > slots_cap) {
-            Py_ssize_t cap = (Py_ssize_t)f->ndown + 1;
-            Py_ssize_t *ns = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
-            uint8_t *nl = PyMem_Malloc((size_t)cap);
-            if (!ns || !nl) { PyMem_Free(ns); PyMem_Free(nl); PyErr_NoMemory(); failed = 1; break; }
-            if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(lefts); }
-            slots = ns;
-            lefts = nl;
-            slots_cap = cap;
-        }
-        if (in_id == f->up) {
-            if (!mask_has(f->agg, band)) {
-                drop_kind = 2;
+        } else {
+            cf = NULL;
+            const int32_t *downs = flow_downs(f);
+            const mask128 *masks = flow_masks(f);
+            if ((Py_ssize_t)f->ndown + 1 > slots_cap) {
+                Py_ssize_t cap = (Py_ssize_t)f->ndown + 1;
+                Py_ssize_t *ns = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
+                Py_ssize_t *nw = PyMem_Malloc((size_t)cap * sizeof(Py_ssize_t));
+                uint8_t *nl = PyMem_Malloc((size_t)cap);
+                if (!ns || !nw || !nl) {
+                    PyMem_Free(ns);
+                    PyMem_Free(nw);
+                    PyMem_Free(nl);
+                    PyErr_NoMemory();
+                    failed = 1;
+                    break;
+                }
+                if (slots != stack_slots) {
+                    PyMem_Free(slots);
+                    PyMem_Free(sends);
+                    PyMem_Free(lefts);
+                }
+                slots = ns;
+                sends = nw;
+                lefts = nl;
+                slots_cap = cap;
+            }
+            if (in_id == f->up) {
+                if (!mask_has(f->agg, band)) {
+                    drop_kind = 2;
+                } else {
+                    for (uint32_t i = 0; i < f->ndown; i++) {
+                        if (!mask_has(masks[i], band)) continue;
+                        Py_ssize_t s = fp_link_find(e, downs[i]);
+                        if (s < 0) { missing = 1; break; }
+                        slots[nt++] = s;
+                    }
+                }
             } else {
                 for (uint32_t i = 0; i < f->ndown; i++) {
-                    if (!mask_has(masks[i], band)) continue;
+                    if (!mask_has(masks[i], band) || downs[i] == in_id) continue;
                     Py_ssize_t s = fp_link_find(e, downs[i]);
                     if (s < 0) { missing = 1; break; }
                     slots[nt++] = s;
                 }
+                if (!missing && f->up >= 0) {
+                    Py_ssize_t s = fp_link_find(e, f->up);
+                    if (s < 0) missing = 1;
+                    else slots[nt++] = s;
+                }
             }
-        } else {
-            for (uint32_t i = 0; i < f->ndown; i++) {
-                if (!mask_has(masks[i], band) || downs[i] == in_id) continue;
-                Py_ssize_t s = fp_link_find(e, downs[i]);
-                if (s < 0) { missing = 1; break; }
-                slots[nt++] = s;
-            }
-            if (!missing && f->up >= 0) {
-                Py_ssize_t s = fp_link_find(e, f->up);
-                if (s < 0) missing = 1;
-                else slots[nt++] = s;
-            }
+            if (!drop_kind && !missing && nt == 0) drop_kind = 3;
+            cf = f;
+            cband = band;
+            c_drop = drop_kind;
+            c_nt = nt;
+            c_missing = missing;
         }
-        if (!drop_kind && !missing && nt == 0) drop_kind = 3;
         if (drop_kind) {
             if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
             counts[drop_kind]++;
@@ -180,7 +212,6 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             pos = end;
             continue;
         }
-    decided:
         if (missing) { stop = STOP_MISS_LINK; break; }
         /* decide every copy first: a frame is taken whole or not at all */
         int out_ttl = ttl - 1;
@@ -195,7 +226,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             }
             if (out_ttl == 0 && l->router) { d_ttl++; continue; }
             if (size > l->max_payload) { d_big++; continue; }
-            slots[nsend] = slots[i];
+            sends[nsend] = slots[i];
             lefts[nsend] = (uint8_t)left;
             nsend++;
         }
@@ -215,7 +246,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             counts[0] += nsend;
         }
         for (Py_ssize_t i = 0; i < nsend; i++) {
-            if (plan_copy(e, slots[i], pos, size, lt, lefts[i], out_ttl,
+            if (plan_copy(e, sends[i], pos, size, lt, lefts[i], out_ttl,
                           (Py_ssize_t)size >= ref_min) < 0) {
                 failed = 1;
                 break;
@@ -225,7 +256,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         pos = end;
     }
 done:
-    if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(lefts); }
+    if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(sends); PyMem_Free(lefts); }
     /* make each link's bytes object at its final size, then copy every planned frame
      * into it in arrival order (and forget the plan even on failure). A link with frames
      * passed by reference gets a list of pieces instead: views of its bytes object (the
