@@ -214,6 +214,9 @@ def worker_publisher(p: dict[str, Any]) -> None:
     print(json.dumps({"event": "ready"}), flush=True)
     sys.stdin.readline()  # go
     end = time.monotonic() + p["seconds"]
+    # a server that stops reading (nats-server stalls a publisher whose subscribers are
+    # slow) ends the run with a note, not a benchmark that hangs
+    sock.settimeout(10.0)
     sent = 0
     view = memoryview(batch)
     at = 0

@@ -136,7 +136,7 @@ async def one(system: str, label: str, pub_addr: str, addrs: list[str], n: int, 
     seconds = args.warmup + args.duration + 1.0
     rx = await Child.start(f"fan-rx-{label}", _argv(
         "counter", system=system, addrs=addrs, n=n, size=size, key=key, warmup=args.warmup,
-        duration=args.duration, idle=1.0), log_dir)
+        duration=args.duration, idle=3.0), log_dir)
     try:
         await rx.expect("ready", 120 + n * 0.2)
         pub = await Child.start(f"fan-tx-{label}", [
@@ -148,7 +148,7 @@ async def one(system: str, label: str, pub_addr: str, addrs: list[str], n: int, 
             if system == "nats":
                 await asyncio.sleep(0.5)  # interest crossing the leaf links
             pub.tell("go")
-            sent = await pub.expect("result", seconds + 30)
+            sent = await pub.expect("result", seconds + 40)
             got = await rx.expect("result", seconds + 60)
         finally:
             await pub.stop()
@@ -185,8 +185,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         rows.append({**row, "hops": hops})
                         if nats is not None:
                             addrs = [f"{HOST}:{p}" for p in nats.ports]
-                            row = await one("nats", f"nats {hops}h", nats.first, addrs, n,
-                                            size, args, log_dir)
+                            try:
+                                row = await one("nats", f"nats {hops}h", nats.first, addrs,
+                                                n, size, args, log_dir)
+                            except (TimeoutError, RuntimeError) as exc:
+                                say(f"  nats x{n} {size} B failed: {str(exc)[:200]}")
+                                row = {"system": f"nats {hops}h", "receivers": n,
+                                       "size": size, "deliveries_per_s": 0.0,
+                                       "span_rate": 0.0, "error": str(exc)[:500]}
                             rows.append({**row, "hops": hops})
     result["loadavg_end"] = load_average()
     return result
