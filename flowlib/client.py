@@ -57,6 +57,7 @@ from .flowtable import FlowTable
 from .fragment import Reassembler
 from .members import MemberWatch
 from .membership import Membership
+from .notices import NoticeLimiter
 from .options import (
     DEFAULT_FAILOVER_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
@@ -367,6 +368,12 @@ class FlowClient:
         routers report their applications' joins, mask changes and leaves, and return a
         :class:`~flowlib.members.MemberWatch` holding the current view (``.members``) and
         yielding each change (``async for change in watch``). ``watch.close()`` stops it.
+
+        Only notices from routers count, as whole frames from this client's router
+        (:mod:`flowlib.members` says how their origin is checked). The view holds at most
+        the client's ``max_members``; members past that are counted
+        (``watch.overflowed``), make ``watch.incomplete`` true, and are reported on the
+        overflow band (reason ``member-view-full``) to this client's listeners of *flow*.
         """
         lst = await self.listen(flow, BAND_APP_MEMBERSHIP, size=size, timeout=timeout,
                                 name="members")
@@ -375,7 +382,15 @@ class FlowClient:
             if not self.closed:
                 await self.unlisten(lst)
 
-        return MemberWatch(lst.flow, lst, on_close=unlisten)
+        lim = NoticeLimiter(1, self.options.overflow_notice_interval)
+
+        def overflow(refused: int) -> None:
+            self.counters["members.overflowed"] += refused
+            self._delivery.view_overflowed(lst.flow, watch.view, refused, lim)
+
+        watch = MemberWatch(lst.flow, lst, max_members=self.options.max_members,
+                            on_close=unlisten, on_overflow=overflow)
+        return watch
 
     async def close(self, timeout: float = 5.0) -> None:
         """Leave every flow politely and close the link.
@@ -458,6 +473,9 @@ async def connect(addresses: Address | Sequence[Address], *, timeout: float = 5.
     capability file paths, see :mod:`flowlib.credentials`) are presented with the joins of
     every flow one of them covers for this client's *name* (unless ``listen``/``advertise``
     is given its own); a file that cannot be read raises ``ValueError`` before connecting.
+
+    *max_members* bounds each :meth:`FlowClient.watch_members` view (members past it are
+    counted and reported, not kept).
 
     Soft state (:mod:`flowlib.liveness`): an ECHO to the router every *liveness_interval*
     seconds; a router silent for *dead_after* seconds (hung, or cut off without a reset) is

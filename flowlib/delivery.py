@@ -20,6 +20,7 @@ from flowrouter.wire.flowid import FlowID
 from .errors import FlowError
 from .events import MessageDropped, MessageReceived, Received
 from .flowtable import FlowEntry
+from .members import MemberView
 from .message import Message
 from .notices import NoticeLimiter, overflow_fault
 from .queue import Listener
@@ -97,6 +98,21 @@ class Delivery:
                          + (f" ({n} such drops since the last notice)" if n > 1 else ""),
             reason=event.reason, flow=fe.flow, band=event.band, dropped=n,
             sender=f"{event.origin:016x}", message=event.msg_id, bytes=event.total, **extra))
+
+    def view_overflowed(self, flow: FlowID, view: MemberView, refused: int,
+                        lim: NoticeLimiter) -> None:
+        """A member view of *flow* was full and refused *refused* members: tell the flow's
+        overflow listeners (at most one notice per interval per view: *lim* is the view's)."""
+        if self.notice_every is None:
+            return
+        n = lim.hit(self.clock(), refused)
+        if not n:
+            return
+        self.local_notice(flow, BAND_OVERFLOW, overflow_fault(
+            self.origin, f"member view of flow {flow} is full ({view.max_members} members): "
+                         f"{n} member(s) not kept, {view.overflowed} in all",
+            reason="member-view-full", flow=flow, dropped=n, total=view.overflowed,
+            size=view.max_members))
 
     # ------------------------------------------------------------------ local notices
     def local_notice(self, flow: FlowID, band: int, fault: C.Fault) -> None:

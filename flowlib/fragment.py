@@ -43,17 +43,26 @@ application's band::
   ``index * fragment size`` (Brachman's starting byte number) and a receiver can place a
   fragment, whatever order they come in, without having seen the others;
 * ``total length`` of the original message (Brachman's OriginalMessageSize): the receiver
-  reserves the whole buffer at the first fragment and knows when it is complete.
+  knows from it when the message is complete (it never sizes a buffer from it: a claim costs
+  nothing until data arrives).
 
 The fragment header is 37 bytes; a fragment's data is the router's maximum payload (or the
 client's ``fragment_size``) minus that. Receivers check every field (index < count, count
 consistent with total and fragment size, data length exactly what the index implies, the same
 count/size/total on every fragment of a message); a fragment that fails is dropped and counted.
 
-Reassembly is bounded: a message announcing more than ``max_message_size`` bytes, or one that
-would take the client's reassembly memory over ``max_reassembly_bytes``, is refused at its
-first fragment (its other fragments are ignored); an incomplete message whose last fragment
-came more than ``reassembly_timeout`` seconds ago is dropped. Each of these is counted and
+Reassembly is bounded, and the bound counts what is really held, never what a fragment
+claims. A message's buffer grows with the data that arrived (fragments in order are appended
+to it; a fragment ahead of a gap is held alone until the gap fills), and the reassembler
+charges every incomplete message its bookkeeping (:data:`PARTIAL_COST` per message,
+:data:`FRAGMENT_COST` per fragment held out of order) plus the bytes it holds, against
+``max_reassembly_bytes``. A message whose claimed total is over ``max_message_size``, or
+could not be reassembled within ``max_reassembly_bytes`` even alone (its bytes plus the
+bookkeeping of every fragment it claims), is refused at its first fragment, before anything
+is allocated; a message whose next fragment would take the memory in use over the limit is
+dropped there and its memory released (the rest of a refused or dropped message is ignored
+quietly); an incomplete message whose last fragment came more than ``reassembly_timeout``
+seconds ago is dropped. Each drop is counted (:attr:`Reassembler.drops`, by reason) and
 reported by a notice on the overflow band (see :mod:`flowlib.notices`).
 
 Duplicates are harmless: a fragment already held is ignored, and a client remembers the last
@@ -65,7 +74,7 @@ the copy and receivers that had lost fragments fill them in.
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -137,17 +146,53 @@ class Expired:
     total: int
 
 
+#: bookkeeping charged to every incomplete message (its record, key and table entries)
+PARTIAL_COST = 768
+#: bookkeeping charged to every fragment held out of order (its bytes object and entry)
+FRAGMENT_COST = 128
+
+
 class _Partial:
-    __slots__ = ("buf", "have", "received", "count", "fsize", "total", "last")
+    """One incomplete message: the data in order so far, and fragments ahead of a gap."""
+
+    __slots__ = ("buf", "next", "ahead", "ahead_bytes", "received", "count", "fsize", "total",
+                 "last", "cost")
 
     def __init__(self, total: int, count: int, fsize: int, now: float) -> None:
-        self.buf = bytearray(total)
-        self.have = bytearray(count)
+        self.buf = bytearray()  #: fragments 0 .. next - 1, grown as they come
+        self.next = 0  #: the index of the first fragment not yet in ``buf``
+        self.ahead: dict[int, bytes] = {}  #: fragments past a gap, by index
+        self.ahead_bytes = 0
         self.received = 0
         self.count = count
         self.fsize = fsize
         self.total = total
         self.last = now
+        self.cost = PARTIAL_COST  #: what it is charged for now (see :meth:`charge`)
+
+    def charge(self) -> int:
+        """The memory it holds: the buffer as allocated, the held fragments, bookkeeping."""
+        return (PARTIAL_COST + self.buf.__sizeof__() + self.ahead_bytes
+                + FRAGMENT_COST * len(self.ahead))
+
+    def add(self, index: int, data: memoryview | bytes) -> None:
+        """Take fragment *index* (not held yet): append it, and what waited behind it."""
+        if index != self.next:
+            self.ahead[index] = bytes(data)
+            self.ahead_bytes += len(data)
+            return
+        buf = self.buf
+        buf += data
+        self.next += 1
+        ahead = self.ahead
+        while ahead and self.next in ahead:
+            chunk = ahead.pop(self.next)
+            self.ahead_bytes -= len(chunk)
+            buf += chunk
+            self.next += 1
+
+    def holds(self, index: int) -> bool:
+        return index < self.next or index in self.ahead
 
 
 Key = tuple[bytes, int, int, int]  # flow key, band, origin, message id
@@ -157,7 +202,9 @@ class Reassembler:
     """Per-client reassembly of fragmented messages, bounded in memory and time.
 
     Sans-I/O: :meth:`feed` takes a fragment and the time, :meth:`expire` drops what timed
-    out; the client drives both and turns refusals into counters and notices.
+    out; the client drives both and turns refusals into counters and notices. :attr:`used`
+    is the memory incomplete messages hold now, bookkeeping included; it never exceeds
+    ``max_bytes``.
     """
 
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
@@ -167,10 +214,15 @@ class Reassembler:
         self.max_bytes = max_bytes
         self.timeout = timeout
         self.partials: dict[Key, _Partial] = {}
-        #: bytes reserved by incomplete messages (each reserves its total length)
-        self.reserved = 0
+        #: bytes held by incomplete messages, bookkeeping included (see :meth:`feed`)
+        self.used = 0
         #: the most incomplete messages held at once (a statistic)
         self.peak = 0
+        #: the largest :attr:`used` ever was (a statistic)
+        self.peak_used = 0
+        #: messages dropped, by reason (``bad-fragment``, ``too-large``, ``memory``,
+        #: ``reassembly-timeout``)
+        self.drops: Counter[str] = Counter()
         self._finished: OrderedDict[Key, None] = OrderedDict()
 
     def __len__(self) -> int:
@@ -182,29 +234,52 @@ class Reassembler:
         if len(finished) > _REMEMBER:
             finished.popitem(last=False)
 
+    def _refuse(self, reason: str, detail: str, origin: int, msg_id: int, total: int
+                ) -> FragmentDropped:
+        self.drops[reason] += 1
+        return FragmentDropped(reason, detail, origin, msg_id, total)
+
+    def _release(self, key: Key) -> _Partial:
+        part = self.partials.pop(key)
+        self.used -= part.cost
+        return part
+
+    def _out_of_memory(self, key: Key, part: _Partial, new: bool) -> FragmentDropped:
+        """Drop the message *part* of *key* (its next fragment does not fit): release it."""
+        if not new:
+            self._release(key)
+        self._remember(key)
+        return self._refuse("memory", f"message of {part.total} bytes dropped with "
+                                      f"{part.received} of {part.count} fragments: its next "
+                                      f"would take the reassembly memory over "
+                                      f"{self.max_bytes} bytes ({self.used} in use)",
+                            key[2], key[3], part.total)
+
     def feed(self, flow_key: bytes, band: int, payload: memoryview | bytes, now: float
              ) -> bytes | None:
         """Add one fragment (the whole payload, magic included).
 
         Returns the message once complete, ``None`` while it is not (or for a duplicate);
-        raises :class:`FragmentDropped` for a malformed fragment or a refused message (only
-        at its first fragment: the rest of a refused message is ignored quietly).
+        raises :class:`FragmentDropped` for a malformed fragment or a refused message (at
+        its first fragment, or at the fragment that would take the memory in use over the
+        limit: the rest of a refused message is ignored quietly).
         """
         if len(payload) < FRAGMENT_HEADER_SIZE:
-            raise FragmentDropped("bad-fragment", f"fragment of {len(payload)} bytes is shorter "
-                                                  f"than the {FRAGMENT_HEADER_SIZE}-byte header")
+            raise self._refuse("bad-fragment", f"fragment of {len(payload)} bytes is shorter "
+                                               f"than the {FRAGMENT_HEADER_SIZE}-byte header",
+                               0, 0, 0)
         _, _, origin, msg_id, index, count, fsize, total = _FRAG.unpack_from(payload)
         data = payload[FRAGMENT_HEADER_SIZE:]
         if fsize < 1 or total < 1 or count != fragment_count(total, fsize) or index >= count:
-            raise FragmentDropped("bad-fragment", f"inconsistent fragment header (index {index}, "
-                                                  f"count {count}, fragment size {fsize}, total "
-                                                  f"{total})", origin, msg_id, total)
+            raise self._refuse("bad-fragment", f"inconsistent fragment header (index {index}, "
+                                               f"count {count}, fragment size {fsize}, total "
+                                               f"{total})", origin, msg_id, total)
         off = index * fsize
         if len(data) != min(fsize, total - off):
-            raise FragmentDropped("bad-fragment", f"fragment {index} of {count} carries "
-                                                  f"{len(data)} bytes, expected "
-                                                  f"{min(fsize, total - off)}",
-                                  origin, msg_id, total)
+            raise self._refuse("bad-fragment", f"fragment {index} of {count} carries "
+                                               f"{len(data)} bytes, expected "
+                                               f"{min(fsize, total - off)}",
+                               origin, msg_id, total)
         key = (flow_key, band, origin, msg_id)
         part = self.partials.get(key)
         if part is None:
@@ -212,32 +287,48 @@ class Reassembler:
                 return None  # a late copy of a message completed (or refused) already
             if total > self.max_message_size:
                 self._remember(key)
-                raise FragmentDropped("too-large", f"message of {total} bytes exceeds "
-                                                   f"max_message_size ({self.max_message_size})",
-                                      origin, msg_id, total)
-            if self.reserved + total > self.max_bytes:
+                raise self._refuse("too-large", f"message of {total} bytes exceeds "
+                                                f"max_message_size ({self.max_message_size})",
+                                   origin, msg_id, total)
+            worst = PARTIAL_COST + total + FRAGMENT_COST * count
+            if worst > self.max_bytes:
                 self._remember(key)
-                raise FragmentDropped("memory", f"message of {total} bytes would exceed the "
-                                                f"reassembly memory ({self.reserved} of "
-                                                f"{self.max_bytes} bytes in use)",
-                                      origin, msg_id, total)
-            part = self.partials[key] = _Partial(total, count, fsize, now)
-            self.reserved += total
-            self.peak = max(self.peak, len(self.partials))
+                raise self._refuse("too-large", f"message of {total} bytes in {count} "
+                                                f"fragments could need {worst} bytes to "
+                                                f"reassemble, over the reassembly memory "
+                                                f"({self.max_bytes})", origin, msg_id, total)
+            if count == 1:
+                self._remember(key)
+                return bytes(data)  # a message in one fragment: nothing to hold
+            part = _Partial(total, count, fsize, now)
         elif (count, fsize, total) != (part.count, part.fsize, part.total):
-            raise FragmentDropped("bad-fragment", "fragment disagrees with the earlier "
-                                                  "fragments of its message", origin, msg_id,
-                                  total)
-        part.last = now
-        if part.have[index]:
+            raise self._refuse("bad-fragment", "fragment disagrees with the earlier "
+                                               "fragments of its message", origin, msg_id,
+                               total)
+        elif part.holds(index):
+            part.last = now
             return None
-        part.have[index] = 1
-        part.buf[off:off + len(data)] = data
+        new = key not in self.partials
+        growth = len(data) + (FRAGMENT_COST if index != part.next else 0)
+        if self.used + (part.cost if new else 0) + growth > self.max_bytes:
+            raise self._out_of_memory(key, part, new)
+        if new:
+            self.partials[key] = part
+            self.used += part.cost
+            self.peak = max(self.peak, len(self.partials))
+        part.last = now
+        part.add(index, data)
         part.received += 1
+        cost = part.charge()
+        self.used += cost - part.cost
+        part.cost = cost
+        if self.used > self.max_bytes:  # the buffer's allocation grew past the estimate
+            raise self._out_of_memory(key, part, False)
+        if self.used > self.peak_used:
+            self.peak_used = self.used
         if part.received < part.count:
             return None
-        del self.partials[key]
-        self.reserved -= total
+        self._release(key)
         self._remember(key)
         return bytes(part.buf)
 
@@ -247,21 +338,20 @@ class Reassembler:
         limit = self.timeout
         for key, part in list(self.partials.items()):
             if now - part.last >= limit:
-                del self.partials[key]
-                self.reserved -= part.total
+                self._release(key)
+                self.drops["reassembly-timeout"] += 1
                 out.append(Expired(key[0], key[1], key[2], key[3], part.received, part.count,
                                    part.total))
         return out
 
     def drop_flow(self, flow_key: bytes) -> None:
         """Forget the incomplete messages of a flow nobody here listens to any more."""
-        for key, part in list(self.partials.items()):
-            if key[0] == flow_key:
-                del self.partials[key]
-                self.reserved -= part.total
+        for key in [k for k in self.partials if k[0] == flow_key]:
+            self._release(key)
 
 
 __all__ = ["MAGIC", "KIND_ESCAPE", "KIND_FRAGMENT", "ESCAPE_PREFIX", "FRAGMENT_HEADER_SIZE",
            "DEFAULT_MAX_MESSAGE_SIZE", "DEFAULT_MAX_REASSEMBLY_BYTES",
-           "DEFAULT_REASSEMBLY_TIMEOUT", "Reassembler", "FragmentDropped", "Expired",
+           "DEFAULT_REASSEMBLY_TIMEOUT", "PARTIAL_COST", "FRAGMENT_COST", "Reassembler",
+           "FragmentDropped", "Expired",
            "iter_fragments", "fragment_header", "fragment_count", "needs_escape"]

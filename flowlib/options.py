@@ -3,7 +3,7 @@
 :func:`flowlib.connect` and :class:`flowlib.FlowClient` take these as keyword arguments and
 build one :class:`ClientOptions` from them, so the list of what a client can be told is
 written (and checked) in one place. Imports only the wire layer of flowrouter and flowlib's
-leaf modules (checks, credentials, fragment, notices).
+leaf modules (checks, credentials, fragment, members, notices).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .fragment import (
     DEFAULT_REASSEMBLY_TIMEOUT,
     FRAGMENT_HEADER_SIZE,
 )
+from .members import DEFAULT_MAX_MEMBERS
 from .notices import DEFAULT_NOTICE_EVERY, DEFAULT_NOTICE_INTERVAL, NoticeLimiter
 
 #: How long a JOIN may stay unanswered by default. A router gives up on an unanswered upstream
@@ -75,6 +76,7 @@ class ClientOptions:
     liveness_interval: float = C.DEFAULT_LIVENESS_INTERVAL
     dead_after: float = C.DEFAULT_DEAD_AFTER
     refresh_interval: float = C.DEFAULT_REFRESH_INTERVAL
+    max_members: int = DEFAULT_MAX_MEMBERS
 
     def __post_init__(self) -> None:
         for what, value in (("failover_timeout", self.failover_timeout),
@@ -93,6 +95,10 @@ class ClientOptions:
             raise ValueError("max_message_size and max_reassembly_bytes must be positive")
         if self.overflow_notice_every is not None:
             NoticeLimiter(self.overflow_notice_every, self.overflow_notice_interval)
+        if isinstance(self.max_members, bool) or not isinstance(self.max_members, int) \
+                or self.max_members < 1:
+            raise ValueError(f"max_members must be a positive integer, got "
+                             f"{self.max_members!r}")
         if self.encrypt and self.link_key is None:
             raise ValueError("encrypt=True needs a link_key (the keys come from it)")
         if not self.liveness_interval > 0 or not self.refresh_interval > 0:

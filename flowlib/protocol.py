@@ -28,9 +28,15 @@ from collections import Counter, deque
 from typing import Any
 
 from flowrouter.wire import control as C
-from flowrouter.wire.bands import BAND_GC, BAND_MEMBERSHIP, ROUTER_BANDS_END
+from flowrouter.wire.appmembers import decode_notice
+from flowrouter.wire.bands import (
+    BAND_APP_MEMBERSHIP,
+    BAND_GC,
+    BAND_MEMBERSHIP,
+    ROUTER_BANDS_END,
+)
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
-from flowrouter.wire.header import MalformedFrame, pack_header
+from flowrouter.wire.header import DEFAULT_TTL, OFF_TTL, MalformedFrame, pack_header
 from flowrouter.wire.streamcodec import BadRecord, StreamCodec
 
 from .errors import MessageTooLarge
@@ -249,6 +255,8 @@ class ClientProtocol:
                     continue
                 # a data frame: a message for the listeners whose mask has the band
                 key = bytes(header[:16])
+                if band == BAND_APP_MEMBERSHIP and not self._notice_ok(header, payload):
+                    continue
                 if payload and payload[0] == 0xFF:  # maybe a fragment or an escape
                     msg = self._on_marked(key, header, payload, band, now)
                     if msg is None:
@@ -370,6 +378,36 @@ class ClientProtocol:
                 self.counters["gc.pings-ignored"] += 1
         else:
             self.counters[f"control.ignored.{type(msg).__name__.lower()}"] += 1
+
+    def _notice_ok(self, header: memoryview, payload: memoryview) -> bool:
+        """Whether a band-19 frame is a membership notice this client may believe.
+
+        Notices originate only at routers (routers drop band-19 frames that applications
+        send), one whole frame each, so a fragment or an escaped payload on band 19 was made
+        by an application and is refused. A notice names the router that reports: never
+        0 or this client; its own router's notices come straight from it (the TTL it sent
+        them with, :data:`~flowrouter.wire.header.DEFAULT_TTL`), every other router's
+        through at least one more router, which takes one off the TTL. A notice that
+        claims an origin it cannot have is refused too. Each refusal is counted
+        (``members.refused.<why>``)."""
+        why = ""
+        if payload and payload[0] == 0xFF:
+            why = "fragment"
+        else:
+            try:
+                rid = decode_notice(payload).router
+            except ValueError:
+                why = "malformed"
+            else:
+                mine = self.hello.node_id if self.hello is not None else 0
+                if rid in (0, self.handshake.node_id) \
+                        or (rid == mine) != (header[OFF_TTL] == DEFAULT_TTL):
+                    why = "origin"
+        if not why:
+            return True
+        self.counters[f"members.refused.{why}"] += 1
+        log.debug("router %s: refused a band-19 notice (%s)", self.address, why)
+        return False
 
     def _on_marked(self, key: bytes, header: memoryview, payload: memoryview, band: int,
                    now: float) -> Message | None:

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import os
 import struct
+import tracemalloc
 from typing import TypeVar
 
 import pytest
@@ -20,9 +21,11 @@ import flowlib
 from flowlib import FaultKind, MessageTooLarge
 from flowlib.fragment import (
     ESCAPE_PREFIX,
+    FRAGMENT_COST,
     FRAGMENT_HEADER_SIZE,
     KIND_FRAGMENT,
     MAGIC,
+    PARTIAL_COST,
     FragmentDropped,
     Reassembler,
     fragment_header,
@@ -82,7 +85,7 @@ def test_ten_megabytes_across_three_routers() -> None:
                 assert rx1.counters["fragments.received"] == count
                 assert rx1.counters["fragments.messages"] == 1
                 assert tx.counters["fragments.sent-messages"] == 1
-                assert rx1.reassembler.reserved == 0 and not rx1.reassembler.partials
+                assert rx1.reassembler.used == 0 and not rx1.reassembler.partials
                 assert drops(r1, r2, r3) == {}
                 assert l2.empty()  # no overflow notice
     run(main())
@@ -198,7 +201,7 @@ def test_max_message_size_at_sender_and_receiver() -> None:
                 assert fault.extra["bytes"] == "80000" and fault.extra["flow"] == str(flow)
                 assert notes.empty()  # one notice, not one per fragment
                 assert rx.counters["fragments.too-large"] == 1
-                assert rx.reassembler.reserved == 0
+                assert rx.reassembler.used == 0
     run(main())
 
 
@@ -223,7 +226,7 @@ def test_incomplete_message_times_out_with_a_notice() -> None:
                 assert fault.extra["fragments"] == "3/5"
                 assert fault.extra["sender"] == f"{0xABC:016x}" and fault.extra["message"] == "7"
                 assert rx.counters["fragments.reassembly-timeout"] == 1
-                assert rx.reassembler.reserved == 0 and data.empty()
+                assert rx.reassembler.used == 0 and data.empty()
                 # the whole message again (same id, out of order): reassembled
                 for fh, chunk in reversed(frags):
                     raw.send(flow, fh + bytes(chunk))
@@ -233,6 +236,9 @@ def test_incomplete_message_times_out_with_a_notice() -> None:
 
 
 def test_reassembly_memory_is_bounded() -> None:
+    """Memory is charged as data arrives: a message whose next fragment would take the
+    reassembly memory over the limit is dropped there (counted, reported, released), and
+    the rest of it is ignored quietly."""
     async def main() -> None:
         async with chain(1) as (r1,):
             raw = await RawEndpoint.connect(r1, "raw")
@@ -243,18 +249,22 @@ def test_reassembly_memory_is_bounded() -> None:
                 a = list(iter_fragments(memoryview(os.urandom(100_000)), 1, 1, 30_000))
                 b_body = os.urandom(100_000)
                 b = list(iter_fragments(memoryview(b_body), 2, 1, 30_000))
-                raw.send(flow, a[0][0] + bytes(a[0][1]))  # reserves 100 000
-                raw.send(flow, b[0][0] + bytes(b[0][1]))  # would need 200 000: refused
+                for fh, chunk in a[:3]:  # 90 000 bytes held
+                    raw.send(flow, fh + bytes(chunk))
+                for fh, chunk in b[:2]:  # 60 000 more would pass 150 000: dropped there
+                    raw.send(flow, fh + bytes(chunk))
                 note = await get(data)
                 assert note.is_overflow and note.fault().extra["reason"] == "memory"
                 assert rx.counters["fragments.memory"] == 1
-                assert rx.reassembler.reserved == 100_000
-                # the rest of the refused message is ignored quietly
-                for fh, chunk in b[1:]:
+                assert rx.reassembler.drops["memory"] == 1
+                held = rx.reassembler.used
+                assert 90_000 < held < 150_000 and len(rx.reassembler) == 1
+                # the rest of the dropped message is ignored quietly
+                for fh, chunk in b[2:]:
                     raw.send(flow, fh + bytes(chunk))
                 raw.send(flow, b"marker")
                 assert (await get(data)).payload == b"marker"
-                assert rx.counters["fragments.memory"] == 1
+                assert rx.counters["fragments.memory"] == 1 and rx.reassembler.used == held
             await raw.close()
     run(main())
 
@@ -279,6 +289,15 @@ def _frags(body: bytes, size: int, origin: int = 9, msg_id: int = 1) -> list[byt
                                                                 size)]
 
 
+def _held(*chunks: int, ahead: int = 0) -> int:
+    """What a message holding *chunks* bytes in order and *ahead* fragments out of order is
+    charged (the in-order buffer as allocated)."""
+    buf = bytearray()
+    for n in chunks:
+        buf += bytes(n)
+    return PARTIAL_COST + buf.__sizeof__() + FRAGMENT_COST * ahead
+
+
 def test_reassembler_orders_dedupes_and_forgets() -> None:
     r = Reassembler(max_message_size=10_000, max_bytes=20_000, timeout=5.0)
     body = os.urandom(2500)
@@ -286,10 +305,11 @@ def test_reassembler_orders_dedupes_and_forgets() -> None:
     assert len(frags) == 3
     assert r.feed(b"k" * 16, 40, frags[2], 0.0) is None
     assert r.feed(b"k" * 16, 40, frags[2], 0.1) is None  # duplicate
-    assert r.reserved == 2500
+    assert r.used == _held(ahead=1) + 500  # the fragment past the gap, held alone
     assert r.feed(b"k" * 16, 40, frags[0], 0.2) is None
+    assert r.used == _held(1000, ahead=1) + 500
     assert r.feed(b"k" * 16, 40, frags[1], 0.3) == body
-    assert r.reserved == 0 and not r.partials
+    assert r.used == 0 and not r.partials
     # a late copy of the finished message (a resend after failover) is ignored
     for f in frags:
         assert r.feed(b"k" * 16, 40, f, 0.4) is None
@@ -319,17 +339,87 @@ def test_reassembler_rejects_bad_fragments() -> None:
     with pytest.raises(FragmentDropped, match="disagrees"):
         r.feed(key, 40, other_size, 0)
     assert len(r) == 1  # the good partial survived the bad fragments
-    # limits
+    assert r.drops["bad-fragment"] == 5
+    # limits: a claim over max_message_size, or one the memory could not hold even alone
+    # (10 000 bytes in 1-byte fragments), is refused at its first fragment
     with pytest.raises(FragmentDropped) as info:
         r.feed(key, 40, _frags(bytes(10_001), 5000, msg_id=2)[0], 0)
     assert info.value.reason == "too-large"
-    r.feed(key, 40, _frags(bytes(10_000), 5000, msg_id=3)[0], 0)
     with pytest.raises(FragmentDropped) as info:
-        r.feed(key, 40, _frags(bytes(9000), 5000, msg_id=4)[0], 0)
-    assert info.value.reason == "memory" and r.reserved == 12_500
+        r.feed(key, 40, _frags(bytes(10_000), 1, msg_id=5)[7], 0)
+    assert info.value.reason == "too-large" and "could need" in info.value.detail
+    assert r.used == _held(1000) and r.drops["too-large"] == 2
+    r.feed(key, 40, _frags(bytes(10_000), 5000, msg_id=3)[0], 0)
+    r.feed(key, 40, _frags(bytes(10_000), 5000, msg_id=6)[0], 0)
+    before = r.used
+    assert before == _held(1000) + 2 * _held(5000)
+    # a message whose next fragment would take the memory over the limit is dropped there
+    # and released; its later fragments are ignored quietly
+    big = _frags(bytes(9000), 1000, msg_id=4)
+    taken = 0
+    with pytest.raises(FragmentDropped) as info:
+        for f in big:
+            r.feed(key, 40, f, 0)
+            taken += 1
+    assert info.value.reason == "memory" and 3 <= taken < len(big) and r.used == before
+    assert all(r.feed(key, 40, f, 0) is None for f in big) and r.used == before
     # expiry by inactivity: the timer restarts at every fragment
     r.feed(key, 40, good[1], 4.0)
     expired = r.expire(6.0)
-    assert [(e.msg_id, e.received, e.count) for e in expired] == [(3, 1, 2)]
-    assert r.reserved == 2500
-    assert [e.msg_id for e in r.expire(9.0)] == [1] and r.reserved == 0
+    assert [(e.msg_id, e.received, e.count) for e in expired] == [(3, 1, 2), (6, 1, 2)]
+    assert r.used == _held(1000, 1000)
+    assert [e.msg_id for e in r.expire(9.0)] == [1] and r.used == 0
+    assert r.drops["reassembly-timeout"] == 3 and r.drops["memory"] == 1
+
+
+def test_claims_of_huge_messages_cost_nothing_until_data_arrives() -> None:
+    """Issue 26: two 38-byte first fragments, each claiming a 64 MiB message in 1-byte
+    fragments, cost every listening client 256 MiB (a buffer of the claimed total and a
+    per-fragment table sized from the claimed count, at the first fragment). Now such a
+    claim is refused at once and nothing is allocated; a claim that fits is charged only
+    for what arrived."""
+    r = Reassembler()  # the defaults: 64 MiB messages, 128 MiB of reassembly memory
+    total = 64 * 1024 * 1024
+    tracemalloc.start()
+    try:
+        for origin in (1, 2):
+            frame = fragment_header(origin, 1, 0, total, 1, total) + b"x"
+            assert len(frame) == 38
+            with pytest.raises(FragmentDropped) as info:
+                r.feed(b"k" * 16, 40, frame, 0.0)
+            assert info.value.reason == "too-large"
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    assert r.used == 0 and not r.partials and r.drops["too-large"] == 2
+    # a claim that fits (64 MiB in 64 KiB fragments) holds only its first fragment
+    fsize = 64 * 1024
+    first = fragment_header(3, 1, 0, total // fsize, fsize, total) + bytes(fsize)
+    assert r.feed(b"k" * 16, 40, first, 0.0) is None
+    assert r.used < 2 * fsize and r.peak_used == r.used
+
+
+def test_reassembly_accounting_covers_what_is_allocated() -> None:
+    """Many small incomplete messages (the bookkeeping, not the data, is the cost): what
+    the reassembler charges covers what Python allocated for them, so the limit holds."""
+    r = Reassembler(max_bytes=1 << 30)
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        for i in range(2000):
+            r.feed(i.to_bytes(16, "big"), 40, fragment_header(i, i, 1, 3, 10, 30)
+                   + bytes(10), 0.0)
+            r.feed(i.to_bytes(16, "big"), 40, fragment_header(i, i, 0, 3, 10, 30)
+                   + bytes(10), 0.0)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(r) == 2000
+    assert r.used >= held - base, (r.used, held - base)
+    small = Reassembler(max_bytes=100 * PARTIAL_COST)
+    with pytest.raises(FragmentDropped) as info:
+        for i in range(1000):
+            small.feed(b"k" * 16, 40, fragment_header(1, i, 0, 2, 10, 20) + bytes(10), 0.0)
+    assert info.value.reason == "memory" and small.used <= small.max_bytes
+    assert len(small) < 100
