@@ -23,11 +23,38 @@ LocalitySpec = tuple[Locality | int | str, int] | None
 ROUTER_BANDS_MASK = (1 << ROUTER_BANDS_END) - 1
 
 
+#: the router address schemes: TCP (the default, also written without a scheme) and
+#: datagram links (UDP, :mod:`flowlib.dgram`)
+SCHEMES = ("tcp", "udp")
+
+
+def router_transport(addr: Address) -> tuple[str, str]:
+    """``(scheme, "host:port")`` of a router address: ``udp://127.0.0.1:7011`` is a datagram
+    link, ``tcp://...`` or no scheme a TCP one. ValueError for another scheme."""
+    if isinstance(addr, tuple):
+        return "tcp", address_text(addr)
+    text = str(addr).strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return "tcp", text
+    scheme = scheme.lower()
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown router address scheme {scheme!r} in {text!r}; use "
+                         f"tcp:// (the default) or udp://")
+    return scheme, rest
+
+
 def parse_router_address(addr: Address) -> tuple[str, int]:
+    """``(host, port)`` of a router address (with or without its ``tcp://``/``udp://``)."""
     if isinstance(addr, tuple):
         host, port = addr
         return str(host), int(port)
-    return parse_address(str(addr), "router address")
+    return parse_address(router_transport(addr)[1], "router address")
+
+
+def is_datagram(addr: Address) -> bool:
+    """Whether *addr* names a datagram link (``udp://``)."""
+    return router_transport(addr)[0] == "udp"
 
 
 def address_text(addr: Address) -> str:

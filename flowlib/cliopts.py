@@ -3,7 +3,8 @@ and flowls (as an application) connect with the same flags, meaning what
 :func:`flowlib.connect` means.
 
     --router HOST:PORT     repeatable (or comma-separated): the first that answers is used,
-                           the others are failed over to if it dies
+                           the others are failed over to if it dies; udp://HOST:PORT is a
+                           datagram link (the router's app_udp address)
     --link-key ID:file:PATH | ID:env:VAR
                            authenticate to routers that require it, with the key in a file
                            (mode 0600) or an environment variable (hex:... or base64:...);
@@ -26,8 +27,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from flowrouter.wire.address import parse_address
-
+from .checks import parse_router_address
 from .credentials import load_capability, load_policy, parse_link_key
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ def _router_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError("empty router address")
     for r in routers:
         try:
-            parse_address(r, "router address")
+            parse_router_address(r)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return routers
@@ -104,7 +104,8 @@ def add_connection_options(parser: argparse.ArgumentParser | Any, *,
                         metavar="HOST:PORT", required=required,
                         help="flow router to connect to; repeatable or comma-separated: the "
                              "first that answers is used, the others are failed over to if "
-                             f"it dies{default_text}", **kw)
+                             "it dies; udp://HOST:PORT reaches the router's app_udp address "
+                             f"over a datagram link{default_text}", **kw)
     parser.add_argument("--link-key", type=link_key_arg, metavar="ID:file:PATH|ID:env:VAR",
                         help="link key for routers that require applications to "
                              "authenticate, from a key file (mode 0600) or an environment "

@@ -6,7 +6,8 @@ over or lost for good, and waiting for it.
 reassembler), keeps the current one, and ends the client for good (:meth:`finish`), waking
 every waiter. What losing a link means (fail over or finish) is decided by its owner through
 the ``on_link_lost`` callable; the protocol's events go to ``on_event``. Part of the asyncio
-shell; imports asyncio and flowlib's protocol layer.
+shell; imports asyncio and flowlib's protocol layer and its two link shells (TCP,
+:mod:`flowlib.link`; datagrams, :mod:`flowlib.dgram`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .checks import Address, address_text
+from .checks import Address, address_text, is_datagram
+from .dgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
+from .dgram import open_datagram_link
 from .errors import ConnectionLost, FailoverInProgress, FlowError
 from .events import Event, MessageReceived, MessageSink
 from .flowtable import FlowTable
@@ -93,12 +96,14 @@ class Connection:
         self.default_lsid = 0
 
     # ------------------------------------------------------------------ opening
-    def new_protocol(self, address: str) -> ClientProtocol:
+    def new_protocol(self, address: str, datagram: bool = False) -> ClientProtocol:
         o = self.options
-        hs = Handshake(name=o.name, node_id=self.node_id, max_payload=o.max_payload,
+        cap = DATAGRAM_MAX_PAYLOAD if datagram else None
+        hs = Handshake(name=o.name, node_id=self.node_id,
+                       max_payload=o.max_payload if cap is None else min(cap, o.max_payload),
                        credentials=o.credentials, keyring=self.keyring, key_id=self.key_id,
-                       encrypt=o.encrypt)
-        return ClientProtocol(hs, self.flows, self.reassembler,
+                       encrypt=o.encrypt, datagram=datagram)
+        return ClientProtocol(hs, self.flows, self.reassembler, payload_cap=cap,
                               now=asyncio.get_running_loop().time(),
                               liveness_interval=o.liveness_interval, dead_after=o.dead_after,
                               refresh_interval=o.refresh_interval, counters=self.counters,
@@ -106,8 +111,11 @@ class Connection:
                               sink=self.on_messages)
 
     async def open(self, addr: Address, timeout: float) -> None:
-        """Connect and handshake with one router, or raise."""
-        protocol = self.new_protocol(address_text(addr))
+        """Connect and handshake with one router (over TCP, or a datagram link for a
+        ``udp://`` address), or raise."""
+        datagram = is_datagram(addr)
+        protocol = self.new_protocol(address_text(addr), datagram)
+        opener = open_datagram_link if datagram else open_link
         attempt: list[Link] = []
 
         def started(link: Link) -> None:
@@ -115,7 +123,7 @@ class Connection:
             self.link = link
 
         try:
-            link = await open_link(addr, protocol, timeout, keepalive=self.options.failover,
+            link = await opener(addr, protocol, timeout, keepalive=self.options.failover,
                                    on_event=self._link_event, on_lost=self._link_lost,
                                    started=started, on_message=self.on_message)
             if link.dead:  # lost right after its HELLO
@@ -130,7 +138,7 @@ class Connection:
         self.address = link.address
         self.router_name = hello.name
         self.router_node_id = hello.node_id
-        self.max_payload = hello.max_payload
+        self.max_payload = link.protocol.max_payload  # within what the link carries
         self.default_lsid = hello.default_lsid
         self.up = True
         self.gen += 1

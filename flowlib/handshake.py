@@ -52,8 +52,8 @@ class Handshake:
     """Our HELLO, the router's HELLO, and the AUTH exchange when a link key is used."""
 
     def __init__(self, *, name: str, node_id: int, max_payload: int, credentials: bytes,
-                 keyring: Any = None, key_id: str | None = None, encrypt: bool = False
-                 ) -> None:
+                 keyring: Any = None, key_id: str | None = None, encrypt: bool = False,
+                 datagram: bool = False) -> None:
         self.name = name
         self.node_id = node_id
         self.max_payload = max_payload
@@ -61,6 +61,10 @@ class Handshake:
         self.keyring = keyring
         self.key_id = key_id
         self.encrypt = encrypt
+        #: over a datagram link the router repeats its HELLO (and AUTH) until our next step
+        #: arrives, and never seals: a repeat of the HELLO we took is answered, not an error
+        self.datagram = datagram
+        self._reply: C.ControlMessage | None = None
         self.auth: Any = None
         self.auth_hello: C.Hello | None = None
         #: the router's HELLO once the handshake is over
@@ -101,6 +105,8 @@ class Handshake:
         return None
 
     def _on_hello(self, msg: C.Hello) -> Step:
+        if self.datagram and msg in (self.hello, self.auth_hello):
+            return Step(reply=self._reply)  # a repeat: it lost our AUTH, or it is just late
         if self.done or self.auth_hello is not None:
             return Step(failed="the router sent a second HELLO", protocol_error=True)
         if msg.role is not C.Role.ROUTER:
@@ -121,7 +127,8 @@ class Handshake:
         except AuthError as exc:
             return Step(failed=f"router {msg.name!r} failed link authentication: {exc}")
         self.auth_hello = msg
-        return Step(reply=C.Auth(proof))
+        self._reply = C.Auth(proof)
+        return Step(reply=self._reply)
 
     def _on_auth(self, msg: C.Auth) -> Step:
         from flowrouter.wire.linkauth import AuthError
@@ -134,7 +141,7 @@ class Handshake:
             return Step(failed=f"router {hello.name!r} failed link authentication: {exc}")
         secure = None
         cipher = self.auth.cipher()  # either side asked for encryption
-        if cipher is not None:
+        if cipher is not None and not self.datagram:  # datagram links are not sealed
             from flowrouter.wire.linkauth import SecureStream
 
             secure = SecureStream(cipher)

@@ -16,7 +16,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flowrouter.wire import control as C
@@ -227,25 +227,34 @@ class Link(asyncio.Protocol):
             await waiter
 
 
+#: makes *link*'s connection to (host, port) and calls its ``connection_made`` (TCP by
+#: default; :func:`flowlib.dgram.dial_datagram` for datagram links)
+Dial = Callable[["Link", str, int], Awaitable[None]]
+
+
+async def _dial_tcp(link: Link, host: str, port: int) -> None:
+    await asyncio.get_running_loop().create_connection(lambda: link, host, port)
+
+
 async def open_link(addr: Address, protocol: ClientProtocol, timeout: float, *,
                     keepalive: bool, on_event: EventHandler, on_lost: LostHandler,
                     started: Callable[[Link], None],
-                    on_message: MessageHandler | None = None) -> Link:
+                    on_message: MessageHandler | None = None,
+                    dial: Dial = _dial_tcp, what: str = "TCP connect") -> Link:
     """Connect to one router and complete the handshake, or raise (``ConnectionLost``,
-    ``TimeoutError``, ``OSError``); the exception's ``stage`` note says how far it got.
-    *started* is told the link before the connection is made (the owner holds it from
-    then on)."""
+    ``TimeoutError``, ``OSError``); the exception's ``stage`` note says how far it got
+    (*what*: the connection's own stage). *started* is told the link before the
+    connection is made (the owner holds it from then on)."""
     host, port = parse_router_address(addr)
-    loop = asyncio.get_running_loop()
     link = Link(protocol, address_text(addr), keepalive=keepalive, on_event=on_event,
                 on_lost=on_lost, on_message=on_message)
     started(link)
     try:
         async with asyncio.timeout(timeout):
-            await loop.create_connection(lambda: link, host, port)
+            await dial(link, host, port)
             await link.hello
     except BaseException as exc:
-        stage = "no HELLO from it" if link.transport is not None else "TCP connect"
+        stage = "no HELLO from it" if link.transport is not None else what
         exc.add_note(f"stage: {stage}")
         link.abort()
         if link.hello.done() and not link.hello.cancelled():

@@ -28,6 +28,7 @@ from collections import Counter, deque
 from typing import Any
 
 from flowrouter.wire import control as C
+from flowrouter.wire.appdgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
 from flowrouter.wire.appmembers import decode_notice
 from flowrouter.wire.bands import (
     BAND_APP_MEMBERSHIP,
@@ -81,12 +82,14 @@ class ClientProtocol:
                  now: float, liveness_interval: float, dead_after: float,
                  refresh_interval: float, counters: Counter[str] | None = None,
                  rtt: float | None = None, address: str = "", first_request: int = 1,
-                 sink: MessageSink | None = None) -> None:
+                 sink: MessageSink | None = None, payload_cap: int | None = None) -> None:
         self.handshake = handshake
         self.flows = flows
         self._entries = flows.entries  # the receive path's lookup
         self.reassembler = reassembler
         self.address = address
+        #: the largest payload the link itself carries (a datagram link's), if any
+        self.payload_cap = payload_cap
         #: counters of things worth seeing that are not errors (shared with the shell)
         self.counters: Counter[str] = Counter() if counters is None else counters
         #: bytes <-> frames: the handshake, then sealed records or plain frames
@@ -119,8 +122,12 @@ class ClientProtocol:
 
     @property
     def max_payload(self) -> int:
-        """The router's largest payload (0 before its HELLO)."""
-        return self.hello.max_payload if self.hello is not None else 0
+        """The largest payload we may send: the router's (0 before its HELLO), within what
+        the link carries."""
+        if self.hello is None:
+            return 0
+        cap = self.payload_cap
+        return self.hello.max_payload if cap is None else min(cap, self.hello.max_payload)
 
     @property
     def speaks_soft_state(self) -> bool:
@@ -492,19 +499,25 @@ class ClientProtocol:
     def plan(self, payload: bytes | bytearray | memoryview, size: int, fragment: bool | None,
              max_message_size: int, fragment_size: int | None) -> int:
         """How to send a message: 0 plain, -1 plain with the escape prefix, n > 0 in
-        fragments of n data bytes. Raises MessageTooLarge."""
+        fragments of n data bytes. Raises MessageTooLarge.
+
+        Unless told otherwise (*fragment*, *fragment_size*), a message is fragmented above
+        what a datagram link carries too (:data:`~flowrouter.wire.appdgram.MAX_PAYLOAD`,
+        65,475 bytes), so whatever a TCP sender sends also reaches receivers on datagram
+        links."""
         max_payload = self.max_payload
+        auto = min(max_payload, DATAGRAM_MAX_PAYLOAD)
         escape = needs_escape(payload)
         wire = size + ESCAPE_SIZE if escape else size
         if fragment is None:
-            fragment = wire > max_payload
+            fragment = wire > auto
         if not fragment or size == 0:
             if wire > max_payload:
                 raise MessageTooLarge(size, max_payload)
             return -1 if escape else 0
         if size > max_message_size:
             raise MessageTooLarge(size, max_message_size, "max_message_size")
-        limit = max_payload if fragment_size is None else min(fragment_size, max_payload)
+        limit = auto if fragment_size is None else min(fragment_size, max_payload)
         data = limit - FRAGMENT_HEADER_SIZE
         if data < 1:
             raise MessageTooLarge(size, max_payload)

@@ -8,6 +8,7 @@ Example (every key optional except ``router.name``)::
     router_listen = ["10.0.0.1:7001"]  # only routers may connect here (optional)
     app_listen = ["127.0.0.1:7002"]    # only applications may connect here (optional)
     udp = "127.0.0.1:7001"        # UDP links (optional)
+    app_udp = "127.0.0.1:7011"    # datagram links for applications (flowlib udp://...)
     control = "127.0.0.1:7101"    # status/control interface (optional)
     http = "127.0.0.1:8001"       # /healthz /status /metrics; default "auto": 127.0.0.1 on
                                   # the listen port + 1000; "off": none
@@ -227,6 +228,8 @@ class NodeConfig:
     router_listen: list[str] = field(default_factory=list)
     app_listen: list[str] = field(default_factory=list)
     udp: str | None = None
+    #: the UDP address applications reach this router on (flowlib's udp:// addresses)
+    app_udp: str | None = None
     control: str | None = None
     #: HTTP monitoring (/healthz, /status, /metrics): HOST:PORT, "auto" (127.0.0.1, the listen
     #: port + 1000; see http_address) or None (off)
@@ -322,6 +325,7 @@ class NodeConfig:
         if not self.name or not isinstance(self.name, str):
             raise ConfigError("router name must be a non-empty string")
         for what, addr in (("listen", self.listen), ("udp", self.udp),
+                           ("app_udp", self.app_udp),
                            ("control", self.control),
                            ("http", None if self.http in ("auto", "off") else self.http),
                            *(("listen", a) for a in self.extra_listen),
@@ -487,7 +491,7 @@ class NodeConfig:
 #: [router] keys that map 1:1 onto NodeConfig fields, each with its type and range check
 _ROUTER_CHECKS: dict[str, Any] = {
     "name": text, "listen": listen, "router_listen": listen, "app_listen": listen,
-    "udp": address, "control": address,
+    "udp": address, "app_udp": address, "control": address,
     "http": lambda v, where: v if v in ("auto", "off") else address(v, where),
     "node_id": limit(int, 1, (1 << 64) - 1),
     "max_payload": limit(int, 1, 0xFFFFFFFF),

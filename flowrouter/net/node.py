@@ -27,6 +27,7 @@ from flowrouter.core.fastpath import FastPath, engine_choice
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
+from flowrouter.net.appdgram import AppDatagrams
 from flowrouter.net.backpressure import Backpressure
 from flowrouter.net.commandauth import CommandGuard
 from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_address
@@ -68,6 +69,8 @@ class RouterNode:
         self._control: asyncio.base_events.Server | None = None
         #: the UDP socket and its links (flowrouter.net.udp), if configured and started
         self.udp: UdpLinks | None = None
+        #: the datagram socket for applications (flowrouter.net.appdgram), if configured
+        self.appdgram: AppDatagrams | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
         self._stopping = False
@@ -163,6 +166,8 @@ class RouterNode:
         if cfg.udp:
             self.udp = UdpLinks.bind(self, cfg.udp)
             self.udp.start()
+        if cfg.app_udp:
+            self.appdgram = await AppDatagrams.open(self, cfg.app_udp)
         if cfg.control:
             host, port = parse_address(cfg.control, "control")
             secrets = cfg.control_secrets()
@@ -191,6 +196,8 @@ class RouterNode:
             link.close("router stopping")
         if self.udp is not None:
             self.udp.stop()
+        if self.appdgram is not None:
+            self.appdgram.close()
         if self._tracer is not None:
             self._tracer.close()
         if self._tasks:
@@ -450,6 +457,8 @@ class RouterNode:
                 self._measure_throughput(now)
             if self.udp is not None:
                 self.udp.reap_idle(now)
+            if self.appdgram is not None:
+                self.appdgram.reap_idle(now)
 
     def _measure_throughput(self, now: float) -> None:
         """Feed each link's send rate while backlogged (flowrouter.core.measured.BusyRate:

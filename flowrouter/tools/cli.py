@@ -123,6 +123,9 @@ def build_parser(extra: Sequence[Command] = ()) -> argparse.ArgumentParser:
     run.add_argument("--listen", metavar="HOST:PORT",
                      help="TCP address for routers and applications (default 127.0.0.1:7000)")
     run.add_argument("--udp", metavar="HOST:PORT", help="also accept UDP links on this address")
+    run.add_argument("--app-udp", metavar="HOST:PORT",
+                     help="accept applications' datagram links on this UDP address (flowlib "
+                          "reaches it as udp://HOST:PORT)")
     run.add_argument("--control", metavar="HOST:PORT",
                      help="status/control interface address (for 'flowrouter status')")
     run.add_argument("--http", metavar="HOST:PORT",
@@ -199,8 +202,8 @@ def _config_from_args(args: argparse.Namespace) -> NodeConfig:
             raise ConfigError("give --config FILE or at least --name (see flowrouter run -h)")
         cfg = config_from_dict({"router": {"name": args.name}})
     overrides = {
-        "name": args.name, "listen": args.listen, "udp": args.udp, "control": args.control,
-        "http": args.http,
+        "name": args.name, "listen": args.listen, "udp": args.udp, "app_udp": args.app_udp,
+        "control": args.control, "http": args.http,
         "default_lsid": args.default_lsid, "default_route": args.default_route,
         "max_payload": args.max_payload, "epoch": args.epoch,
         "trace_dir": args.trace_dir, "trace_sample": args.trace_sample,

@@ -1,0 +1,354 @@
+"""Datagram links for applications (issue 29): flowlib reaches its router over UDP
+(``udp://host:port``, the router's ``app_udp`` listener) with the TCP link's API, liveness,
+failover and link keys; a viewer behind a constrained path loses frames instead of falling
+behind, and the loss is counted. Real sockets on loopback; the framing alone sans-I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flowlib
+from flowlib.checks import is_datagram, parse_router_address, router_transport
+from flowrouter.net.config import NodeConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire import control as C
+from flowrouter.wire.appdgram import (
+    MAX_PAYLOAD,
+    PREFIX_SIZE,
+    DatagramPacker,
+    DatagramSequence,
+    frame_spans,
+    split_frames,
+)
+from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+from flowrouter.wire.header import MalformedFrame, pack_header
+
+from .rawep import addr, core_and_edge, get, run, within
+
+KEY = "hex:" + "5a" * 32
+
+
+def udp(node: RouterNode) -> str:
+    assert node.appdgram is not None
+    return "udp://%s:%d" % node.appdgram.address
+
+
+def one_router(**extra: Any) -> RouterNode:
+    return RouterNode(NodeConfig("r", listen="127.0.0.1:0", app_udp="127.0.0.1:0",
+                                 default_lsid=0x10, core_lsids=frozenset({0x10}), http=None,
+                                 **extra))
+
+
+# ---------------------------------------------------------------- the framing, sans-I/O
+def test_datagrams_carry_whole_frames_numbered() -> None:
+    frames = [pack_header(b"k" * 16, n, 32) + bytes(n) for n in (0, 10, 30_000, 40_000)]
+    packer = DatagramPacker()
+    grams = packer.pack(frame_spans([f[:24] for f in frames[:1]] + [frames[0][24:]]
+                                    + frames[1:]))
+    assert len(grams) == 2 and all(len(g) <= 65507 for g in grams)
+    seqs, got = [], b""
+    for g in grams:
+        seq, body = split_frames(g)
+        seqs.append(seq)
+        got += bytes(body)
+    assert seqs == [1, 2] and got == b"".join(frames)
+    # anything but a prefix and whole frames is refused as a whole
+    for bad in (b"", grams[0][:PREFIX_SIZE + 10], grams[0][:-1], b"XX" + grams[0][2:],
+                grams[0] + b"\0"):
+        with pytest.raises(MalformedFrame):
+            split_frames(bad)
+
+
+def test_gaps_in_datagram_numbers_are_counted() -> None:
+    seq = DatagramSequence()
+    assert [seq.seen(n) for n in (1, 2, 5, 6, 4, 9)] == [0, 0, 2, 0, 0, 2]
+    assert (seq.lost, seq.late, seq.highest) == (3, 1, 9)
+    wrap = DatagramSequence()
+    assert [wrap.seen(n) for n in (0xFFFFFFFE, 0xFFFFFFFF, 2)] == [0, 0, 1]
+
+
+def test_router_addresses_name_their_transport() -> None:
+    assert router_transport("udp://127.0.0.1:7011") == ("udp", "127.0.0.1:7011")
+    assert router_transport("127.0.0.1:7001") == ("tcp", "127.0.0.1:7001")
+    assert router_transport("TCP://[::1]:7001") == ("tcp", "[::1]:7001")
+    assert is_datagram("udp://h:1") and not is_datagram(("h", 1))
+    assert parse_router_address("udp://10.0.0.1:7011") == ("10.0.0.1", 7011)
+    with pytest.raises(ValueError, match="scheme"):
+        router_transport("quic://h:1")
+
+
+# ---------------------------------------------------------------- real sockets
+def test_a_datagram_client_has_the_tcp_api(tmp_path: Path) -> None:
+    """Listen, send, large messages (fragments in datagrams), both directions, with a TCP
+    client on the same flow."""
+
+    async def main() -> None:
+        node = one_router()
+        await node.start()
+        try:
+            sd = str(tmp_path)
+            async with (await flowlib.connect(udp(node), name="dg", state_dir=sd) as dg,
+                        await flowlib.connect(addr(node), name="tcp", state_dir=sd) as tc):
+                assert dg.connected and dg.address == udp(node)
+                assert dg.max_payload <= MAX_PAYLOAD
+                flow = await tc.create()
+                rx_dg = await dg.listen(flow, "data")
+                rx_tc = await tc.listen(flow, "data")
+                big = os.urandom(300_000)
+                await tc.send(flow, b"to the datagram client")
+                await tc.send(flow, big)
+                assert (await get(rx_dg)).payload == b"to the datagram client"
+                assert (await get(rx_dg)).payload == big
+                await dg.send(flow, big[:100_000], band=33)
+                await dg.send(flow, b"back")
+                assert (await get(rx_tc)).payload == big[:100_000]
+                assert (await get(rx_tc)).payload == b"back"
+                assert dg.counters["dgram.received"] > 0 and dg.counters["dgram.lost"] == 0
+                assert node.core.counters["appdgram.lost"] == 0
+                # liveness: echoes go both ways and keep the link up
+                assert node.appdgram is not None and len(node.appdgram.links) == 1
+            # closing leaves the flow politely; the router forgets the link
+            await within(_until(lambda: not node.appdgram.links))  # type: ignore[union-attr]
+        finally:
+            await node.stop()
+    run(main())
+
+
+async def _until(cond: Any, step: float = 0.02) -> None:
+    while not cond():
+        await asyncio.sleep(step)
+
+
+def test_datagram_links_fail_over_to_the_next_router(tmp_path: Path) -> None:
+    """Two routers; a listener on udp:// addresses of both loses its router and carries on
+    at the other: the same failover as over TCP."""
+
+    async def main() -> None:
+        async with core_and_edge(app_udp="127.0.0.1:0", liveness_interval=0.2,
+                                 dead_after=0.8) as (core, edge):
+            sd = str(tmp_path)
+            events: list[flowlib.FailoverEvent] = []
+            rx = await flowlib.connect([udp(edge), udp(core)], name="rx", state_dir=sd,
+                                       liveness_interval=0.2, dead_after=0.8,
+                                       on_failover=events.append)
+            tx = await flowlib.connect(addr(core), name="tx", state_dir=sd)
+            flow = await tx.create()
+            lst = await rx.listen(flow, 32)
+            await tx.send(flow, b"one")
+            assert (await get(lst)).payload == b"one"
+            await edge.stop()
+            await within(_until(lambda: rx.failovers == 1 and rx.connected))
+            assert rx.address == udp(core) and events[0].new_address == udp(core)
+            await tx.send(flow, b"two")
+            assert (await get(lst)).payload == b"two"
+            await rx.close()
+            await tx.close()
+    run(main())
+
+
+def test_datagram_links_take_link_keys_and_are_never_sealed(tmp_path: Path) -> None:
+    async def main() -> None:
+        node = one_router(link_keys={"app": KEY}, link_auth_endpoints=True)
+        await node.start()
+        try:
+            sd = str(tmp_path)
+            with pytest.raises(flowlib.ConnectError, match="authenticate"):
+                await flowlib.connect(udp(node), name="anon", state_dir=sd, timeout=2)
+            with pytest.raises(flowlib.ConnectError, match="not encrypted"):
+                await flowlib.connect(udp(node), name="enc", state_dir=sd,
+                                      link_key=("app", KEY), encrypt=True, timeout=2)
+            async with await flowlib.connect(udp(node), name="alice", state_dir=sd,
+                                             link_key=("app", KEY)) as alice:
+                assert not alice.encrypted
+                flow = await alice.create()
+                lst = await alice.listen(flow, 32)
+                async with await flowlib.connect(addr(node), name="bob", state_dir=sd,
+                                                 link_key=("app", KEY)) as bob:
+                    await bob.send(flow, b"authenticated")
+                    assert (await get(lst)).payload == b"authenticated"
+            assert node.core.counters["auth.ok"] >= 2
+        finally:
+            await node.stop()
+    run(main())
+
+
+def test_the_app_listener_refuses_routers_and_garbage(tmp_path: Path) -> None:
+    """Only applications link on app_udp; a datagram that is not whole frames is dropped
+    alone (the link beside it carries on); garbage from a new address costs no state."""
+
+    async def main() -> None:
+        node = one_router()
+        await node.start()
+        try:
+            assert node.appdgram is not None
+            host, port = node.appdgram.address
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.connect((host, port))
+            sock.send(b"\x00" * 64)  # garbage: no link for it
+            body = C.Hello(77, C.Role.ROUTER, "sneaky", 4096, 0x10).encode()
+            hello = pack_header(LINK_LOCAL_FLOW.key, len(body), 0) + body
+            sock.send(struct.pack("!2sBBI", b"Fd", 1, 0, 1) + hello)
+            await within(_until(lambda: node.core.counters["appdgram.malformed"] >= 1))
+            await within(_until(lambda: not node.appdgram.links  # type: ignore[union-attr]
+                                and node.core.counters["appdgram.no-hello"] == 0
+                                and not any(lk.role is C.Role.ROUTER
+                                            for lk in node.core.links.values())))
+            sock.close()
+            async with await flowlib.connect(udp(node), name="app",
+                                             state_dir=str(tmp_path)) as app:
+                flow = await app.create()
+                lst = await app.listen(flow, 32)
+                other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                other.sendto(struct.pack("!2sBBI", b"Fd", 1, 0, 9) + b"\x01" * 30,
+                             (host, port))
+                other.close()
+                async with await flowlib.connect(addr(node), name="tx",
+                                                 state_dir=str(tmp_path)) as tx:
+                    await tx.send(flow, b"still here")
+                    assert (await get(lst)).payload == b"still here"
+            assert node.core.counters["appdgram.malformed"] >= 2
+        finally:
+            await node.stop()
+    run(main())
+
+
+class ThinPath(asyncio.DatagramProtocol):
+    """A constrained path between a router and an application: datagrams toward the
+    application leave at *rate* bytes/s through a queue of *depth* datagrams (a small
+    bottleneck buffer: what does not fit is lost); the other way is free."""
+
+    def __init__(self, router: tuple[str, int], rate: float, depth: int) -> None:
+        self.router = router
+        self.rate = rate
+        self.depth = depth
+        self.app: Any = None
+        self.transport: Any = None
+        self.up: Any = None
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.lost = 0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.app = addr
+        self.up.sendto(data)
+
+    def from_router(self, data: bytes) -> None:
+        if self.queue.qsize() >= self.depth:
+            self.lost += 1
+            return
+        self.queue.put_nowait(data)
+
+    async def pump(self) -> None:
+        while True:
+            data = await self.queue.get()
+            await asyncio.sleep(len(data) / self.rate)
+            if self.app is not None:
+                self.transport.sendto(data, self.app)
+
+
+class _Up(asyncio.DatagramProtocol):
+    def __init__(self, path: ThinPath) -> None:
+        self.path = path
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.path.from_router(data)
+
+
+def test_a_viewer_behind_a_thin_path_loses_frames_instead_of_falling_behind(
+        tmp_path: Path) -> None:
+    """About 200 kbit/s of 1 KB pictures toward a viewer behind a 100 kbit/s path: over a
+    datagram link the viewer gets about half of them, each late by no more than the path's
+    small buffer (delay bounded, not growing), and counts the rest lost from the gaps in
+    the datagram numbers."""
+
+    async def main() -> None:
+        node = one_router()
+        await node.start()
+        loop = asyncio.get_running_loop()
+        try:
+            assert node.appdgram is not None
+            path = ThinPath(node.appdgram.address, rate=12_500, depth=4)
+            down, _ = await loop.create_datagram_endpoint(lambda: path,
+                                                          local_addr=("127.0.0.1", 0))
+            path.up, _ = await loop.create_datagram_endpoint(
+                lambda: _Up(path), remote_addr=node.appdgram.address)
+            pump = asyncio.ensure_future(path.pump())
+            via = "udp://%s:%d" % down.get_extra_info("sockname")[:2]
+            sd = str(tmp_path)
+            viewer = await flowlib.connect(via, name="viewer", state_dir=sd)
+            streamer = await flowlib.connect(addr(node), name="streamer", state_dir=sd)
+            flow = await streamer.create()
+            pictures = await viewer.listen(flow, 32)
+            delays: list[float] = []
+
+            async def watch() -> None:
+                async for msg in pictures:
+                    (sent,) = struct.unpack_from("!d", msg.payload)
+                    delays.append(time.monotonic() - sent)
+
+            watching = asyncio.ensure_future(watch())
+            sent = 0
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:  # 25 pictures a second, 1 KB each
+                await streamer.send(flow, struct.pack("!d", time.monotonic()) + bytes(1000))
+                sent += 1
+                await asyncio.sleep(0.04)
+            await asyncio.sleep(0.5)
+            watching.cancel()
+            got = len(delays)
+            assert sent * 0.25 < got < sent * 0.8, (got, sent)
+            assert max(delays) < 1.0, max(delays)  # bounded by the path's 4-datagram buffer
+            late = delays[len(delays) // 2:]
+            assert max(late) < 1.0  # not growing with time
+            assert viewer.counters["dgram.lost"] >= path.lost * 0.8 > 0
+            pump.cancel()
+            down.close()
+            path.up.close()
+            await viewer.close()
+            await streamer.close()
+        finally:
+            await node.stop()
+    run(main())
+
+
+def test_flowcat_reaches_its_router_over_a_datagram_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tools take udp:// wherever they take a router address (and say so in --help)."""
+    from flowlib.cli import main as flowcat
+
+    monkeypatch.setenv("FLOWNET_STATE_DIR", str(tmp_path))
+
+    async def scenario() -> None:
+        node = one_router()
+        await node.start()
+        try:
+            router = udp(node)
+            assert await asyncio.to_thread(flowcat, ["create", "--router", router]) == 0
+            flow = capsys.readouterr().out.strip()
+            listener = asyncio.ensure_future(asyncio.to_thread(
+                flowcat, ["listen", "--router", router, "--count", "1", "--timeout", "20",
+                          flow]))
+            while not node.core.flows:
+                await asyncio.sleep(0.01)
+            assert await asyncio.to_thread(flowcat, ["send", "-r", router, flow, "hi"]) == 0
+            assert await asyncio.wait_for(listener, 30) == 0
+            assert "hi" in capsys.readouterr().out
+        finally:
+            await node.stop()
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    with pytest.raises(SystemExit):
+        flowcat(["listen", "--help"])
+    assert "udp://HOST:PORT" in capsys.readouterr().out
