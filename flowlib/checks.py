@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from flowrouter.wire.address import parse_address
-from flowrouter.wire.bands import NUM_BANDS, ROUTER_BANDS_END, BandMask, mask_of
+from flowrouter.wire.bands import (
+    BAND_APP_MEMBERSHIP,
+    BAND_FAULT,
+    NUM_BANDS,
+    ROUTER_BANDS_END,
+    BandMask,
+    mask_of,
+)
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import MAX_TTL, Locality
 
@@ -104,6 +111,10 @@ def check_data_band(band: int) -> int:
             raise ValueError(f"band {band} is reserved for routers; applications send on "
                              f"bands {ROUTER_BANDS_END}..{NUM_BANDS - 1}")
         raise ValueError(f"band must be {ROUTER_BANDS_END}..{NUM_BANDS - 1}, got {band}")
+    if BAND_FAULT <= band <= BAND_APP_MEMBERSHIP:
+        raise ValueError(f"band {band} carries routers' notices (faults, overflow, "
+                         f"membership: {BAND_FAULT}..{BAND_APP_MEMBERSHIP}); routers drop "
+                         f"what applications send there")
     return band
 
 

@@ -45,6 +45,14 @@ Payload of a heartbeat (network byte order)::
 
 Payloads that do not parse are counted (``heartbeat.bad``) and ignored, so other traffic on
 band 16 cannot confuse the tracker.
+
+What a beat can make a receiver believe is bounded: a beat is the sender's own claim (its
+name is not authenticated: anyone on the flow may beat under any name, so names are only as
+trustworthy as who may send on the flow, see capabilities), the period it announces is held
+to :data:`MAX_PERIOD` (a peer cannot make itself impossible to suspect), and the table keeps
+at most ``max_peers`` names (:data:`DEFAULT_MAX_PEERS`): a new name past it takes the place
+of the longest-silent dead or departed peer, or is refused and counted
+(``PeerTracker.refused``, ``heartbeat.counters["refused"]``).
 """
 
 from __future__ import annotations
@@ -77,6 +85,10 @@ HB_VERSION = 1
 FLAG_LEAVING = 0x01
 _FIXED = struct.Struct("!2sBBIII")  # magic, version, flags, incarnation, seq, period ms
 DEFAULT_PERIOD = 2.0
+#: the longest period a peer may announce (seconds); a longer one counts as this
+MAX_PERIOD = 600.0
+#: names one tracker keeps at most, by default
+DEFAULT_MAX_PEERS = 4096
 DEFAULT_MISSED = 3
 DEFAULT_SUSPECT_AFTER = 1.5
 
@@ -175,7 +187,10 @@ class PeerTracker:
     """The sans-I/O peer table: feed it beats and the time, ask it for state changes."""
 
     def __init__(self, missed: float = DEFAULT_MISSED,
-                 suspect_after: float | None = None) -> None:
+                 suspect_after: float | None = None,
+                 max_peers: int = DEFAULT_MAX_PEERS) -> None:
+        if isinstance(max_peers, bool) or not isinstance(max_peers, int) or max_peers < 1:
+            raise ValueError(f"max_peers must be a positive integer, got {max_peers!r}")
         if not missed > 0:
             raise ValueError(f"missed must be positive, got {missed!r}")
         if suspect_after is None:
@@ -184,20 +199,37 @@ class PeerTracker:
             raise ValueError(f"suspect_after must be in (0, missed], got {suspect_after!r}")
         self.missed = missed
         self.suspect_after = suspect_after
+        self.max_peers = max_peers
         self.peers: dict[str, Peer] = {}
+        #: beats from new names refused because the table was full of live peers
+        self.refused = 0
 
     def _change(self, peer: Peer, old: PeerState | None, new: PeerState, now: float,
                 restarted: bool = False) -> MembershipChange:
         peer.state = new
         return MembershipChange(peer.name, old, new, now, restarted, replace(peer))
 
+    def _room(self) -> bool:
+        """Whether a new name fits: evict the longest-silent dead or departed peer if the
+        table is full."""
+        if len(self.peers) < self.max_peers:
+            return True
+        gone = [p for p in self.peers.values() if p.state in (PeerState.DEAD, PeerState.LEFT)]
+        if not gone:
+            self.refused += 1
+            return False
+        del self.peers[min(gone, key=lambda p: p.last_seen).name]
+        return True
+
     def observe(self, beat: Beat, now: float) -> list[MembershipChange]:
         """A heartbeat from *beat.name* arrived at *now*."""
         peer = self.peers.get(beat.name)
+        period = min(beat.period, MAX_PERIOD)
         if peer is None:
+            if not self._room():
+                return []
             peer = self.peers[beat.name] = Peer(beat.name, PeerState.ALIVE, beat.incarnation,
-                                                beat.seq, beat.period, now, now, 1, 0,
-                                                beat.data)
+                                                beat.seq, period, now, now, 1, 0, beat.data)
             if beat.leaving:
                 return [self._change(peer, None, PeerState.LEFT, now)]
             return [self._change(peer, None, PeerState.ALIVE, now)]
@@ -212,7 +244,7 @@ class PeerTracker:
             return []  # a beat overtaken by its sender's goodbye
         peer.beats += 1
         peer.last_seen = now
-        peer.period = beat.period
+        peer.period = period
         peer.data = beat.data
         old = peer.state
         new = PeerState.LEFT if beat.leaving else PeerState.ALIVE
@@ -300,7 +332,8 @@ class Heartbeat:
     names must be unique among the members); *data* is carried on every beat (bytes, or a
     function returning bytes, called at each beat); *send* False only listens; *clock*
     replaces :func:`time.monotonic` (for tests, with ``start(run=False)`` and :meth:`tick`);
-    *on_change* is called (may be a coroutine function) with every :class:`MembershipChange`.
+    *on_change* is called (may be a coroutine function) with every :class:`MembershipChange`;
+    *max_peers* bounds the peer table (see the module docs).
     """
 
     def __init__(self, client: FlowClient, flow: FlowID | str, *,
@@ -309,7 +342,8 @@ class Heartbeat:
                  data: bytes | Callable[[], bytes] = b"", send: bool = True,
                  clock: Callable[[], float] | None = None,
                  on_change: ChangeHook | None = None, locality: LocalitySpec = None,
-                 ttl: int = DEFAULT_TTL, queue_size: int = 1024) -> None:
+                 ttl: int = DEFAULT_TTL, queue_size: int = 1024,
+                 max_peers: int = DEFAULT_MAX_PEERS) -> None:
         if not period > 0:
             raise ValueError(f"period must be positive, got {period!r}")
         self.client = client
@@ -318,7 +352,7 @@ class Heartbeat:
         self.name = name or client.name
         if not 0 < len(self.name.encode("utf-8")) <= 255:
             raise ValueError("heartbeat name must be 1..255 bytes in UTF-8")
-        self.tracker = PeerTracker(missed, suspect_after)
+        self.tracker = PeerTracker(missed, suspect_after, max_peers)
         self.data = data
         self.sending = send
         self.clock = clock or time.monotonic
@@ -329,7 +363,8 @@ class Heartbeat:
         self.incarnation = secrets.randbits(32)
         self.seq = 0
         #: beats sent, beats skipped (no router during a failover), bad payloads, ...
-        self.counters: dict[str, int] = {"sent": 0, "skipped": 0, "received": 0, "bad": 0}
+        self.counters: dict[str, int] = {"sent": 0, "skipped": 0, "received": 0, "bad": 0,
+                                         "refused": 0}
         self.listener: Listener | None = None
         self._next_beat: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -451,7 +486,9 @@ class Heartbeat:
         if beat.name == self.name and beat.incarnation == self.incarnation:
             return []  # our own
         self.counters["received"] += 1
+        refused = self.tracker.refused
         changes = self.tracker.observe(beat, self.clock() if now is None else now)
+        self.counters["refused"] += self.tracker.refused - refused
         self._dispatch(changes)
         return changes
 

@@ -32,6 +32,7 @@ from flowrouter.wire.appdgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
 from flowrouter.wire.appmembers import decode_notice
 from flowrouter.wire.bands import (
     BAND_APP_MEMBERSHIP,
+    BAND_FAULT,
     BAND_GC,
     BAND_MEMBERSHIP,
     ROUTER_BANDS_END,
@@ -262,7 +263,8 @@ class ClientProtocol:
                     continue
                 # a data frame: a message for the listeners whose mask has the band
                 key = bytes(header[:16])
-                if band == BAND_APP_MEMBERSHIP and not self._notice_ok(header, payload):
+                if BAND_FAULT <= band <= BAND_APP_MEMBERSHIP \
+                        and not self._from_router(band, header, payload):
                     continue
                 if payload and payload[0] == 0xFF:  # maybe a fragment or an escape
                     msg = self._on_marked(key, header, payload, band, now)
@@ -386,20 +388,31 @@ class ClientProtocol:
         else:
             self.counters[f"control.ignored.{type(msg).__name__.lower()}"] += 1
 
-    def _notice_ok(self, header: memoryview, payload: memoryview) -> bool:
-        """Whether a band-19 frame is a membership notice this client may believe.
+    def _from_router(self, band: int, header: memoryview, payload: memoryview) -> bool:
+        """Whether a frame on a band only routers originate (17 faults, 18 overflow
+        notices, 19 membership notices; routers drop such frames from applications) is
+        one this client may believe.
 
-        Notices originate only at routers (routers drop band-19 frames that applications
-        send), one whole frame each, so a fragment or an escaped payload on band 19 was made
-        by an application and is refused. A notice names the router that reports: never
-        0 or this client; its own router's notices come straight from it (the TTL it sent
-        them with, :data:`~flowrouter.wire.header.DEFAULT_TTL`), every other router's
-        through at least one more router, which takes one off the TTL. A notice that
-        claims an origin it cannot have is refused too. Each refusal is counted
-        (``members.refused.<why>``)."""
+        Routers send each as one whole frame: a fragment or an escaped payload on these
+        bands was made by an application and is refused. A fault or overflow notice must
+        be a fault message (:class:`flowrouter.wire.control.Fault`). A membership notice
+        names the router that reports: never 0 or this client; its own router's notices
+        come straight from it (the TTL it sent them with,
+        :data:`~flowrouter.wire.header.DEFAULT_TTL`), every other router's through at least
+        one more router, which takes one off the TTL; a notice claiming an origin it cannot
+        have is refused. Each refusal is counted (``members.refused.<why>`` on band 19,
+        ``control.refused.<why>`` on 17 and 18)."""
         why = ""
         if payload and payload[0] == 0xFF:
             why = "fragment"
+        elif band != BAND_APP_MEMBERSHIP:
+            try:
+                fault = C.decode(payload)
+            except MalformedFrame:
+                why = "malformed"
+            else:
+                if not isinstance(fault, C.Fault):
+                    why = "malformed"
         else:
             try:
                 rid = decode_notice(payload).router
@@ -412,8 +425,9 @@ class ClientProtocol:
                     why = "origin"
         if not why:
             return True
-        self.counters[f"members.refused.{why}"] += 1
-        log.debug("router %s: refused a band-19 notice (%s)", self.address, why)
+        what = "members" if band == BAND_APP_MEMBERSHIP else "control"
+        self.counters[f"{what}.refused.{why}"] += 1
+        log.debug("router %s: refused a band-%d frame (%s)", self.address, band, why)
         return False
 
     def _on_marked(self, key: bytes, header: memoryview, payload: memoryview, band: int,

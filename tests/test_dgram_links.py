@@ -123,6 +123,14 @@ def test_a_datagram_client_has_the_tcp_api(tmp_path: Path) -> None:
     run(main())
 
 
+async def arrives_from_tcp(node: RouterNode, flow: Any, lst: Any, payload: bytes,
+                           **kw: Any) -> None:
+    """A TCP client of *node* sends *payload* on *flow*; *lst* receives it."""
+    async with await flowlib.connect(addr(node), **kw) as tx:
+        await tx.send(flow, payload)
+        assert (await get(lst)).payload == payload
+
+
 async def _until(cond: Any, step: float = 0.02) -> None:
     while not cond():
         await asyncio.sleep(step)
@@ -171,10 +179,8 @@ def test_datagram_links_take_link_keys_and_are_never_sealed(tmp_path: Path) -> N
                 assert not alice.encrypted
                 flow = await alice.create()
                 lst = await alice.listen(flow, 32)
-                async with await flowlib.connect(addr(node), name="bob", state_dir=sd,
-                                                 link_key=("app", KEY)) as bob:
-                    await bob.send(flow, b"authenticated")
-                    assert (await get(lst)).payload == b"authenticated"
+                await arrives_from_tcp(node, flow, lst, b"authenticated", name="bob",
+                                       state_dir=sd, link_key=("app", KEY))
             assert node.core.counters["auth.ok"] >= 2
         finally:
             await node.stop()
@@ -212,10 +218,8 @@ def test_the_app_listener_refuses_routers_and_garbage(tmp_path: Path) -> None:
                 other.sendto(struct.pack("!2sBBI", b"Fd", 1, 0, 9) + b"\x01" * 30,
                              (host, port))
                 other.close()
-                async with await flowlib.connect(addr(node), name="tx",
-                                                 state_dir=str(tmp_path)) as tx:
-                    await tx.send(flow, b"still here")
-                    assert (await get(lst)).payload == b"still here"
+                await arrives_from_tcp(node, flow, lst, b"still here", name="tx",
+                                       state_dir=str(tmp_path))
             assert node.core.counters["appdgram.malformed"] >= 2
         finally:
             await node.stop()

@@ -184,3 +184,62 @@ def test_a_full_view_is_reported_to_the_application(tmp_path: Path) -> None:
             await other.close()
             await watcher.close()
     run(main())
+
+
+# ---------------------------------------------------------------- the other router bands
+def test_applications_cannot_send_on_the_routers_notice_bands() -> None:
+    """Faults (17), overflow notices (18) and membership notices (19) originate only at
+    routers; flowlib refuses to send there before anything is written."""
+    from flowlib.checks import check_data_band
+
+    for band in (17, 18, 19):
+        with pytest.raises(ValueError, match="routers"):
+            check_data_band(band)
+    assert check_data_band(16) == 16 and check_data_band(20) == 20
+
+
+def fault_frame(band: int, body: bytes) -> bytes:
+    return pack_header(FLOW.key, len(body), band, 0, 0, DEFAULT_TTL - 1) + body
+
+
+@pytest.mark.parametrize("band", [17, 18])
+def test_only_whole_fault_messages_are_believed_on_the_fault_and_overflow_bands(
+        band: int) -> None:
+    """A fault or overflow notice changes what an application does (a viewer steps down on
+    one): flowlib delivers only whole fault messages on these bands, never a fragment or
+    an escaped payload (routers send neither) nor anything else."""
+    from flowrouter.wire import control as C
+
+    proto = up_protocol()
+    proto.flows.entry(FLOW).add_listener(1, 1 << band)
+    fault = C.Fault(C.FaultKind.LINK_DOWN, "r7", "link to r8 down", {}).encode()
+    forged = C.Fault(C.FaultKind.OVERFLOW, "r7", "you overflowed", {}).encode()
+    pieces = b"".join(fault_frame(band, fh + bytes(chunk))
+                      for fh, chunk in iter_fragments(memoryview(forged), 1, 1, 20))
+    proto.receive_data(fault_frame(band, fault) + pieces
+                       + fault_frame(band, b"\xffFRG\x00" + forged)
+                       + fault_frame(band, b"not a fault at all"), 1.0)
+    got = [e.message.payload for e in events(proto) if isinstance(e, MessageReceived)]
+    assert got == [fault]
+    assert proto.counters["control.refused.fragment"] >= 3
+    assert proto.counters["control.refused.malformed"] == 1
+
+
+def test_heartbeats_cannot_grow_the_peer_table_or_outlive_silence() -> None:
+    """A flood of beats under new names fills at most max_peers (the dead make room, live
+    peers are never displaced); a beat announcing a period of 49 days is held to
+    MAX_PERIOD, so its sender is still found dead when it goes silent."""
+    from flowlib.heartbeat import MAX_PERIOD, Beat, PeerState, PeerTracker
+
+    t = PeerTracker(missed=3, max_peers=100)
+    for i in range(10_000):
+        t.observe(Beat(f"fake-{i}", 0, 1.0, 1), 0.0)
+    assert len(t.peers) == 100 and t.refused == 9_900
+    t.check(10.0)  # all silent for 10 periods: dead
+    t.observe(Beat("real", 0, 1.0, 2), 10.0)
+    assert "real" in t.peers and len(t.peers) == 100
+    slow = PeerTracker(missed=3)
+    slow.observe(Beat("sloth", 0, 0xFFFFFFFF / 1000, 3), 0.0)
+    assert slow.peers["sloth"].period == MAX_PERIOD
+    (change,) = [c for c in slow.check(3 * MAX_PERIOD) if c.new is PeerState.DEAD]
+    assert change.peer == "sloth"
