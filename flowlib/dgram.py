@@ -13,13 +13,16 @@ failover and handshake, link keys included; what differs:
   now is dropped, and gaps in the router's datagram numbers are counted
   (``client.counters["dgram.lost"]``), so under a constrained path a viewer loses pictures
   but never falls behind;
-* it is authenticated with link keys, never sealed (as the routers' own UDP links):
-  ``encrypt=True`` needs a TCP address;
+* link keys work as on TCP: the handshake proves both ends, and when either end asks for
+  encryption every datagram after it is sealed alone (ChaCha20-Poly1305, an anti-replay
+  window: a datagram may be lost or late, never forged, altered or replayed); a plain
+  datagram is then taken only if it holds handshake repeats;
 * until the router's first datagram arrives, the opening datagrams (our HELLO) are sent
   again every :data:`REPEAT` seconds, so a lost HELLO costs that, not a time-out; the
   router answers repeats of a HELLO it took;
 * the socket is connected: the kernel hands it only the router's datagrams, and a datagram
-  that is not whole, valid frames is dropped alone (``dgram.malformed``).
+  that is not whole, valid frames (or fails its seal) is dropped alone
+  (``dgram.refused.<why>``).
 
 Imports asyncio, asyncio-dgram, the wire layer and flowlib's link.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import Counter, deque
 from typing import Any
 
@@ -38,12 +42,11 @@ from flowrouter.wire.appdgram import (
     DatagramPacker,
     DatagramSequence,
     frame_spans,
-    split_frames,
+    open_datagram,
 )
 from flowrouter.wire.header import MalformedFrame
 
-from .checks import Address, address_text
-from .errors import ConnectionLost
+from .checks import Address
 from .link import Link as _Link
 from .link import open_link
 from .protocol import ClientProtocol
@@ -54,6 +57,9 @@ log = logging.getLogger("flowlib")
 REPEAT = 0.25
 #: datagrams waiting for the socket at most; past it the oldest are dropped (counted)
 SEND_QUEUE = 256
+#: the socket buffers asked of the kernel (a burst of large messages must not overflow the
+#: default ~200 KiB while the loop is busy; the kernel may grant less)
+SOCKET_BUFFER = 4 << 20
 
 
 class DatagramChannel:
@@ -87,7 +93,9 @@ class DatagramChannel:
 
     def writelines(self, buffers: list[Any]) -> None:
         """Whole frames, back to back: packed into datagrams, sent in order."""
-        datagrams = self.packer.pack(frame_spans(buffers))
+        packer = self.packer
+        packer.cipher = self.link.protocol.datagram_cipher
+        datagrams = packer.pack(frame_spans(buffers))
         if self._opening is not None:
             self._opening += datagrams
         if self._closing:
@@ -133,9 +141,9 @@ class DatagramChannel:
             while True:
                 data, _addr = await self.stream.recv()
                 try:
-                    seq, frames = split_frames(data)
+                    seq, frames = open_datagram(data, link.protocol.datagram_cipher)
                 except MalformedFrame as exc:
-                    counters["dgram.malformed"] += 1
+                    counters[f"dgram.refused.{exc.reason}"] += 1
                     log.debug("router %s: datagram dropped: %s", link.address, exc)
                     continue
                 self._opening = None  # the router heard us
@@ -186,6 +194,11 @@ class DatagramChannel:
 async def dial_datagram(link: _Link, host: str, port: int) -> None:
     """Connect a UDP socket to the router (asyncio-dgram) and give *link* its channel."""
     stream = await asyncio_dgram.connect((host, port))
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            stream.socket.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        except OSError:
+            pass  # the kernel's default then
     link.connection_made(DatagramChannel(stream, link,  # type: ignore[arg-type]
                                          link.protocol.counters))
 
@@ -193,9 +206,6 @@ async def dial_datagram(link: _Link, host: str, port: int) -> None:
 async def open_datagram_link(addr: Address, protocol: ClientProtocol, timeout: float,
                              **kw: Any) -> _Link:
     """:func:`flowlib.link.open_link` over a datagram link (the same keywords)."""
-    if protocol.handshake.encrypt:
-        raise ConnectionLost(f"router {address_text(addr)}: datagram links are authenticated, "
-                             f"not encrypted; encrypt=True needs a TCP router address")
     return await open_link(addr, protocol, timeout, dial=dial_datagram, what="UDP connect",
                            **kw)
 

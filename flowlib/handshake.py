@@ -43,7 +43,9 @@ class Step:
 
     reply: C.ControlMessage | None = None  #: to send on the link-local flow
     done: C.Hello | None = None  #: the handshake is over: the router's HELLO
-    secure: Any = None  #: with *done*: the record layer when the link is now encrypted
+    #: with *done*: the record layer when the link is now encrypted (a stream's
+    #: SecureStream; a datagram link's LinkCipher in its datagram mode)
+    secure: Any = None
     failed: str | None = None  #: give up on the link, for this reason
     protocol_error: bool = False  #: *failed* because the router broke the protocol
 
@@ -62,7 +64,9 @@ class Handshake:
         self.key_id = key_id
         self.encrypt = encrypt
         #: over a datagram link the router repeats its HELLO (and AUTH) until our next step
-        #: arrives, and never seals: a repeat of the HELLO we took is answered, not an error
+        #: arrives: a repeat of the HELLO we took is answered, another HELLO once we are
+        #: done is ignored (a late or injected datagram must not end the link), and keys
+        #: seal datagrams one by one (LinkCipher's datagram mode) instead of a stream
         self.datagram = datagram
         self._reply: C.ControlMessage | None = None
         self.auth: Any = None
@@ -107,6 +111,8 @@ class Handshake:
     def _on_hello(self, msg: C.Hello) -> Step:
         if self.datagram and msg in (self.hello, self.auth_hello):
             return Step(reply=self._reply)  # a repeat: it lost our AUTH, or it is just late
+        if self.datagram and self.done:
+            return Step()
         if self.done or self.auth_hello is not None:
             return Step(failed="the router sent a second HELLO", protocol_error=True)
         if msg.role is not C.Role.ROUTER:
@@ -139,9 +145,11 @@ class Handshake:
             self.auth.on_peer_auth(msg.body)
         except AuthError as exc:
             return Step(failed=f"router {hello.name!r} failed link authentication: {exc}")
-        secure = None
-        cipher = self.auth.cipher()  # either side asked for encryption
-        if cipher is not None and not self.datagram:  # datagram links are not sealed
+        secure: Any = None
+        cipher = self.auth.cipher(ordered=not self.datagram)  # either side asked for it
+        if cipher is not None and self.datagram:
+            secure = cipher  # each datagram sealed alone (flowrouter.wire.appdgram)
+        elif cipher is not None:
             from flowrouter.wire.linkauth import SecureStream
 
             secure = SecureStream(cipher)

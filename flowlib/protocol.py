@@ -99,6 +99,9 @@ class ClientProtocol:
         self.refresh = RefreshDigests(refresh_interval, now)
         #: the router's HELLO once the handshake is over
         self.hello: C.Hello | None = None
+        #: a datagram link's cipher once its handshake negotiated encryption
+        #: (:mod:`flowlib.dgram` seals and opens each datagram with it)
+        self.datagram_cipher: Any = None
         #: we gave up on this link (refusal, protocol error, silence): nothing more is read
         self.failed: str | None = None
         self._now = now
@@ -361,7 +364,9 @@ class ClientProtocol:
         if step.reply is not None:
             self.write_control(LINK_KEY, BAND_MEMBERSHIP, step.reply)
         if step.done is not None:
-            if step.secure is not None:
+            if step.secure is not None and self.handshake.datagram:
+                self.datagram_cipher = step.secure  # the datagram shell seals with it
+            elif step.secure is not None:
                 self.codec.start_sealed(step.secure)
             self.codec.end_handshake()
             self.hello = step.done
@@ -480,8 +485,8 @@ class ClientProtocol:
 
     @property
     def sealed(self) -> bool:
-        """The link travels in sealed records."""
-        return self.codec.sealed is not None
+        """The link travels in sealed records (or, a datagram link, sealed datagrams)."""
+        return self.codec.sealed is not None or self.datagram_cipher is not None
 
     def write_control(self, key: bytes, band: int, msg: C.ControlMessage,
                       loc: tuple[int, int] = (0, 0)) -> None:

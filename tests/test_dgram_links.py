@@ -27,10 +27,13 @@ from flowrouter.wire.appdgram import (
     DatagramPacker,
     DatagramSequence,
     frame_spans,
+    open_datagram,
+    prefix,
     split_frames,
 )
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import MalformedFrame, pack_header
+from flowrouter.wire.linkrecords import LinkCipher
 
 from .rawep import addr, core_and_edge, get, run, within
 
@@ -74,6 +77,27 @@ def test_gaps_in_datagram_numbers_are_counted() -> None:
     assert (seq.lost, seq.late, seq.highest) == (3, 1, 9)
     wrap = DatagramSequence()
     assert [wrap.seen(n) for n in (0xFFFFFFFE, 0xFFFFFFFF, 2)] == [0, 0, 1]
+
+
+def test_sealed_datagrams_cannot_be_forged_altered_replayed_or_sent_in_clear() -> None:
+    key_a, key_b = os.urandom(32), os.urandom(32)
+    tx, rx = LinkCipher(key_a, key_b, ordered=False), LinkCipher(key_b, key_a, ordered=False)
+    packer = DatagramPacker()
+    packer.cipher = tx
+    data = pack_header(b"k" * 16, 5, 32) + b"hello"
+    first, second = packer.pack([data]), packer.pack([data])
+    assert open_datagram(second[0], rx)[1].tobytes() == data
+    assert open_datagram(first[0], rx)[1].tobytes() == data  # late is fine, once
+    for bad, why in ((first[0], "bad-record"),  # a replay
+                     (first[0][:-1] + bytes([first[0][-1] ^ 1]), "bad-record"),  # altered
+                     (prefix(9) + data, "unsealed")):  # injected in clear
+        with pytest.raises(MalformedFrame) as info:
+            open_datagram(bad, rx)
+        assert info.value.reason == why
+    # handshake repeats may still come in clear
+    body = C.Hello(1, C.Role.ROUTER, "r", 4096, 0).encode()
+    hello = pack_header(LINK_LOCAL_FLOW.key, len(body), 0) + body
+    assert open_datagram(prefix(10) + hello, rx)[1].tobytes() == hello
 
 
 def test_router_addresses_name_their_transport() -> None:
@@ -131,6 +155,11 @@ async def arrives_from_tcp(node: RouterNode, flow: Any, lst: Any, payload: bytes
         assert (await get(lst)).payload == payload
 
 
+def refused(node: RouterNode) -> int:
+    """Datagrams the router's app_udp listener dropped (any reason)."""
+    return sum(v for k, v in node.core.counters.items() if k.startswith("appdgram.refused"))
+
+
 async def _until(cond: Any, step: float = 0.02) -> None:
     while not cond():
         await asyncio.sleep(step)
@@ -163,7 +192,7 @@ def test_datagram_links_fail_over_to_the_next_router(tmp_path: Path) -> None:
     run(main())
 
 
-def test_datagram_links_take_link_keys_and_are_never_sealed(tmp_path: Path) -> None:
+def test_datagram_links_take_link_keys_and_seal_when_asked(tmp_path: Path) -> None:
     async def main() -> None:
         node = one_router(link_keys={"app": KEY}, link_auth_endpoints=True)
         await node.start()
@@ -171,17 +200,18 @@ def test_datagram_links_take_link_keys_and_are_never_sealed(tmp_path: Path) -> N
             sd = str(tmp_path)
             with pytest.raises(flowlib.ConnectError, match="authenticate"):
                 await flowlib.connect(udp(node), name="anon", state_dir=sd, timeout=2)
-            with pytest.raises(flowlib.ConnectError, match="not encrypted"):
-                await flowlib.connect(udp(node), name="enc", state_dir=sd,
-                                      link_key=("app", KEY), encrypt=True, timeout=2)
-            async with await flowlib.connect(udp(node), name="alice", state_dir=sd,
-                                             link_key=("app", KEY)) as alice:
-                assert not alice.encrypted
-                flow = await alice.create()
-                lst = await alice.listen(flow, 32)
-                await arrives_from_tcp(node, flow, lst, b"authenticated", name="bob",
-                                       state_dir=sd, link_key=("app", KEY))
-            assert node.core.counters["auth.ok"] >= 2
+            for encrypt in (False, True):
+                async with await flowlib.connect(udp(node), name="alice", state_dir=sd,
+                                                 link_key=("app", KEY),
+                                                 encrypt=encrypt) as alice:
+                    assert alice.encrypted is encrypt
+                    flow = await alice.create()
+                    lst = await alice.listen(flow, 32)
+                    await arrives_from_tcp(node, flow, lst, b"x" * 200_000, name="bob",
+                                           state_dir=sd, link_key=("app", KEY))
+                    await alice.send(flow, b"from alice")
+            assert node.core.counters["auth.ok"] >= 4
+            assert not [k for k in node.core.counters if k.startswith("appdgram.refused")]
         finally:
             await node.stop()
     run(main())
@@ -204,7 +234,7 @@ def test_the_app_listener_refuses_routers_and_garbage(tmp_path: Path) -> None:
             body = C.Hello(77, C.Role.ROUTER, "sneaky", 4096, 0x10).encode()
             hello = pack_header(LINK_LOCAL_FLOW.key, len(body), 0) + body
             sock.send(struct.pack("!2sBBI", b"Fd", 1, 0, 1) + hello)
-            await within(_until(lambda: node.core.counters["appdgram.malformed"] >= 1))
+            await within(_until(lambda: refused(node) >= 1))
             await within(_until(lambda: not node.appdgram.links  # type: ignore[union-attr]
                                 and node.core.counters["appdgram.no-hello"] == 0
                                 and not any(lk.role is C.Role.ROUTER
@@ -220,54 +250,150 @@ def test_the_app_listener_refuses_routers_and_garbage(tmp_path: Path) -> None:
                 other.close()
                 await arrives_from_tcp(node, flow, lst, b"still here", name="tx",
                                        state_dir=str(tmp_path))
-            assert node.core.counters["appdgram.malformed"] >= 2
+            assert refused(node) >= 2
         finally:
             await node.stop()
     run(main())
 
 
-class ThinPath(asyncio.DatagramProtocol):
-    """A constrained path between a router and an application: datagrams toward the
-    application leave at *rate* bytes/s through a queue of *depth* datagrams (a small
-    bottleneck buffer: what does not fit is lost); the other way is free."""
+class OnPath(asyncio.DatagramProtocol):
+    """A host on the path between an application and its router: the application talks to
+    :attr:`address`, the router sees the relay's address as the application's. Subclasses
+    change what passes (:meth:`to_app`, :meth:`to_router`)."""
 
-    def __init__(self, router: tuple[str, int], rate: float, depth: int) -> None:
-        self.router = router
-        self.rate = rate
-        self.depth = depth
+    def __init__(self) -> None:
         self.app: Any = None
         self.transport: Any = None
         self.up: Any = None
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
-        self.lost = 0
+
+    @classmethod
+    async def start(cls, router: tuple[str, int], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        me = cls(*args)
+        await loop.create_datagram_endpoint(lambda: me, local_addr=("127.0.0.1", 0))
+        me.up, _ = await loop.create_datagram_endpoint(lambda: _Up(me), remote_addr=router)
+        return me
+
+    @property
+    def address(self) -> str:
+        return "udp://%s:%d" % self.transport.get_extra_info("sockname")[:2]
+
+    def close(self) -> None:
+        self.transport.close()
+        self.up.close()
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         self.app = addr
+        self.to_router(data)
+
+    def to_router(self, data: bytes) -> None:
         self.up.sendto(data)
 
-    def from_router(self, data: bytes) -> None:
+    def to_app(self, data: bytes) -> None:
+        if self.app is not None:
+            self.transport.sendto(data, self.app)
+
+
+class _Up(asyncio.DatagramProtocol):
+    def __init__(self, path: OnPath) -> None:
+        self.path = path
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.path.to_app(data)
+
+
+class ThinPath(OnPath):
+    """A constrained path: datagrams toward the application leave at *rate* bytes/s
+    through a queue of *depth* datagrams (a small bottleneck buffer: what does not fit is
+    lost); the other way is free."""
+
+    def __init__(self, rate: float, depth: int) -> None:
+        super().__init__()
+        self.rate = rate
+        self.depth = depth
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.lost = 0
+        self.pump = asyncio.ensure_future(self._pump())
+
+    def to_app(self, data: bytes) -> None:
         if self.queue.qsize() >= self.depth:
             self.lost += 1
             return
         self.queue.put_nowait(data)
 
-    async def pump(self) -> None:
+    async def _pump(self) -> None:
         while True:
             data = await self.queue.get()
             await asyncio.sleep(len(data) / self.rate)
-            if self.app is not None:
-                self.transport.sendto(data, self.app)
+            super().to_app(data)
+
+    def close(self) -> None:
+        self.pump.cancel()
+        super().close()
 
 
-class _Up(asyncio.DatagramProtocol):
-    def __init__(self, path: ThinPath) -> None:
-        self.path = path
+class Forger(OnPath):
+    """An attacker on the path: replays every datagram it passes, both ways, and sends
+    its own plain datagrams carrying a message for *flow* each way (:meth:`inject`)."""
 
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        self.path.from_router(data)
+    def to_router(self, data: bytes) -> None:
+        super().to_router(data)
+        super().to_router(data)
+
+    def to_app(self, data: bytes) -> None:
+        super().to_app(data)
+        super().to_app(data)
+
+    def inject(self, flow: Any, text: bytes) -> None:
+        datagram = prefix(77) + pack_header(flow.key, len(text), 32) + text
+        super().to_router(datagram)
+        super().to_app(datagram)
+
+
+def test_an_on_path_attacker_cannot_inject_or_replay_on_a_sealed_datagram_link(
+        tmp_path: Path) -> None:
+    """Link security as on TCP: with keys and encryption, a host on the path cannot make
+    either end take a datagram it forged, nor a second copy of a real one (each is counted
+    and dropped); the application sees exactly what was sent."""
+
+    async def main() -> None:
+        node = one_router(link_keys={"app": KEY}, link_auth_endpoints=True)
+        await node.start()
+        try:
+            assert node.appdgram is not None
+            mallory = await Forger.start(node.appdgram.address)
+            sd = str(tmp_path)
+            async with (await flowlib.connect(mallory.address, name="alice", state_dir=sd,
+                                              link_key=("app", KEY), encrypt=True) as alice,
+                        await flowlib.connect(addr(node), name="bob", state_dir=sd,
+                                              link_key=("app", KEY)) as bob):
+                flow = await bob.create()
+                at_alice = await alice.listen(flow, 32)
+                at_bob = await bob.listen(flow, 32)
+                mallory.inject(flow, b"forged")
+                for i in range(5):
+                    await bob.send(flow, b"to alice %d" % i)
+                    await alice.send(flow, b"to bob %d" % i)
+                    mallory.inject(flow, b"forged")
+                for i in range(5):
+                    assert (await get(at_alice)).payload == b"to alice %d" % i
+                    assert (await get(at_bob)).payload == b"to bob %d" % i
+                await bob.send(flow, b"end")
+                await alice.send(flow, b"end")
+                assert (await get(at_alice)).payload == b"end"
+                assert (await get(at_bob)).payload == b"end"
+                assert at_alice.empty() and at_bob.empty()
+                assert alice.counters["dgram.refused.unsealed"] >= 6
+                assert alice.counters["dgram.refused.bad-record"] >= 5  # the replays
+                assert node.core.counters["appdgram.refused.unsealed"] >= 6
+                assert node.core.counters["appdgram.refused.bad-record"] >= 5
+            mallory.close()
+        finally:
+            await node.stop()
+    run(main())
 
 
 def test_a_viewer_behind_a_thin_path_loses_frames_instead_of_falling_behind(
@@ -280,16 +406,10 @@ def test_a_viewer_behind_a_thin_path_loses_frames_instead_of_falling_behind(
     async def main() -> None:
         node = one_router()
         await node.start()
-        loop = asyncio.get_running_loop()
         try:
             assert node.appdgram is not None
-            path = ThinPath(node.appdgram.address, rate=12_500, depth=4)
-            down, _ = await loop.create_datagram_endpoint(lambda: path,
-                                                          local_addr=("127.0.0.1", 0))
-            path.up, _ = await loop.create_datagram_endpoint(
-                lambda: _Up(path), remote_addr=node.appdgram.address)
-            pump = asyncio.ensure_future(path.pump())
-            via = "udp://%s:%d" % down.get_extra_info("sockname")[:2]
+            path = await ThinPath.start(node.appdgram.address, 12_500, 4)
+            via = path.address
             sd = str(tmp_path)
             viewer = await flowlib.connect(via, name="viewer", state_dir=sd)
             streamer = await flowlib.connect(addr(node), name="streamer", state_dir=sd)
@@ -317,9 +437,7 @@ def test_a_viewer_behind_a_thin_path_loses_frames_instead_of_falling_behind(
             late = delays[len(delays) // 2:]
             assert max(late) < 1.0  # not growing with time
             assert viewer.counters["dgram.lost"] >= path.lost * 0.8 > 0
-            pump.cancel()
-            down.close()
-            path.up.close()
+            path.close()
             await viewer.close()
             await streamer.close()
         finally:

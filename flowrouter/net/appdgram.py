@@ -6,9 +6,11 @@ datagram is a numbered prefix and one or more whole frames. One :class:`AppDatag
 the socket (an asyncio datagram endpoint on ``app_udp``); each remote address that opens
 with a HELLO is one :class:`AppDatagramLink`, an application link to the core like any
 other (``transport="udp"``: the handshake tolerates a lost datagram by repeats; links are
-authenticated with link keys, not sealed). Only applications may link here: a HELLO that
-claims a router is refused. A datagram that is not whole frames is dropped alone
-(``appdgram.malformed``), gaps in a link's datagram numbers are counted
+authenticated with link keys; when the handshake negotiated encryption, every datagram after
+it is sealed, :mod:`flowrouter.wire.appdgram`). Only applications may link here: a HELLO
+that claims a router is refused. A datagram that is not whole frames, fails its seal, or
+comes plain on a sealed link is dropped alone (``appdgram.refused.<why>``), gaps in a
+link's datagram numbers are counted
 (``appdgram.lost``), and a link silent for ``udp_idle_timeout`` is closed (liveness
 normally closes a dead application first). Sends never wait: a full socket buffer drops
 the datagram (``drop.link-congested``), so a constrained path loses frames instead of
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.tables import LinkState
@@ -34,7 +37,7 @@ from flowrouter.wire.appdgram import (
     DatagramPacker,
     DatagramSequence,
     frame_spans,
-    split_frames,
+    open_datagram,
 )
 from flowrouter.wire.header import HEADER_SIZE, MalformedFrame
 
@@ -54,7 +57,8 @@ SEND_BACKLOG = 256 * 1024
 class AppDatagramLink:
     """One application's address on the router's application datagram socket."""
 
-    __slots__ = ("owner", "addr", "link_id", "address", "out", "packer", "rx", "last_rx")
+    __slots__ = ("owner", "addr", "link_id", "address", "out", "packer", "rx", "last_rx",
+                 "keyed")
 
     #: never paused: one socket serves every application here
     reading = None
@@ -68,6 +72,8 @@ class AppDatagramLink:
         self.packer = DatagramPacker()
         self.rx = DatagramSequence()
         self.last_rx = owner.node.now()
+        #: the handshake's keys were looked at (sealing starts then, if it was negotiated)
+        self.keyed = False
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -103,6 +109,14 @@ class AppDatagrams(asyncio.DatagramProtocol):
         host, port = parse_address(address, "app_udp")
         me = cls(node)
         await node.loop.create_datagram_endpoint(lambda: me, local_addr=(host, port))
+        size = node.config.udp_socket_buffer
+        sock = me.transport.get_extra_info("socket")
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF) if size and sock is not None else ():
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            except OSError as exc:
+                log.warning("router %s: application datagram socket buffer of %d bytes "
+                            "refused: %s", node.config.name, size, exc)
         log.info("router %s listening for application datagram links on %s:%d",
                  node.config.name, *me.address)
         return me
@@ -135,9 +149,10 @@ class AppDatagrams(asyncio.DatagramProtocol):
         link = self.links.get(addr)
         max_payload = min(node.config.max_payload, MAX_PAYLOAD)
         try:
-            seq, frames = split_frames(data, max_payload)
+            seq, frames = open_datagram(data, link.packer.cipher if link else None,
+                                        max_payload)
         except MalformedFrame as exc:
-            core.counters["appdgram.malformed"] += 1
+            core.counters[f"appdgram.refused.{exc.reason}"] += 1
             log.debug("router %s: datagram from %s:%d dropped: %s", node.config.name, *addr,
                       exc)
             return
@@ -164,15 +179,19 @@ class AppDatagrams(asyncio.DatagramProtocol):
                 except MalformedFrame as exc:
                     node.execute(core.drop_link(link_id, exc, now))
                     break
+                lk = core.links.get(link_id)
+                if lk is not None and lk.state is LinkState.UP and not link.keyed:
+                    if lk.role is not C.Role.ENDPOINT:
+                        why = "router on the application datagram listener"
+                        node.execute(core.close_link(link_id, now, why))
+                        self._close(link, why)
+                        break
+                    link.keyed = True  # what the link sends from now on is sealed
+                    auth = lk.auth
+                    if auth is not None and auth.authenticated:
+                        link.packer.cipher = auth.cipher(ordered=False)
                 if actions:
                     node.execute(actions)
-                lk = core.links.get(link_id)
-                if lk is not None and lk.state is LinkState.UP and lk.role is not \
-                        C.Role.ENDPOINT:
-                    why = "router on the application datagram listener"
-                    node.execute(core.close_link(link_id, now, why))
-                    self._close(link, why)
-                    break
         finally:
             reads.end()
         if link_id not in core.links and self.links.get(addr) is link:

@@ -5,14 +5,23 @@ A datagram is a small prefix and then **one or more whole frames** (the frames o
 link, back to back; no frame is ever split across datagrams: a message larger than a frame
 is fragmented by flowlib first)::
 
-    magic "Fd" (2) | version 1 (1) | flags 0 (1) | sequence (4) | frame | frame | ...
+    magic "Fd" (2) | version 1 (1) | flags (1) | sequence (4) | frame | frame | ...
+
+On a link whose handshake negotiated encryption (link keys, and either end asked), every
+datagram after the handshake is **sealed**: flags bit 0 set, and the frames are one sealed
+record of :class:`~flowrouter.wire.linkrecords.LinkCipher` in its datagram mode
+(ChaCha20-Poly1305, a counter nonce, a 64-record anti-replay window: a datagram may be lost
+or come late, never be forged, altered or replayed). Once a side seals, it takes a plain
+datagram only when it holds nothing but handshake repeats (HELLO, AUTH: what the other side
+sends again until it hears the last step), so nothing can be injected in clear.
 
 Each side numbers the datagrams it sends on a link, 1, 2, 3, ...; the receiver counts the
 gaps (:class:`DatagramSequence`): datagram links lose instead of queueing, and the loss is
 visible. Anything that is not a prefix followed by whole, valid frames is refused as a
 whole (:func:`split_frames` raises :class:`~flowrouter.wire.header.MalformedFrame`): one bad
-datagram costs itself, never its neighbours. :class:`DatagramPacker` packs outgoing frames
-into as few datagrams as fit. May import the standard library and :mod:`flowrouter.wire`.
+datagram costs itself, never its neighbours (:func:`open_datagram` also unseals).
+:class:`DatagramPacker` packs outgoing frames into as few datagrams as fit, sealed when it
+holds a cipher. May import the standard library and :mod:`flowrouter.wire`.
 """
 
 from __future__ import annotations
@@ -21,42 +30,93 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from flowrouter.wire import control as C
 from flowrouter.wire.header import HEADER_SIZE, MalformedFrame, validate_header
+from flowrouter.wire.linkrecords import LinkCipher
+from flowrouter.wire.linksecrets import LinkSecurityError
 
 MAGIC = b"Fd"
 VERSION = 1
+FLAG_SEALED = 0x01
 _PREFIX = struct.Struct("!2sBBI")
 PREFIX_SIZE = _PREFIX.size  #: 8 bytes
+#: what sealing adds to a datagram (the record's counter and tag)
+SEAL_OVERHEAD = 8 + 16
 #: the largest datagram (IPv4's UDP payload limit)
 MAX_DATAGRAM = 65507
-#: the largest frame payload a datagram link carries
-MAX_PAYLOAD = MAX_DATAGRAM - PREFIX_SIZE - HEADER_SIZE
+#: the largest frame payload a datagram link carries, sealed or not
+MAX_PAYLOAD = MAX_DATAGRAM - PREFIX_SIZE - SEAL_OVERHEAD - HEADER_SIZE
+_HANDSHAKE = (C.MsgType.HELLO, C.MsgType.AUTH)
 
 
-def prefix(seq: int) -> bytes:
-    return _PREFIX.pack(MAGIC, VERSION, 0, seq & 0xFFFFFFFF)
+def prefix(seq: int, sealed: bool = False) -> bytes:
+    return _PREFIX.pack(MAGIC, VERSION, FLAG_SEALED if sealed else 0, seq & 0xFFFFFFFF)
+
+
+def check_frames(body: memoryview, max_payload: int = MAX_PAYLOAD) -> memoryview:
+    """*body* if it is one or more whole, valid frames; MalformedFrame otherwise."""
+    n = len(body)
+    if n < HEADER_SIZE:
+        raise MalformedFrame("bad-datagram", f"datagram of {n} bytes holds no frame")
+    pos = 0
+    while pos < n:
+        if n - pos < HEADER_SIZE:
+            raise MalformedFrame("bad-datagram", f"{n - pos} bytes after the last frame")
+        end = pos + HEADER_SIZE + validate_header(body, pos, max_payload)
+        if end > n:
+            raise MalformedFrame("bad-datagram", "a frame runs past the datagram's end")
+        pos = end
+    return body
+
+
+def _prefix(view: memoryview) -> tuple[int, bool]:
+    if len(view) < PREFIX_SIZE:
+        raise MalformedFrame("bad-datagram", f"datagram of {len(view)} bytes")
+    magic, version, flags, seq = _PREFIX.unpack_from(view)
+    if magic != MAGIC or version != VERSION:
+        raise MalformedFrame("bad-datagram", "not a flownet datagram (bad magic or version)")
+    return seq, bool(flags & FLAG_SEALED)
 
 
 def split_frames(datagram: bytes | memoryview, max_payload: int = MAX_PAYLOAD
                  ) -> tuple[int, memoryview]:
-    """The sequence number and the frames (the bytes after the prefix) of a datagram, after
-    checking that they are whole frames; MalformedFrame otherwise."""
-    view = memoryview(datagram)
-    n = len(view)
-    if n < PREFIX_SIZE + HEADER_SIZE:
-        raise MalformedFrame("bad-datagram", f"datagram of {n} bytes holds no frame")
-    magic, version, _flags, seq = _PREFIX.unpack_from(view)
-    if magic != MAGIC or version != VERSION:
-        raise MalformedFrame("bad-datagram", "not a flownet datagram (bad magic or version)")
-    pos = PREFIX_SIZE
+    """The sequence number and the frames of a plain datagram, checked whole;
+    MalformedFrame otherwise."""
+    return open_datagram(datagram, None, max_payload)
+
+
+def handshake_only(frames: memoryview) -> bool:
+    """Whether checked *frames* hold nothing but HELLO and AUTH on the link-local flow."""
+    pos, n = 0, len(frames)
     while pos < n:
-        if n - pos < HEADER_SIZE:
-            raise MalformedFrame("bad-datagram", f"{n - pos} bytes after the last frame")
-        end = pos + HEADER_SIZE + validate_header(view, pos, max_payload)
-        if end > n:
-            raise MalformedFrame("bad-datagram", "a frame runs past the datagram's end")
+        end = pos + HEADER_SIZE + int.from_bytes(frames[pos + 16:pos + 20], "big")
+        if frames[pos + 20] != 0 or bytes(frames[pos + 8:pos + 12]) != b"\0\0\0\0" \
+                or end - pos < HEADER_SIZE + 2 or frames[pos + HEADER_SIZE + 1] not in _HANDSHAKE:
+            return False
         pos = end
-    return seq, view[PREFIX_SIZE:]
+    return True
+
+
+def open_datagram(datagram: bytes | memoryview, cipher: LinkCipher | None,
+                  max_payload: int = MAX_PAYLOAD) -> tuple[int, memoryview]:
+    """The sequence number and the checked frames of a datagram, unsealed with *cipher*
+    when the link is sealed (a plain one is then taken only if it holds nothing but
+    handshake repeats). MalformedFrame (``bad-datagram``, ``bad-record``: sealing failed,
+    ``unsealed``: plain where sealed was due) otherwise."""
+    view = memoryview(datagram)
+    seq, sealed = _prefix(view)
+    body = view[PREFIX_SIZE:]
+    if sealed:
+        if cipher is None:
+            raise MalformedFrame("bad-datagram", "a sealed datagram before the keys")
+        try:
+            body = memoryview(cipher.open(body))
+        except LinkSecurityError as exc:
+            raise MalformedFrame("bad-record", str(exc)) from None
+    frames = check_frames(body, max_payload)
+    if cipher is not None and not sealed and not handshake_only(frames):
+        raise MalformedFrame("unsealed", "a plain datagram on a sealed link")
+    return seq, frames
 
 
 def frame_spans(buffers: Iterable[Any]) -> list[bytes]:
@@ -108,22 +168,24 @@ class DatagramSequence:
 
 class DatagramPacker:
     """Packs frames into numbered datagrams of at most ``size`` bytes (a frame that alone
-    is larger goes alone, as large as it is)."""
+    is larger goes alone, as large as it is), each sealed once :attr:`cipher` is set."""
 
-    __slots__ = ("size", "seq")
+    __slots__ = ("size", "seq", "cipher")
 
     def __init__(self, size: int = MAX_DATAGRAM) -> None:
         self.size = size
         self.seq = 0
+        #: seals every datagram from now on (set when the handshake installed keys)
+        self.cipher: LinkCipher | None = None
 
     def pack(self, frames: Iterable[bytes]) -> list[bytes]:
         out: list[bytes] = []
         parts: list[bytes] = []
-        used = PREFIX_SIZE
+        used = PREFIX_SIZE + SEAL_OVERHEAD
         for frame in frames:
             if parts and used + len(frame) > self.size:
                 out.append(self._datagram(parts))
-                parts, used = [], PREFIX_SIZE
+                parts, used = [], PREFIX_SIZE + SEAL_OVERHEAD
             parts.append(frame)
             used += len(frame)
         if parts:
@@ -132,8 +194,12 @@ class DatagramPacker:
 
     def _datagram(self, parts: list[bytes]) -> bytes:
         self.seq = (self.seq + 1) & 0xFFFFFFFF or 1
-        return prefix(self.seq) + b"".join(parts)
+        cipher = self.cipher
+        if cipher is None:
+            return prefix(self.seq) + b"".join(parts)
+        return prefix(self.seq, True) + cipher.seal(b"".join(parts))
 
 
-__all__ = ["MAGIC", "VERSION", "PREFIX_SIZE", "MAX_DATAGRAM", "MAX_PAYLOAD", "prefix",
-           "split_frames", "frame_spans", "DatagramSequence", "DatagramPacker"]
+__all__ = ["MAGIC", "VERSION", "FLAG_SEALED", "PREFIX_SIZE", "SEAL_OVERHEAD", "MAX_DATAGRAM",
+           "MAX_PAYLOAD", "prefix", "check_frames", "split_frames", "open_datagram",
+           "handshake_only", "frame_spans", "DatagramSequence", "DatagramPacker"]
