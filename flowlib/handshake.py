@@ -103,6 +103,8 @@ class Handshake:
             return self._on_hello(msg)
         if isinstance(msg, C.Auth) and self.auth_hello is not None and not self.done:
             return self._on_auth(msg)
+        if not self.done and self.datagram:
+            return Step()  # came before the HELLO it follows (lost or late): it is repeated
         if not self.done:
             return Step(failed=f"expected HELLO, got {type(msg).__name__}",
                         protocol_error=True)

@@ -353,6 +353,52 @@ class Forger(OnPath):
         super().to_app(datagram)
 
 
+class LosesFirst(OnPath):
+    """Loses the first *n* datagrams each way (the handshake's)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.up_left = self.down_left = n
+
+    def to_router(self, data: bytes) -> None:
+        if self.up_left:
+            self.up_left -= 1
+            return
+        super().to_router(data)
+
+    def to_app(self, data: bytes) -> None:
+        if self.down_left:
+            self.down_left -= 1
+            return
+        super().to_app(data)
+
+
+@pytest.mark.parametrize("keys", [False, True])
+def test_a_lost_handshake_datagram_costs_a_repeat_not_the_link(tmp_path: Path,
+                                                                keys: bool) -> None:
+    async def main() -> None:
+        node = one_router(**({"link_keys": {"app": KEY}, "link_auth_endpoints": True,
+                              "liveness_interval": 0.3} if keys else {}))
+        await node.start()
+        try:
+            assert node.appdgram is not None
+            path = await LosesFirst.start(node.appdgram.address, 1)
+            kw: dict[str, Any] = {"link_key": ("app", KEY), "encrypt": True} if keys else {}
+            start = time.monotonic()
+            async with await flowlib.connect(path.address, name="app", timeout=5,
+                                             state_dir=str(tmp_path), **kw) as app:
+                assert time.monotonic() - start < 3.0
+                assert app.counters["dgram.hello-repeated"] >= 1
+                flow = await app.create()
+                lst = await app.listen(flow, 32)
+                await arrives_from_tcp(node, flow, lst, b"up", state_dir=str(tmp_path),
+                                       **kw)
+            path.close()
+        finally:
+            await node.stop()
+    run(main())
+
+
 def test_an_on_path_attacker_cannot_inject_or_replay_on_a_sealed_datagram_link(
         tmp_path: Path) -> None:
     """Link security as on TCP: with keys and encryption, a host on the path cannot make
