@@ -18,10 +18,12 @@ through :class:`flowlib.sync.SyncFlowClient`.
 :class:`FlowClient` is an asyncio shell around a sans-I/O protocol object
 (:class:`flowlib.protocol.ClientProtocol`: bytes and time in, events and bytes out); its
 options are one :class:`ClientOptions`, given as keywords to :func:`connect` or whole.
-With several router addresses the client fails over to the next router when its router dies
-(:mod:`flowlib.failover`); messages larger than a frame are fragmented and reassembled
-(:mod:`flowlib.fragment`); receive-queue overflows are reported on the overflow band
-(:mod:`flowlib.notices`); :class:`flowlib.heartbeat.Heartbeat` tracks a flow's members.
+A router address is TCP (``"host:port"``) or a datagram link (``"udp://host:port"``,
+:mod:`flowlib.dgram`). With several router addresses the client fails over to the next
+router when its router dies (:mod:`flowlib.failover`); messages larger than a frame are
+fragmented and reassembled (:mod:`flowlib.fragment`); receive-queue overflows are
+reported on the overflow band (:mod:`flowlib.notices`);
+:class:`flowlib.heartbeat.Heartbeat` tracks a flow's members.
 Capability, policy and link-key files are read by :mod:`flowlib.credentials`; every tool
 takes the same connection flags from :mod:`flowlib.cliopts`.
 """

@@ -1,5 +1,5 @@
-"""The asyncio flow client: a TCP link to a flow router (failing over to another router when
-that one dies), flows joined and sent to over it.
+"""The asyncio flow client: a link to a flow router, TCP or UDP (failing over to another
+router when that one dies), flows joined and sent to over it.
 
 :class:`FlowClient` is the asyncio shell around the sans-I/O client protocol
 (:mod:`flowlib.protocol`); it composes small parts, each an object of its own:
@@ -7,8 +7,8 @@ that one dies), flows joined and sent to over it.
 =============================  ==============================================================
 :mod:`flowlib.options`         :class:`ClientOptions`, every keyword a client takes, checked
 :mod:`flowlib.connection`      the current router link and the client's life cycle
-:mod:`flowlib.link`            one TCP connection: feeds the protocol, writes its output,
-                               keeps its timer
+:mod:`flowlib.link`            one router link: feeds the protocol, writes its output,
+                               keeps its timer (over TCP, or :mod:`flowlib.dgram` over UDP)
 :mod:`flowlib.membership`      create, listen, advertise: JOIN/LEAVE requests and their acks
 :mod:`flowlib.delivery`        listeners, and local notices (overflow, drops, failovers)
 :mod:`flowlib.failover`        the next router after a loss, replaying the flow table there
@@ -437,8 +437,10 @@ async def connect(addresses: Address | Sequence[Address], *, timeout: float = 5.
                   **keywords: Any) -> FlowClient:
     """Connect to the first router in *addresses* that completes the handshake.
 
-    Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)``, tried in order; each
-    attempt gets *timeout* seconds for the TCP connect and the HELLO exchange together. When
+    Addresses are ``"host:port"``, ``"[v6]:port"`` or ``(host, port)`` (TCP), or
+    ``"udp://host:port"`` (a datagram link to the router's ``app_udp`` address:
+    :mod:`flowlib.dgram`), tried in order; each attempt gets *timeout* seconds for the
+    connect and the HELLO exchange together. When
     none works, :class:`~flowlib.errors.ConnectError` lists every address and what it
     answered (refused, timed out, refused us with the router's reason, ...).
 
