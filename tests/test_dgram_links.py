@@ -217,6 +217,39 @@ def test_datagram_links_take_link_keys_and_seal_when_asked(tmp_path: Path) -> No
     run(main())
 
 
+def test_the_router_drops_an_application_that_went_silent(tmp_path: Path) -> None:
+    """Liveness as on TCP: when the path to a datagram client is cut (no LEAVE, no close:
+    a datagram link has no connection to lose), the router declares it dead after
+    dead_after and the client finds its router silent too; an address that said HELLO and
+    never spoke liveness is reaped after udp_idle_timeout."""
+
+    async def main() -> None:
+        node = one_router(liveness_interval=0.1, dead_after=0.5, udp_idle_timeout=1.0)
+        await node.start()
+        try:
+            assert node.appdgram is not None
+            ghost = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            ghost.setblocking(False)
+            ghost.connect(node.appdgram.address)
+            body = C.Hello(77, C.Role.ENDPOINT, "ghost", 4096, 0).encode()
+            ghost.send(prefix(1) + C.hello_header(len(body)) + body)
+            path = await OnPath.start(node.appdgram.address)
+            app = await flowlib.connect(path.address, name="app", state_dir=str(tmp_path),
+                                        liveness_interval=0.1, dead_after=0.5)
+            flow = await app.create()
+            await app.listen(flow, 32)
+            assert len(node.appdgram.links) == 2 and node.core.flows
+            path.close()  # the path is cut
+            await within(_until(lambda: node.core.counters["liveness.dead"] >= 1
+                                and not app.connected and not node.core.flows), 5)
+            await within(_until(lambda: not node.appdgram.links), 5)  # type: ignore[union-attr]
+            ghost.close()
+            await app.close()
+        finally:
+            await node.stop()
+    run(main())
+
+
 def test_the_app_listener_refuses_routers_and_garbage(tmp_path: Path) -> None:
     """Only applications link on app_udp; a datagram that is not whole frames is dropped
     alone (the link beside it carries on); garbage from a new address costs no state."""
