@@ -18,6 +18,7 @@ from flowrouter.wire.bands import (
     NUM_BANDS,
     ROUTER_BANDS_END,
     BandMask,
+    is_router_only,
     mask_of,
 )
 from flowrouter.wire.flowid import FlowID
@@ -111,7 +112,7 @@ def check_data_band(band: int) -> int:
             raise ValueError(f"band {band} is reserved for routers; applications send on "
                              f"bands {ROUTER_BANDS_END}..{NUM_BANDS - 1}")
         raise ValueError(f"band must be {ROUTER_BANDS_END}..{NUM_BANDS - 1}, got {band}")
-    if BAND_FAULT <= band <= BAND_APP_MEMBERSHIP:
+    if is_router_only(band):
         raise ValueError(f"band {band} carries routers' notices (faults, overflow, "
                          f"membership: {BAND_FAULT}..{BAND_APP_MEMBERSHIP}); routers drop "
                          f"what applications send there")

@@ -32,10 +32,10 @@ from flowrouter.wire.appdgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
 from flowrouter.wire.appmembers import decode_notice
 from flowrouter.wire.bands import (
     BAND_APP_MEMBERSHIP,
-    BAND_FAULT,
     BAND_GC,
     BAND_MEMBERSHIP,
     ROUTER_BANDS_END,
+    ROUTER_ONLY_BANDS,
 )
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import DEFAULT_TTL, OFF_TTL, MalformedFrame, pack_header
@@ -266,8 +266,8 @@ class ClientProtocol:
                     continue
                 # a data frame: a message for the listeners whose mask has the band
                 key = bytes(header[:16])
-                if BAND_FAULT <= band <= BAND_APP_MEMBERSHIP \
-                        and not self._from_router(band, header, payload):
+                if ROUTER_ONLY_BANDS >> band & 1 and not self._from_router(band, header,
+                                                                             payload):
                     continue
                 if payload and payload[0] == 0xFF:  # maybe a fragment or an escape
                     msg = self._on_marked(key, header, payload, band, now)
