@@ -17,9 +17,9 @@ failover and handshake, link keys included; what differs:
   encryption every datagram after it is sealed alone (ChaCha20-Poly1305, an anti-replay
   window: a datagram may be lost or late, never forged, altered or replayed); a plain
   datagram is then taken only if it holds handshake repeats;
-* until the router's first datagram arrives, the opening datagrams (our HELLO) are sent
-  again every :data:`REPEAT` seconds, so a lost HELLO costs that, not a time-out; the
-  router answers repeats of a HELLO it took;
+* until the handshake is over, what we sent in it (our HELLO, then our AUTH) is sent again
+  every :data:`REPEAT` seconds, so a lost handshake datagram either way costs that, not a
+  time-out; the router answers repeats of a HELLO (or AUTH) it took;
 * the socket is connected: the kernel hands it only the router's datagrams, and a datagram
   that is not whole, valid frames (or fails its seal) is dropped alone
   (``dgram.refused.<why>``).
@@ -53,7 +53,7 @@ from .protocol import ClientProtocol
 
 log = logging.getLogger("flowlib")
 
-#: seconds between repeats of the opening datagrams until the router answers
+#: seconds between repeats of our handshake datagrams until the handshake is over
 REPEAT = 0.25
 #: datagrams waiting for the socket at most; past it the oldest are dropped (counted)
 SEND_QUEUE = 256
@@ -75,7 +75,8 @@ class DatagramChannel:
         self._wake = asyncio.Event()
         self._closing = False
         self._ended = False
-        #: the opening datagrams, sent again until the router's first datagram arrives
+        #: what we sent during the handshake (our HELLO, then our AUTH), sent again until
+        #: the handshake is over (the router's first datagram may be an echo, its HELLO lost)
         self._opening: list[bytes] | None = []
         self._tasks = [asyncio.ensure_future(self._read()), asyncio.ensure_future(self._write()),
                        asyncio.ensure_future(self._repeat())]
@@ -146,12 +147,13 @@ class DatagramChannel:
                     counters[f"dgram.refused.{exc.reason}"] += 1
                     log.debug("router %s: datagram dropped: %s", link.address, exc)
                     continue
-                self._opening = None  # the router heard us
                 lost = rx.seen(seq)
                 if lost:
                     counters["dgram.lost"] += lost
                 counters["dgram.received"] += 1
                 link.data_received(bytes(frames))
+                if self._opening is not None and link.protocol.hello is not None:
+                    self._opening = None  # the handshake is over: no more repeats
         except asyncio.CancelledError:
             raise
         except asyncio_dgram.TransportClosed:
