@@ -140,6 +140,7 @@ def test_a_datagram_client_has_the_tcp_api(tmp_path: Path) -> None:
                 assert node.core.counters["appdgram.lost"] == 0
                 # liveness: echoes go both ways and keep the link up
                 assert node.appdgram is not None and len(node.appdgram.links) == 1
+                assert node.status()["app_udp"] == {"address": udp(node)[6:], "links": 1}
             # closing leaves the flow politely; the router forgets the link
             await within(_until(lambda: not node.appdgram.links))  # type: ignore[union-attr]
         finally:

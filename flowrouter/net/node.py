@@ -594,6 +594,8 @@ class RouterNode:
         udp_io = self.udp.status() if self.udp is not None else None
         if udp_io is not None:
             st["udp_io"] = udp_io
+        if self.appdgram is not None:  # applications' datagram links (net/appdgram)
+            st["app_udp"] = self.appdgram.status()
         st["listeners"] = self.listeners()
         st["link_auth"] = link_auth_status(self.config, self.links)
         st["connections"] = self.gate.status()
