@@ -194,27 +194,38 @@ def test_datagram_links_fail_over_to_the_next_router(tmp_path: Path) -> None:
 
 
 def test_datagram_links_take_link_keys_and_seal_when_asked(tmp_path: Path) -> None:
+    """With link keys a datagram link is taken only sealed: encryption asked for by the
+    application (or by the router, link_encrypt); one that neither end seals is refused as
+    udp-unsealed, as the routers' own UDP links are."""
+
     async def main() -> None:
-        node = one_router(link_keys={"app": KEY}, link_auth_endpoints=True)
-        await node.start()
-        try:
-            sd = str(tmp_path)
-            with pytest.raises(flowlib.ConnectError, match="authenticate"):
-                await flowlib.connect(udp(node), name="anon", state_dir=sd, timeout=2)
-            for encrypt in (False, True):
+        sd = str(tmp_path)
+        for router_asks in (False, True):
+            node = one_router(link_keys={"app": KEY}, link_auth_endpoints=True,
+                              link_encrypt=router_asks)
+            await node.start()
+            try:
+                with pytest.raises(flowlib.ConnectError, match="authenticate"):
+                    await flowlib.connect(udp(node), name="anon", state_dir=sd, timeout=2)
+                if not router_asks:
+                    with pytest.raises(flowlib.ConnectError, match="encryption"):
+                        await flowlib.connect(udp(node), name="plain", state_dir=sd,
+                                              link_key=("app", KEY), timeout=2)
+                    assert node.core.counters["refused.udp-unsealed"] == 1
                 async with await flowlib.connect(udp(node), name="alice", state_dir=sd,
                                                  link_key=("app", KEY),
-                                                 encrypt=encrypt) as alice:
-                    assert alice.encrypted is encrypt
+                                                 encrypt=not router_asks) as alice:
+                    assert alice.encrypted
                     flow = await alice.create()
                     lst = await alice.listen(flow, 32)
                     await arrives_from_tcp(node, flow, lst, b"x" * 200_000, name="bob",
                                            state_dir=sd, link_key=("app", KEY))
                     await alice.send(flow, b"from alice")
-            assert node.core.counters["auth.ok"] >= 4
-            assert not [k for k in node.core.counters if k.startswith("appdgram.refused")]
-        finally:
-            await node.stop()
+                assert node.core.counters["auth.ok"] >= 2
+                assert not [k for k in node.core.counters
+                            if k.startswith("appdgram.refused")]
+            finally:
+                await node.stop()
     run(main())
 
 

@@ -36,6 +36,12 @@ from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.header import MalformedFrame, pack_header
 from flowrouter.wire.linkauth import AuthError, LinkAuthenticator, ReplayCache
 
+#: transports that carry datagrams: a lost handshake datagram is repeated, not fatal.
+#: "udp" (router links, never sealed) and "dgram" (applications' datagram links,
+#: flowrouter.net.appdgram: every datagram sealed by the shell once encryption is
+#: negotiated, so with link keys they are taken only then)
+DATAGRAM_TRANSPORTS = ("udp", "dgram")
+
 
 class Links:
     """The link table: handshake, link up, link down, malformed-frame drops."""
@@ -109,7 +115,7 @@ class Links:
         out: list[Action] = []
         for lid in sorted(self._handshaking):
             lk = self.links[lid]
-            if (lk.transport != "udp" or not lk.hello_body
+            if (lk.transport not in DATAGRAM_TRANSPORTS or not lk.hello_body
                     or now - lk.hello_at < self.p.liveness_interval):
                 continue
             lk.hello_at = now
@@ -218,7 +224,7 @@ class Links:
             log.warning("%s refused us: %s", link.describe(), msg.text)
             closed = self.close_link(link.link_id, now, f"refused by peer: {msg.text}")
             return closed + [Close(link.link_id, "refused by peer")]
-        datagram = link.transport == "udp"
+        datagram = link.transport in DATAGRAM_TRANSPORTS
         if isinstance(msg, C.Auth) and link.pending_hello is None and datagram:
             # the peer has our HELLO but we lost its own: its AUTH cannot be checked yet;
             # the peer repeats both (Links._repeat_hellos)
@@ -248,7 +254,7 @@ class Links:
         link.features = C.hello_features(header)
         if self.p.keyring is not None and (msg.role is C.Role.ROUTER or self.p.auth_endpoints
                                            or msg.credentials):
-            if datagram and not self.p.auth_udp_unsealed:
+            if link.transport == "udp" and not self.p.auth_udp_unsealed:
                 return self._refuse_untrusted(link, Refusal(
                     "udp-unsealed", f"{msg.role.name.lower()} {msg.name[:80]!r}: UDP links "
                     "are not sealed, so a proof at the handshake would protect nothing after "
@@ -262,6 +268,13 @@ class Links:
                 proof = link.auth.on_peer_hello(msg.name, msg.role, msg.credentials)
             except AuthError as exc:
                 return self._refuse(link, exc.reason, str(exc), now)
+            if (link.transport == "dgram" and not link.auth.encrypt
+                    and not self.p.auth_udp_unsealed):
+                return self._refuse_untrusted(link, Refusal(
+                    "udp-unsealed", f"{msg.role.name.lower()} {msg.name[:80]!r}: a datagram "
+                    "link is sealed only when encryption is asked for, and neither end did; "
+                    "this router has link keys and refuses it (ask for encryption, or set "
+                    "[link_auth] allow_unsealed_udp = true)"), now)
             link.pending_hello = msg
             link.auth_body = C.Auth(proof).encode()
             return [_link_frame(link.link_id, link.auth_body)]

@@ -50,7 +50,7 @@ class Modifiers:
 @dataclass(slots=True, eq=False)
 class Link:
     link_id: int
-    transport: str  #: "tcp" or "udp" (or "sim")
+    transport: str  #: "tcp", "udp", "dgram" (applications' datagram links) or "sim"
     address: str  #: peer address, for status and logs
     modifiers: tuple[int, ...]  #: indexed by Locality
     expected_peer: str | None = None  #: configured name of the router we dialled

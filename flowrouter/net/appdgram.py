@@ -5,9 +5,9 @@ this is the application side, with the framing of :mod:`flowrouter.wire.appdgram
 datagram is a numbered prefix and one or more whole frames. One :class:`AppDatagrams` owns
 the socket (an asyncio datagram endpoint on ``app_udp``); each remote address that opens
 with a HELLO is one :class:`AppDatagramLink`, an application link to the core like any
-other (``transport="udp"``: the handshake tolerates a lost datagram by repeats; links are
-authenticated with link keys; when the handshake negotiated encryption, every datagram after
-it is sealed, :mod:`flowrouter.wire.appdgram`). Only applications may link here: a HELLO
+other (``transport="dgram"``: the handshake tolerates a lost datagram by repeats; with link
+keys the link must negotiate encryption, and every datagram after the handshake is sealed
+here, :mod:`flowrouter.wire.appdgram`). Only applications may link here: a HELLO
 that claims a router is refused. A datagram that is not whole frames, fails its seal, or
 comes plain on a sealed link is dropped alone (``appdgram.refused.<why>``), gaps in a
 link's datagram numbers are counted
@@ -211,7 +211,7 @@ class AppDatagrams(asyncio.DatagramProtocol):
         link.link_id = node.register(link)
         link.out = LinkOutput(node, link.link_id, link.write, link.write_many)
         self.links[addr] = link
-        actions = node.core.open_link(link.link_id, node.now(), transport="udp",
+        actions = node.core.open_link(link.link_id, node.now(), transport="dgram",
                                       address=link.address)
         node.core.links[link.link_id].max_payload = min(node.config.max_payload, MAX_PAYLOAD)
         node.execute(actions)
