@@ -58,7 +58,7 @@ class AppDatagramLink:
     """One application's address on the router's application datagram socket."""
 
     __slots__ = ("owner", "addr", "link_id", "address", "out", "packer", "rx", "last_rx",
-                 "keyed")
+                 "keyed", "bytes_in", "bytes_out")
 
     #: never paused: one socket serves every application here
     reading = None
@@ -74,6 +74,9 @@ class AppDatagramLink:
         self.last_rx = owner.node.now()
         #: the handshake's keys were looked at (sealing starts then, if it was negotiated)
         self.keyed = False
+        #: datagram bytes received on it and handed to the socket for it
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -82,11 +85,12 @@ class AppDatagramLink:
         pass  # one socket serves every application here: nothing to pause per link
 
     def write(self, header: bytes, payload: Any) -> None:
-        self.owner.sendto(self.packer.pack([header + bytes(payload)]), self.addr)
+        self.bytes_out += self.owner.sendto(self.packer.pack([header + bytes(payload)]),
+                                            self.addr)
 
     def write_many(self, buffers: list[Any]) -> None:
         """Whole frames, back to back: packed into as few datagrams as fit."""
-        self.owner.sendto(self.packer.pack(frame_spans(buffers)), self.addr)
+        self.bytes_out += self.owner.sendto(self.packer.pack(frame_spans(buffers)), self.addr)
 
     def close(self, reason: str) -> None:
         self.owner.forget(self)
@@ -162,6 +166,7 @@ class AppDatagrams(asyncio.DatagramProtocol):
                 return
         now = node.now()
         link.last_rx = now
+        link.bytes_in += len(data)
         lost = link.rx.seen(seq)
         if lost:
             core.counters["appdgram.lost"] += lost
@@ -241,11 +246,13 @@ class AppDatagrams(asyncio.DatagramProtocol):
                          link.link_id, link.address, idle)
                 self._close(link, "application silent")
 
-    def sendto(self, datagrams: list[bytes], addr: tuple[str, int]) -> None:
-        """Send now, or drop (counted): never queue behind a full socket buffer."""
+    def sendto(self, datagrams: list[bytes], addr: tuple[str, int]) -> int:
+        """Send now, or drop (counted): never queue behind a full socket buffer. The bytes
+        handed to the socket."""
         transport = self.transport
         if transport is None:
-            return
+            return 0
+        sent = 0
         for d in datagrams:
             if transport.get_write_buffer_size() > SEND_BACKLOG:
                 self.node.core.counters["drop.link-congested"] += 1
@@ -254,6 +261,9 @@ class AppDatagrams(asyncio.DatagramProtocol):
                 transport.sendto(d, addr)
             except OSError:
                 self.node.core.counters["drop.udp-error"] += 1
+            else:
+                sent += len(d)
+        return sent
 
     def status(self) -> dict[str, Any]:
         return {"address": "%s:%d" % self.address, "links": len(self.links)}
