@@ -141,3 +141,29 @@ def test_dial_into_silence_gives_up_after_dial_timeout() -> None:
 
     took, why = asyncio.run(asyncio.wait_for(main(), 30))
     assert "dial_timeout" in why and took < 2.0
+
+
+def test_a_link_brought_back_up_is_dialled_at_once_not_after_the_backoff() -> None:
+    """``link up=true`` (a partition healed by the operator or a fault schedule): the dial
+    waiting out a 5 s back-off goes at once."""
+    async def main() -> float:
+        r1 = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", accept_routers=["r2@127.0.0.1"]))
+        await r1.start()
+        r2 = RouterNode(NodeConfig("r2", listen=None, peers=[
+            PeerConfig("%s:%d" % r1.tcp_address, "r1")], reconnect_min=5.0,
+            reconnect_max=5.0))
+        await r2.start()
+        try:
+            await r2.wait_peers_up(1)
+            r2.set_link("r1", False)
+            await asyncio.sleep(0.2)  # the cut link's re-dial now waits 5 s
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            r2.set_link("r1", True)
+            await r2.wait_peers_up(1, timeout=4.0)
+            return loop.time() - t0
+        finally:
+            await r2.stop()
+            await r1.stop()
+
+    assert asyncio.run(main()) < 1.0

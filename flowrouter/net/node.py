@@ -79,6 +79,8 @@ class RouterNode:
         self._loop = loop
         #: when to dial each configured peer again, and what to log about it
         self.dials = DialSchedule(config.reconnect_min, config.reconnect_max)
+        #: per peer address: set to end the wait of its next dial at once
+        self._wake: dict[str, asyncio.Event] = {}
         self._tracer: TraceWriter | None = None
         #: the read in progress; ``begin_read`` starts one (a bound method of the batch:
         #: one call per read on the hot path)
@@ -326,8 +328,13 @@ class RouterNode:
         self._dial_soon(peer, step.wait)
 
     async def _dial(self, peer: PeerConfig, delay: float) -> None:
-        if delay:
-            await asyncio.sleep(delay)
+        if delay:  # the back-off, cut short when the peer is brought back (set_link)
+            wake = self._wake.setdefault(peer.address, asyncio.Event())
+            try:
+                await asyncio.wait_for(wake.wait(), delay)
+            except TimeoutError:
+                pass
+            wake.clear()
         if self._stopping or peer not in self.config.peers:
             return  # stopping, or the peer left the configuration (a reload)
         if peer.name in self._blocked:
@@ -426,6 +433,9 @@ class RouterNode:
             for p in self.config.peers:
                 if p.name == peer:
                     self.dials.reset(p.address)
+                    wake = self._wake.get(p.address)
+                    if wake is not None:
+                        wake.set()  # the dial waiting out its back-off goes now
             return 0
         self._blocked.add(peer)
         log.info("router %s: link to %s administratively down", self.config.name, peer)
