@@ -52,12 +52,24 @@ def test_reload_changes_peers_accept_lists_limits_and_emulation_live() -> None:
             assert "accept_routers: [] -> ['edge@127.0.0.1']" in diff
             assert "max_flows: 1000000 -> 10" in diff
             assert hub.core.p.max_flows == 10 and hub.core.trust.limits.flows == 7
-            await within(edge.wait_peers_up(1))
+            # up on both sides (a link the hub refused before its reload may come up at the
+            # edge for a moment, until the hub's refusal arrives: wait for the one it kept)
+            for _ in range(1000):
+                if hub.links_up() == 1 and edge.links_up() == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert hub.links_up() == 1 and edge.links_up() == 1
             # emulation defaults: a delay toward the hub, live on the link that is up
             diff = edge.ops.reload(_cfg("edge", reconnect_min=0.05, reconnect_max=0.2,
                                         peers=[peer], emulation={"hub": Emulation(delay=0.2)}))
             assert diff == ["emulation toward hub: none -> 200 ms delay"]
-            row = next(r for r in edge.status()["links"] if r["peer"] == "hub")
+            row: dict = {}  # type: ignore[type-arg]
+            for _ in range(500):  # (the link the hub kept: emulated too, once up)
+                row = next((r for r in edge.status()["links"] if r["peer"] == "hub"
+                            and r["state"] == "up" and "output" in r), {})
+                if "emulation" in row.get("output", {}):
+                    break
+                await asyncio.sleep(0.01)
             assert "emulation" in row["output"]
             # the peer removed: its link closes and is not dialled again
             diff = edge.ops.reload(_cfg("edge", reconnect_min=0.05, reconnect_max=0.2))
