@@ -272,3 +272,12 @@ def test_a_monitor_without_a_gate_caps_connections_itself() -> None:
             await mon.stop()
 
     run(within(main(), 30))
+
+
+def test_a_configured_descriptor_count_never_exceeds_the_process_limit() -> None:
+    gate = ConnectionGate(ServerLimits(descriptors=10**6), Counter(), descriptors=1024,
+                          baseline=0)
+    assert gate.descriptors == 1024
+    gate = ConnectionGate(ServerLimits(descriptors=500), Counter(), descriptors=1024,
+                          baseline=0)
+    assert gate.descriptors == 500

@@ -72,7 +72,8 @@ class ServerLimits:
     http_idle: float = 10.0
     #: descriptors kept for routers, dialling out and fail-over
     descriptor_reserve: int = 64
-    #: descriptors the router may use (0: the process limit, raised to the hard limit)
+    #: descriptors the router may use (0: the process limit, raised to the hard limit; never
+    #: more than that)
     descriptors: int = 0
 
     def __post_init__(self) -> None:
@@ -134,7 +135,8 @@ class ConnectionGate:
         self.limits = limits
         self.counters = counters
         #: the descriptors the router may use, and those open before it served anything
-        self.descriptors = limits.descriptors or descriptors
+        self.descriptors = (min(limits.descriptors, descriptors) if limits.descriptors
+                            else descriptors)  # never more than the process may open
         self.baseline = baseline
         #: told whether applications are refused now for lack of descriptors (the reason)
         self.on_budget = on_budget
