@@ -71,6 +71,20 @@ def test_reload_changes_peers_accept_lists_limits_and_emulation_live() -> None:
                     break
                 await asyncio.sleep(0.01)
             assert "emulation" in row["output"]
+            # the hub takes edge off its accept list: the link is cut, and stays refused
+            diff = hub.ops.reload(_cfg("hub", core_lsids=frozenset({0x10}), max_flows=10,
+                                       quota={"flows": 7}))
+            assert "closed 1 router link(s) no longer accepted" in diff
+            assert hub.links_up() == 0
+            refused = hub.core.counters["refused.router-claim"]
+            for _ in range(500):
+                if hub.core.counters["refused.router-claim"] > refused:
+                    break
+                await asyncio.sleep(0.01)
+            assert hub.core.counters["refused.router-claim"] > refused and hub.links_up() == 0
+            hub.ops.reload(_cfg("hub", core_lsids=frozenset({0x10}), max_flows=10,
+                                quota={"flows": 7}, accept_routers=["edge@127.0.0.1"]))
+            await within(edge.wait_peers_up(1))
             # the peer removed: its link closes and is not dialled again
             diff = edge.ops.reload(_cfg("edge", reconnect_min=0.05, reconnect_max=0.2))
             assert f"peer removed: hub at {hub_addr}" in diff

@@ -3,7 +3,8 @@
 **Reload** (``kill -HUP``, ``flowrouter ctl reload``): the node's configuration source is
 read again and the new configuration is applied while the router runs. Peers (a removed
 one's link is closed and no longer dialled, an added one is dialled at once, a changed one
-both), ``accept_routers``, link keys (new links handshake with them; sealed links keep their
+both), ``accept_routers`` (a router accepted without keys that the list no longer holds is
+cut off), link keys (new links handshake with them; sealed links keep their
 session until cycled), the control token, quotas and flow-table limits, flow control's limits
 (queues and outputs made from now on), the re-dial back-off and time-out, soft-state timing,
 membership notices, the emulation defaults and ``[limits]`` connections per port,
@@ -32,7 +33,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flowrouter.core.quotas import QuotaLimits
+from flowrouter.core.quotas import QuotaLimits, host_of
 from flowrouter.core.tables import LinkState
 from flowrouter.net.commandauth import CommandGuard, is_loopback
 from flowrouter.net.config import ConfigError, Emulation, NodeConfig
@@ -150,7 +151,26 @@ class Operations:
         node.drop_peers(removed, "removed from the configuration by a reload")
         for peer in added:
             node.dial(peer)
+        untrusted = self.no_longer_accepted()
+        if untrusted:
+            node.close_links(untrusted, "no longer an accepted router (reload)")
+            diff.append(f"closed {len(untrusted)} router link(s) no longer accepted")
         return diff
+
+    def no_longer_accepted(self) -> list[int]:
+        """Router links this router accepted without link keys whose (name, host) the
+        accept list no longer holds: an operator who removes a router expects it cut off."""
+        core = self.node.core
+        accepted = core.trust.accepted_routers
+        out = []
+        for lid, lk in core.links.items():
+            if (lk.role is not C.Role.ROUTER or lk.expected_peer is not None
+                    or (lk.auth is not None and lk.auth.authenticated)):
+                continue
+            host = host_of(lk.address)
+            if (lk.peer_name, host) not in accepted and ("*", host) not in accepted:
+                out.append(lid)
+        return out
 
     def reload_logged(self) -> dict[str, Any]:
         """Reload and log the outcome (SIGHUP and the control command): a reply."""
