@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import Address, address_text, is_datagram
+from .dgram import JOIN_RESEND, open_datagram_link
 from .dgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
-from .dgram import open_datagram_link
 from .errors import ConnectionLost, FailoverInProgress, FlowError
 from .events import Event, MessageReceived, MessageSink
 from .flowtable import FlowTable
@@ -104,6 +104,7 @@ class Connection:
                        credentials=o.credentials, keyring=self.keyring, key_id=self.key_id,
                        encrypt=o.encrypt, datagram=datagram)
         return ClientProtocol(hs, self.flows, self.reassembler, payload_cap=cap,
+                              join_resend=JOIN_RESEND if datagram else None,
                               now=asyncio.get_running_loop().time(),
                               liveness_interval=o.liveness_interval, dead_after=o.dead_after,
                               refresh_interval=o.refresh_interval, counters=self.counters,

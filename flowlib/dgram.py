@@ -9,10 +9,11 @@ writes (whole frames) is packed into numbered datagrams of one or more whole fra
 as its frames. So a datagram link has the TCP link's API, liveness (echoes, dead-after),
 failover and handshake, link keys included; what differs:
 
-* it loses instead of queueing: nothing is retransmitted; a datagram the socket cannot take
-  now is dropped, and gaps in the router's datagram numbers are counted
-  (``client.counters["dgram.lost"]``), so under a constrained path a viewer loses pictures
-  but never falls behind;
+* it loses instead of queueing: nothing is retransmitted but JOINs (an unanswered JOIN goes
+  out again every :data:`JOIN_RESEND` seconds; the refresh digests repair the rest); a
+  datagram the socket cannot take now is dropped, and gaps in the router's datagram
+  numbers are counted (``client.counters["dgram.lost"]``), so under a constrained path a
+  viewer loses pictures but never falls behind;
 * link keys work as on TCP: the handshake proves both ends, and when either end asks for
   encryption every datagram after it is sealed alone (ChaCha20-Poly1305, an anti-replay
   window: a datagram may be lost or late, never forged, altered or replayed); a plain
@@ -55,6 +56,8 @@ log = logging.getLogger("flowlib")
 
 #: seconds between repeats of our handshake datagrams until the handshake is over
 REPEAT = 0.25
+#: seconds after which an unanswered JOIN goes out again on a datagram link
+JOIN_RESEND = 0.5
 #: datagrams waiting for the socket at most; past it the oldest are dropped (counted)
 SEND_QUEUE = 256
 #: the socket buffers asked of the kernel (a burst of large messages must not overflow the
@@ -70,6 +73,7 @@ class DatagramChannel:
         self.link = link
         self.counters = counters
         self.packer = DatagramPacker()
+        self._loop = asyncio.get_running_loop()
         self.rx = DatagramSequence()
         self._queue: deque[bytes] = deque()
         self._wake = asyncio.Event()
@@ -95,8 +99,9 @@ class DatagramChannel:
     def writelines(self, buffers: list[Any]) -> None:
         """Whole frames, back to back: packed into datagrams, sent in order."""
         packer = self.packer
-        packer.cipher = self.link.protocol.datagram_cipher
-        datagrams = packer.pack(frame_spans(buffers))
+        now = self._loop.time()
+        packer.seal_with(self.link.protocol.datagram_cipher, now)
+        datagrams = packer.pack(frame_spans(buffers), now)
         if self._opening is not None:
             self._opening += datagrams
         if self._closing:

@@ -13,7 +13,12 @@
   mask change or LEAVE is repaired by the next round, and what the client stopped listing is
   collected.
 
-Both take the time as an argument and say when they next need it (``next_deadline``), so
+* **JOIN resends** (:class:`JoinResends`). On a datagram link a JOIN may be lost, and the
+  caller waiting for its answer would wait out its whole time-out. A JOIN not answered
+  within ``interval`` is sent again (the same request: the router answers a repeat as the
+  first, a JOIN only ever replaces the link's mask), until answered or given up.
+
+All take the time as an argument and say when they next need it (``next_deadline``), so
 tests drive them on virtual time. Imports only the wire layer of flowrouter.
 """
 
@@ -134,3 +139,33 @@ class RefreshDigests:
             return min(self.round_due,
                        self.started + self.sent * self.period * SPREAD / self.count + 1e-6)
         return self.round_due
+
+
+Resend = tuple[bytes, C.ControlMessage, tuple[int, int]]  #: flow key, the JOIN, locality
+
+
+class JoinResends:
+    """The JOINs of a datagram link not answered yet, and when each goes out again."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._due: dict[int, tuple[float, Resend]] = {}
+
+    def sent(self, req: int, what: Resend, now: float) -> None:
+        self._due[req] = (now + self.interval, what)
+
+    def answered(self, req: int) -> None:
+        """JOIN *req* was answered (or nobody waits for it any more)."""
+        self._due.pop(req, None)
+
+    def next_deadline(self) -> float:
+        return min((due for due, _ in self._due.values()), default=float("inf"))
+
+    def poll(self, now: float) -> list[Resend]:
+        """The JOINs to send again now (each is due again an interval later)."""
+        out = []
+        for req, (due, what) in list(self._due.items()):
+            if now >= due:
+                out.append(what)
+                self._due[req] = (now + self.interval, what)
+        return out

@@ -67,7 +67,7 @@ from .fragment import (
     needs_escape,
 )
 from .handshake import Handshake
-from .liveness import Liveness, RefreshDigests
+from .liveness import JoinResends, Liveness, RefreshDigests
 from .message import Message
 
 log = logging.getLogger("flowlib")
@@ -83,7 +83,8 @@ class ClientProtocol:
                  now: float, liveness_interval: float, dead_after: float,
                  refresh_interval: float, counters: Counter[str] | None = None,
                  rtt: float | None = None, address: str = "", first_request: int = 1,
-                 sink: MessageSink | None = None, payload_cap: int | None = None) -> None:
+                 sink: MessageSink | None = None, payload_cap: int | None = None,
+                 join_resend: float | None = None) -> None:
         self.handshake = handshake
         self.flows = flows
         self._entries = flows.entries  # the receive path's lookup
@@ -109,6 +110,8 @@ class ClientProtocol:
         self._out: list[Any] = list(handshake.opening())
         self._next_req = first_request
         self._pending: dict[int, bytes] = {}  # JOIN request -> flow key
+        #: a datagram link's unanswered JOINs, sent again every *join_resend* seconds
+        self.resends = JoinResends(join_resend) if join_resend else None
         self._sweep_due: float | None = None
         #: takes each read's received messages at once, when given (else each is a
         #: :class:`MessageReceived` event)
@@ -171,6 +174,8 @@ class ClientProtocol:
             t = self.liveness.next_deadline(soft)
             if soft:
                 t = min(t, self.refresh.next_deadline())
+            if self.resends is not None:
+                t = min(t, self.resends.next_deadline())
             if t != float("inf") and (due is None or t < due):
                 due = t
         return due
@@ -192,6 +197,10 @@ class ClientProtocol:
                         name, silent, self.liveness.dead_after)
             self._fail(f"router {name!r} silent for {silent:.1f}s: hung or unreachable")
             return
+        if self.resends is not None:
+            for key, msg, loc in self.resends.poll(now):
+                self.write_control(key, BAND_MEMBERSHIP, msg, loc)
+                self.counters["join.resent"] += 1
         if not self.speaks_soft_state:
             return  # a router from before soft state would drop the link on our first ECHO
         echo = self.liveness.echo(now)
@@ -382,6 +391,8 @@ class ClientProtocol:
                 self.counters["control.stale-ack"] += 1
                 return
             del self._pending[msg.req_id]
+            if self.resends is not None:
+                self.resends.answered(msg.req_id)
             self._events.append(JoinAnswered(msg.req_id, key, msg))
         elif band == BAND_GC and isinstance(msg, C.Ping):
             fe = self.flows.get(key)
@@ -501,11 +512,16 @@ class ClientProtocol:
         self._pending[req] = fe.flow.key
         msg, loc = fe.join(req)
         self.write_control(fe.flow.key, BAND_MEMBERSHIP, msg, loc)
+        if self.resends is not None:
+            self.resends.sent(req, (fe.flow.key, msg, loc), self._now)
+            self.deadline_moved = True
         return req
 
     def forget_request(self, req: int) -> None:
         """Nobody waits for JOIN *req* any more (a late answer is counted as stale)."""
         self._pending.pop(req, None)
+        if self.resends is not None:
+            self.resends.answered(req)
 
     def leave(self, fe: FlowEntry) -> None:
         """Tell the router we want nothing of *fe* any more."""
@@ -522,7 +538,7 @@ class ClientProtocol:
 
         Unless told otherwise (*fragment*, *fragment_size*), a message is fragmented above
         what a datagram link carries too (:data:`~flowrouter.wire.appdgram.MAX_PAYLOAD`,
-        65,475 bytes), so whatever a TCP sender sends also reaches receivers on datagram
+        65,451 bytes), so whatever a TCP sender sends also reaches receivers on datagram
         links."""
         max_payload = self.max_payload
         auto = min(max_payload, DATAGRAM_MAX_PAYLOAD)

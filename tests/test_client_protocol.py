@@ -344,3 +344,37 @@ def test_reconnect_attempts_never_outlast_the_failover_timeout() -> None:
     assert plan.next(1.5) == Pause(0.05, 1)
     assert plan.next(1.55) == Attempt(0, pytest.approx(0.45), 2)
     assert plan.next(2.0) == GiveUp()
+
+
+def test_a_datagram_links_unanswered_join_goes_out_again() -> None:
+    """On a datagram link a JOIN may be lost: one not answered within join_resend is sent
+    again, the same request, until answered or forgotten; a TCP link never resends."""
+    proto = up_protocol(join_resend=0.5)
+    fe = proto.flows.entry(FLOW)
+    fe.add_listener(1, 1 << 32)
+    sent(proto)
+    req = proto.join(fe)
+    first = sent(proto)
+    assert [type(m) for m in first] == [C.Join]
+    assert proto.next_deadline() <= 0.5  # (refresh digests may be due first)
+    proto.handle_timer(0.4)
+    assert not [m for m in sent(proto) if isinstance(m, C.Join)]
+    proto.handle_timer(0.5)
+    again = [m for m in sent(proto) if isinstance(m, C.Join)]
+    assert again == first and proto.counters["join.resent"] == 1
+    proto.receive_data(control(FLOW.key, C.JoinAck(req, C.JoinStatus.OK)), 0.7)
+    assert [type(e) for e in events(proto)] == [JoinAnswered]
+    proto.handle_timer(1.5)
+    assert not [m for m in sent(proto) if isinstance(m, C.Join)]
+    # forgotten (the caller gave up): no more resends either
+    req2 = proto.join(fe)
+    sent(proto)
+    proto.forget_request(req2)
+    proto.handle_timer(5.0)
+    assert not [m for m in sent(proto) if isinstance(m, C.Join)]
+    tcp = up_protocol()
+    tcp.flows.entry(FLOW).add_listener(1, 1 << 32)
+    tcp.join(tcp.flows.entry(FLOW))
+    sent(tcp)
+    tcp.handle_timer(0.6)
+    assert not [m for m in sent(tcp) if isinstance(m, C.Join)]

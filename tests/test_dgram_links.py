@@ -82,8 +82,8 @@ def test_gaps_in_datagram_numbers_are_counted() -> None:
 def test_sealed_datagrams_cannot_be_forged_altered_replayed_or_sent_in_clear() -> None:
     key_a, key_b = os.urandom(32), os.urandom(32)
     tx, rx = LinkCipher(key_a, key_b, ordered=False), LinkCipher(key_b, key_a, ordered=False)
-    packer = DatagramPacker()
-    packer.cipher = tx
+    packer = DatagramPacker(rekey_interval=10.0)
+    packer.seal_with(tx, 0.0)
     data = pack_header(b"k" * 16, 5, 32) + b"hello"
     first, second = packer.pack([data]), packer.pack([data])
     assert open_datagram(second[0], rx)[1].tobytes() == data
@@ -98,6 +98,10 @@ def test_sealed_datagrams_cannot_be_forged_altered_replayed_or_sent_in_clear() -
     body = C.Hello(1, C.Role.ROUTER, "r", 4096, 0).encode()
     hello = pack_header(LINK_LOCAL_FLOW.key, len(body), 0) + body
     assert open_datagram(prefix(10) + hello, rx)[1].tobytes() == hello
+    # the sending key moves on with the clock; the receiver follows
+    later = packer.pack([data], 11.0)
+    assert tx.tx_generation == 1 and open_datagram(later[0], rx)[1].tobytes() == data
+    assert rx.rx_generation == 1
 
 
 def test_router_addresses_name_their_transport() -> None:
@@ -216,6 +220,9 @@ def test_datagram_links_take_link_keys_and_seal_when_asked(tmp_path: Path) -> No
                                                  link_key=("app", KEY),
                                                  encrypt=not router_asks) as alice:
                     assert alice.encrypted
+                    # the router lists alice's datagram link as sealed (once our AUTH is in)
+                    await within(_until(
+                        lambda n=node: len(n.status()["link_auth"]["sealed_links"]) == 1))
                     flow = await alice.create()
                     lst = await alice.listen(flow, 32)
                     await arrives_from_tcp(node, flow, lst, b"x" * 200_000, name="bob",
@@ -438,6 +445,55 @@ def test_a_lost_handshake_datagram_costs_a_repeat_not_the_link(tmp_path: Path,
                 lst = await app.listen(flow, 32)
                 await arrives_from_tcp(node, flow, lst, b"up", state_dir=str(tmp_path),
                                        **kw)
+            path.close()
+        finally:
+            await node.stop()
+    run(main())
+
+
+class LosesFirstJoin(OnPath):
+    """Loses the application's first datagram that carries a JOIN (plain links)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost_join = False
+
+    def to_router(self, data: bytes) -> None:
+        if not self.lost_join and _has_join(data):
+            self.lost_join = True
+            return
+        super().to_router(data)
+
+
+def _has_join(datagram: bytes) -> bool:
+    _seq, frames = split_frames(datagram)
+    pos = 0
+    while pos < len(frames):
+        size = int.from_bytes(frames[pos + 16:pos + 20], "big")
+        if frames[pos + 20] == 0 and frames[pos + 25] == C.MsgType.JOIN:
+            return True
+        pos += 24 + size
+    return False
+
+
+def test_a_lost_join_is_sent_again(tmp_path: Path) -> None:
+    """listen() over a datagram link whose JOIN is lost returns after a resend, not after
+    the request time-out."""
+
+    async def main() -> None:
+        node = one_router()
+        await node.start()
+        try:
+            assert node.appdgram is not None
+            path = await LosesFirstJoin.start(node.appdgram.address)
+            async with await flowlib.connect(path.address, name="app",
+                                             state_dir=str(tmp_path)) as app:
+                flow = await app.create()
+                start = time.monotonic()
+                lst = await app.listen(flow, 32, timeout=5)
+                assert path.lost_join and time.monotonic() - start < 2.0
+                assert app.counters["join.resent"] >= 1
+                await arrives_from_tcp(node, flow, lst, b"joined", state_dir=str(tmp_path))
             path.close()
         finally:
             await node.stop()

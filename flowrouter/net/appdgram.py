@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.tables import LinkState
@@ -69,7 +70,7 @@ class AppDatagramLink:
         self.link_id = 0
         self.address = f"{addr[0]}:{addr[1]}"
         self.out: LinkOutput | None = None
-        self.packer = DatagramPacker()
+        self.packer = DatagramPacker(rekey_interval=owner.node.config.link_rekey_seconds)
         self.rx = DatagramSequence()
         self.last_rx = owner.node.now()
         #: the handshake's keys were looked at (sealing starts then, if it was negotiated)
@@ -84,13 +85,19 @@ class AppDatagramLink:
     def set_reading(self, on: bool) -> None:
         pass  # one socket serves every application here: nothing to pause per link
 
+    @property
+    def secure(self) -> Any:
+        """What the status query reads of a sealed link (its ``cipher``), else None."""
+        cipher = self.packer.cipher
+        return None if cipher is None else SimpleNamespace(cipher=cipher)
+
     def write(self, header: bytes, payload: Any) -> None:
-        self.bytes_out += self.owner.sendto(self.packer.pack([header + bytes(payload)]),
-                                            self.addr)
+        self.write_many([header, payload])
 
     def write_many(self, buffers: list[Any]) -> None:
         """Whole frames, back to back: packed into as few datagrams as fit."""
-        self.bytes_out += self.owner.sendto(self.packer.pack(frame_spans(buffers)), self.addr)
+        datagrams = self.packer.pack(frame_spans(buffers), self.owner.node.now())
+        self.bytes_out += self.owner.sendto(datagrams, self.addr)
 
     def close(self, reason: str) -> None:
         self.owner.forget(self)
@@ -194,7 +201,7 @@ class AppDatagrams(asyncio.DatagramProtocol):
                     link.keyed = True  # what the link sends from now on is sealed
                     auth = lk.auth
                     if auth is not None and auth.authenticated:
-                        link.packer.cipher = auth.cipher(ordered=False)
+                        link.packer.seal_with(auth.cipher(ordered=False), now)
                 if actions:
                     node.execute(actions)
         finally:

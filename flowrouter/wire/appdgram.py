@@ -32,7 +32,7 @@ from typing import Any
 
 from flowrouter.wire import control as C
 from flowrouter.wire.header import HEADER_SIZE, MalformedFrame, validate_header
-from flowrouter.wire.linkrecords import LinkCipher
+from flowrouter.wire.linkrecords import DEFAULT_REKEY_INTERVAL, LinkCipher
 from flowrouter.wire.linksecrets import LinkSecurityError
 
 MAGIC = b"Fd"
@@ -168,20 +168,36 @@ class DatagramSequence:
 
 class DatagramPacker:
     """Packs frames into numbered datagrams of at most ``size`` bytes (a frame that alone
-    is larger goes alone, as large as it is), each sealed once :attr:`cipher` is set."""
+    is larger goes alone, as large as it is), each sealed once :meth:`seal_with` gave it
+    the link's cipher. The sending key moves on every *rekey_interval* seconds of the
+    clock the caller passes (and every ``rekey_records`` datagrams, the cipher's own rule),
+    so a key taken from memory opens only what was sealed since."""
 
-    __slots__ = ("size", "seq", "cipher")
+    __slots__ = ("size", "seq", "cipher", "rekey_interval", "keyed_at")
 
-    def __init__(self, size: int = MAX_DATAGRAM) -> None:
+    def __init__(self, size: int = MAX_DATAGRAM,
+                 rekey_interval: float = DEFAULT_REKEY_INTERVAL) -> None:
         self.size = size
         self.seq = 0
         #: seals every datagram from now on (set when the handshake installed keys)
         self.cipher: LinkCipher | None = None
+        self.rekey_interval = rekey_interval
+        self.keyed_at = 0.0
 
-    def pack(self, frames: Iterable[bytes]) -> list[bytes]:
+    def seal_with(self, cipher: LinkCipher | None, now: float) -> None:
+        """Seal every datagram from now on with *cipher* (None: nothing changes)."""
+        if cipher is not None and self.cipher is None:
+            self.cipher, self.keyed_at = cipher, now
+
+    def pack(self, frames: Iterable[bytes], now: float = 0.0) -> list[bytes]:
         out: list[bytes] = []
         parts: list[bytes] = []
         used = PREFIX_SIZE + SEAL_OVERHEAD
+        cipher = self.cipher
+        if (cipher is not None and now - self.keyed_at >= self.rekey_interval
+                and cipher.can_rekey):
+            cipher.rekey()
+            self.keyed_at = now
         for frame in frames:
             if parts and used + len(frame) > self.size:
                 out.append(self._datagram(parts))
