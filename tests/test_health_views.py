@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -182,7 +183,8 @@ def test_lists_sort_and_limit_over_http_control_and_cli() -> None:
 def test_control_status_and_the_cli_sort_and_limit() -> None:
     async def go() -> None:
         node = RouterNode(NodeConfig("solo", listen="127.0.0.1:0", control="127.0.0.1:0",
-                                     core_lsids=frozenset({0x10}), default_lsid=0x10))
+                                     core_lsids=frozenset({0x10}), default_lsid=0x10,
+                                     peers=[PeerConfig(f"127.0.0.1:{closed_port()}", "ghost")]))
         await node.start()
         try:
             apps = [await within(flowlib.connect(["%s:%d" % node.tcp_address], name=f"a{i}"))
@@ -202,6 +204,11 @@ def test_control_status_and_the_cli_sort_and_limit() -> None:
             assert out.returncode == 0, out.stderr
             assert "bytes in" in out.stdout and "(1 of 3 links)" in out.stdout
             assert " a2 " in out.stdout and " a0 " not in out.stdout
+            # the configured peer that is down, why, and how the re-dialling goes
+            assert "CONFIGURED PEERS DOWN" in out.stdout
+            assert re.search(r"ghost +127\.0\.0\.1:\d+ +cannot connect: .* failed attempts",
+                             out.stdout), out.stdout
+            assert st["peers"][0]["peer"] == "ghost" and st["peers"][0]["attempts"] >= 1
             for app in apps:
                 await app.close()
         finally:

@@ -37,7 +37,7 @@ from flowrouter.net.control import serve_client as serve_control_client
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.nodeapi import Link, ReadBatch
 from flowrouter.net.operate import Operations
-from flowrouter.net.redial import DialSchedule
+from flowrouter.net.redial import DialSchedule, peer_rows
 from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.net.udp import UdpLink, UdpLinks
 from flowrouter.wire.control import Role
@@ -607,6 +607,12 @@ class RouterNode:
         if self.appdgram is not None:  # applications' datagram links (net/appdgram)
             st["app_udp"] = self.appdgram.status()
         st["listeners"] = self.listeners()
+        st["peers"] = self.peer_rows(st["links"])
         st["link_auth"] = link_auth_status(self.config, self.links)
         st["connections"] = self.gate.status()
         return st
+
+    def peer_rows(self, links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every configured peer: up or down, why, and how its re-dialling goes."""
+        return peer_rows(self.config.peers, links, self.peer_errors, self._blocked,
+                         self.dials)

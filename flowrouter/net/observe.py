@@ -46,28 +46,12 @@ if TYPE_CHECKING:
 
 
 def peer_rows(node: RouterNode, links: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every configured peer with its state: up (and on which link) or down and why."""
-    rows = []
-    for peer in node.config.peers:
-        link = next((lk for lk in links if lk["role"] == "router" and lk["state"] == "up"
-                     and peer.name and lk["peer"] == peer.name), None)
-        row: dict[str, Any] = {"peer": peer.name, "address": peer.address,
-                               "transport": peer.transport, "up": link is not None,
-                               "link": link["id"] if link else None}
-        if link is None:
-            err = node.peer_errors.get(peer.address)
-            row["last_error"] = err[1] if err else "not connected yet"
-            row["since"] = round(err[0], 3) if err else None
-            row["blocked"] = bool(peer.name and peer.name in node.blocked_peers)
-            row.update(node.dials.status(peer.address))  # failed attempts, the back-off
-        rows.append(row)
-    return rows
+    """Every configured peer with its state (:meth:`RouterNode.peer_rows`)."""
+    return node.peer_rows(links)
 
 
 def router_status(node: RouterNode) -> dict[str, Any]:
-    st = node.status()
-    st["peers"] = peer_rows(node, st["links"])
-    return st
+    return node.status()  # with "peers": every configured peer, up or down and why
 
 
 def router_health(node: RouterNode) -> tuple[bool, str]:

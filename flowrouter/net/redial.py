@@ -22,7 +22,9 @@ May import only the standard library.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -136,3 +138,27 @@ class DialSchedule:
         if peer is None or peer.up_at is not None:
             return {"attempts": 0, "backoff": self.first}
         return {"attempts": peer.attempts, "backoff": round(peer.delay, 3)}
+
+
+def peer_rows(peers: Iterable[Any], links: list[dict[str, Any]],
+              errors: Mapping[str, tuple[float, str]], blocked: Collection[str],
+              schedule: DialSchedule) -> list[dict[str, Any]]:
+    """Every configured peer (*peers*: ``[[peer]]`` entries) with its state for status
+    pages: up (and on which of *links*, the status rows) or down, its last error (*errors*:
+    address -> (Unix time, why)), whether an operator cut it (*blocked* names), and its
+    failed attempts and back-off (*schedule*)."""
+    rows = []
+    for peer in peers:
+        link = next((lk for lk in links if lk["role"] == "router" and lk["state"] == "up"
+                     and peer.name and lk["peer"] == peer.name), None)
+        row: dict[str, Any] = {"peer": peer.name, "address": peer.address,
+                               "transport": peer.transport, "up": link is not None,
+                               "link": link["id"] if link else None}
+        if link is None:
+            err = errors.get(peer.address)
+            row["last_error"] = err[1] if err else "not connected yet"
+            row["since"] = round(err[0], 3) if err else None
+            row["blocked"] = bool(peer.name and peer.name in blocked)
+            row.update(schedule.status(peer.address))
+        rows.append(row)
+    return rows

@@ -302,6 +302,14 @@ def format_status(st: dict[str, Any]) -> str:
                      f"{'-' if rtt is None else format(rtt, '.3f'):>8}")
     if "links_total" in st:
         lines.append(f"  ({len(st['links'])} of {st['links_total']} links)")
+    peers_down = [p for p in st.get("peers", []) if not p["up"]]
+    if peers_down:
+        lines += ["", "CONFIGURED PEERS DOWN"]
+        for p in peers_down:
+            lines.append(f"  {p['peer'] or '-':<16.16} {p['address']:<22} "
+                         f"{'blocked  ' if p.get('blocked') else ''}{p['last_error']} "
+                         f"({p.get('attempts', 0)} failed attempts, next in up to "
+                         f"{p.get('backoff', 0):g}s)")
     lines.append("")
     lines.append("LOCATION SERVICE ROUTES")
     for r in st["ls_routes"]:
