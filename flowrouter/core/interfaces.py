@@ -15,6 +15,7 @@ The calls form no cycle, so the Router builds the parts bottom up::
     links        <- admission (LinkAdmission), lsexchange (RouteAdvertiser),
                     membership (LinkLoss), softstate (LinkLiveness), locality (LinkMeters)
     forwarding   <- admission (SendCheck)
+    regionedge   <- membership (RegionTrees), forwarding (FrameForwarder)   (edges only)
 
 Two calls would close a cycle and are returned to the Router instead: a peer the soft state
 finds dead (``SoftState.tick`` returns it; the Router closes the link), and the members a new
@@ -137,3 +138,25 @@ class LinkMeters(Protocol):
     """Measured locality, for the links part: forget a link's meter when it closes."""
 
     def link_closed(self, link_id: int) -> None: ...
+
+
+class RegionTrees(Protocol):
+    """Membership, for a region edge: the region, as one neighbour, joins, changes its
+    mask, leaves, and answers our joins."""
+
+    def on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]: ...
+
+    def on_join_ack(self, link: Link, key: bytes, msg: C.JoinAck,
+                    now: float) -> list[Action]: ...
+
+    def on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]: ...
+
+    def on_leave(self, link: Link, key: bytes, now: float) -> list[Action]: ...
+
+
+class FrameForwarder(Protocol):
+    """Forwarding, for a region edge: a frame that arrived from the region (unwrapped) or
+    enters it (wrapped), forwarded like any other."""
+
+    def forward(self, link_id: int, link: Link, header: memoryview | bytes,
+                payload: memoryview | bytes, band: int, now: float) -> list[Action]: ...

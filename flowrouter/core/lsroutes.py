@@ -31,6 +31,10 @@ class LsRouting:
         self.max_lsids = max_lsids
         self.refused = 0  #: LSIDs refused by the last update
         self._best: dict[int, tuple[int, int | None]] = {}
+        #: LSIDs reached through a link no vector decides: a region edge sends end flows
+        #: whose location service lies beyond another edge into the region
+        #: (flowrouter.core.regionedge)
+        self.pinned: dict[int, int] = {}
         self._recompute()
 
     # events -------------------------------------------------------------------------------
@@ -82,7 +86,14 @@ class LsRouting:
         return changed
 
     # queries ------------------------------------------------------------------------------
+    def pin(self, lsid: int, link_id: int) -> None:
+        """Route *lsid* through *link_id* whatever the vectors say."""
+        self.pinned[lsid] = link_id
+
     def link_for(self, lsid: int) -> int | None:
+        pinned = self.pinned.get(lsid)
+        if pinned is not None:
+            return pinned
         name = self.static.get(lsid)
         if name is not None and name in self.by_name:
             return self.by_name[name]

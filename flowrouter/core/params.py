@@ -92,6 +92,9 @@ class RouterParams:
     #: measured locality (flowrouter.core.measured.LocalityMapping): router links' delay and
     #: bandwidth modifiers follow measured RTT and throughput; None: modifiers as configured
     locality_mapping: Any = None
+    #: a backbone region this router is an edge of (flowrouter.core.regions.RegionParams):
+    #: end flows cross the region inside aggregate flows; None: an ordinary router
+    region: Any = None
 
     def __post_init__(self) -> None:
         if not self.gc_delete_after > self.gc_ping_after >= 1:

@@ -39,7 +39,10 @@ return:
   PRUNE and NOT_ON_TREE: the soft state that repairs itself;
 * :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts;
 * :mod:`~flowrouter.core.appmembers` — applications' joins and leaves, told on band 19;
-* :mod:`~flowrouter.core.locality` — measured locality: link costs from RTT and throughput.
+* :mod:`~flowrouter.core.locality` — measured locality: link costs from RTT and throughput;
+* :mod:`~flowrouter.core.regionedge` — on a backbone region's edges only: end flows cross
+  the region inside aggregate flows (what the other parts send to the region's pseudo
+  links, it carries across; frames of the edge's inbox are its messages).
 
 The clock (``tick``) is the Router's too: epochs and trace snapshots, then each part's timers
 in a fixed order (handshake time-outs, join time-outs and orphan re-grafts, the soft state's
@@ -63,6 +66,7 @@ This module is the core's public face (``Router``, ``RouterParams`` and the acti
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from typing import Any
 
@@ -75,6 +79,7 @@ from flowrouter.core.locality import MeasuredLocality
 from flowrouter.core.lsexchange import LsExchange
 from flowrouter.core.membership import Membership
 from flowrouter.core.params import RouterParams
+from flowrouter.core.regionedge import RegionEdge
 from flowrouter.core.softstate import SoftState
 from flowrouter.core.state import ZERO_LSID, RouterState, log
 from flowrouter.core.tables import Link, LinkState, Modifiers
@@ -92,6 +97,9 @@ class Router:
 
     def __init__(self, params: RouterParams, now: float = 0.0,
                  tracer: Tracer = NULL_TRACER) -> None:
+        if params.region is not None:  # an edge is the core of its region inbox's LSID
+            params = dataclasses.replace(params, core_lsids=params.core_lsids | {
+                params.region.inbox_lsid(params.region.index)})
         st = self.state = RouterState(params, now, tracer)
         #: the shared tables, for shells, tests and the status query (the very objects the
         #: parts hold: never rebound)
@@ -114,6 +122,9 @@ class Router:
         self._link_life = Links(st, admission=admission, routes=ls, trees=trees,
                                 liveness=soft, meters=locality)
         forwarding = Forwarding(st, admission)
+        #: a region edge's part (None on every other router: one test per frame)
+        self._region = (RegionEdge(st, trees, forwarding, now) if params.region is not None
+                        else None)
         #: recent tripped limits, newest last (admission's; shown by the status query)
         self.alerts = admission.alerts
         # the per-frame path calls bound methods kept here: no attribute hop per frame
@@ -156,13 +167,33 @@ class Router:
         link.heard = now  # any frame is a sign of life (soft state's liveness)
         try:
             if link.state is not LinkState.UP:
-                return self._handshake(link, header, payload, now)
+                return self._out(self._handshake(link, header, payload, now), now)
             band = header[20]
+            if self._region is not None:
+                return self._region_receive(link_id, link, header, payload, band, now)
             if band < ROUTER_BANDS_END or header[8:12] == ZERO_LSID:
                 return self._admin(link, header, payload, band, now)
             return self._forward(link_id, link, header, payload, band, now)
         except MalformedFrame as exc:
-            return self._link_life.drop_link(link_id, exc, now)
+            return self._out(self._link_life.drop_link(link_id, exc, now), now)
+
+    def _region_receive(self, link_id: int, link: Link, header: memoryview | bytes,
+                        payload: memoryview | bytes, band: int, now: float) -> list[Action]:
+        """At a region edge: the edge's inbox is the region part's; what the others send to
+        the region's pseudo links it carries across."""
+        region = self._region
+        assert region is not None
+        if region.owns(header):
+            out = region.receive(link, payload, now)
+        elif band < ROUTER_BANDS_END or header[8:12] == ZERO_LSID:
+            out = self._admin(link, header, payload, band, now)
+        else:
+            out = self._forward(link_id, link, header, payload, band, now)
+        return region.outbound(out, now)
+
+    def _out(self, actions: list[Action], now: float) -> list[Action]:
+        """At a region edge, what the parts sent to the region's pseudo links, carried."""
+        return actions if self._region is None else self._region.outbound(actions, now)
 
     def _admin(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
                band: int, now: float) -> list[Action]:
@@ -270,22 +301,25 @@ class Router:
             out += self._link_life.close_link(lid, now, reason)
             out.append(Close(lid, reason))
         out += self._members.notices(now)
+        if self._region is not None:
+            out = self._region.outbound(out, now) + self._region.tick(now)
         return out
 
     def open_link(self, link_id: int, now: float, *, transport: str = "tcp", address: str = "",
                   modifiers: Modifiers | None = None, expected_peer: str | None = None
                   ) -> list[Action]:
         """A transport connected (either direction): say HELLO and await the peer's."""
-        return self._link_life.open_link(link_id, now, transport=transport, address=address,
-                                         modifiers=modifiers, expected_peer=expected_peer)
+        return self._out(self._link_life.open_link(
+            link_id, now, transport=transport, address=address, modifiers=modifiers,
+            expected_peer=expected_peer), now)
 
     def close_link(self, link_id: int, now: float, reason: str = "closed") -> list[Action]:
         """The transport is gone (or we dropped it): repair every flow that used it."""
-        return self._link_life.close_link(link_id, now, reason)
+        return self._out(self._link_life.close_link(link_id, now, reason), now)
 
     def drop_link(self, link_id: int, exc: MalformedFrame, now: float) -> list[Action]:
         """Count and report a malformed frame, tell the peer why, and drop only that link."""
-        return self._link_life.drop_link(link_id, exc, now)
+        return self._out(self._link_life.drop_link(link_id, exc, now), now)
 
     def over_control_budget(self, link_id: int) -> bool:
         """The application on *link_id* used up this tick's ``control_per_tick``: its
@@ -322,12 +356,13 @@ class Router:
               notice: str | None = None, budget: bool = False) -> list[Action]:
         """A limit tripped (the shells' too, e.g. a congested link): count it, log it, keep
         it for the status query, and tell the affected flow's members on the fault band."""
-        return self._admission.alert(kind, detail, now, key, notice=notice, budget=budget)
+        return self._out(self._admission.alert(kind, detail, now, key, notice=notice,
+                                               budget=budget), now)
 
     def refusal_alert(self, kind: str, detail: str, limit: str, now: float, key: bytes
                       ) -> list[Action]:
         """A join of flow *key* was refused over a quota: alert, and tell the flow."""
-        return self._admission.refusal_alert(kind, detail, limit, now, key)
+        return self._out(self._admission.refusal_alert(kind, detail, limit, now, key), now)
 
     # ------------------------------------------------------------------ inspection
     def status(self, now: float | None = None) -> dict[str, Any]:
@@ -363,6 +398,7 @@ class Router:
             "counters": dict(sorted(self.counters.items())),
             "alerts": list(self.alerts),
             "quota": self.trust.status(self.links),
+            **({"region": self._region.status()} if self._region is not None else {}),
         }
 
 _SOFT_MESSAGES = (C.Echo, C.EchoReply, C.Refresh, C.Prune, C.NotOnTree)

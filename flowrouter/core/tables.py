@@ -17,6 +17,8 @@ class LinkState(enum.Enum):
     HANDSHAKE = "handshake"  #: opened, waiting for the peer's HELLO
     UP = "up"
     DOWN = "down"
+    #: one of a region edge's two pseudo links (flowrouter.core.regionedge): no socket
+    REGION = "region"
 
 
 @dataclass(frozen=True, slots=True)

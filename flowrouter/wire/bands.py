@@ -32,6 +32,8 @@ BAND_OVERFLOW = 18  #: receive-queue overflow notices
 BAND_APP_MEMBERSHIP = 19  #: application-level membership announcements
 BAND_REPAIR = 20  #: retransmission requests and repairs (reliable layers such as IGO)
 BAND_ORDER = 21  #: ordering-layer control (leader sequencing, stability)
+#: messages between a backbone region's edges (flowrouter.core.regions), on their inbox flows
+BAND_REGION = 22
 ADMIN_BANDS_END = 32
 #: bands only routers originate: faults and tripped limits (17), overflow notices (18; flowlib
 #: makes its own locally, never on the wire) and membership notices (19). A router never
@@ -59,6 +61,7 @@ BAND_NAMES = {
     BAND_APP_MEMBERSHIP: "app-membership",
     BAND_REPAIR: "repair",
     BAND_ORDER: "order",
+    BAND_REGION: "region",
 }
 _BY_NAME = {name: band for band, name in BAND_NAMES.items()}
 _BY_NAME["data"] = -1  # expands to the whole data range in BandMask.parse

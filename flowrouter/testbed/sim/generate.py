@@ -4,6 +4,7 @@
 earlier one, so depth stays near ``e * ln(n)``) and adds random extra links until the mean
 degree is reached; the result is connected, has a short diameter (the LS distance vector
 treats 32 hops as unreachable) and is fixed by its seed. :func:`tree` builds a k-ary tree.
+:func:`backbone` builds a backbone region (core routers and edges) for aggregation runs.
 Both return a :class:`~flowrouter.testbed.topology.Topology`, so they can be written to a file with
 ``topology.dump()`` and run like any shipped topology.
 """
@@ -19,6 +20,7 @@ from flowrouter.testbed.topology import (
     LinkDefaults,
     LinkSpec,
     LocationService,
+    Region,
     RouterSpec,
     Topology,
     dumps,
@@ -93,3 +95,57 @@ def tree(n: int, *, fanout: int = 3, endpoints: int = 100, seed: int = 0, lsid: 
     edges = [((i - 1) // fanout, i) for i in range(1, n)]
     return _build(f"tree-{n}", f"{fanout}-ary tree of {n} routers", n, edges, endpoints,
                   lsid, bandwidth, delay, rng)
+
+
+def backbone(cores: int = 200, edges: int = 30, *, degree: float = 3.5,
+             endpoints_per_edge: int = 2, lsids: int = 4, seed: int | str = 0,
+             group_size: int = 5, max_extra: int = 1, bandwidth: float = 1e9,
+             delay: float = 0.002) -> Topology:
+    """A backbone region: *cores* core routers (a random connected mesh of mean degree
+    about *degree*) and *edges* edge routers, each linked to two core routers, with
+    *endpoints_per_edge* applications on each edge. The first LSID (0x10) lives on an
+    outside router ``ls0`` homed on two edges; the others (0x11, ...) on edges spread
+    evenly. The whole region is one ``[[regions]]`` entry (flowrouter.core.aggregates)."""
+    if cores < 2 or edges < 2:
+        raise ValueError("a backbone needs at least 2 core routers and 2 edges")
+    rng = random.Random(f"backbone/{seed}")
+    cw = max(2, len(str(cores - 1)))
+    ew = max(2, len(str(edges - 1)))
+    cn = [f"c{i:0{cw}d}" for i in range(cores)]
+    en = [f"e{i:0{ew}d}" for i in range(edges)]
+    pairs: set[tuple[int, int]] = set()
+    for i in range(1, cores):
+        pairs.add((rng.randrange(i), i))
+    target = int(cores * degree / 2)
+    tries = 0
+    while len(pairs) < target and tries < target * 20:
+        tries += 1
+        a, b = sorted(rng.sample(range(cores), 2))
+        pairs.add((a, b))
+    links = [LinkSpec(f"{cn[a]}-{cn[b]}", cn[a], cn[b], bandwidth=bandwidth,
+                      delay=delay * (0.5 + rng.random())) for a, b in sorted(pairs)]
+    for e in en:
+        for c in sorted(rng.sample(range(cores), 2)):
+            links.append(LinkSpec(f"{e}-{cn[c]}", e, cn[c], bandwidth=bandwidth,
+                                  delay=delay * (0.5 + rng.random())))
+    links.append(LinkSpec(f"ls0-{en[0]}", "ls0", en[0], bandwidth=bandwidth, delay=delay))
+    links.append(LinkSpec(f"ls0-{en[edges // 2]}", "ls0", en[edges // 2],
+                          bandwidth=bandwidth, delay=delay))
+    lss = [LocationService(0x10, ("ls0",), "outside")]
+    for k in range(1, lsids):
+        lss.append(LocationService(0x10 + k, (en[(k * edges) // lsids],), "edge"))
+    routers = tuple(RouterSpec(n, port_offset=i)
+                    for i, n in enumerate([*cn, *en, "ls0"]))
+    eps = tuple(EndpointSpec(f"a{e[1:]}-{j}", e) for e in en
+                for j in range(endpoints_per_edge))
+    defaults = Defaults(link=LinkDefaults(bandwidth=bandwidth, delay=delay))
+    topo = Topology(
+        name=f"backbone-{cores}-{edges}",
+        description=f"a backbone region of {cores} core routers and {edges} edges (two "
+                    f"core links each), {endpoints_per_edge} applications per edge, "
+                    f"seed {seed}",
+        defaults=defaults, routers=routers, endpoints=eps, links=tuple(links),
+        location_services=tuple(lss),
+        regions=(Region("backbone", (*cn, *en), group_size=group_size,
+                        max_extra=max_extra),))
+    return loads(dumps(topo), f"<backbone-{cores}-{edges}>")

@@ -31,6 +31,7 @@ from flowrouter.testbed.sim.endpoint import SimEndpoint
 from flowrouter.testbed.sim.engine import EventQueue
 from flowrouter.testbed.sim.links import Direction, SimLink
 from flowrouter.testbed.topology import Fault, Topology, node_id_for
+from flowrouter.testbed.topology.regions import region_params
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 
 
@@ -315,19 +316,25 @@ class SimNetwork:
         *options* go to the constructor (``tick_interval``, ``trace``, ``strict``, ...);
         ``endpoint_options`` (a dict) goes to every :class:`SimEndpoint`, e.g.
         ``{"repair": True, "retry_interval": 0.5}``; ``router_options`` (a dict) goes to
-        every :meth:`add_router`, e.g. ``{"refresh_interval": 2.0}``.
+        every :meth:`add_router`, e.g. ``{"refresh_interval": 2.0}``; ``aggregate`` (default
+        True) makes the edges of the topology's regions carry end flows in aggregates
+        (False: the regions' routers are ordinary routers).
         """
         endpoint_options = options.pop("endpoint_options", {})
         router_options = options.pop("router_options", {})
+        aggregate = options.pop("aggregate", True)
         net = cls(seed, **options)
         net.topology = topo
         net.scenario = scenario
         faults = topo.faults_for(scenario)  # KeyError for an unknown scenario, up front
+        edges = region_params(topo) if aggregate else {}
         for r in topo.routers:
             params: dict[str, Any] = topo.router_params(r.name)
             for k in ("ping_after", "delete_after", "max_payload", "max_flows"):
                 if k in params:
                     params[k] = int(params[k])
+            if r.name in edges:
+                params["region"] = edges[r.name]
             net.add_router(r.name, core_lsids=r.core_lsids, routes=dict(r.routes),
                            default_route=r.default_route, site=r.site,
                            **{**params, **router_options})

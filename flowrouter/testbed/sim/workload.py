@@ -309,6 +309,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-scenarios", action="store_true", help="list the file's scenarios "
                                                                  "and exit")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--flows", type=int, metavar="N",
+                   help="instead of the shared flow: N end flows with realistic membership "
+                        "(most with 2-3 members, a few large), each member with its own "
+                        "bands; reports per router its role and peak table entries, whether "
+                        "every member got exactly its bands, control frames/s, bytes on "
+                        "core links, wasted deliveries, join latency and the recovery time "
+                        "after a core link fails (flowrouter.testbed.sim.flowmix)")
+    p.add_argument("--aggregate", choices=("on", "off"), default="on",
+                   help="with --flows: the edges of the topology's [[regions]] carry end "
+                        "flows inside aggregate flows (on, the default) or every router "
+                        "holds every flow crossing it (off)")
+    p.add_argument("--join-rate", type=float, default=50_000.0,
+                   help="with --flows: joins a virtual second (default 50000)")
+    p.add_argument("--no-failure", action="store_true",
+                   help="with --flows: skip the core link failure")
     return p
 
 
@@ -322,6 +337,8 @@ def cli_main(argv: list[str] | None = None) -> int:
             return 0
         if args.scenario:
             topo.scenario(args.scenario)
+        if args.flows is not None:
+            return _run_flows(args, topo)
         summary = run(topo, scenario=args.scenario, seed=args.seed, duration=args.duration,
                       rate=args.rate, size=args.size, band=args.band, start=args.start,
                       tick=args.tick, strict=args.strict, repair=args.repair,
@@ -341,6 +358,20 @@ def cli_main(argv: list[str] | None = None) -> int:
     else:
         print(format_summary(summary))
     return 1 if summary["router_error_count"] and args.strict else 0
+
+
+def _run_flows(args: argparse.Namespace, topo: Topology) -> int:
+    from flowrouter.testbed.sim import flowmix
+
+    if args.flows < 1:
+        raise ValueError("--flows must be at least 1")
+    summary = flowmix.run_flows(topo, args.flows, aggregate=args.aggregate == "on",
+                                seed=args.seed, join_rate=args.join_rate,
+                                failure=not args.no_failure,
+                                router_traces=args.router_traces,
+                                trace_sample=args.trace_sample)
+    print(flowmix.dumps(summary) if args.json else flowmix.format_summary(summary))
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,6 +34,7 @@ from flowrouter.testbed.topology.model import (
     LinkDefaults,
     LinkSpec,
     LocationService,
+    Region,
     RouterDefaults,
     RouterSpec,
     Scenario,
@@ -49,5 +50,5 @@ __all__ = [
     "TopologyError", "Site", "RouterSpec", "EndpointSpec", "LinkSpec", "LocationService",
     "Fault", "Scenario", "LinkDefaults", "EndpointDefaults", "RouterDefaults", "Defaults",
     "Topology", "load", "loads", "dump", "dumps", "node_id_for", "Locator", "ROUTER_PARAMS",
-    "TRANSPORTS",
+    "TRANSPORTS", "Region",
 ]

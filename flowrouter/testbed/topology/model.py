@@ -133,6 +133,20 @@ class LocationService:
 
 
 @dataclass(frozen=True)
+class Region:
+    """A backbone region: its routers carry end flows inside aggregate flows between its
+    edges (the routers of the region with links or endpoints outside it); see
+    :mod:`flowrouter.testbed.topology.regions` and :mod:`flowrouter.core.aggregates`."""
+
+    name: str
+    routers: tuple[str, ...]
+    lsid_base: int = 0x7E00_0000  #: edge i is the core of LSID lsid_base + i
+    group_size: int = 5  #: edges per group (2**group_size - 1 aggregates a group at most)
+    max_extra: int = 1  #: edges without members one aggregate copy may reach at most
+    modifiers: Modifiers = Modifiers()  #: what crossing the region costs a frame
+
+
+@dataclass(frozen=True)
 class Fault:
     """One schedule entry. Three kinds, told apart by their keys:
 
@@ -204,6 +218,7 @@ class Topology:
     faults: tuple[Fault, ...] = ()  #: applied in every scenario (and with none)
     scenarios: tuple[Scenario, ...] = ()
     duration: float | None = None
+    regions: tuple[Region, ...] = ()
     source: str = field(default="<string>", compare=False)
 
     # lookups ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrouter.core.tables import Modifiers
+from flowrouter.testbed.topology import regions
 from flowrouter.testbed.topology.faults import ScheduleParser
 from flowrouter.testbed.topology.model import (
     ROUTER_PARAMS,
@@ -48,7 +49,7 @@ class Parser(ScheduleParser):
             msg = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", msg)
             raise TopologyError(f"TOML syntax error: {msg}", self.source, line) from None
         top_keys = ("name", "description", "duration", "defaults", "sites", "routers",
-                    "endpoints", "links", "location_services", "faults", "scenarios")
+                    "endpoints", "links", "location_services", "faults", "scenarios", "regions")
         self.keys(doc, (), top_keys, "the topology")
         name = self.name(doc.get("name", Path(self.source).stem if self.source[:1] != "<"
                                  else "topology"), ("name",), "topology name")
@@ -70,10 +71,13 @@ class Parser(ScheduleParser):
         faults = self.faults(doc.get("faults", []), ("faults",), link_ends)
         scenarios = self.scenarios(doc.get("scenarios", {}), link_ends)
         self.check_ports(routers, defaults)
-        return Topology(name=name, description=description, defaults=defaults,
+        regs = regions.parse(self, doc.get("regions", []), rnames)
+        topo = Topology(name=name, description=description, defaults=defaults,
                         sites=sites, routers=routers, endpoints=endpoints, links=links,
                         location_services=lss, faults=faults, scenarios=scenarios,
-                        duration=duration, source=self.source)
+                        duration=duration, regions=regs, source=self.source)
+        regions.check(topo)
+        return topo
 
     def array(self, value: Any, path: tuple[Any, ...], what: str) -> list[dict[str, Any]]:
         if not isinstance(value, list):

@@ -165,6 +165,12 @@ def _dump(t: Topology) -> str:
         if ls.name:
             L.append(f"name = {_tstr(ls.name)}")
         L.append(f"cores = {_tval(list(ls.cores))}")
+    for rg in t.regions:
+        L += ["", "[[regions]]", f"name = {_tstr(rg.name)}",
+              f"routers = {_tval(list(rg.routers))}", f"lsid_base = {_hex(rg.lsid_base)}",
+              f"group_size = {rg.group_size}", f"max_extra = {rg.max_extra}"]
+        if rg.modifiers != Modifiers():
+            L.append(f"modifiers = {_tval(_mods(rg.modifiers))}")
     for f in t.faults:
         L += ["", "[[faults]]"]
         for k, v in _fault_dict(f).items():

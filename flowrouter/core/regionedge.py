@@ -1,0 +1,421 @@
+"""The edge of a backbone region: end flows in, aggregate flows across, end flows out.
+
+A part of the router (see :mod:`flowrouter.core.router`), present only on a region's edges
+(``RouterParams.region``). To the rest of the router the region is one neighbour: two
+pseudo links in the link table (state ``REGION``, so neither the fast path nor the soft
+state ever takes them for sockets) stand for it.
+
+* ``REGION_LINK`` is the region as a neighbour router of the end flows. An end flow whose
+  location service the region reaches through another edge (its *exit*) has it as its
+  upstream; at the exit it is one downstream link whose mask is the union of the other
+  edges' masks. Membership and forwarding treat it like any link; what they send to it this
+  part carries across: control (JOIN, MASK, LEAVE, JOIN_ACK) as region messages to the
+  exit's or the member edge's inbox (:mod:`flowrouter.core.regions`), data wrapped in
+  aggregate frames.
+* ``UNWRAP_LINK`` is this edge's member link of the aggregates it joins: an aggregate frame
+  forwarded to it is unwrapped and forwarded again, as the end flow's frame arriving from
+  ``REGION_LINK``, with the end flow's own masks, TTL and locality.
+
+The exit of an end flow keeps the flow's edges and their masks (refreshed by the edges'
+digests, held for the hold time) and tells each of them the set (BIND). An edge sending
+into the region picks, for each group of edges the set touches, the aggregate the
+catalogue's policy gives (:class:`~flowrouter.core.aggregates.Catalogue`) and sends it a
+copy only if some edge it serves wants the band: masks filter at the ingress edge. A flow
+under a policy is never padded: a copy whose aggregate would reach an edge without members
+goes to each member edge's inbox instead, so no edge a policy excludes receives it.
+
+May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
+tables, regions, aggregates); never another part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowrouter.core import regions as R
+from flowrouter.core.actions import Action, Send
+from flowrouter.core.aggregates import Catalogue
+from flowrouter.core.interfaces import FrameForwarder, RegionTrees
+from flowrouter.core.state import ZERO_LSID, RouterState
+from flowrouter.core.tables import Link, LinkState
+from flowrouter.wire import control as C
+from flowrouter.wire.bands import ALL_BANDS, BAND_REGION, ROUTER_BANDS_END
+from flowrouter.wire.flowid import key_lsid
+from flowrouter.wire.header import DEFAULT_TTL, HEADER_SIZE, pack_header
+
+#: what an edge joins each aggregate with: every band an application may see
+AGGREGATE_MASK = ALL_BANDS & ~((1 << ROUTER_BANDS_END) - 1)
+#: seconds between attempts to (re)join an aggregate the edge is not yet on
+JOIN_RETRY = 1.0
+#: digest entries per frame
+DIGEST_CHUNK = 1024
+
+Plan = list[tuple[bytes, int, tuple[int, ...] | None]]
+
+
+class RegionEdge:
+    """One edge's side of its region (see the module docs)."""
+
+    def __init__(self, state: RouterState, trees: RegionTrees, forwarding: FrameForwarder,
+                 now: float) -> None:
+        rp: R.RegionParams = state.p.region
+        self.rp = rp
+        self.state = state
+        self.trees = trees
+        self.forward = forwarding.forward
+        self.flows = state.flows
+        self.counters = state.counters
+        self.policies = state.policies
+        self.catalogue = Catalogue(len(rp.edges), rp.group_size, rp.max_extra)
+        self.me = rp.index
+        self.inbox = rp.inbox_key(self.me)
+        self.exits = {lsid: rp.edges.index(name) for lsid, name in rp.exits
+                      if name in rp.edges}
+        mp = state.p.max_payload - HEADER_SIZE - 8
+        self.region = Link(R.REGION_LINK, "region", f"region {rp.name}",
+                           rp.modifiers.as_tuple(), state=LinkState.REGION,
+                           role=C.Role.ROUTER, peer_name=f"region:{rp.name}", max_payload=mp)
+        self.unwrap = Link(R.UNWRAP_LINK, "region", f"aggregates of {rp.name}",
+                           (0, 0, 0, 0), state=LinkState.REGION, role=C.Role.ROUTER,
+                           peer_name=f"aggregates:{rp.name}", max_payload=mp)
+        state.links[R.REGION_LINK] = self.region
+        state.links[R.UNWRAP_LINK] = self.unwrap
+        for lsid, exit_edge in self.exits.items():
+            if exit_edge != self.me:
+                state.routing.pin(lsid, R.REGION_LINK)
+        me = self.me
+        g = self.catalogue.group_of(me)
+        root = self.catalogue.root(g)
+        #: the aggregates this edge is a member of
+        self.aggregates = [rp.aggregate_key(root, bits)
+                           for bits in self.catalogue.aggregates_of(me)]
+        self._join_at = now
+        self._digest_at = now + state.p.refresh_interval
+        self._next_req = 1
+        #: at an exit: flow -> {edge: (mask, refreshed at)}, the BIND version, and the
+        #: edges' joins awaiting the answer of our membership
+        self.members: dict[bytes, dict[int, tuple[int, float]]] = {}
+        self.versions: dict[bytes, int] = {}
+        self.waiting: dict[bytes, list[tuple[int, int]]] = {}
+        #: at a member edge: flow -> (version, {edge: mask}) from the exit's BIND
+        self.bound: dict[bytes, tuple[int, dict[int, int]]] = {}
+        self._plans: dict[bytes, Plan] = {}
+
+    # ------------------------------------------------------------------ who is who
+    def exit_of(self, key: bytes) -> int | None:
+        return self.exits.get(key_lsid(key))
+
+    def owns(self, header: memoryview | bytes) -> bool:
+        """A frame of this edge's inbox flow: a message from another edge."""
+        return header[:16] == self.inbox
+
+    # ------------------------------------------------------------------ actions out
+    def outbound(self, actions: list[Action], now: float) -> list[Action]:
+        """Carry across the region whatever the router sent to its two pseudo links."""
+        out: list[Action] = []
+        for act in actions:
+            if type(act) is Send and act.link in (R.REGION_LINK, R.UNWRAP_LINK):
+                out += self._pseudo(act, now)
+            else:
+                out.append(act)
+        return out
+
+    def _pseudo(self, act: Send, now: float) -> list[Action]:
+        hdr = act.header
+        band = hdr[20]
+        key = bytes(hdr[:16])
+        if act.link == R.UNWRAP_LINK:
+            if band < ROUTER_BANDS_END:
+                self.counters["region.aggregate-control"] += 1
+                return []
+            return self._unwrap(act.payload, now)
+        if band < ROUTER_BANDS_END or key[8:12] == ZERO_LSID:
+            return self._control_out(key, act.payload, now)
+        return self._wrap(key, hdr, act.payload, band, now)
+
+    def _control_out(self, key: bytes, payload: Any, now: float) -> list[Action]:
+        try:
+            msg = C.decode(payload)
+        except (C.UnknownControlType, ValueError):
+            self.counters["region.control-dropped"] += 1
+            return []
+        if isinstance(msg, C.JoinAck):  # our membership answered the region's join
+            out: list[Action] = []
+            for edge, req in self.waiting.pop(key, []):
+                out += self._to_edge(edge, R.Ack(key, req, msg.status, msg.reason), now)
+                if msg.status is not C.JoinStatus.OK:
+                    self.members.get(key, {}).pop(edge, None)
+            return out
+        exit_edge = self.exit_of(key)
+        if exit_edge is None or exit_edge == self.me:
+            self.counters["region.control-dropped"] += 1
+            return []
+        if isinstance(msg, C.Join):
+            return self._to_edge(exit_edge, R.Join(key, self.me, msg.req_id, msg.mask), now)
+        if isinstance(msg, C.Mask):
+            return self._to_edge(exit_edge, R.Mask(key, self.me, msg.mask), now)
+        if isinstance(msg, C.Leave):
+            self.bound.pop(key, None)
+            self._plans.pop(key, None)
+            return self._to_edge(exit_edge, R.Leave(key, self.me), now)
+        self.counters["region.control-dropped"] += 1
+        return []
+
+    def _to_edge(self, edge: int, msg: R.RegionMessage, now: float) -> list[Action]:
+        """A region message to *edge*'s inbox: it travels by LS routes, statelessly."""
+        body = R.encode(msg)
+        self.counters["region.messages-sent"] += 1
+        if edge == self.me:
+            return self.receive(self.unwrap, body, now)
+        hdr = pack_header(self.rp.inbox_key(edge), len(body), BAND_REGION, 0, 0, DEFAULT_TTL)
+        return self.forward(R.UNWRAP_LINK, self.unwrap, hdr, body, BAND_REGION, now)
+
+    # ------------------------------------------------------------------ data
+    def _wrap(self, key: bytes, hdr: Any, payload: Any, band: int, now: float,
+              skip: int | None = None) -> list[Action]:
+        """An end flow's frame into the region: one copy per group of its edges."""
+        frame = bytes(hdr) + bytes(payload)
+        plan = self._plan(key, skip)
+        if plan is None:  # no edges known: toward the exit, which knows them
+            exit_edge = self.exit_of(key)
+            if exit_edge is None or exit_edge == self.me:
+                self.counters["drop.region-no-exit"] += 1
+                return []
+            self.counters["region.toward-exit"] += 1
+            return self._to_edge(exit_edge, R.Data(self.me, frame), now)
+        out: list[Action] = []
+        bit = 1 << band
+        for agg, mask, direct in plan:
+            if not mask & bit:
+                self.counters["region.band-filtered"] += 1
+                continue
+            if direct is not None:
+                for edge in direct:
+                    out += self._to_edge(edge, R.Data(self.me, frame), now)
+                continue
+            self.counters["region.wrapped"] += 1
+            outer = pack_header(agg, len(frame), band, 0, 0, DEFAULT_TTL)
+            out += self.forward(R.UNWRAP_LINK, self.unwrap, outer, frame, band, now)
+        return out
+
+    def _unwrap(self, payload: Any, now: float) -> list[Action]:
+        frame = bytes(payload)
+        if len(frame) < HEADER_SIZE or int.from_bytes(frame[16:20], "big") != len(
+                frame) - HEADER_SIZE:
+            # the aggregate's own notice (a fault on band 17 from its tree), not an end
+            # flow's frame: the aggregate repairs itself, its end flows lose nothing
+            self.counters["region.aggregate-notices"] += 1
+            return []
+        key = frame[:16]
+        entry = self.flows.get(key)
+        band = frame[20]
+        if entry is None or not (entry.upstream == R.REGION_LINK
+                                 or R.REGION_LINK in entry.down):
+            self.counters["region.wasted"] += 1
+            return []
+        if entry.upstream == R.REGION_LINK and not entry.agg >> band & 1:
+            self.counters["region.wasted"] += 1
+            return []
+        self.counters["region.unwrapped"] += 1
+        return self.forward(R.REGION_LINK, self.region, frame[:HEADER_SIZE],
+                            frame[HEADER_SIZE:], band, now)
+
+    def _plan(self, key: bytes, skip: int | None = None) -> Plan | None:
+        exact = self.state.policies_active and self.policies.policy_for(key) is not None
+        if skip is None and not exact:
+            cached = self._plans.get(key)
+            if cached is not None:
+                return cached
+        held = self.members.get(key)
+        if held:
+            targets = {e: m for e, (m, _) in held.items()}
+        else:
+            bound = self.bound.get(key)
+            if bound is None:
+                return None
+            targets = dict(bound[1])
+        targets.pop(self.me, None)
+        if skip is not None:
+            targets.pop(skip, None)
+        cat = self.catalogue
+        plan: Plan = []
+        for g, bits, served in cat.plan(frozenset(targets), prefer=self.me):
+            mask = 0
+            for e in served:
+                mask |= targets[e]
+            direct = None
+            if exact and any(e not in served and e != self.me for e in cat.members(g, bits)):
+                direct = tuple(sorted(served))
+            plan.append((self.rp.aggregate_key(cat.root(g), bits), mask, direct))
+        if skip is None and not exact:
+            self._plans[key] = plan
+        return plan
+
+    # ------------------------------------------------------------------ messages in
+    def receive(self, link: Link, payload: Any, now: float) -> list[Action]:
+        """A frame of our inbox: another edge's message."""
+        try:
+            msg = R.decode(payload)
+        except R.BadRegionMessage:
+            self.counters["drop.region-malformed"] += 1
+            return []
+        self.counters["region.messages-received"] += 1
+        if isinstance(msg, R.Data):
+            return self._on_data(msg, now)
+        if isinstance(msg, R.Join):
+            self.waiting.setdefault(msg.flow, []).append((msg.edge, msg.req))
+            return self._member(msg.flow, msg.edge, msg.mask, now, join=True)
+        if isinstance(msg, R.Mask):
+            return self._member(msg.flow, msg.edge, msg.mask, now)
+        if isinstance(msg, R.Leave):
+            return self._member(msg.flow, msg.edge, None, now)
+        if isinstance(msg, R.Ack):
+            return self.outbound(self.trees.on_join_ack(
+                self.region, msg.flow, C.JoinAck(msg.req, C.JoinStatus(msg.status),
+                                                 msg.reason), now), now)
+        if isinstance(msg, R.Bind):
+            return self._on_bind(msg)
+        return self._on_digest(msg, now)
+
+    def _on_data(self, msg: R.Data, now: float) -> list[Action]:
+        frame = msg.frame
+        key = frame[:16]
+        band = frame[20]
+        entry = self.flows.get(key)
+        if entry is None and self.exit_of(key) != self.me:
+            self.counters["region.wasted"] += 1
+            return []
+        self.counters["region.unwrapped"] += 1
+        hdr, payload = frame[:HEADER_SIZE], frame[HEADER_SIZE:]
+        out = self.forward(R.REGION_LINK, self.region, hdr, payload, band, now)
+        if self.members.get(key) and msg.edge not in self.members[key]:
+            # a non-member's frame met the tree here: on to the flow's other edges
+            out += self._wrap(key, hdr, payload, band, now, skip=msg.edge)
+        return out
+
+    def _on_bind(self, msg: R.Bind) -> list[Action]:
+        entry = self.flows.get(msg.flow)
+        held = self.bound.get(msg.flow)
+        if entry is None or entry.upstream != R.REGION_LINK or (
+                held is not None and held[0] >= msg.version):
+            self.counters["region.stale-bind"] += 1
+            return []
+        self.bound[msg.flow] = (msg.version, dict(msg.members))
+        self._plans.pop(msg.flow, None)
+        return []
+
+    def _member(self, key: bytes, edge: int, mask: int | None, now: float,
+                join: bool = False) -> list[Action]:
+        """At the exit: an edge joined, changed its mask or left (*mask* None)."""
+        held = self.members.setdefault(key, {})
+        old = held.get(edge)
+        if mask is None:
+            if old is None:
+                return []
+            del held[edge]
+        else:
+            held[edge] = (mask, now)
+        self._plans.pop(key, None)
+        union = 0
+        for m, _ in held.values():
+            union |= m
+        out: list[Action] = []
+        if not held:
+            del self.members[key]
+            self.versions.pop(key, None)
+            return self.outbound(self.trees.on_leave(self.region, key, now), now)
+        if join or old is None:
+            req = self._next_req
+            self._next_req = (req + 1) & 0xFFFFFFFF or 1
+            acts = self.trees.on_join(self.region, key, C.Join(req, union), now)
+        elif old[0] != mask:
+            acts = self.trees.on_mask(self.region, key, C.Mask(union), now)
+        else:
+            return []
+        if key in self.members and (old is None or mask is None or old[0] != mask):
+            out += self._rebind(key, now)
+        return out + self.outbound(acts, now)
+
+    def _rebind(self, key: bytes, now: float) -> list[Action]:
+        """Tell every edge of the flow the flow's edges (the exit itself: all bands)."""
+        held = self.members.get(key)
+        if not held:
+            return []
+        version = self.versions[key] = self.versions.get(key, 0) + 1
+        members = ((self.me, AGGREGATE_MASK),
+                   *sorted((e, m) for e, (m, _) in held.items()))
+        out: list[Action] = []
+        for edge in held:
+            out += self._to_edge(edge, R.Bind(key, version, members), now)
+        return out
+
+    def _on_digest(self, msg: R.Digest, now: float) -> list[Action]:
+        out: list[Action] = []
+        for key, mask, version in msg.items:
+            held = self.members.get(key, {}).get(msg.edge)
+            if held is None or held[0] != mask:
+                out += self._member(key, msg.edge, mask, now)
+            else:
+                self.members[key][msg.edge] = (mask, now)
+            if key in self.members and self.versions.get(key) != version:
+                cur = self.versions.get(key, 0)
+                held_all = self.members[key]
+                members = ((self.me, AGGREGATE_MASK),
+                           *sorted((e, m) for e, (m, _) in held_all.items()))
+                out += self._to_edge(msg.edge, R.Bind(key, cur, members), now)
+        return out
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float) -> list[Action]:
+        out: list[Action] = []
+        if now >= self._join_at:
+            self._join_at = now + JOIN_RETRY
+            for agg in self.aggregates:
+                entry = self.flows.get(agg)
+                if entry is None or R.UNWRAP_LINK not in entry.down:
+                    req = self._next_req
+                    self._next_req = (req + 1) & 0xFFFFFFFF or 1
+                    out += self.outbound(self.trees.on_join(
+                        self.unwrap, agg, C.Join(req, AGGREGATE_MASK), now), now)
+        if now >= self._digest_at:
+            self._digest_at = now + self.state.p.refresh_interval
+            out += self._digests(now)
+            out += self._expire(now)
+        return out
+
+    def _digests(self, now: float) -> list[Action]:
+        """Refresh our joins at their exits (a lost JOIN, MASK, LEAVE or BIND is repaired
+        within one interval)."""
+        per_exit: dict[int, list[tuple[bytes, int, int]]] = {}
+        for key in sorted(self.region.dependent):
+            entry = self.flows.get(key)
+            exit_edge = self.exit_of(key)
+            if entry is None or entry.upstream != R.REGION_LINK or exit_edge is None:
+                continue
+            version = self.bound.get(key, (0, {}))[0]
+            per_exit.setdefault(exit_edge, []).append((key, entry.agg, version))
+        out: list[Action] = []
+        for edge, items in sorted(per_exit.items()):
+            for i in range(0, len(items), DIGEST_CHUNK):
+                out += self._to_edge(edge, R.Digest(self.me, tuple(items[i:i + DIGEST_CHUNK])),
+                                     now)
+        return out
+
+    def _expire(self, now: float) -> list[Action]:
+        """At an exit: edges that stopped refreshing a flow for the hold time leave it."""
+        hold = self.state.p.hold
+        out: list[Action] = []
+        for key in sorted(self.members):
+            for edge, (_, at) in sorted(self.members.get(key, {}).items()):
+                if now - at > hold:
+                    self.counters["region.expired"] += 1
+                    out += self._member(key, edge, None, now)
+        return out
+
+    # ------------------------------------------------------------------ inspection
+    def status(self) -> dict[str, Any]:
+        return {"region": self.rp.name, "edge": self.rp.me, "index": self.me,
+                "aggregates_joined": sum(1 for a in self.aggregates
+                                         if R.UNWRAP_LINK in getattr(
+                                             self.flows.get(a), "down", {})),
+                "flows_as_exit": len(self.members), "flows_bound": len(self.bound)}

@@ -1,0 +1,179 @@
+"""Backbone regions in a topology file: parsing ``[[regions]]`` and working out each
+region's edges and exits.
+
+::
+
+    [[regions]]
+    name = "backbone"
+    routers = ["c00", "c01", ...]    # the region's routers
+    group_size = 5                   # optional: edges per aggregate group (default 5)
+    max_extra = 1                    # optional: edges without members a copy may reach
+    lsid_base = 0x7e000000           # optional: edge i is the core of lsid_base + i
+    modifiers = {geography = 3}      # optional: what crossing the region costs
+
+The **edges** are the region's routers with a link to a router outside it or an endpoint
+attached; the others are its core routers, which never hold an end flow's entry. An LSID's
+**exit** is the edge through which the region reaches its location service: the edge that
+is its core, else the edge nearest (in hops, ties by name) to one of its cores. A core of an
+LSID inside a region must be an edge.
+
+May import the topology model, :mod:`flowrouter.core.tables` and
+:mod:`flowrouter.core.regions` (:func:`region_params` builds what an edge router is given).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from flowrouter.core.regions import RegionParams
+from flowrouter.core.tables import Modifiers
+from flowrouter.testbed.topology.model import Region, Topology, TopologyError
+from flowrouter.testbed.topology.values import ValueChecker, known_names
+
+KEYS = ("name", "routers", "group_size", "max_extra", "lsid_base", "modifiers")
+
+
+def parse(v: ValueChecker, value: Any, routers: list[str]) -> tuple[Region, ...]:
+    """The ``[[regions]]`` array (*v* reports errors with their line)."""
+    if not isinstance(value, list):
+        raise v.fail(("regions",), "regions must be an array of tables ([[regions]])")
+    out: list[Region] = []
+    taken: dict[str, str] = {}
+    for i, tbl in enumerate(value):
+        p: tuple[Any, ...] = ("regions", i)
+        tbl = v.table(tbl, p, f"region #{i + 1}")
+        v.keys(tbl, p, KEYS, f"region #{i + 1}", ("name", "routers"))
+        name = v.name(tbl["name"], p + ("name",), "region name")
+        members = tbl["routers"]
+        if not isinstance(members, list) or not members:
+            raise v.fail(p + ("routers",), f"region {name!r}: routers must be a non-empty "
+                                           "array of router names")
+        names: list[str] = []
+        for j, r in enumerate(members):
+            r = v.name(r, p + ("routers", j), "region router")
+            if r not in routers:
+                raise v.fail(p + ("routers", j), f"region {name!r}: unknown router {r!r} "
+                                                 f"(known: {known_names(routers)})")
+            if r in taken:
+                raise v.fail(p + ("routers", j), f"router {r!r} is in two regions "
+                                                 f"({taken[r]!r} and {name!r})")
+            taken[r] = name
+            names.append(r)
+        kw: dict[str, Any] = {}
+        if "group_size" in tbl:
+            kw["group_size"] = v.integer(tbl["group_size"], p + ("group_size",),
+                                         "group_size", 1, 16)
+        if "max_extra" in tbl:
+            kw["max_extra"] = v.integer(tbl["max_extra"], p + ("max_extra",), "max_extra",
+                                        0, 16)
+        if "lsid_base" in tbl:
+            kw["lsid_base"] = v.lsid(tbl["lsid_base"], p + ("lsid_base",), "lsid_base")
+        if "modifiers" in tbl:
+            kw["modifiers"] = v.modifiers(tbl["modifiers"], p + ("modifiers",),
+                                          f"region {name!r}", Modifiers())
+        out.append(Region(name, tuple(names), **kw))
+    return tuple(out)
+
+
+def edges(topo: Topology, region: Region) -> tuple[str, ...]:
+    """The region's edges, sorted by name (an edge's number is its index)."""
+    inside = set(region.routers)
+    out = {e.router for e in topo.endpoints if e.router in inside}
+    for lk in topo.links:
+        if (lk.a in inside) != (lk.b in inside):
+            out.add(lk.a if lk.a in inside else lk.b)
+    return tuple(sorted(out))
+
+
+def exits(topo: Topology, region: Region) -> tuple[tuple[int, str], ...]:
+    """(LSID, exit edge) for every location service of the topology outside the region's
+    own LSIDs."""
+    edge_set = set(edges(topo, region))
+    inside = set(region.routers)
+    out: list[tuple[int, str]] = []
+    for ls in topo.location_services:
+        at_edge = sorted(c for c in ls.cores if c in edge_set)
+        if at_edge:
+            out.append((ls.lsid, at_edge[0]))
+            continue
+        if any(c in inside for c in ls.cores):
+            raise TopologyError(f"region {region.name!r}: location service {ls.lsid:#x} has "
+                                "a core inside the region that is not an edge", topo.source)
+        dist = _hops(topo, ls.cores)
+        reach = [(dist[e], e) for e in edge_set if e in dist]
+        if reach:
+            out.append((ls.lsid, min(reach)[1]))
+    return tuple(out)
+
+
+def check(topo: Topology) -> None:
+    """Raise TopologyError for a region a run cannot use."""
+    for region in topo.regions:
+        if not edges(topo, region):
+            raise TopologyError(f"region {region.name!r} has no edges (no router of it has "
+                                "a link or endpoint outside it)", topo.source)
+        span = len(edges(topo, region))
+        lsids = {ls.lsid for ls in topo.location_services}
+        clash = sorted(x for x in lsids if region.lsid_base <= x < region.lsid_base + span)
+        if clash:
+            raise TopologyError(f"region {region.name!r}: its edges' LSIDs "
+                                f"{region.lsid_base:#x}.. overlap location service "
+                                f"{clash[0]:#x}; set lsid_base", topo.source)
+        exits(topo, region)
+
+
+def region_of(topo: Topology, router: str) -> Region | None:
+    for region in topo.regions:
+        if router in region.routers:
+            return region
+    return None
+
+
+def role(topo: Topology, router: str) -> str:
+    """``edge`` or ``core`` for a region's routers, ``router`` for the others."""
+    region = region_of(topo, router)
+    if region is None:
+        return "router"
+    return "edge" if router in edges(topo, region) else "core"
+
+
+def roles(topo: Topology) -> dict[str, str]:
+    """:func:`role` of every router, computed once."""
+    out = dict.fromkeys((r.name for r in topo.routers), "router")
+    for region in topo.regions:
+        edge_set = set(edges(topo, region))
+        for r in region.routers:
+            out[r] = "edge" if r in edge_set else "core"
+    return out
+
+
+def _hops(topo: Topology, sources: tuple[str, ...]) -> dict[str, int]:
+    adj: dict[str, list[str]] = {}
+    for lk in topo.links:
+        adj.setdefault(lk.a, []).append(lk.b)
+        adj.setdefault(lk.b, []).append(lk.a)
+    dist = dict.fromkeys(sources, 0)
+    todo = deque(sources)
+    while todo:
+        r = todo.popleft()
+        for n in adj.get(r, ()):
+            if n not in dist:
+                dist[n] = dist[r] + 1
+                todo.append(n)
+    return dist
+
+
+def region_params(topo: Topology) -> dict[str, RegionParams]:
+    """What each edge router of the topology's regions is given, by router name."""
+    out: dict[str, RegionParams] = {}
+    for region in topo.regions:
+        names = edges(topo, region)
+        ex = exits(topo, region)
+        for router in names:
+            out[router] = RegionParams(region.name, names, router,
+                                       lsid_base=region.lsid_base,
+                                       group_size=region.group_size,
+                                       max_extra=region.max_extra, exits=ex,
+                                       modifiers=region.modifiers)
+    return out
