@@ -19,8 +19,9 @@ state ever takes them for sockets) stand for it.
 The exit of an end flow keeps the flow's edges and their masks (refreshed by the edges'
 digests, held for the hold time) and tells each of them the set (BIND). An edge sending
 into the region picks, for each group of edges the set touches, the aggregate the
-catalogue's policy gives (:class:`~flowrouter.core.aggregates.Catalogue`) and sends it a
-copy only if some edge it serves wants the band: masks filter at the ingress edge. A flow
+catalogue's policy gives (:class:`~flowrouter.core.aggregates.Catalogue`) for the edges
+that want the frame's band: masks filter at the ingress edge, and a copy reaches at most
+``max_extra`` edges that do not want it. A flow
 under a policy is never padded: a copy whose aggregate would reach an edge without members
 goes to each member edge's inbox instead, so no edge a policy excludes receives it.
 
@@ -50,7 +51,7 @@ JOIN_RETRY = 1.0
 #: digest entries per frame
 DIGEST_CHUNK = 1024
 
-Plan = list[tuple[bytes, int, tuple[int, ...] | None]]
+Plan = list[tuple[bytes, tuple[int, ...] | None]]
 
 
 class RegionEdge:
@@ -99,7 +100,8 @@ class RegionEdge:
         self.waiting: dict[bytes, list[tuple[int, int]]] = {}
         #: at a member edge: flow -> (version, {edge: mask}) from the exit's BIND
         self.bound: dict[bytes, tuple[int, dict[int, int]]] = {}
-        self._plans: dict[bytes, Plan] = {}
+        #: per flow and band, the copies a frame takes (forgotten when the edges change)
+        self._plans: dict[bytes, dict[int, Plan]] = {}
 
     # ------------------------------------------------------------------ who is who
     def exit_of(self, key: bytes) -> int | None:
@@ -173,9 +175,10 @@ class RegionEdge:
     # ------------------------------------------------------------------ data
     def _wrap(self, key: bytes, hdr: Any, payload: Any, band: int, now: float,
               skip: int | None = None) -> list[Action]:
-        """An end flow's frame into the region: one copy per group of its edges."""
+        """An end flow's frame into the region: one copy per group of the edges that want
+        its band (none at all when no edge does: masks filter at the ingress)."""
         frame = bytes(hdr) + bytes(payload)
-        plan = self._plan(key, skip)
+        plan = self._plan(key, band, skip)
         if plan is None:  # no edges known: toward the exit, which knows them
             exit_edge = self.exit_of(key)
             if exit_edge is None or exit_edge == self.me:
@@ -183,12 +186,11 @@ class RegionEdge:
                 return []
             self.counters["region.toward-exit"] += 1
             return self._to_edge(exit_edge, R.Data(self.me, frame), now)
+        if not plan:
+            self.counters["region.band-filtered"] += 1
+            return []
         out: list[Action] = []
-        bit = 1 << band
-        for agg, mask, direct in plan:
-            if not mask & bit:
-                self.counters["region.band-filtered"] += 1
-                continue
+        for agg, direct in plan:
             if direct is not None:
                 for edge in direct:
                     out += self._to_edge(edge, R.Data(self.me, frame), now)
@@ -220,35 +222,35 @@ class RegionEdge:
         return self.forward(R.REGION_LINK, self.region, frame[:HEADER_SIZE],
                             frame[HEADER_SIZE:], band, now)
 
-    def _plan(self, key: bytes, skip: int | None = None) -> Plan | None:
+    def _plan(self, key: bytes, band: int, skip: int | None = None) -> Plan | None:
+        """The copies of a band-*band* frame of *key*: (aggregate, None), or (aggregate,
+        member edges) for a flow under a policy whose aggregate would be padded (those go
+        to each edge's inbox instead). None: this edge knows no edges of the flow."""
         exact = self.state.policies_active and self.policies.policy_for(key) is not None
-        if skip is None and not exact:
-            cached = self._plans.get(key)
-            if cached is not None:
-                return cached
+        per_band = self._plans.get(key)
+        if skip is None and not exact and per_band is not None and band in per_band:
+            return per_band[band]
         held = self.members.get(key)
         if held:
-            targets = {e: m for e, (m, _) in held.items()}
+            masks = {e: m for e, (m, _) in held.items()}
         else:
             bound = self.bound.get(key)
             if bound is None:
                 return None
-            targets = dict(bound[1])
-        targets.pop(self.me, None)
+            masks = dict(bound[1])
+        masks.pop(self.me, None)
         if skip is not None:
-            targets.pop(skip, None)
+            masks.pop(skip, None)
+        targets = frozenset(e for e, m in masks.items() if m >> band & 1)
         cat = self.catalogue
         plan: Plan = []
-        for g, bits, served in cat.plan(frozenset(targets), prefer=self.me):
-            mask = 0
-            for e in served:
-                mask |= targets[e]
+        for g, bits, served in cat.plan(targets, prefer=self.me):
             direct = None
             if exact and any(e not in served and e != self.me for e in cat.members(g, bits)):
                 direct = tuple(sorted(served))
-            plan.append((self.rp.aggregate_key(cat.root(g), bits), mask, direct))
+            plan.append((self.rp.aggregate_key(cat.root(g), bits), direct))
         if skip is None and not exact:
-            self._plans[key] = plan
+            self._plans.setdefault(key, {})[band] = plan
         return plan
 
     # ------------------------------------------------------------------ messages in

@@ -534,6 +534,14 @@ class SoftState:
             if not _speaks_soft_state(link):
                 self.counters["refresh.notices-withheld"] += 1
                 continue
+            if mtype == C.MsgType.NOT_ON_TREE:
+                # a flow joined through this neighbour since the notice was filed (a tree
+                # re-grafting after a link failure): the notice is stale, and would cut
+                # the branch the JOIN just made
+                keys = {k for k in keys
+                        if getattr(self.flows.get(k), "upstream", None) != lid}
+                if not keys:
+                    continue
             ordered = sorted(keys)
             per = C.keys_capacity(link.max_payload)
             cls = C.Prune if mtype == C.MsgType.PRUNE else C.NotOnTree

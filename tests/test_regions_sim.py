@@ -1,0 +1,85 @@
+"""``flowrouter sim TOPOLOGY --flows N --aggregate on|off --json``: many end flows through a
+backbone region, side by side with aggregation off (flowrouter.testbed.sim.flowmix)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flownet.cli import main as flowrouter_main
+from flowrouter.core.aggregates import Catalogue
+from flowrouter.testbed.sim.flowmix import busiest_core_link, member_count
+from flowrouter.testbed.sim.generate import backbone
+from flowrouter.testbed.topology import dump, load
+from flowrouter.testbed.topology.regions import roles
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert flowrouter_main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("bb") / "bb.toml"
+    dump(backbone(cores=16, edges=8, group_size=4, max_extra=1, seed=2), path)
+    return str(path)
+
+
+def test_core_tables_shrink_and_every_member_still_gets_exactly_its_bands(
+        capsys: pytest.CaptureFixture[str], small: str) -> None:
+    on = run(capsys, "sim", small, "--flows", "400", "--aggregate", "on")
+    off = run(capsys, "sim", small, "--flows", "400", "--aggregate", "off")
+    assert on["delivery_exact"] is True and off["delivery_exact"] is True
+    assert on["deliveries"]["expected"] == off["deliveries"]["expected"] > 400
+    assert set(on["routers"]) == set(off["routers"])
+    cores = [n for n, r in on["routers"].items() if r["role"] == "core"]
+    assert len(cores) == 16
+    assert sum(r["role"] == "edge" for r in on["routers"].values()) == 8
+    catalogue = len(Catalogue(8, 4, 1).all_aggregates())
+    assert on["regions"]["backbone"]["aggregates"] == catalogue
+    for name in cores:  # aggregates only, whatever the number of end flows
+        assert on["routers"][name]["peak_entries"] <= catalogue
+    busiest_off = max(off["routers"][n]["peak_entries"] for n in cores)
+    busiest_on = max(on["routers"][n]["peak_entries"] for n in cores)
+    assert busiest_on * 5 < busiest_off
+    # waste is reported and bounded: at most max_extra edges per copy
+    assert 0 <= on["wasted_deliveries"] <= 1 * on["region_copies"]
+    assert off["wasted_deliveries"] == 0
+    for s in (on, off):
+        assert s["joins"]["ok"] == s["joins"]["total"]
+        assert s["control_frames_per_second"] > 0
+        assert s["recovery"]["link"] == on["recovery"]["link"]
+        assert s["recovery"]["seconds"] < 1.0  # trees re-graft; no stale NOT_ON_TREE cuts them
+
+
+def test_the_shipped_backbone_runs_end_to_end(capsys: pytest.CaptureFixture[str]) -> None:
+    topo = str(ROOT / "topologies" / "backbone-200.toml")
+    s = run(capsys, "sim", topo, "--flows", "60", "--aggregate", "on", "--no-failure")
+    assert s["delivery_exact"] is True
+    kinds = [r["role"] for r in s["routers"].values()]
+    assert kinds.count("core") == 200 and kinds.count("edge") == 30
+    assert s["recovery"] is None
+
+
+def test_membership_is_mostly_small_with_a_few_large_flows() -> None:
+    import random
+
+    rng = random.Random(5)
+    sizes = [member_count(rng, 60) for _ in range(5000)]
+    assert sum(n <= 3 for n in sizes) > 0.8 * len(sizes)
+    assert max(sizes) >= 21
+
+
+def test_the_failed_link_is_a_core_link_and_the_same_with_aggregation_off() -> None:
+    topo = load(ROOT / "topologies" / "backbone-200.toml")
+    role = roles(topo)
+    name = busiest_core_link(topo, role)
+    assert name is not None
+    lk = topo.link(name)
+    assert role[lk.a] == role[lk.b] == "core"
