@@ -8,8 +8,10 @@ compare. The run, all in virtual time:
 2. **joins**: N end flows with realistic membership (most have 2 or 3 members, a few
    dozens: :func:`member_count`), each member on its own application with a random
    non-empty mask of bands 32..35, joined at ``join_rate`` joins a second;
-3. **data**: each flow's sender (one of its members) sends once on each band 32..35; every
-   other member must receive exactly the bands of its mask (``delivery_exact``);
+3. **data**: each flow's sender (one of its members) sends once on each band 32..35
+   (``size`` bytes, 200 by default); every other member must receive exactly the bands of
+   its mask (``delivery_exact``); the bytes on links with a core router at either end are
+   counted over this phase;
 4. **quiet** (one refresh interval): control frames per second on router links;
 5. **failure**: the core link on most edge-to-edge paths goes down for good; a sample of
    flows is probed every 100 ms, and the recovery time is how long after the failure the
@@ -76,9 +78,10 @@ def random_mask(rng: random.Random) -> int:
 class FlowMix:
     """The flows, their members and masks, and what each member must receive."""
 
-    def __init__(self, net: SimNetwork, flows: int, seed: int) -> None:
+    def __init__(self, net: SimNetwork, flows: int, seed: int, size: int = 200) -> None:
         rng = random.Random(f"flowmix/{seed}")
         self.net = net
+        self.pad = bytes(max(0, size - _STAMP.size))
         names = sorted(net.endpoints)
         lsids = sorted({ls.lsid for ls in net.topology.location_services}) \
             if net.topology else [0x10]
@@ -118,7 +121,8 @@ class FlowMix:
     def send(self, i: int, band: int, rnd: int) -> set[tuple[str, int, int, int]]:
         """Flow *i*'s sender sends on *band*; returns the deliveries that must follow."""
         sender = self.senders[i]
-        self.net.endpoints[sender].send(self.flows[i], band, _STAMP.pack(i, band, rnd))
+        self.net.endpoints[sender].send(self.flows[i], band,
+                                        _STAMP.pack(i, band, rnd) + self.pad)
         return {(n, i, band, rnd) for n, m in self.members[i] if n != sender and m >> band & 1}
 
 
@@ -132,7 +136,7 @@ class _Discard(list):  # type: ignore[type-arg]
 def run_flows(topo: Topology, flows: int, *, aggregate: bool = True, seed: int = 0,
               join_rate: float = 50_000.0, send_rate: float = 100_000.0,
               failure: bool = True, router_traces: str | None = None,
-              trace_sample: float = 0.01) -> dict[str, Any]:
+              trace_sample: float = 0.01, size: int = 200) -> dict[str, Any]:
     """Run the workload (see the module docs); returns the summary."""
     writers: list[Any] = []
     factory = None
@@ -161,7 +165,7 @@ def run_flows(topo: Topology, flows: int, *, aggregate: bool = True, seed: int =
         net.after(1.0, sample)
 
     net.schedule(0.5, sample)
-    mix = FlowMix(net, flows, seed)
+    mix = FlowMix(net, flows, seed, size)
     joins_end = mix.schedule_joins(WARMUP, join_rate)
     data_at = joins_end + 5.0
     net.run_until(data_at)
@@ -312,6 +316,7 @@ def _summary(net: SimNetwork, mix: FlowMix, topo: Topology, role: dict[str, str]
 
     return {
         "topology": topo.name, "seed": net.seed, "flows": len(mix.flows),
+        "message_size": len(mix.pad) + _STAMP.size,
         "aggregate": aggregate, "regions": policy,
         "routers": routers,
         "entries": {r: _stats(v) for r, v in sorted(by_role.items())},

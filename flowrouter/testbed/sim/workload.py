@@ -369,7 +369,7 @@ def _run_flows(args: argparse.Namespace, topo: Topology) -> int:
                                 seed=args.seed, join_rate=args.join_rate,
                                 failure=not args.no_failure,
                                 router_traces=args.router_traces,
-                                trace_sample=args.trace_sample)
+                                trace_sample=args.trace_sample, size=args.size)
     print(flowmix.dumps(summary) if args.json else flowmix.format_summary(summary))
     return 0
 
