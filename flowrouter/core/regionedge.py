@@ -47,7 +47,7 @@ from flowrouter.wire.header import DEFAULT_TTL, HEADER_SIZE, pack_header
 #: what an edge joins each aggregate with: every band an application may see
 AGGREGATE_MASK = ALL_BANDS & ~((1 << ROUTER_BANDS_END) - 1)
 #: seconds between attempts to (re)join an aggregate the edge is not yet on
-JOIN_RETRY = 1.0
+JOIN_RETRY = 0.25
 #: digest entries per frame
 DIGEST_CHUNK = 1024
 
@@ -416,8 +416,11 @@ class RegionEdge:
 
     # ------------------------------------------------------------------ inspection
     def status(self) -> dict[str, Any]:
+        joined = 0
+        for agg in self.aggregates:
+            entry = self.flows.get(agg)
+            if entry is not None and entry.joined and R.UNWRAP_LINK in entry.down:
+                joined += 1
         return {"region": self.rp.name, "edge": self.rp.me, "index": self.me,
-                "aggregates_joined": sum(1 for a in self.aggregates
-                                         if R.UNWRAP_LINK in getattr(
-                                             self.flows.get(a), "down", {})),
+                "aggregates": len(self.aggregates), "aggregates_joined": joined,
                 "flows_as_exit": len(self.members), "flows_bound": len(self.bound)}

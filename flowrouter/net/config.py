@@ -79,6 +79,12 @@ Example (every key optional except ``router.name``)::
     0x20 = "r2"
     default = "r2"
 
+    [region]                      # this router is an edge of a backbone region: end flows
+    name = "backbone"             #   cross it inside aggregate flows (README, "Backbone
+    edges = ["e00", "e01"]        #   regions"); every edge of the region, this one included
+    group_size = 5                # edges per aggregate group; max_extra = 1: edges without
+    exits = { "0x10" = "e00" }    #   members one copy may reach; LSID -> the edge toward it
+
     [trace]                       # trace records for `flowtrace analyze` (optional)
     dir = "/var/log/flownet"      # <dir>/<router>.trace.jsonl, rotated
     sample = 0.01                 # fraction of forwarding decisions recorded
@@ -124,6 +130,7 @@ from typing import Any
 from flowrouter.core.flowcontrol import FlowLimits
 from flowrouter.core.measured import LocalityMapping
 from flowrouter.core.quotas import QuotaLimits
+from flowrouter.core.regions import RegionParams
 from flowrouter.core.router import RouterParams
 from flowrouter.core.tables import Modifiers
 from flowrouter.net.configtables import (
@@ -137,6 +144,7 @@ from flowrouter.net.configtables import (
     measured_locality_table,
     parse_lsid,
     quota_table,
+    region_table,
     text,
     trace_table,
 )
@@ -273,6 +281,8 @@ class NodeConfig:
     #: measured locality (flowrouter.core.measured): None keeps the configured modifiers;
     #: a mapping of LocalityMapping's fields (possibly empty: the defaults) turns it on
     locality_mapping: LocalityMapping | None = None
+    #: [region]: checked values of the backbone region this router is an edge of
+    region: dict[str, Any] | None = None
     epoch: float = 5.0
     gc_ping_after: int = 3
     gc_delete_after: int = 6
@@ -459,6 +469,13 @@ class NodeConfig:
         except ValueError as exc:
             raise ConfigError(f"[link_auth]: {exc}") from None
 
+    def _region_params(self) -> RegionParams | None:
+        if self.region is None:
+            return None
+        kw = dict(self.region)
+        mods = Modifiers.from_mapping(kw.pop("locality", None))
+        return RegionParams(me=self.name, modifiers=mods, **kw)
+
     def params(self) -> RouterParams:
         try:
             return RouterParams(
@@ -483,7 +500,7 @@ class NodeConfig:
                 locality_mapping=self.locality_mapping,
                 endpoint_modifiers=self.endpoint_modifiers,
                 member_notice_interval=self.member_notice_interval,
-                member_refresh=self.member_refresh)
+                member_refresh=self.member_refresh, region=self._region_params())
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -531,7 +548,8 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
     """A checked NodeConfig from a parsed TOML document; relative key files are looked up
     in *config_dir* (the config file's directory)."""
     check_keys(data, {"router", "gc", "peer", "routes", "emulate", "trace", "link_auth",
-                       "quota", "measured_locality", "limits"}, "the top level")
+                       "quota", "measured_locality", "limits",
+                       "region"}, "the top level")
     router = dict(data.get("router") or {})
     check_keys(router, _ROUTER_KEYS, "[router]")
     if "name" not in router:
@@ -550,7 +568,7 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
             raise ConfigError('[router] accept_routers must be a list of "name@host"')
         kw["accept_routers"] = [str(e) for e in router["accept_routers"]]
     for section in (quota_table, measured_locality_table, gc_table, link_auth_table,
-                    trace_table, limits_table):
+                    trace_table, limits_table, region_table):
         kw.update(section(data))
     kw["core_lsids"] = frozenset(parse_lsid(v, "[router] core_lsids")
                                  for v in router.get("core_lsids", []))

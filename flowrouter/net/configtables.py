@@ -1,5 +1,5 @@
 """The router config's value checks and its self-contained tables: ``[quota]``, ``[gc]``,
-``[measured_locality]``, ``[link_auth]``, ``[trace]`` and ``[limits]``.
+``[measured_locality]``, ``[link_auth]``, ``[trace]``, ``[limits]`` and ``[region]``.
 
 Each ``*_table`` function takes the parsed TOML document and returns the
 :class:`~flowrouter.net.config.NodeConfig` keyword arguments that table sets, after checking
@@ -37,6 +37,7 @@ LIMITS_RANGES: dict[str, tuple[type, float, float]] = {
     "http_connections": (int, 1, 1 << 20), "control_idle": (float, 0.01, 86400.0),
     "http_idle": (float, 0.01, 3600.0), "descriptor_reserve": (int, 0, 1 << 20),
     "descriptors": (int, 0, 1 << 30)}
+REGION_KEYS = {"name", "edges", "group_size", "max_extra", "lsid_base", "exits", "locality"}
 
 
 def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -200,3 +201,33 @@ def limits_table(data: dict[str, Any]) -> dict[str, Any]:
     check_keys(table, set(LIMITS_RANGES), "[limits]")
     return {"limits": {key: number(value, f"[limits] {key}", *LIMITS_RANGES[key])
                        for key, value in table.items()}}
+
+
+def region_table(data: dict[str, Any]) -> dict[str, Any]:
+    """``[region]``: this router is an edge of a backbone region (flowrouter.core.regions);
+    checked here, turned into the core's RegionParams by NodeConfig."""
+    if "region" not in data:
+        return {}
+    region = _table(data, "region", REGION_KEYS)
+    for key in ("name", "edges"):
+        if key not in region:
+            raise ConfigError(f"[region] needs {key}")
+    edges = region["edges"]
+    if not isinstance(edges, list) or not edges:
+        raise ConfigError("[region] edges must be a non-empty list of router names")
+    out: dict[str, Any] = {"name": text(region["name"], "[region] name"),
+                           "edges": tuple(sorted(text(e, "[region] edges") for e in edges))}
+    for key, lo, hi in (("group_size", 1, 16), ("max_extra", 0, 16)):
+        if key in region:
+            out[key] = number(region[key], f"[region] {key}", int, lo, hi)
+    if "lsid_base" in region:
+        out["lsid_base"] = parse_lsid(region["lsid_base"], "[region] lsid_base")
+    exits = region.get("exits") or {}
+    if not isinstance(exits, dict):
+        raise ConfigError('[region] exits must be a table: {"0x10" = "edge name"}')
+    out["exits"] = tuple(sorted((parse_lsid(k, f"[region] exits {k}"),
+                                 text(v, f"[region] exits {k}")) for k, v in exits.items()))
+    if "locality" in region:
+        out["locality"] = dict(_table(region, "locality", {"bandwidth", "delay",
+                                                           "geography"}))
+    return {"region": out}

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrouter.net.runtime import query_control
-from flowrouter.testbed.topology import Fault, LinkSpec, Topology
+from flowrouter.testbed.topology import Fault, LinkSpec, Topology, regions
 from flowrouter.testbed.webview import start_web
 
 log = logging.getLogger("flowrouter.testbed.launcher")
@@ -214,6 +214,7 @@ class Launcher:
                     lines.append(emu)
             elif emu:
                 lines += ["", "[[emulate]]", f"peer = {_toml_str(other)}", emu]
+        lines += regions.config_lines(topo, name)  # an edge of a backbone region
         if spec.routes or spec.default_route:
             lines += ["", "[routes]"]
             lines += [f"{hex(lsid)} = {_toml_str(peer)}" for lsid, peer in spec.routes]

@@ -177,3 +177,18 @@ def region_params(topo: Topology) -> dict[str, RegionParams]:
                                        max_extra=region.max_extra, exits=ex,
                                        modifiers=region.modifiers)
     return out
+
+
+def config_lines(topo: Topology, router: str) -> list[str]:
+    """The ``[region]`` table of *router*'s daemon config (none unless it is an edge)."""
+    params = region_params(topo).get(router)
+    if params is None:
+        return []
+    m = params.modifiers
+    exits_toml = ", ".join(f'"{lsid:#x}" = "{edge}"' for lsid, edge in params.exits)
+    return ["", "[region]", f'name = "{params.name}"',
+            "edges = [" + ", ".join(f'"{e}"' for e in params.edges) + "]",
+            f"group_size = {params.group_size}", f"max_extra = {params.max_extra}",
+            f"lsid_base = {params.lsid_base:#x}", f"exits = {{ {exits_toml} }}",
+            f"locality = {{ bandwidth = {m.bandwidth}, delay = {m.delay}, "
+            f"geography = {m.geography} }}"]
