@@ -83,3 +83,26 @@ def test_the_failed_link_is_a_core_link_and_the_same_with_aggregation_off() -> N
     assert name is not None
     lk = topo.link(name)
     assert role[lk.a] == role[lk.b] == "core"
+
+
+def test_router_traces_of_both_runs_are_valid_flowtrace_input(tmp_path: Path) -> None:
+    """The simulator writes each router's trace (flowrouter.core.traces schema, what
+    `flowtrace analyze` reads); the run id says aggregate on or off, so the Spark job can
+    compare table sizes side by side."""
+    from flowrouter.core.tracereader import TraceError, read_traces
+    from flowrouter.testbed.sim.flowmix import run_flows
+
+    topo = backbone(cores=10, edges=6, group_size=3, seed=4)
+    peaks: dict[str, int] = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode
+        out.mkdir()
+        run_flows(topo, 150, aggregate=mode == "on", failure=False, router_traces=str(out))
+        records = list(read_traces(out))
+        assert records and not [r for r in records if isinstance(r, TraceError)]
+        assert {r["run"] for r in records if isinstance(r, dict)} == {
+            f"{topo.name}:aggregate-{mode}:0"}
+        peaks[mode] = max(int(r["entries"]) for r in records
+                          if isinstance(r, dict) and r["kind"] == "snapshot"
+                          and r["router"].startswith("c"))
+    assert peaks["on"] < peaks["off"]

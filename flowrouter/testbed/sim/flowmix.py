@@ -34,6 +34,7 @@ from collections import Counter, deque
 from typing import Any
 
 from flowrouter.core.aggregates import Catalogue
+from flowrouter.core.quotas import QuotaLimits
 from flowrouter.testbed.sim.endpoint import Delivery, SimEndpoint
 from flowrouter.testbed.sim.network import SimNetwork
 from flowrouter.testbed.topology import Topology
@@ -153,7 +154,10 @@ def run_flows(topo: Topology, flows: int, *, aggregate: bool = True, seed: int =
     t0 = time.perf_counter()
     net = SimNetwork.from_topology(
         topo, seed=seed, tick_interval=0.1, strict=False, aggregate=aggregate,
-        router_options={"max_flows_per_endpoint": 1 << 30, "join_timeout": 10.0},
+        # each simulated application stands for many: no per-application quota applies
+        router_options={"max_flows_per_endpoint": 1 << 30, "join_timeout": 10.0,
+                        "quota": QuotaLimits(flows=1 << 40, joins_per_second=1e9,
+                                             join_burst=1 << 40)},
         endpoint_options={"join_timeout": 30.0}, router_factory=factory)
     role = roles(topo)
     peak: Counter[str] = Counter()
