@@ -355,3 +355,25 @@ def test_results_do_not_depend_on_the_order_flows_join() -> None:
         seen.append(tuple(len(net.endpoints[a].received(F10)) for a in ("app0", "app1",
                                                                        "app2")))
     assert set(seen) == {(1, 1, 1)}
+
+
+def test_frames_forged_in_the_regions_name_are_dropped_at_the_edge() -> None:
+    """An application (or an outside router) sending on an edge's inbox or on an aggregate
+    would speak for an edge: joins, bindings, or wrapped frames that bypass the end flow's
+    own checks. Edges take the region's own flows only from the region's routers."""
+    from flowrouter.wire.header import pack_header
+
+    net = build()
+    join_three(net)
+    creator = R.region_creator("bb")
+    inner = b"forged"
+    frame = pack_header(F10.key, len(inner), 32, 0, 0, 9) + inner
+    inbox_e0 = FlowID(creator, R.DEFAULT_LSID_BASE, 0)
+    aggregate = FlowID(creator, R.DEFAULT_LSID_BASE, 0b10)  # {e1}, rooted at e0
+    for app in ("app3", "app4"):  # on an edge; behind an outside router
+        net.endpoints[app].send(inbox_e0, 22, R.encode(R.Data(3, frame)))
+        net.endpoints[app].send(aggregate, 32, frame)
+    net.run_for(1.0)
+    for app in ("app0", "app1", "app2"):
+        assert bands_got(net, app, F10) == []
+    assert net.routers["e3"].counters["drop.region-forged"] == 4

@@ -70,6 +70,7 @@ class RegionEdge:
         self.catalogue = Catalogue(len(rp.edges), rp.group_size, rp.max_extra)
         self.me = rp.index
         self.inbox = rp.inbox_key(self.me)
+        self.creator = rp.creator.to_bytes(8, "big")
         self.exits = {lsid: rp.edges.index(name) for lsid, name in rp.exits
                       if name in rp.edges}
         mp = state.p.max_payload - HEADER_SIZE - 8
@@ -106,6 +107,14 @@ class RegionEdge:
     # ------------------------------------------------------------------ who is who
     def exit_of(self, key: bytes) -> int | None:
         return self.exits.get(key_lsid(key))
+
+    def forged(self, link: Link, header: memoryview | bytes) -> bool:
+        """A frame of the region's own flows (an inbox, an aggregate) from outside the
+        region: an application or an outside router must not speak for an edge."""
+        if header[:8] != self.creator:
+            return False
+        inside = self.rp.routers
+        return link.role is not C.Role.ROUTER or bool(inside) and link.peer_name not in inside
 
     def owns(self, header: memoryview | bytes) -> bool:
         """A frame of this edge's inbox flow: a message from another edge."""

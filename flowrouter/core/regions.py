@@ -78,6 +78,9 @@ class RegionParams:
     exits: tuple[tuple[int, str], ...] = ()
     #: what crossing the region costs a frame's locality budget
     modifiers: Modifiers = Modifiers()
+    #: every router of the region: the region's own flows (inboxes, aggregates) are taken
+    #: only from links to these (empty: from any router link, never from applications)
+    routers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.me not in self.edges:

@@ -183,6 +183,9 @@ class Router:
         the region's pseudo links it carries across."""
         region = self._region
         assert region is not None
+        if region.forged(link, header):
+            self.counters["drop.region-forged"] += 1
+            return []
         if region.owns(header):
             out = region.receive(link, payload, now)
         elif band < ROUTER_BANDS_END or header[8:12] == ZERO_LSID:

@@ -84,6 +84,7 @@ Example (every key optional except ``router.name``)::
     edges = ["e00", "e01"]        #   regions"); every edge of the region, this one included
     group_size = 5                # edges per aggregate group; max_extra = 1: edges without
     exits = { "0x10" = "e00" }    #   members one copy may reach; LSID -> the edge toward it
+    routers = ["c00", "e00", "e01"]  # the region's routers: its own flows come only from them
 
     [trace]                       # trace records for `flowtrace analyze` (optional)
     dir = "/var/log/flownet"      # <dir>/<router>.trace.jsonl, rotated

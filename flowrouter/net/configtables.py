@@ -37,7 +37,8 @@ LIMITS_RANGES: dict[str, tuple[type, float, float]] = {
     "http_connections": (int, 1, 1 << 20), "control_idle": (float, 0.01, 86400.0),
     "http_idle": (float, 0.01, 3600.0), "descriptor_reserve": (int, 0, 1 << 20),
     "descriptors": (int, 0, 1 << 30)}
-REGION_KEYS = {"name", "edges", "group_size", "max_extra", "lsid_base", "exits", "locality"}
+REGION_KEYS = {"name", "edges", "group_size", "max_extra", "lsid_base", "exits", "locality",
+               "routers"}
 
 
 def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -217,6 +218,10 @@ def region_table(data: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("[region] edges must be a non-empty list of router names")
     out: dict[str, Any] = {"name": text(region["name"], "[region] name"),
                            "edges": tuple(sorted(text(e, "[region] edges") for e in edges))}
+    routers = region.get("routers", [])
+    if not isinstance(routers, list):
+        raise ConfigError("[region] routers must be a list of router names")
+    out["routers"] = tuple(sorted(text(r, "[region] routers") for r in routers))
     for key, lo, hi in (("group_size", 1, 16), ("max_extra", 0, 16)):
         if key in region:
             out[key] = number(region[key], f"[region] {key}", int, lo, hi)

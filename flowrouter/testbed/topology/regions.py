@@ -175,7 +175,8 @@ def region_params(topo: Topology) -> dict[str, RegionParams]:
                                        lsid_base=region.lsid_base,
                                        group_size=region.group_size,
                                        max_extra=region.max_extra, exits=ex,
-                                       modifiers=region.modifiers)
+                                       modifiers=region.modifiers,
+                                       routers=tuple(sorted(region.routers)))
     return out
 
 
@@ -191,4 +192,5 @@ def config_lines(topo: Topology, router: str) -> list[str]:
             f"group_size = {params.group_size}", f"max_extra = {params.max_extra}",
             f"lsid_base = {params.lsid_base:#x}", f"exits = {{ {exits_toml} }}",
             f"locality = {{ bandwidth = {m.bandwidth}, delay = {m.delay}, "
-            f"geography = {m.geography} }}"]
+            f"geography = {m.geography} }}",
+            "routers = [" + ", ".join(f'"{r}"' for r in params.routers) + "]"]
