@@ -35,6 +35,10 @@ class LsRouting:
         #: whose location service lies beyond another edge into the region
         #: (flowrouter.core.regionedge)
         self.pinned: dict[int, int] = {}
+        #: LSIDs kept among some neighbours (a region's own: learned from and told to the
+        #: region's routers only, so its flows never leave it), and those neighbours' names
+        self.confined: frozenset[int] = frozenset()
+        self.confined_to: frozenset[str] = frozenset()
         self._recompute()
 
     # events -------------------------------------------------------------------------------
@@ -58,10 +62,20 @@ class LsRouting:
                      if per.pop(link_id, None) is not None and not per]:
             del self.learned[lsid]
 
+    def confine(self, lsids: frozenset[int], neighbours: frozenset[str]) -> None:
+        """Learn *lsids* only from, and tell them only to, the named neighbours."""
+        self.confined = lsids
+        self.confined_to = neighbours
+
+    def _outside(self, link_id: int) -> bool:
+        return bool(self.confined) and self.names.get(link_id) not in self.confined_to
+
     def update(self, link_id: int, routes: tuple[tuple[int, int], ...]) -> bool:
         """A neighbour's full vector replaced what we knew from it; True if our best changed."""
         self._forget(link_id)
         self.refused = 0
+        if self._outside(link_id):
+            routes = tuple(r for r in routes if r[0] not in self.confined)
         for lsid, dist in routes:
             if lsid and dist < INFINITY:
                 per = self.learned.get(lsid)
@@ -123,9 +137,10 @@ class LsRouting:
 
     def vector_for(self, link_id: int) -> tuple[tuple[int, int], ...]:
         """What we tell neighbour *link_id* (poisoned reverse for routes through it)."""
+        hide = self.confined if self._outside(link_id) else frozenset()
         return tuple(sorted(
             (lsid, INFINITY if via == link_id else dist)
-            for lsid, (dist, via) in self._best.items()))
+            for lsid, (dist, via) in self._best.items() if lsid not in hide))
 
     def table(self) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = []

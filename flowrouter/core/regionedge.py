@@ -85,6 +85,8 @@ class RegionEdge:
         for lsid, exit_edge in self.exits.items():
             if exit_edge != self.me:
                 state.routing.pin(lsid, R.REGION_LINK)
+        if rp.routers:  # the region's own LSIDs stay inside it, and so do its flows
+            state.routing.confine(rp.region_lsids(), frozenset(rp.routers))
         me = self.me
         g = self.catalogue.group_of(me)
         root = self.catalogue.root(g)
