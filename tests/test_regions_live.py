@@ -13,11 +13,12 @@ import pytest
 import flowlib
 from flowrouter.net.runtime import query_control
 from flowrouter.testbed.launcher import Launcher
-from flowrouter.testbed.topology import loads
+from flowrouter.testbed.topology import load
 from flowrouter.wire.flowid import FlowID
 
 from .ports import free_port_block
-from .test_regions import TOPO
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CREATOR = 0x5EED
 
@@ -82,11 +83,9 @@ async def _scenario(launcher: Launcher) -> tuple[list[tuple[int, bytes]], list[t
 def test_real_routers_carry_the_demo_through_a_region_with_a_flat_core_table(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str) -> None:
     monkeypatch.setenv("FLOWNET_NATIVE", native)
-    base = free_port_block(7)
-    text = TOPO.replace('name = "small-region"',
-                        f'name = "small-region"\n[defaults.router]\nbase_port = {base}')
-    topo = loads(text, source="small-region.toml")
-    launcher = Launcher(topo, view=False, workdir=str(tmp_path))
+    topo = load(ROOT / "topologies" / "region-small.toml")  # the shipped one
+    launcher = Launcher(topo, view=False, workdir=str(tmp_path),
+                        base_port=free_port_block(len(topo.routers)))
     got1, got2, sizes, edge = asyncio.run(asyncio.wait_for(_scenario(launcher), 120))
     assert sorted(got1) == [(32, b"hello 32"), (33, b"hello 33")]
     assert sorted(got2) == [(33, b"hello 33"), (34, b"hello 34")]
