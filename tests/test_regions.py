@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 
@@ -27,66 +28,9 @@ from flowrouter.testbed.topology.regions import edges, exits, roles
 from flowrouter.wire.capabilities import CreatorKey, Policy
 from flowrouter.wire.flowid import FlowID
 
-TOPO = """
-name = "small-region"
-[[routers]]
-name = "e0"
-core_lsids = [0x10]
-[[routers]]
-name = "e1"
-[[routers]]
-name = "e2"
-[[routers]]
-name = "e3"
-[[routers]]
-name = "c0"
-[[routers]]
-name = "c1"
-[[routers]]
-name = "x0"
-core_lsids = [0x20]
-[[links]]
-a = "e0"
-b = "c0"
-[[links]]
-a = "e1"
-b = "c0"
-[[links]]
-a = "c0"
-b = "c1"
-[[links]]
-a = "e1"
-b = "c1"
-[[links]]
-a = "e2"
-b = "c1"
-[[links]]
-a = "e3"
-b = "c1"
-[[links]]
-a = "e3"
-b = "x0"
-[[endpoints]]
-name = "app0"
-router = "e0"
-[[endpoints]]
-name = "app1"
-router = "e1"
-[[endpoints]]
-name = "app2"
-router = "e2"
-[[endpoints]]
-name = "app3"
-router = "e3"
-[[endpoints]]
-name = "app4"
-router = "x0"
-[[regions]]
-name = "bb"
-routers = ["e0", "e1", "e2", "e3", "c0", "c1"]
-group_size = 2
-max_extra = 0
-"""
+#: the shipped small region (topologies/region-small.toml), as text: tests vary it
+TOPO = (Path(__file__).resolve().parent.parent / "topologies" / "region-small.toml"
+        ).read_text()
 
 F10 = FlowID(0x77, 0x10, 1)
 F20 = FlowID(0x77, 0x20, 1)
@@ -153,7 +97,7 @@ def test_a_region_has_edges_exits_and_roles() -> None:
     assert dict(exits(topo, region)) == {0x10: "e0", 0x20: "e3"}
     assert roles(topo) == {"e0": "edge", "e1": "edge", "e2": "edge", "e3": "edge",
                            "c0": "core", "c1": "core", "x0": "router"}
-    assert loads(dumps(topo)) == topo
+    assert loads(dumps(topo), topo.source) == topo
 
 
 @pytest.mark.parametrize("change,message", [
