@@ -85,7 +85,9 @@ class FlowMix:
         self.pad = bytes(max(0, size - _STAMP.size))
         names = sorted(net.endpoints)
         lsids = sorted({ls.lsid for ls in net.topology.location_services}) \
-            if net.topology else [0x10]
+            if net.topology else []
+        if not lsids or not names:
+            raise ValueError("--flows needs a topology with location services and endpoints")
         self.flows: list[FlowID] = []
         self.members: list[list[tuple[str, int]]] = []
         self.senders: list[str] = []
