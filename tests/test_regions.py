@@ -110,10 +110,19 @@ def test_bad_regions_are_refused(change: str, message: str) -> None:
         loads(text)
 
 
-def test_a_location_service_core_inside_the_region_must_be_an_edge() -> None:
+def test_flows_of_a_location_service_inside_the_region_cross_it_unwrapped() -> None:
     text = TOPO.replace('name = "c0"', 'name = "c0"\ncore_lsids = [0x30]')
-    with pytest.raises(TopologyError, match="not an edge"):
-        loads(text)
+    topo = loads(text)
+    assert 0x30 not in dict(exits(topo, topo.regions[0]))
+    net = build(text=text)
+    flow = FlowID(0x77, 0x30, 1)
+    net.endpoints["app1"].join(flow, 32)
+    net.endpoints["app2"].join(flow, 32)
+    net.run_for(1.0)
+    net.endpoints["app1"].send(flow, 32, b"plain")
+    net.run_for(1.0)
+    assert bands_got(net, "app2", flow) == [(32, b"plain")]
+    assert flow.key in net.routers["c0"].flows  # no aggregation for it
 
 
 # ---------------------------------------------------------------- the data plane

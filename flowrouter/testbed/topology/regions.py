@@ -14,8 +14,9 @@ region's edges and exits.
 The **edges** are the region's routers with a link to a router outside it or an endpoint
 attached; the others are its core routers, which never hold an end flow's entry. An LSID's
 **exit** is the edge through which the region reaches its location service: the edge that
-is its core, else the edge nearest (in hops, ties by name) to one of its cores. A core of an
-LSID inside a region must be an edge.
+is its core, else the edge nearest (in hops, ties by name) to one of its cores. An LSID
+whose core is one of the region's core routers has no exit: its flows cross the region
+unwrapped, as if there were no region (the core routers on their way hold their entries).
 
 May import the topology model, :mod:`flowrouter.core.tables` and
 :mod:`flowrouter.core.regions` (:func:`region_params` builds what an edge router is given).
@@ -98,8 +99,7 @@ def exits(topo: Topology, region: Region) -> tuple[tuple[int, str], ...]:
             out.append((ls.lsid, at_edge[0]))
             continue
         if any(c in inside for c in ls.cores):
-            raise TopologyError(f"region {region.name!r}: location service {ls.lsid:#x} has "
-                                "a core inside the region that is not an edge", topo.source)
+            continue  # a core router of the region roots it: its flows cross unwrapped
         dist = _hops(topo, ls.cores)
         reach = [(dist[e], e) for e in edge_set if e in dist]
         if reach:
