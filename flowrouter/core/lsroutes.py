@@ -150,6 +150,7 @@ class LsRouting:
             rows.append({"lsid": f"{lsid:#x}", "core": lsid in self.core, "link": lid,
                          "distance": dist, "siblings": self.siblings(lsid),
                          "source": "core" if lsid in self.core else
+                         "pinned" if lsid in self.pinned else
                          "static" if lsid in self.static else "learned"})
         if self.default:
             rows.append({"lsid": "default", "core": False,
