@@ -79,7 +79,7 @@ async def _scenario(launcher: Launcher) -> tuple[list[tuple[int, bytes]], list[t
         await launcher.close()
 
 
-@pytest.mark.parametrize("native", ["", "0"])
+@pytest.mark.parametrize("native", ["", "twin", "0"])
 def test_real_routers_carry_the_demo_through_a_region_with_a_flat_core_table(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str) -> None:
     monkeypatch.setenv("FLOWNET_NATIVE", native)

@@ -166,6 +166,8 @@ class FastPath:
         r = self.router
         if key in r.flows:
             return self._install_flow(key)
+        if key in r.state.local_keys:  # addressed to the router itself: the core's
+            return False
         eng = self.engine
         lsid = key_lsid(key)
         if not eng.has_route(lsid):

@@ -70,6 +70,7 @@ class RegionEdge:
         self.catalogue = Catalogue(len(rp.edges), rp.group_size, rp.max_extra)
         self.me = rp.index
         self.inbox = rp.inbox_key(self.me)
+        state.local_keys.add(self.inbox)  # the fast path leaves our inbox to us
         self.creator = rp.creator.to_bytes(8, "big")
         self.exits = {lsid: rp.edges.index(name) for lsid, name in rp.exits
                       if name in rp.edges}

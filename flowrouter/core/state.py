@@ -121,6 +121,9 @@ class RouterState:
         #: the forwarding fast path's mirror of our tables (flowrouter.core.fastpath), told
         #: of every change to an entry or link; None while no fast path is attached
         self.fib: Any = None
+        #: keys addressed to this router itself (a region edge's inbox: frames of it are
+        #: the region part's messages), which the fast path must leave to the core
+        self.local_keys: set[bytes] = set()
         #: flow keys by creator (the key's first 8 bytes): what a creator-wide policy
         #: covers, found without a walk of the whole table
         self.by_creator: dict[bytes, set[bytes]] = {}
