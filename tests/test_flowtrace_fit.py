@@ -69,9 +69,22 @@ def test_study_on_the_simulator(tmp_path, capsys):
                      "--members", "1,2", "--endpoints", "0.25,1", "--lsids", "1,2",
                      "--seeds", "1", "--join-window", "4", "--settle", "3", "--repeats", "1",
                      "--predict", "routers=20,flows=15,members=2,endpoints=5",
-                     "--predict", "routers=1000,flows=100000,members=4"])
+                     "--predict", "routers=1000,flows=100000,members=4",
+                     "--backbone-cores", "8,12", "--backbone-edges", "3,5",
+                     "--backbone-flows", "30,60"])
     assert code == 0
     doc = json.loads((out / "study.json").read_text())
+    # the backbone sweep: the same topologies with aggregation off and on, every member
+    # receiving exactly its bands; inside the region the busiest table stops following the
+    # end flows (its exponent on flows drops from about 1 to about 0)
+    bb = doc["backbone"]
+    assert len(bb["runs"]) == 32 and bb["delivery_exact"]
+    assert {r["aggregate"] for r in bb["runs"]} == {False, True}
+    assert bb["core_ratio"]["60"] < 0.5
+    exps = {f["fit"]: f["coef"] for f in bb["fits"]
+            if f["model"] == "power" and f["term"] == "flows"}
+    assert exps["core_max_entries (aggregation off)"] > 0.8
+    assert abs(exps["core_max_entries (aggregation on)"]) < 0.3
     runs = doc["runs"]
     assert len(runs) == 32
     # a topology per run; members and endpoints varied apart; one core per LSID
@@ -101,7 +114,8 @@ def test_study_on_the_simulator(tmp_path, capsys):
     for text in ("Validity range", "held-out error", "Sanity check", "refused", "date: ",
                  "versions: ", "Repeat-study coverage", "cluster-robust over 32 topologies",
                  "Extrapolation, tested per term", "study_law_core_entries.png",
-                 "a different quantity"):
+                 "a different quantity", "Backbone routers with and without aggregation",
+                 "location-service router"):
         assert text in md, text
     far_lines = [ln for ln in capsys.readouterr().out.splitlines() if "flows=100,000" in ln]
     assert far_lines and all("refused" in ln for ln in far_lines)

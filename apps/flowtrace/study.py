@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import backbone as BB
 from . import fit as FIT
 
 LSID = 0x10
@@ -64,6 +65,8 @@ class StudyConfig:
     repeats: int = 0
     predict: list[dict[str, float]] = field(default_factory=list)
     traces: str | None = None
+    #: the backbone sweep (aggregation off and on; flowtrace.backbone)
+    backbone: BB.BackboneConfig = field(default_factory=BB.BackboneConfig)
 
 
 def run_one(routers: int, flows: int, members: int, seed: int, cfg: StudyConfig,
@@ -263,6 +266,15 @@ def _ints(text: str) -> tuple[int, ...]:
     return vals
 
 
+def _settings(text: str) -> tuple[bool, ...]:
+    if text.strip() == "none":
+        return ()
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in ("on", "off") for w in words):
+        raise argparse.ArgumentTypeError(f"expected off, on, off,on or none: {text!r}")
+    return tuple(sorted({w == "on" for w in words}))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = StudyConfig()
 
@@ -306,6 +318,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{d.max_factor:g}x)")
     p.add_argument("--level", type=float, default=d.level,
                    help=f"confidence level of the intervals (default {d.level})")
+    b = d.backbone
+    p.add_argument("--aggregate", type=_settings, default=b.aggregate, metavar="off,on",
+                   help="the backbone sweep: generated backbones with aggregation off and/or "
+                        "on, side by side in the report ('none' leaves it out; default off,on)")
+    p.add_argument("--backbone-cores", type=_ints, default=b.cores, metavar="N,N,...",
+                   help=f"routers inside the backbone region (default {csv(b.cores)})")
+    p.add_argument("--backbone-edges", type=_ints, default=b.edges, metavar="N,N,...",
+                   help=f"the region's border routers (default {csv(b.edges)})")
+    p.add_argument("--backbone-flows", type=_ints, default=b.flows, metavar="N,N,...",
+                   help=f"end flows in the backbone sweep (default {csv(b.flows)})")
+    p.add_argument("--backbone-seeds", type=int, default=b.seeds, metavar="N",
+                   help=f"seeds per backbone grid point (default {b.seeds})")
     p.add_argument("--traces", metavar="DIR", default=None,
                    help="also write every run's router traces under DIR/<run>/ (for "
                         "flowtrace analyze)")
@@ -316,15 +340,21 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
                        endpoints=args.endpoints, lsids=args.lsids, repeats=args.repeats,
                        seeds=args.seeds, join_window=args.join_window, settle=args.settle,
                        level=args.level, max_factor=args.max_factor, predict=args.predict,
-                       traces=args.traces)
+                       traces=args.traces,
+                       backbone=BB.BackboneConfig(aggregate=args.aggregate,
+                                                  cores=args.backbone_cores,
+                                                  edges=args.backbone_edges,
+                                                  flows=args.backbone_flows,
+                                                  seeds=args.backbone_seeds))
 
 
 def run(args: argparse.Namespace, emit: Callable[[str], None]) -> int:
     from . import study_report
 
-    if args.seeds < 1 or not 0 < args.level < 1 or args.max_factor < 1 or args.repeats < 0:
-        emit("flowtrace study: --seeds must be >= 1, --level in (0, 1), --max-factor >= 1, "
-             "--repeats >= 0")
+    if (args.seeds < 1 or args.backbone_seeds < 1 or not 0 < args.level < 1
+            or args.max_factor < 1 or args.repeats < 0):
+        emit("flowtrace study: --seeds and --backbone-seeds must be >= 1, --level in (0, 1), "
+             "--max-factor >= 1, --repeats >= 0")
         return 2
     cfg = config_from_args(args)
     t0 = time.monotonic()
@@ -333,20 +363,32 @@ def run(args: argparse.Namespace, emit: Callable[[str], None]) -> int:
     if cfg.repeats > 0:
         again = [analyse(sweep(cfg, emit, base), cfg) for base in range(1, cfg.repeats + 1)]
         result["coverage"] = coverage([result, *again], cfg.level)
+    bb_rows = BB.sweep(cfg.backbone, emit, cfg.traces) if cfg.backbone.aggregate else []
+    result["backbone"] = BB.analyse(bb_rows, cfg.level)
+    result["backbone_runs"] = bb_rows
     os.makedirs(args.out, exist_ok=True)
     meta = study_report.header(cfg, time.monotonic() - t0)
     doc = {"meta": meta, "config": asdict(cfg), "runs": rows,
            "fits": [r for fs in result["fits"].values() for r in FIT.as_rows(fs)],
            "chosen": {k: (f.model if f else None) for k, f in result["chosen"].items()},
            "predictions": result["predictions"], "sanity": result["sanity"],
-           "coverage": result.get("coverage")}
+           "coverage": result.get("coverage"),
+           "backbone": {"runs": bb_rows,
+                        "fits": [{"fit": key, **r}
+                                 for key, fs in result["backbone"]["fits"].items()
+                                 for r in FIT.as_rows(fs)],
+                        "core_ratio": result["backbone"]["core_ratio"],
+                        "delivery_exact": result["backbone"]["exact"]}}
     with open(os.path.join(args.out, "study.json"), "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=2, default=str)
-    with open(os.path.join(args.out, "runs.csv"), "w", encoding="utf-8") as fh:
-        cols = list(rows[0])
-        fh.write(",".join(cols) + "\n")
-        fh.writelines(",".join("" if r[c] is None else str(r[c]) for c in cols) + "\n"
-                      for r in rows)
+    for name, table in (("runs.csv", rows), ("backbone_runs.csv", bb_rows)):
+        if not table:
+            continue
+        with open(os.path.join(args.out, name), "w", encoding="utf-8") as fh:
+            cols = list(table[0])
+            fh.write(",".join(cols) + "\n")
+            fh.writelines(",".join("" if r[c] is None else str(r[c]) for c in cols) + "\n"
+                          for r in table)
     md = study_report.write(args.out, meta, rows, result)
     print(study_report.console(rows, result))
     print(f"  report: {md}")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from . import backbone as BB
 from . import fit as FIT
 from . import provenance
 from .render import Block, fmt, render_html, render_markdown
@@ -144,7 +145,10 @@ def blocks(meta: dict[str, Any], rows: Sequence[dict[str, Any]], result: dict[st
         "independent; members (members per flow) and endpoints (hosts that may join) are "
         "varied apart, and flows are spread over the LSIDs, each with its own core. "
         "*members* here is members per flow; `flowtrace analyze`'s members is the number of "
-        "endpoint links over all flows in a snapshot, a different quantity."))
+        "endpoint links over all flows in a snapshot, a different quantity. In these random "
+        "meshes *core* is each LSID's location-service router (the core of its flows' "
+        "trees), *edge* a router with endpoints and *transit* the rest; routers inside a "
+        "backbone, with and without aggregation, are in the backbone section at the end."))
     cov = result.get("coverage")
     b.append(("h2", "Repeat-study coverage"))
     if cov and cov["pairs"]:
@@ -196,6 +200,7 @@ def blocks(meta: dict[str, Any], rows: Sequence[dict[str, Any]], result: dict[st
             b.append(("img", (images[f"law_{target}"], f"{target}: fitted law")))
     if plot_error:
         b.append(("p", plot_error))
+    b += BB.blocks(result.get("backbone_runs", []), result.get("backbone", {}), _fit_table)
     return b
 
 
@@ -229,6 +234,8 @@ def console(rows: Sequence[dict[str, Any]], result: dict[str, Any]) -> str:
         else:
             lines.append(f"  {target}: {f.formula()} (held-out error {_pct(f.loo_error)}, "
                          f"extrapolation {_pct(f.extrapolation_error)})")
+    if result.get("backbone_runs"):
+        lines += BB.console(result["backbone"])
     cov = result.get("coverage")
     if cov and cov["pairs"]:
         lines.append(f"  coverage over {cov['repeats']} repeats: {_pct(cov['rate'])} "
