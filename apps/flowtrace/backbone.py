@@ -125,9 +125,17 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(v) / len(v) if v else None
 
 
+def slug(key: str) -> str:
+    """A file name for a fit's key ('core_max_entries (aggregation on)' ->
+    'core_max_entries_aggregation_on')."""
+    return "_".join("".join(c if c.isalnum() or c == "_" else " " for c in key).split())
+
+
 def blocks(rows: Sequence[dict[str, Any]], result: dict[str, Any],
-           fit_table: Callable[[Sequence[FIT.Fit | FIT.Refusal]], list[Block]]) -> list[Block]:
-    """The report section: a side-by-side table per flow count, the paired ratio, the fits."""
+           fit_table: Callable[[Sequence[FIT.Fit | FIT.Refusal]], list[Block]],
+           images: dict[str, str] | None = None) -> list[Block]:
+    """The report section: a side-by-side table per flow count, the paired ratio, the fits
+    (each with its fitted law along flows, *images* keyed ``law_<key>``)."""
     b: list[Block] = [("h2", "Backbone routers with and without aggregation")]
     if not rows:
         b.append(("p", "Not run (`--aggregate off,on` sweeps generated backbones with "
@@ -169,6 +177,8 @@ def blocks(rows: Sequence[dict[str, Any]], result: dict[str, Any],
         chosen = result["chosen"][key]
         b.append(("h3", key + (f" (chosen: {chosen.model})" if chosen else " (no model)")))
         b += fit_table(fits)
+        if images and f"law_{key}" in images:
+            b.append(("img", (images[f"law_{key}"], f"{key}: fitted law")))
     return b
 
 

@@ -86,6 +86,12 @@ def _plots(p: Plots, rows: Sequence[dict[str, Any]], result: dict[str, Any]
         law = _law_plot(p, rows, target, f)
         if law:
             made[f"law_{target}"] = law
+    bb_rows = result.get("backbone_runs") or []
+    for key, bf in result.get("backbone", {}).get("chosen", {}).items():
+        part = [r for r in bb_rows if r["aggregate"] == key.endswith(" on)")]
+        law = _law_plot(p, part, bf.target, bf, BB.TERMS, key) if bf else None
+        if law:
+            made[f"law_{key}"] = law
     pts2 = [(r["flows_live"], r["core_own_entries"] * r["lsids"]) for r in rows
             if r["core_own_entries"] is not None]
     if pts2:
@@ -101,15 +107,16 @@ def _plots(p: Plots, rows: Sequence[dict[str, Any]], result: dict[str, Any]
     return made
 
 
-def _law_plot(p: Plots, rows: Sequence[dict[str, Any]], target: str, f: FIT.Fit | None
-              ) -> str | None:
-    """The fitted law along flows (the other terms at their median values in the sweep)
+def _law_plot(p: Plots, rows: Sequence[dict[str, Any]], target: str, f: FIT.Fit | None,
+              terms: Sequence[str] | None = None, name: str | None = None) -> str | None:
+    """The fitted law along flows (the other *terms* at their median values in the sweep)
     with its prediction interval, over the runs at those values and all runs faded."""
-    if f is None or "flows" not in f.terms:
+    if f is None or "flows" not in f.terms or not rows:
         return None
     from statistics import median_low
 
-    at = {t: float(median_low([r[t] for r in rows])) for t in FIT_TERMS if t != "flows"}
+    at = {t: float(median_low([r[t] for r in rows])) for t in (terms or FIT_TERMS)
+          if t != "flows"}
     lo, hi = f.ranges["flows"]
     xs = [lo + (hi - lo) * k / 40 for k in range(41)]
     band = [FIT.predict(f, {**at, "flows": x}) for x in xs]
@@ -128,9 +135,10 @@ def _law_plot(p: Plots, rows: Sequence[dict[str, Any]], target: str, f: FIT.Fit 
                     color="k", alpha=0.12, label=f"{int(f.level * 100)}% prediction interval")
     ax.set_xlabel("flows")
     ax.set_ylabel(target)
-    ax.set_title(f"{target}: the fitted law along flows, the other terms at their medians")
+    ax.set_title(f"{name or target}: the fitted law along flows, the other terms at their "
+                 "medians", fontsize=9)
     ax.legend(fontsize=7)
-    return p.save(fig, f"study_law_{target}.png")
+    return p.save(fig, f"study_law_{BB.slug(name or target)}.png")
 
 
 def blocks(meta: dict[str, Any], rows: Sequence[dict[str, Any]], result: dict[str, Any],
@@ -200,7 +208,8 @@ def blocks(meta: dict[str, Any], rows: Sequence[dict[str, Any]], result: dict[st
             b.append(("img", (images[f"law_{target}"], f"{target}: fitted law")))
     if plot_error:
         b.append(("p", plot_error))
-    b += BB.blocks(result.get("backbone_runs", []), result.get("backbone", {}), _fit_table)
+    b += BB.blocks(result.get("backbone_runs", []), result.get("backbone", {}), _fit_table,
+                   images)
     return b
 
 
