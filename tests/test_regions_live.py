@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import flowlib
+from flowrouter.core import regions as R
 from flowrouter.net.runtime import query_control
 from flowrouter.testbed.launcher import Launcher
 from flowrouter.testbed.topology import load
@@ -111,3 +112,42 @@ def test_a_region_table_in_a_router_config_is_checked() -> None:
                      ({"name": "bb", "edges": ["e1"], "colour": 1}, "unknown key")):
         with pytest.raises(ConfigError, match=why):
             config_from_dict({**base, "region": bad}).params()
+
+
+def test_a_client_fails_over_from_one_edge_to_another_across_the_region(
+        tmp_path: Path) -> None:
+    """A receiver's edge router dies: flowlib moves it to another edge, which joins the
+    flow through the region (its exit learns the new edge), and delivery goes on."""
+    topo = load(ROOT / "topologies" / "region-small.toml")
+    launcher = Launcher(topo, view=False, workdir=str(tmp_path),
+                        base_port=free_port_block(len(topo.routers)))
+
+    async def main() -> list[bytes]:
+        await launcher.start_routers()
+        try:
+            await _region_ready(launcher)
+            addr = launcher.endpoint_address
+            async with await flowlib.connect([addr("e1"), addr("e2")], name="rx") as rx, \
+                    await flowlib.connect([addr("e3")], name="tx") as tx:
+                flow = FlowID(CREATOR, 0x10, 7)
+                listener = await rx.listen(flow, "32")
+                await tx.send(flow, b"before", band=32)
+                got = [(await asyncio.wait_for(listener.get(), 5)).payload]
+                launcher.procs["e1"].terminate()  # the receiver's edge goes away
+                await launcher.procs["e1"].wait()
+                for i in range(100):  # until the receiver is back, through e2
+                    await tx.send(flow, b"after %d" % i, band=32)
+                    try:
+                        got.append((await asyncio.wait_for(listener.get(), 0.2)).payload)
+                        break
+                    except TimeoutError:
+                        continue
+                st = (await query_control(launcher.control["e2"], timeout=2.0))["status"]
+                mine = [f for f in st["flows"] if f["flow"].endswith(":00000010:00000007")]
+                assert mine and str(R.REGION_LINK) == str(mine[0]["upstream"])
+                return got
+        finally:
+            await launcher.close()
+
+    got = asyncio.run(asyncio.wait_for(main(), 120))
+    assert got[0] == b"before" and got[-1].startswith(b"after"), got
