@@ -19,6 +19,10 @@ from flowrouter.wire.control import JoinStatus
 class FlowError(Exception):
     """Base class of every flowlib error."""
 
+    #: a command ended by one exits 1 with its message on one line, never a traceback
+    #: (flowrouter.console reads ``exit_code`` from any exception that has one)
+    exit_code = 1
+
 
 class ConnectError(FlowError, ConnectionError):
     """No router in the list accepted us; ``attempts`` says what each address answered."""

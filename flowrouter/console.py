@@ -242,6 +242,10 @@ def run(prog: str, main: Callable[[Any], int | None],
         _print_error(prog, exc)
         return EXIT_RUNTIME
     except Exception as exc:
+        code = getattr(exc, "exit_code", None)
+        if isinstance(code, int):  # a documented refusal (flowlib's errors): one line
+            _print_error(prog, exc)
+            return code
         if os.environ.get("FLOWNET_TRACEBACK") == "1":
             raise
         print(f"{prog}: internal error: {type(exc).__name__}: {_one_line(exc)} "

@@ -43,3 +43,15 @@ def test_creator_keys_are_made_listed_and_never_overwritten(
     assert main(["keygen", "list", str(tmp_path / "keys")]) == 0
     listing = capsys.readouterr().out
     assert f"me.pem: creator {cid:016x}" in listing and "junk.pem: not usable" in listing
+
+
+def test_keygen_list_finds_creator_keys_named_dot_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README names creator keys ``creator.key``; link keys (not PEM) there are skipped."""
+    assert main(["keygen", "creator", "--out", str(tmp_path / "creator.key")]) == 0
+    assert main(["keygen", "link", "--id", "s", "--out", str(tmp_path / "site.key")]) == 0
+    cid = CreatorKey.load(tmp_path / "creator.key").creator_id
+    capsys.readouterr()
+    assert main(["keygen", "list", str(tmp_path)]) == 0
+    listing = capsys.readouterr().out
+    assert f"creator.key: creator {cid:016x}" in listing and "site.key" not in listing

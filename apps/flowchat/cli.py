@@ -336,6 +336,8 @@ def _main(argv: list[str] | None = None) -> int:
         return _experiment(a)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (| head): the console wrapper's exit 141
+        raise
     except (OSError, ValueError) as exc:
         print(f"flowchat {a.cmd}: {exc}", file=sys.stderr)
         return 1

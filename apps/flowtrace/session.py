@@ -4,15 +4,21 @@ Holds :func:`build_session` (a SparkSession bound to the loopback address with i
 unless asked, the JVM's start-up chatter kept out of the terminal), :func:`resolve_inputs`
 (local paths and Hadoop URIs), and :func:`one_line_error` (a JVM failure, such as an
 unreachable ``hdfs://`` name node or a missing ``s3a`` file system, as one readable line).
+Py4J's own error reports (tracebacks it logs on the root logger, e.g. for every call a Ctrl-C
+interrupts) are kept off the terminal while flowtrace runs (:func:`quiet_py4j`).
 Imports only the standard library, :mod:`flowrouter.core.traces` and, lazily, pyspark.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import signal
 import tempfile
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from flowrouter.core import traces as TR
@@ -60,12 +66,31 @@ def build_session(master: str = "local[*]", *, app_name: str = "flowtrace",
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
     for k, v in conf:
         builder = builder.config(k, v)
+    quiet_py4j()
     if SparkSession.getActiveSession() is not None:
         spark = builder.getOrCreate()
     else:
         spark = _start_quietly(builder)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+class _NotFromPy4J(logging.Filter):
+    """Drops records py4j logs on the root logger: it reports every gateway call a Ctrl-C
+    or a dying JVM cut short with a traceback there, while flowtrace says what happened in
+    one line of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+_PY4J_FILTER = _NotFromPy4J()
+
+
+def quiet_py4j() -> None:
+    """Keep py4j's tracebacks off the terminal (``FLOWNET_TRACEBACK=1`` keeps them)."""
+    if os.environ.get("FLOWNET_TRACEBACK") != "1":
+        logging.getLogger().addFilter(_PY4J_FILTER)  # the same filter once, however often
 
 
 def _start_quietly(builder: Any) -> Any:
@@ -76,7 +101,11 @@ def _start_quietly(builder: Any) -> Any:
     try:
         os.dup2(log.fileno(), 2)
         try:
-            spark = builder.config("spark.flowtrace.log", log.name).getOrCreate()
+            with _interrupt_after_start() as interrupted:
+                spark = builder.config("spark.flowtrace.log", log.name).getOrCreate()
+            if interrupted:
+                spark.stop()
+                raise KeyboardInterrupt
         finally:
             os.dup2(saved, 2)
     except Exception as exc:
@@ -89,6 +118,31 @@ def _start_quietly(builder: Any) -> Any:
         os.close(saved)
         log.close()
     return spark
+
+
+@contextlib.contextmanager
+def _interrupt_after_start() -> Iterator[list[int]]:
+    """Hold a first Ctrl-C while the JVM starts (the list it yields is then non-empty).
+
+    The JVM ignores SIGINT (pyspark starts it so); a KeyboardInterrupt raised in the middle
+    of its start would leave it running with nobody to stop it. A second Ctrl-C is not
+    held. Outside the main thread signals cannot be handled, and nothing changes.
+    """
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def held(signum: int, frame: Any) -> None:
+        got.append(signum)
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, held)
+    try:
+        yield got
+    finally:
+        if not got:
+            signal.signal(signal.SIGINT, previous)
 
 
 def default_driver_memory() -> str:

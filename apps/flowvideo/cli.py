@@ -414,6 +414,8 @@ def _main(argv: list[str] | None = None) -> int:
         return asyncio.run(COMMANDS[args.command](args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (| head): the console wrapper's exit 141
+        raise
     except (flowlib.FlowError, ValueError, OSError, RuntimeError) as exc:  # SourceError too
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"flowvideo {args.command}: error: {text}", file=sys.stderr)

@@ -54,7 +54,7 @@ Example (every key optional except ``router.name``)::
     hold_factor = 3.5             # state not refreshed for hold_factor x refresh_interval goes
     max_refresh_rate = 20000      # digest entries/s per link at most (huge tables: longer rounds)
     epoch = 5.0                   # seconds per epoch (trace snapshots)
-    # ping_after, delete_after: the seed's per-flow ping GC; accepted and ignored
+    # ping_after, delete_after: the seed's per-flow ping GC; accepted, ignored, warned about
 
     [limits]                      # what one client can make the router hold or do
     listen_connections = 4096     # connections at once per TCP listen port (proven routers
@@ -123,6 +123,7 @@ or the interface is not on loopback, and binding it off loopback without either 
 from __future__ import annotations
 
 import hashlib
+import logging
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,7 @@ from flowrouter.net.configtables import (
     address,
     check_keys,
     gc_table,
+    ignored_keys,
     limit,
     limits_table,
     link_auth_table,
@@ -157,6 +159,7 @@ from flowrouter.wire.address import parse_address
 from flowrouter.wire.header import DEFAULT_MAX_PAYLOAD
 from flowrouter.wire.linkrecords import DEFAULT_REKEY_INTERVAL, DEFAULT_REKEY_RECORDS, SEQ_MASK
 
+log = logging.getLogger(__name__)
 
 def node_id_for(name: str) -> int:
     """A stable 64-bit node ID derived from the router's name (used when none is configured)."""
@@ -433,6 +436,8 @@ class NodeConfig:
                     tok = path.read_text(encoding="utf-8").strip()
                 except OSError as exc:
                     raise ConfigError(f"control_token file {path}: {exc.strerror}") from None
+                except UnicodeDecodeError:
+                    raise ConfigError(f"control_token file {path}: not UTF-8 text") from None
             if len(tok) < 12:
                 raise ConfigError("control_token must be at least 12 characters")
             out["token"] = tok.encode()
@@ -625,10 +630,15 @@ def load_config(path: str | Path) -> NodeConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+                          ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for why in ignored_keys(data):  # accepted, so old configs still start, but never silently
+        log.warning("%s: %s", path, why)
     try:
         cfg = config_from_dict(data, str(path.parent))
         cfg.params()  # key files are read (and their permissions checked) now

@@ -39,6 +39,24 @@ LIMITS_RANGES: dict[str, tuple[type, float, float]] = {
     "descriptors": (int, 0, 1 << 30)}
 REGION_KEYS = {"name", "edges", "group_size", "max_extra", "lsid_base", "exits", "locality",
                "routers"}
+#: keys still accepted (old configs keep starting) that change nothing, each with what to use
+#: instead: loading a file that sets one logs a warning naming it (check-config shows it too)
+IGNORED_KEYS: dict[tuple[str, str], str] = {
+    ("gc", "ping_after"): "the seed's per-flow pings are gone: every link carries a liveness "
+                          "echo each liveness_interval, which keeps NAT mappings alive",
+    ("gc", "delete_after"): "state nobody refreshes goes after hold_factor x "
+                            "refresh_interval, a peer silent for dead_after is a failed link",
+}
+
+
+def ignored_keys(data: dict[str, Any]) -> list[str]:
+    """One warning per key of *data* that is accepted but ignored (:data:`IGNORED_KEYS`)."""
+    out = []
+    for (table, key), instead in IGNORED_KEYS.items():
+        section = data.get(table)
+        if isinstance(section, dict) and key in section:
+            out.append(f"[{table}] {key} is ignored ({instead}); remove it")
+    return out
 
 
 def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:

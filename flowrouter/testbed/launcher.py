@@ -194,12 +194,9 @@ class Launcher:
         ep_mods = topo.defaults.endpoint.modifiers
         lines.append(f"endpoint_locality = {{ bandwidth = {ep_mods.bandwidth}, delay = "
                      f"{ep_mods.delay}, geography = {ep_mods.geography} }}")
-        lines += ["", "[gc]"]
-        for key, toml_key in (("epoch", "epoch"), ("ping_after", "ping_after"),
-                              ("delete_after", "delete_after")):
-            if key in params:
-                value = params[key]
-                lines.append(f"{toml_key} = {value if key == 'epoch' else int(value)}")
+        lines += ["", "[gc]"]  # (a topology's ping_after / delete_after: the simulator's only)
+        if "epoch" in params:
+            lines.append(f"epoch = {params['epoch']}")
         for link in topo.links_of(name):
             other = link.other(name)
             m = link.modifiers

@@ -109,6 +109,9 @@ def _token(args: argparse.Namespace) -> str | None:
         except OSError as exc:
             raise console.UsageError(f"--token-file {args.token_file}: {exc.strerror}"
                                      ) from None
+        except UnicodeDecodeError:
+            raise console.UsageError(f"--token-file {args.token_file}: not UTF-8 text"
+                                     ) from None
         where = f"--token-file {args.token_file}"
     elif args.token_env:
         token = os.environ.get(args.token_env, "").strip()

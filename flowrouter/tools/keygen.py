@@ -59,6 +59,14 @@ def _write_secret(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _is_pem(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(11) == b"-----BEGIN "
+    except OSError:
+        return False
+
+
 def _state_dir() -> Path:
     env = os.environ.get("FLOWNET_STATE_DIR")
     return Path(env) if env else Path.home() / ".local" / "state" / "flownet"
@@ -88,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.paths] or [_state_dir()]
     files: list[Path] = []
     for p in paths:
-        if p.is_dir():
-            files += sorted(f for f in p.iterdir() if f.is_file()
-                            and f.suffix == ".pem" and not f.name.startswith("."))
+        if p.is_dir():  # creator keys: every .pem, and the .key files that are PEM too
+            files += sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
+                            and (f.suffix == ".pem" or f.suffix == ".key" and _is_pem(f)))
         elif p.exists():
             files.append(p)
         else:
