@@ -45,6 +45,7 @@ from typing import Any
 
 from flowrouter.testbed.sim.endpoint import Delivery, SimEndpoint
 from flowrouter.testbed.sim.network import SimNetwork
+from flowrouter.testbed.topofiles import SHIPPED
 from flowrouter.testbed.topology import Topology, load
 from flowrouter.wire.bands import DEFAULT_DATA_BAND
 from flowrouter.wire.flowid import FlowID
@@ -56,7 +57,7 @@ CLASSES = ("1", "2-30", "31-100")
 FRAGMENT_BYTES = 640  # 100 of them fit one 64 KiB frame (the routers' limit)
 MAILBOX_CREATOR = 0x5EED
 STAMP = struct.Struct("!HIHHd")  # sender index, message id, fragment index, count, send time
-REPO_TOPOLOGIES = Path(__file__).resolve().parents[3] / "topologies"
+REPO_TOPOLOGIES = SHIPPED
 SEED_TOPOLOGIES = ("ring-bi-20", "linear-20", "cdnnet-15")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrouter.core.tables import Modifiers
+from flowrouter.testbed.topofiles import resolve
 from flowrouter.testbed.topology import regions
 from flowrouter.testbed.topology.faults import ScheduleParser
 from flowrouter.testbed.topology.model import (
@@ -379,8 +380,9 @@ def loads(text: str, source: str = "<string>") -> Topology:
 
 
 def load(path: str | Path) -> Topology:
-    """Read and validate a topology file."""
-    p = Path(path)
+    """Read and validate a topology file (a shipped one by its name, too: see
+    :func:`flowrouter.testbed.topofiles.resolve`)."""
+    p = resolve(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
