@@ -97,7 +97,7 @@ def test_two_site_example() -> None:
     assert topo.link("backup").transport == "udp" and topo.link("backup").loss == 0.01
     assert topo.endpoint("bob").modifiers.geography == 1
     assert topo.listen_address("bos-1") == ("127.0.0.1", 7402)
-    assert topo.router_params("van-1") == {"epoch": 5.0, "ping_after": 3, "delete_after": 6}
+    assert topo.router_params("van-1") == {"epoch": 5.0}
     assert topo.neighbours("bos-1") == ["van-1", "van-2"]
     flap = topo.scenario("wan-flap").faults[0]
     assert flap.kind == "repeat"
