@@ -1,6 +1,6 @@
 """The connection options every flownet tool takes, in one place: flowcat, flowdir, flowchat
 and flowls (as an application) connect with the same flags, meaning what
-:func:`flowlib.connect` means.
+:func:`flowlib.connect` means::
 
     --router HOST:PORT     repeatable (or comma-separated): the first that answers is used,
                            the others are failed over to if it dies; udp://HOST:PORT is a

@@ -7,26 +7,26 @@ All use the routers' fault encoding (:class:`flowrouter.wire.control.Fault`), so
 ``msg.fault()`` / :func:`flowlib.decode_fault`, reads them all; ``origin`` is the client's
 name and every ``extra`` value is text.
 
-=====================  ==========  =========================================================
-notice                 band        ``kind`` and ``extra``
-=====================  ==========  =========================================================
-failover               17 fault    ``FAILOVER``; ``state`` (``resumed`` or
-                                   ``rejoin-failed``), ``flow``, ``old`` / ``old_address``
-                                   (router lost), ``new`` / ``new_address``, ``reason`` (why
-                                   the old link ended), ``reconnect_ms`` (loss to the new
-                                   router's HELLO), ``gap_ms`` (loss to this flow's membership
-                                   being re-established at the new router)
-queue overflow         18 overflow ``OVERFLOW``; ``reason`` = ``queue-full``, ``flow``,
-                                   ``listener`` (its name), ``bands``, ``dropped`` (messages
-                                   lost since the previous notice about this listener),
-                                   ``total`` (all it ever lost), ``size``, ``policy``
-large message dropped  18 overflow ``OVERFLOW``; ``reason`` = ``reassembly-timeout``,
-                                   ``too-large``, ``memory`` or ``bad-fragment``, ``flow``,
-                                   ``band``, ``dropped`` (messages of this flow lost that way
-                                   since the previous such notice), ``sender`` (the fragment
-                                   origin, hex), ``message`` (its id), ``bytes`` (its length),
-                                   and for time-outs ``fragments`` (``received/count``)
-=====================  ==========  =========================================================
+=====================  ===========  =========================================================
+notice                 band         ``kind`` and ``extra``
+=====================  ===========  =========================================================
+failover               17 fault     ``FAILOVER``; ``state`` (``resumed`` or
+                                    ``rejoin-failed``), ``flow``, ``old`` / ``old_address``
+                                    (router lost), ``new`` / ``new_address``, ``reason`` (why
+                                    the old link ended), ``reconnect_ms`` (loss to the new
+                                    router's HELLO), ``gap_ms`` (loss to this flow's membership
+                                    being re-established at the new router)
+queue overflow         18 overflow  ``OVERFLOW``; ``reason`` = ``queue-full``, ``flow``,
+                                    ``listener`` (its name), ``bands``, ``dropped`` (messages
+                                    lost since the previous notice about this listener),
+                                    ``total`` (all it ever lost), ``size``, ``policy``
+large message dropped  18 overflow  ``OVERFLOW``; ``reason`` = ``reassembly-timeout``,
+                                    ``too-large``, ``memory`` or ``bad-fragment``, ``flow``,
+                                    ``band``, ``dropped`` (messages of this flow lost that way
+                                    since the previous such notice), ``sender`` (the fragment
+                                    origin, hex), ``message`` (its id), ``bytes`` (its length),
+                                    and for time-outs ``fragments`` (``received/count``)
+=====================  ===========  =========================================================
 
 Overflow notices are rate-limited as in the seed's prototype (seed 002, 4.1.3), which waited
 2000 messages between notifications so that reporting an overload never adds much to it: a

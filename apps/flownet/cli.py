@@ -120,6 +120,11 @@ def up(args: argparse.Namespace) -> int:
 COMMANDS = (cli.Command("demo", add_demo_parser, demo), cli.Command("up", add_up_parser, up))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flowrouter`` console script's parser (man pages and completion are made from it)."""
+    return cli.build_parser(COMMANDS)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``flowrouter`` console script."""
     return cli.main(argv, extra=COMMANDS)

@@ -79,7 +79,7 @@ def _creator_arg(text: str) -> int:
             f"creator {text!r} is not a hexadecimal creator ID (e.g. 1a2b3c4d5e6f7081)") from None
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = console.ArgumentParser(
         prog="flowls",
         description="Location services: the cores of flow multicast trees. Run a member, "
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     console.setup_logging(args, node="flowls",
                           default_level="info" if args.command == "run" else "warning")
     if args.command == "run":
