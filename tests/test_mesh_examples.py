@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _commands(text: str, first: str) -> list[list[str]]:
-    """The command lines starting with *first* in *text* (continuation lines joined)."""
+    """The command lines starting with *first* in *text* (continuation lines joined; a
+    trailing ``&``, which puts a server in the background in a README block, left off)."""
     text = re.sub(r"\\\n\s*", " ", text)
-    return [shlex.split(line.strip().split("#")[0]) for line in text.splitlines()
-            if line.strip().startswith(first + " ")]
+    return [shlex.split(line.strip().split("#")[0].rstrip().removesuffix("&"))
+            for line in text.splitlines() if line.strip().startswith(first + " ")]
 
 
 def _moved(argv: list[str], ports: dict[int, int]) -> list[str]:
