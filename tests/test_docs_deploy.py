@@ -158,6 +158,7 @@ def test_the_guides_systemd_steps_leave_what_the_unit_needs(tmp_path: Path) -> N
     assert state and state[0] in made
     assert int(unit["LimitNOFILE"][0]) >= 4096
     assert unit["RestartPreventExitStatus"] == ["2"]
+    assert unit["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # docs/operations.md: reload
 
     checked = _verify(installed.read_text(), shims / "flowrouter", tmp_path)
     assert checked.returncode == 0 and checked.stdout + checked.stderr == "", checked.stderr

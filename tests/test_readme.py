@@ -17,6 +17,7 @@ and why in parentheses: ``<!-- not run: long (...) -->``. Python blocks run only
 from __future__ import annotations
 
 import os
+import random
 import re
 import shlex
 import signal
@@ -31,18 +32,18 @@ import pytest
 
 from .checkout import ROOT
 from .consolescripts import install_shims, script_env
-from .ports import free_port_block
 
 #: the documents whose blocks run (README, the apps' and services' READMEs, the guides)
-DOCS = ["README.md", "apps/flowchat/README.md", "directory/README.md", "topologies/README.md",
-        "topologies/deploy/README.md"]
+DOCS = ["README.md", "apps/flowchat/README.md", "apps/flowvideo/README.md",
+        "directory/README.md", "topologies/README.md", "topologies/deploy/README.md",
+        "docs/operations.md", "docs/architecture.md"]
 #: why a block may be left out; anything else runs
 REASONS = {
     "root": "needs root or network namespaces",
     "long": "runs for minutes",
     "external": "needs something outside this machine (a cloud store, a deployed host)",
     "interactive": "a terminal UI waiting for a person",
-    "installs": "installs into the running Python or is CI itself",
+    "ci": "is CI itself (the checks of .ci/run), or installs into the running Python",
 }
 BLOCK = re.compile(r"(?:<!-- (?P<marker>[^>]*?) -->\n)?```(?P<lang>[a-z]*)\n(?P<body>.*?)```",
                    re.S)
@@ -104,10 +105,21 @@ def test_no_document_cites_files_outside_the_repository() -> None:
 
 
 # ---------------------------------------------------------------- running them
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(n: int = 1) -> int:
+    """The first of *n* free ports in a row, below the kernel's ephemeral range (32768 up):
+    a router dialling a peer that has not bound its port yet could otherwise be given that
+    very port for its own end of the connection."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - n)
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} free ports in a row below 32000")
 
 
 def _answers(port: int) -> bool:
@@ -127,7 +139,7 @@ class Ports:
 
     def block(self, old: str) -> str:
         """A run of free ports (``--base-port``: a topology's routers count up from it)."""
-        return self.moved.setdefault(f"base {old}", str(free_port_block(40)))
+        return self.moved.setdefault(f"base {old}", str(_free_port(40)))
 
     def __call__(self, text: str) -> str:
         text = re.sub(r"--base-port (\d{4})\b",
