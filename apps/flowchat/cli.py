@@ -75,7 +75,8 @@ peers declared disconnected because they were heard but blocked); 11 hasten satu
 leader saturation (7 messages/s of 1 KB per site, ~110% of a link: senders slowed); 13
 site-restart and 14 leader-restart (a server restarts after 240 s, down 10 s, keeping its
 display marks: live traffic first, history late, nothing shown twice); 15 hasten A3 and 16
-leader A3 (3-way partition, 10 s down / 30 s up); 17 hasten mixed (one site overloaded).
+leader A3 (3-way partition, 10 s down / 30 s up); 17 hasten mixed (one site overloaded); 18
+hasten A4 and 19 leader A3 on eight sites (topologies/chat-8sites.toml).
 
 --ls sites (default) makes every site router a member of the room's location service, so
 site-to-site chat uses the direct 56 kbit/s links as in the seed's test-bed and each side of
@@ -107,10 +108,10 @@ def _igo_options(p: argparse.ArgumentParser) -> None:
                    help="deliver at most R messages per second to clients (spreads the "
                         "bursts after reconciliation; default: no limit)")
     g.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                   help="a site heard but blocked this long without progress (its missing "
-                        "messages, or the leader's order stream: a flapping link) counts as "
-                        "disconnected and is reconciled later (default: missed x heartbeat "
-                        "+ 2, i.e. 8 s)")
+                   help="a site heard, but one of whose messages (or, following a leader, an "
+                        "order number) has been known to exist and missing this long (a "
+                        "flapping link) counts as disconnected and is reconciled later "
+                        "(default: missed x heartbeat + 2, i.e. 8 s)")
     g.add_argument("--send-window", type=int, default=32768, metavar="BYTES",
                    help="own bytes in flight (not yet acknowledged by every connected site) "
                         "at most; beyond it messages wait and the site is congested "

@@ -33,6 +33,8 @@ Beyond the seed (``--only NAME`` or ``--only all``; :data:`~flowchat.scenarios.S
 15     all-to-all, hasten    A3        10 / 30           3-way partition, each side chats on
 16     leader                A3        10 / 30           sides cut from the leader: local chat
 17     all-to-all, hasten    mixed     no faults         one site overloaded, only it slowed
+18     all-to-all, hasten    A4 (8)    10 / 30           8 sites, two halves (chat-8sites.toml)
+19     leader                A3 (8)    10 / 30           8 sites, three groups
 =====  ====================  ========  ================  ====================================
 
 Workload (seed 6.2): 4 sites, each sending with inter-message gaps uniform in [0, 1] s

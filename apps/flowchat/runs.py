@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrouter.testbed import topology as T
+from flowrouter.testbed.topofiles import find_topology
 
 from .igo import Delivery
 from .protocol import SAY, encode_chat, room_flow
@@ -18,7 +19,6 @@ from .scenarios import (
     DEFAULT_TOPOLOGY,
     LEADER_ENDPOINT,
     LEADER_SITE,
-    SITES,
     Experiment,
     RunResult,
     config_record,
@@ -46,17 +46,18 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
 
     from .sim_adapter import SimSite
 
-    topo = T.load(topology)
+    chatting = exp.sites  # the sites that chat in this experiment
+    topo = T.load(find_topology(exp.topology) if exp.topology else topology)
     lsid = topo.lsids()[0]
     if ls == "sites":
-        topo = ls_at_sites(topo, lsid)
+        topo = ls_at_sites(topo, lsid, chatting)
     elif ls != "hub":
         raise ValueError("ls must be 'sites' or 'hub'")
     net = SimNetwork.from_topology(topo, seed=seed, scenario=exp.scenario, strict=True)
     flow = room_flow("seed003", lsid)
-    cfg = igo_config(exp, SITES, **(config or {}))
+    cfg = igo_config(exp, chatting, **(config or {}))
     sites: dict[str, SimSite] = {}
-    for i, name in enumerate(SITES):
+    for i, name in enumerate(chatting):
         sites[name] = SimSite(net, net.endpoints[f"{name}-client"], flow, cfg, name, tick=tick,
                               incarnation=1000 + i)
     if exp.mode == "leader":
@@ -66,9 +67,9 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
         s.start()
     rng = random.Random(f"{seed}/bots")
     rate = rate or exp.rate or DEFAULT_RATE  # the run's, else the scenario's
-    rates = {n: dict(exp.site_rates).get(n, rate) for n in SITES}
+    rates = {n: dict(exp.site_rates).get(n, rate) for n in chatting}
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
-    highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
+    highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in chatting}
 
     def track(name: str) -> Any:
         def on_deliver(d: Delivery) -> None:
@@ -77,7 +78,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
                 h[d.origin] = d.seq
         return on_deliver
 
-    for name in SITES:
+    for name in chatting:
         sites[name].on_deliver = track(name)
 
     slowed: dict[str, float] = defaultdict(float)  #: seconds each site's bot was held back
@@ -95,7 +96,7 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
     def come_up(name: str, marks: list[tuple[str, int, int]]) -> None:
         ep = net.endpoints[LEADER_ENDPOINT if name == LEADER_SITE else f"{name}-client"]
         new = SimSite(net, ep, flow, cfg, name, tick=tick, shown=marks)
-        if name in SITES:
+        if name in chatting:
             new.on_deliver = track(name)
         sites[name] = new
         new.start()
@@ -117,33 +118,33 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
         site.submit(encode_chat(SAY, f"bot@{name}", f"{name} message {seq}", pad_to=size))
         net.after(rng.uniform(0.0, 2.0 / rates[name]), bot, name)
 
-    for name in SITES:
+    for name in chatting:
         net.schedule(start + rng.uniform(0.0, 1.0 / rate), bot, name)
     t0 = time.perf_counter()
     net.run_until(duration)
     wall = time.perf_counter() - t0
     outages = outages_of(topo, exp.scenario, duration)
     first = {n: before.get(n, s) for n, s in sites.items()}
-    res = RunResult(exp, duration, SITES,
+    res = RunResult(exp, duration, chatting,
                     {n: (before[n].deliveries if n in before else []) + s.deliveries
-                     for n, s in sites.items() if n in SITES},
+                     for n, s in sites.items() if n in chatting},
                     {n: (before[n].events if n in before else []) + s.events
                      for n, s in sites.items()},
-                    {n: first[n].ordering.seq for n in SITES}, send_vectors, outages,
-                    scenario_groups(exp, SITES),
+                    {n: first[n].ordering.seq for n in chatting}, send_vectors, outages,
+                    scenario_groups(exp, chatting),
                     {n: dict(sum((Counter(r.ordering.counters) for r in {first[n], s}),
                                  Counter()))
                      for n, s in sites.items()}, wall, "sim")
-    res.extra["runs"] = {n: len(old.deliveries) for n, old in before.items() if n in SITES}
+    res.extra["runs"] = {n: len(old.deliveries) for n, old in before.items() if n in chatting}
     res.extra["restart"] = ({"site": exp.restart, "at": exp.restart_at,
                              "up": exp.restart_at + exp.restart_down,
                              "before": before[exp.restart].deliveries,
                              "after": sites[exp.restart].deliveries,
                              "counters": dict(sites[exp.restart].ordering.counters)}
                             if exp.restart in before else None)
-    res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
+    res.extra["config"] = config_record(sites[chatting[0]].ordering.cfg)
     res.extra["link_drops"] = dict(net.link_drops())
-    res.extra["slowed"] = {n: round(slowed[n], 1) for n in SITES}
+    res.extra["slowed"] = {n: round(slowed[n], 1) for n in chatting}
     res.extra["bytes"] = {n: s.bytes_by_kind() for n, s in sites.items()}
     res.extra["ls"] = ls
     res.extra["leader_deliveries"] = (len(sites[LEADER_SITE].deliveries)
@@ -166,16 +167,17 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
 
     from .flow_adapter import FlowSite
 
-    topo = T.load(topology)
+    chatting = exp.sites  # the sites that chat in this experiment
+    topo = T.load(find_topology(exp.topology) if exp.topology else topology)
     lsid = topo.lsids()[0]
     if ls == "sites":
-        topo = ls_at_sites(topo, lsid)
+        topo = ls_at_sites(topo, lsid, chatting)
     launcher = Launcher(topo, scenario=exp.scenario, duration=duration, view=False,
                         workdir=workdir, base_port=base_port)
     flow = room_flow("seed003", lsid)
-    cfg = igo_config(exp, SITES, **(config or {}))
-    names = list(SITES) + ([LEADER_SITE] if exp.mode == "leader" else [])
-    endpoint_of = {n: f"{n}-client" for n in SITES}
+    cfg = igo_config(exp, chatting, **(config or {}))
+    names = list(chatting) + ([LEADER_SITE] if exp.mode == "leader" else [])
+    endpoint_of = {n: f"{n}-client" for n in chatting}
     endpoint_of[LEADER_SITE] = LEADER_ENDPOINT
     sites: dict[str, FlowSite] = {}
     clients: list[Any] = []
@@ -183,9 +185,9 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
     report = LaunchReport(topo.name, exp.scenario, duration)
     rng = random.Random(f"{seed}/bots")
     rate = rate or exp.rate or DEFAULT_RATE  # the run's, else the scenario's
-    rates = {n: dict(exp.site_rates).get(n, rate) for n in SITES}
+    rates = {n: dict(exp.site_rates).get(n, rate) for n in chatting}
     send_vectors: dict[tuple[str, int], dict[str, int]] = {}
-    highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in SITES}
+    highest: dict[str, dict[str, int]] = {n: defaultdict(int) for n in chatting}
     slowed: dict[str, float] = defaultdict(float)
     t_origin = 0.0
     try:
@@ -223,7 +225,7 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
                                         pad_to=size))
                 await asyncio.sleep(rng.uniform(0.0, 2.0 / rates[name]))
 
-        for name in SITES:
+        for name in chatting:
             tasks.append(asyncio.ensure_future(bot(name)))
         for t, fault, down in launcher.fault_events():
             tasks.append(asyncio.ensure_future(launcher.fault_at(t, fault, down, report)))
@@ -241,15 +243,15 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
                 pass
         await launcher.stop_routers()
     outages = outages_of(topo, exp.scenario, duration)
-    res = RunResult(exp, duration, SITES,
-                    {n: list(sites[n].deliveries) for n in SITES},
+    res = RunResult(exp, duration, chatting,
+                    {n: list(sites[n].deliveries) for n in chatting},
                     {n: list(s.events) for n, s in sites.items()},
-                    {n: sites[n].ordering.seq for n in SITES}, send_vectors, outages,
-                    scenario_groups(exp, SITES),
+                    {n: sites[n].ordering.seq for n in chatting}, send_vectors, outages,
+                    scenario_groups(exp, chatting),
                     {n: dict(s.ordering.counters) for n, s in sites.items()}, duration, "real")
-    res.extra["config"] = config_record(sites[SITES[0]].ordering.cfg)
+    res.extra["config"] = config_record(sites[chatting[0]].ordering.cfg)
     res.extra["faults_applied"] = report.faults_applied
-    res.extra["slowed"] = {n: round(slowed[n], 1) for n in SITES}
+    res.extra["slowed"] = {n: round(slowed[n], 1) for n in chatting}
     res.extra["workdir"] = str(launcher.workdir)
     res.extra["ls"] = ls
     return res

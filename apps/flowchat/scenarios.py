@@ -16,6 +16,10 @@ from .igo import Delivery, IGOConfig
 SITES = ("metropol", "commonwe", "kingdom", "republic")
 
 
+#: the eight sites of topologies/chat-8sites.toml
+SITES8 = SITES + ("duchy", "empire", "federat", "princip")
+
+
 LEADER_SITE = "hub"
 
 
@@ -40,6 +44,9 @@ class Experiment:
     restart_at: float = 0.0  #: ... at this time ...
     restart_down: float = 0.0  #: ... and is down this long (its display marks kept)
     site_rates: tuple[tuple[str, float], ...] = ()  #: per-site messages/s (mixed loads)
+    topology: str | None = None  #: another topology file (default seed003-testbed.toml)
+    sites: tuple[str, ...] = SITES  #: the chatting sites (each with endpoint SITE-client)
+    sides: tuple[tuple[str, ...], ...] = ()  #: the partition's sides (default: by scenario)
 
     @property
     def name(self) -> str:
@@ -103,6 +110,14 @@ SCENARIOS: tuple[Experiment, ...] = (
                "only metropol is slowed, the others' latency stays low",
                site_rates=(("metropol", 8.0), ("commonwe", 1.0), ("kingdom", 1.0),
                            ("republic", 1.0))),
+    Experiment(18, "hasten", "A4", 10, 30,
+               "8 sites, two halves apart 10 s in every 40: each half chats on, the other's "
+               "messages come back late, no gaps", topology="chat-8sites.toml",
+               sites=SITES8, sides=(SITES8[:4], SITES8[4:])),
+    Experiment(19, "leader", "A3", 10, 30,
+               "8 sites in three groups, 10 s in every 40; the group with the leader orders, "
+               "the others chat locally", topology="chat-8sites.toml",
+               sites=SITES8, sides=(SITES8[:2], SITES8[2:5], SITES8[5:])),
 )
 
 
@@ -166,6 +181,8 @@ class RunResult:
 def scenario_groups(exp: Experiment, sites: Sequence[str]) -> dict[str, set[str]]:
     """Which sites share a side with each site during the scenario's outages."""
     s = set(sites)
+    if exp.sides:
+        return {x: next(set(g) for g in exp.sides if x in g) for x in sites}
     if exp.scenario.startswith("A1"):
         sides = [{"metropol"}, s - {"metropol"}]
     elif exp.scenario.startswith("A2"):

@@ -72,8 +72,8 @@ any is in S3, else S1. Reconnecting from S2 reconciles (the gap is repaired, so 
 gaps in per-site sequence numbers**); reconnecting from S3 does not: the stream resumes at the
 site's current sequence number and the skipped ones are a visible gap (or, with
 ``long_term_reconcile``, fetched later at a low rate, see below). A peer that is heard but
-*stalled* (its missing messages, or the leader's order stream, blocked for ``stall_timeout``
-without progress: a flapping link passes heartbeats but loses data) goes to S2 too
+*stalled* (one of its messages, or of the leader's order numbers, known to exist and missing
+for ``stall_timeout``: a flapping link passes heartbeats but loses data) goes to S2 too
 (:mod:`.stall`), so delivery does not wait behind it for as long as the flapping lasts.
 
 **Restarts: streams are (site, incarnation).** A restarted site starts its sequence numbers

@@ -56,9 +56,9 @@ class IGOConfig:
     display_burst: int = 10
     leader_reconcile_cut_site: bool = False  #: seed: a site cut off from the leader is not
     #: sent what the others said meanwhile; True repairs its order stream (late messages)
-    stall_timeout: float | None = None  #: a peer heard but blocked this long without
-    #: progress (its missing messages, or the leader's order stream) counts as disconnected
-    #: (S2); None: detect_after + 2 s (8 s with the seed's heartbeats), so a stall is
+    stall_timeout: float | None = None  #: a peer heard but with a message known and missing
+    #: this long (or, following a leader, an order number) counts as disconnected (S2);
+    #: None: detect_after + 2 s (8 s with the seed's heartbeats), so a stall is
     #: declared no sooner than silence would be
     send_window: int | None = 32768  #: own bytes in flight (not yet acknowledged by every
     #: connected peer) at most; beyond it messages wait in the outbox and the site is
@@ -126,7 +126,7 @@ class IGOConfig:
 
     @property
     def stall_after(self) -> float:
-        """Blocked without progress this long, a heard peer counts as disconnected."""
+        """A message known and missing this long, a heard peer counts as disconnected."""
         return self.stall_timeout if self.stall_timeout is not None else self.detect_after + 2.0
 
     def index(self, site: str) -> int:

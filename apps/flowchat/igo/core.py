@@ -153,7 +153,6 @@ class SiteCore:
         #: own messages in flight and the outbox (congestion), see flowcontrol.py
         self.flow = SendWindow(config.send_window, config.outbox_limit)
         self._congested = False
-        self._order_progress_at = now  #: leader mode: when next_g last advanced
         self._fetch_tries: dict[tuple[int, int], int] = {}  #: (origin, inc) -> retries
         self._draining = False
         self.deliveries = 0

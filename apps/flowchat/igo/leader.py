@@ -257,7 +257,6 @@ class LeaderOrdering(SiteCore):
             del self._orders[g]
             self._fetch_due.pop((o, inc, s), None)
             self.next_g += 1
-            self._order_progress_at = now
         if (self._orders and min(self._orders) > self.next_g
                 and self._order_nack_due is None):
             self._order_nack_due = now + self.cfg.nack_delay

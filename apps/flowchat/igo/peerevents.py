@@ -31,7 +31,7 @@ class PeerEvent(enum.Enum):
     RECONCILED = "reconciled"  #: back in S2 and every message it sent has arrived
     RESTARTED = "restarted"  #: a new incarnation of the peer
     STALLED = "stalled"  #: heard, but its messages (or the order stream) blocked for
-    #: stall_timeout without progress (a flapping link): a short-term disconnect
+    #: stall_timeout, though known to exist (a flapping link): a short-term disconnect
 
 
 _S = PeerState

@@ -135,18 +135,25 @@ class PeerStates(SiteCore):
                 self._peer_event(p, PeerEvent.SILENT, now)
 
     def _detect_stalls(self, now: float) -> None:
-        """Head-of-line stalls (:mod:`.stall`): a connected peer whose stream has had a gap
-        for ``stall_timeout`` without progress, or (a site following a leader) an order
-        stream blocked that long, is a short-term disconnect (``STALLED``): heard, but not
-        usable, so the ordering goes on without it and reconciles it later."""
+        """Head-of-line stalls (:mod:`.stall`): a connected peer one of whose messages has
+        been known to exist and missing for ``stall_timeout``, or (a site following a
+        leader) an order number known and undelivered that long, or one of our messages
+        the leader has not acknowledged that long, is a short-term disconnect
+        (``STALLED``): heard, but not usable, so the ordering goes on without it and
+        reconciles it later."""
         watch = self.stalls
+        # a site following a leader watches the leader's order stream (below): it fetches
+        # only what ORDER entries name, so its peers' streams keep gaps by design
+        follower = self.mode == "leader" and not self.is_leader
         for p in self.peers.values():
             st = self.streams[p.idx]
-            if p.state is not PeerState.S1:
+            if p.state is not PeerState.S1 or follower:
                 watch.reset(p.idx)
                 continue
-            blocked = st.synced and st.known_high > st.contiguous
-            if watch.stalled(p.idx, blocked, st.progress_at, now):
+            if not st.synced:
+                watch.reset(p.idx)
+                continue
+            if watch.missing_stalled(p.idx, st.known_high, st.contiguous, now):
                 watch.reset(p.idx)
                 self.counters["stall.detected"] += 1
                 self._peer_event(p, PeerEvent.STALLED, now)
@@ -155,11 +162,18 @@ class PeerStates(SiteCore):
             if lp.state is not PeerState.S1 or not self._order_synced:
                 watch.reset("order")
                 return
-            blocked = self.next_g <= self.g_high or bool(self._orders)
-            # our own messages wait for their order number too (the leader may lack them)
+            # the order stream: an order number known to exist (from an ORDER record or
+            # the leader's heartbeat) and not delivered for the time-out (its entry or its
+            # data does not get through, or only a little in each up window)
+            known = max([self.g_high, *self._orders])
+            # our own messages the leader has not acknowledged (it lacks them: our data
+            # does not get through) count too; ones it holds merely wait their turn
+            held = (lp.acks[self.me] if len(lp.acks) == self.n and len(lp.ack_incs) == self.n
+                    and lp.ack_incs[self.me] == self.inc else 0)
             oldest = min((m.rx for m in self._awaiting_order.values()
-                          if m.seq not in self._local_delivered), default=now)
-            if (watch.stalled("order", blocked, self._order_progress_at, now)
+                          if m.seq > held and m.seq not in self._local_delivered),
+                         default=now)
+            if (watch.missing_stalled("order", known, self.next_g - 1, now)
                     or now - oldest >= watch.timeout):
                 watch.reset("order")
                 self.counters["stall.detected-order"] += 1
