@@ -34,7 +34,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from flowrouter.wire.bands import BAND_APP_MEMBERSHIP, DEFAULT_DATA_BAND
+from flowrouter.wire.bands import BAND_APP_MEMBERSHIP, BAND_FAULT, DEFAULT_DATA_BAND
+from flowrouter.wire.control import Fault
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import DEFAULT_TTL
 
@@ -47,11 +48,11 @@ from .checks import (
     listen_mask,
     parse_router_address,
 )
-from .connection import Connection, log
+from .connection import Connection, call_hook, log
 from .credentials import load_capability
 from .delivery import Delivery
 from .errors import ConnectError
-from .events import Event, JoinAnswered, MessageDropped, RejoinNeeded
+from .events import Event, JoinAnswered, MessageDropped, RejoinNeeded, RouterFault
 from .failover import Failover, FailoverEvent
 from .flowtable import FlowTable
 from .fragment import Reassembler
@@ -64,6 +65,7 @@ from .options import (
     ClientOptions,
     DisconnectHook,
     FailoverHook,
+    RouterFaultHook,
 )
 from .queue import DEFAULT_QUEUE_SIZE, Listener, Overflow
 from .sending import Payload, Sender
@@ -107,6 +109,13 @@ class FlowClient:
         self._members = Membership(self._conn, self._flows, self._delivery, o.state_dir)
         self._failover = Failover(self._conn, self._members, self._delivery)
         self._sender = Sender(self._conn)
+        #: called with each fault the router reports about this client's link (a
+        #: :class:`~flowlib.Fault`, e.g. kind ``LIMIT`` with ``extra["limit"]`` =
+        #: ``"work-budget"``: it held back or dropped some of our requests)
+        self.on_router_fault: RouterFaultHook | None = o.on_router_fault
+        #: the last such fault, and how many came
+        self.last_router_fault: Fault | None = None
+        self.router_faults = 0
         self._conn.on_event = self._on_event
         self._conn.on_message = self._delivery.deliver
         self._conn.on_messages = self._delivery.deliver_all
@@ -123,6 +132,18 @@ class FlowClient:
                 self._delivery.dropped(event, fe)
         elif isinstance(event, RejoinNeeded):
             self._members.rejoin(event.key)
+        elif isinstance(event, RouterFault):
+            self._router_fault(event.fault)
+
+    def _router_fault(self, fault: Fault) -> None:
+        """The router's fault about our link: logged, kept, given to ``on_router_fault``
+        and, as a message on the fault band, to every listener whose mask has that band."""
+        self.router_faults += 1
+        self.last_router_fault = fault
+        log.warning("router %s reports a fault about this link: %s: %s",
+                    self.router_name, fault.kind.name, fault.detail)
+        self._delivery.link_notice(BAND_FAULT, fault)
+        call_hook(self.on_router_fault, fault, "on_router_fault")
 
     # ------------------------------------------------------------------ state
     @property
@@ -457,6 +478,13 @@ async def connect(addresses: Address | Sequence[Address], *, timeout: float = 5.
     ConnectionLost; *reconnect_min*/*reconnect_max* bound the back-off between rounds of
     attempts; *failover_send_timeout* bounds how long ``send`` waits during a failover (None:
     as long as it lasts); *on_failover* is called with a :class:`FailoverEvent` after each.
+
+    Router faults: when the router reports trouble with this client's link itself (a
+    ``LIMIT`` fault when its per-tick work budget held back or dropped our requests,
+    ``extra["limit"]`` naming which), the client logs a warning, counts it
+    (``router_faults``, ``last_router_fault``), calls *on_router_fault* with the
+    :class:`~flowlib.Fault` (it may be a coroutine function), and hands it, as a message on
+    the fault band (17), to every listener of every flow whose mask has that band.
 
     Large messages: *max_message_size* is the largest message sent or reassembled,
     *max_reassembly_bytes* the reassembly memory, *reassembly_timeout* how long an incomplete

@@ -3,7 +3,8 @@
 :class:`Delivery` keeps the listeners of every flow, hands each received message to those
 whose mask has its band (the payload was copied out of the read buffer once and is shared),
 and raises rate-limited local notices (:mod:`flowlib.notices`) on the overflow band when a
-queue overflows or a fragmented message is dropped, and on the fault band for failovers. Part
+queue overflows or a fragmented message is dropped, and on the fault band for failovers
+and for the router's faults about the whole link (to every fault-band listener). Part
 of the asyncio shell (listeners are asyncio queues); imports flowlib's leaf modules and the
 wire layer.
 """
@@ -128,6 +129,17 @@ class Delivery:
                     msg = Message(flow, band, fault.encode())
                 lst.feed(msg)
         self.counters[f"notices.{'fault' if band == BAND_FAULT else 'overflow'}"] += 1
+
+    def link_notice(self, band: int, fault: C.Fault) -> None:
+        """Deliver a notice about the whole router link to every listener, of any flow,
+        whose mask has *band* (each gets it as a message of its own flow)."""
+        bit = 1 << band
+        data = fault.encode()
+        for listeners in self.by_flow.values():
+            for lst in listeners:
+                if lst.bits & bit:
+                    lst.feed(Message(lst.flow, band, data))
+        self.counters["notices.link"] += 1
 
     def overflowed(self, lst: Listener) -> None:
         """*lst* dropped a message: maybe notify (rate-limited, see :mod:`flowlib.notices`)."""

@@ -67,6 +67,16 @@ class MessageDropped:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterFault:
+    """The router itself reported a fault about this link on the fault band of the link-local
+    flow (e.g. ``LIMIT`` / ``work-budget``: it held back or dropped some of our requests).
+    Only the router we are linked to can send link-local frames; the shell tells the
+    application (``FlowClient.on_router_fault``, every fault-band listener)."""
+
+    fault: C.Fault
+
+
+@dataclass(frozen=True, slots=True)
 class RejoinNeeded:
     """The router holds no state for flow *key* (NOT_ON_TREE / PRUNE): join it again."""
 
@@ -92,4 +102,4 @@ Received = tuple[bytes, int, Message]
 MessageSink = Callable[[list[Received]], None]
 
 Event = HandshakeDone | LinkFailed | JoinAnswered | MessageReceived | MessageDropped | \
-    RejoinNeeded
+    RejoinNeeded | RouterFault

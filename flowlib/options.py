@@ -41,6 +41,8 @@ DEFAULT_RECONNECT_MAX = 2.0  #: longest back-off between rounds (seconds)
 DisconnectHook = Callable[[FlowError | None], Any]
 #: ``on_failover``: called with each completed failover
 FailoverHook = Callable[[FailoverEvent], Any]
+#: ``on_router_fault``: called with each fault the router reports about this client's link
+RouterFaultHook = Callable[[C.Fault], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ class ClientOptions:
     reconnect_min: float = DEFAULT_RECONNECT_MIN
     reconnect_max: float = DEFAULT_RECONNECT_MAX
     on_failover: FailoverHook | None = None
+    on_router_fault: RouterFaultHook | None = None
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     max_reassembly_bytes: int = DEFAULT_MAX_REASSEMBLY_BYTES
     reassembly_timeout: float = DEFAULT_REASSEMBLY_TIMEOUT
@@ -128,4 +131,4 @@ OPTION_NAMES = frozenset(f.name for f in fields(ClientOptions))
 
 __all__ = ["ClientOptions", "OPTION_NAMES", "DEFAULT_REQUEST_TIMEOUT",
            "DEFAULT_FAILOVER_TIMEOUT", "DEFAULT_RECONNECT_MIN", "DEFAULT_RECONNECT_MAX",
-           "DisconnectHook", "FailoverHook"]
+           "DisconnectHook", "FailoverHook", "RouterFaultHook"]

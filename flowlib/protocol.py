@@ -32,6 +32,7 @@ from flowrouter.wire.appdgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
 from flowrouter.wire.appmembers import decode_notice
 from flowrouter.wire.bands import (
     BAND_APP_MEMBERSHIP,
+    BAND_FAULT,
     BAND_GC,
     BAND_MEMBERSHIP,
     ROUTER_BANDS_END,
@@ -52,6 +53,7 @@ from .events import (
     MessageSink,
     Received,
     RejoinNeeded,
+    RouterFault,
 )
 from .flowtable import FlowEntry, FlowTable
 from .fragment import (
@@ -278,6 +280,9 @@ class ClientProtocol:
                 if ROUTER_ONLY_BANDS >> band & 1 and not self._from_router(band, header,
                                                                              payload):
                     continue
+                if key[8:12] == _ZERO_LSID:  # only our router itself speaks link-local
+                    self._on_link_notice(band, payload)
+                    continue
                 if payload and payload[0] == 0xFF:  # maybe a fragment or an escape
                     msg = self._on_marked(key, header, payload, band, now)
                     if msg is None:
@@ -301,6 +306,18 @@ class ClientProtocol:
         if received and sink is not None:
             sink(received)
         return bool(events or self._out or self.deadline_moved)
+
+    def _on_link_notice(self, band: int, payload: memoryview) -> None:
+        """A frame on a band >= 16 of the link-local flow: the router's own word about this
+        link. A fault (band 17, already checked to be a whole fault message) becomes a
+        :class:`RouterFault` event; anything else is counted and ignored."""
+        if band != BAND_FAULT:
+            self.counters["control.ignored-link-band"] += 1
+            return
+        fault = C.decode(payload)
+        assert isinstance(fault, C.Fault)  # _from_router let nothing else through
+        self.counters["faults.router"] += 1
+        self._events.append(RouterFault(fault))
 
     def _protocol_error(self, reason: str) -> None:
         """The router sent something we cannot trust: drop the link, say why."""
