@@ -218,3 +218,14 @@ def test_eight_sites_partitioned_keep_the_ordering_properties(number: int) -> No
         assert len(stalled & set(with_leader)) <= 1
         for site in set(with_leader) - stalled:
             assert not any(r["gap_detail"][site].get(o) for o in with_leader), r["gap_detail"]
+
+
+def test_restart_scenarios_are_simulator_only(tmp_path) -> None:
+    """A restart after 240 s of chat is a long real-time run: ``--real`` skips it (and
+    ``run_real`` refuses it) instead of running the scenario without its restart."""
+    lines: list[str] = []
+    rows = X.run_all(X.select("site-restart,leader-restart"), out=tmp_path, real=True,
+                     echo=lines.append)
+    assert rows == [] and len(lines) == 2 and all("simulator only" in x for x in lines)
+    with pytest.raises(ValueError, match="simulator only"):
+        X.run_real(X.select("site-restart")[0], duration=1.0)

@@ -165,6 +165,9 @@ async def run_real_async(exp: Experiment, *, topology: str | Path = DEFAULT_TOPO
     import flowlib
     from flowrouter.testbed.launcher import Launcher, LaunchReport
 
+    if exp.restart:
+        raise ValueError(f"{exp.name} restarts a server: simulator only (run_sim)")
+
     from .flow_adapter import FlowSite
 
     chatting = exp.sites  # the sites that chat in this experiment
