@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "link": ("peer=NAME up=true|false", "take the link to router NAME administratively "
              "down (closed, not re-dialled) or up again"),
     "emulate": ("peer=NAME [bandwidth=BPS] [delay=S] [loss=P] [down=true|false]",
-                "emulate a slow, far, lossy or cut link toward router NAME (all zero: off)"),
+                "emulate a slow, far, lossy or cut link toward router NAME (peer=NAME alone: off)"),
     "reload": ("", "read the configuration again and apply it live (as SIGHUP); the reply "
                "lists what changed, or why nothing did"),
     "drain": ("[grace=S]", "stop accepting, tell applications to move to another router, "
