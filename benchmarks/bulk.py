@@ -130,13 +130,17 @@ def flow_keys(key: bytes, n: int) -> list[bytes]:
 
 
 def join_many(sock: socket.socket, keys: list[bytes], mask: int) -> None:
-    """Join every key of *keys* on an attached socket: JOINs pipelined, in rounds of a few
-    thousand, each round's acks awaited (the router's join quota is raised for this)."""
+    """Join every key of *keys* on an attached socket: JOINs pipelined in rounds of 1,000,
+    each round's acks awaited and a router tick let by (the router's join quota is raised
+    for this; it handles at most 1,024 control messages of one application per tick and
+    drops the rest)."""
     from flowrouter.wire import control as C
 
     buf = bytearray()
-    for at in range(0, len(keys), 4000):
-        part = keys[at:at + 4000]
+    for at in range(0, len(keys), 1000):
+        if at:
+            time.sleep(0.3)  # past the router's tick (0.25 s)
+        part = keys[at:at + 1000]
         sock.sendall(b"".join(_frame(k, 0, C.Join(1, mask).encode()) for k in part))
         left = len(part)
         while left:
