@@ -171,6 +171,28 @@ def test_overflow_feedback_lowers_that_band_and_recovery_raises_it_again() -> No
     assert core.encoding(40).fps == 8.0 and core.encoding(40).quality == 80  # type: ignore
 
 
+def test_key_pictures_come_on_join_and_request_but_at_most_one_per_key_interval() -> None:
+    core = StreamerCore(cfg(fps=10.0, key_interval=0.5), 0.0)
+    core.on_request("a", 41, 0.0)
+    keys: list[float] = []
+    t = 0.0
+    while t < 3.0:
+        if round(t * 100) % 10 == 0:   # a sender asking for a key picture every 0.1 s
+            core.on_request("a", 41, t, key=True)
+        if abs(t - 2.02) < 1e-9:
+            core.on_request("b", 41, t)  # a new viewer joins
+        keys += [t for a in core.poll(t) if isinstance(a, Encode) and a.key]
+        t = round(t + 0.01, 6)
+    assert keys[0] == 0.0                              # the start
+    assert all(b - a >= 0.5 - 1e-9 for a, b in zip(keys, keys[1:])), keys
+    assert 5 <= len(keys) <= 7                         # not 30: one per 0.5 s at most
+    quiet = StreamerCore(cfg(fps=10.0), 0.0)
+    quiet.on_request("a", 41, 0.0)
+    late = [t for t in (x / 100 for x in range(300)) for a in quiet.poll(t)
+            if isinstance(a, Encode) and a.key]
+    assert late == [0.0]                               # nobody asks: no key picture
+
+
 def test_feedback_for_an_idle_band_is_ignored() -> None:
     core = StreamerCore(cfg(), 0.0)
     assert core.on_feedback("v", 40, 5, 1.0) == []

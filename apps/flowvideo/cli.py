@@ -79,7 +79,8 @@ What senders on the flow can make the streamer do. Viewers are the names in thei
 names, and --max-active N caps the resolutions encoding at once (default 0: all), whatever
 names ask. A congestion report counts only from a current viewer of that resolution, and cuts
 it only when more than --feedback-share (0.5) of its viewers reported within a request
-period: one viewer cannot degrade the others' pictures. --state-key FILE (the same secret
+period: one viewer cannot degrade the others' pictures. Key-picture requests (H.264, VP8)
+get at most one key picture per resolution per 0.5 s. --state-key FILE (the same secret
 file at the primary and its backup; 32+ hex digits or 16+ bytes) seals state messages with
 HMAC-SHA256 and makes both believe only sealed ones: without it any sender on the state band
 can make a primary step down or keep a backup from taking over.

@@ -26,7 +26,8 @@ the position skips ahead rather than bursting). Its media time is the pictures' 
 
 Key pictures: a request from a viewer new on a band, or one flagged ``key`` (a viewer that
 lost a picture an inter-frame decoder needs), marks the band's next picture as a key picture
-(:attr:`Encode.key`); so do a start, a change of scale and a takeover.
+(:attr:`Encode.key`); so do a start, a change of scale and a takeover. At most one per
+``key_interval`` (0.5 s) per band: a sender repeating key requests gets no more.
 
 **What one viewer can make the streamer do** (a viewer is a name in its messages: flowlib
 tells no sender's identity, so names are claims). A name holds one band at a time: its
@@ -94,6 +95,7 @@ class StreamConfig:
     #: longest wait before probing upward again (at least recover_after)
     max_recover_after: float = 16.0
     codec: int = P.CODEC_JPEG  #: how pictures are encoded (JPEG needs no extra package)
+    key_interval: float = 0.5  #: asked-for key pictures of a band at most one per this
     audio: bool = False        #: send sound on the audio band
     audio_chunk_ms: int = 40   #: media milliseconds of sound per audio message
     feedback_share: float = 0.5  #: a cut needs reports from more than this share of viewers
@@ -109,7 +111,7 @@ class StreamConfig:
         if not 1 <= self.min_quality <= self.quality <= 95:
             raise ValueError("need 1 <= min_quality <= quality <= 95")
         for name in ("request_period", "advert_period", "state_period", "dead_after",
-                     "feedback_hold", "recover_after", "fps_step"):
+                     "feedback_hold", "recover_after", "fps_step", "key_interval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.expire_periods < 1:
@@ -221,6 +223,7 @@ class Encoding:
     next_due: float = 0.0
     frames: int = 0           #: frames sent (the next frame's seq)
     key_due: bool = True      #: the next picture is a key picture
+    last_key: float = float("-inf")  #: when the last key picture was due
     viewers: dict[str, float] = field(default_factory=dict)  #: name -> last request
     reports: dict[str, float] = field(default_factory=dict)  #: name -> last congestion report
     grace_until: float = float("-inf")  #: resumed: kept on until then without any viewer
@@ -455,10 +458,14 @@ class StreamerCore:
             if changed is not None:
                 out.append(changed)
             if now >= enc.next_due:
+                # asked-for key pictures at most one per key_interval (requests are claims:
+                # a sender repeating them must not turn a band into key pictures only)
+                key = enc.key_due and now - enc.last_key >= cfg.key_interval
                 out.append(Encode(enc.band, enc.size(), enc.quality, enc.fps, enc.frames,
-                                  self.media_ms(now), enc.key_due))
+                                  self.media_ms(now), key))
                 enc.frames += 1
-                enc.key_due = False
+                if key:
+                    enc.key_due, enc.last_key = False, now
                 # the next frame one period after this one's slot; never a burst to catch up
                 enc.next_due = max(enc.next_due + 1 / enc.fps, now)
         out += self._audio_due(now)
