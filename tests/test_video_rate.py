@@ -181,9 +181,11 @@ def test_a_narrowing_path_steps_down_quality_and_then_picture_size() -> None:
     core = StreamerCore(config(), 0.0)
     slow = Watcher(ViewerCore("slow", HIGH, 0.0), Link(100_000))
     changes: list[RateChanged] = []
-    for i, rate in enumerate([100_000, 40_000, 16_000, 8_000, 3_000]):
+    t = 0.0
+    for rate, seconds in [(100_000, 30), (40_000, 30), (16_000, 30), (8_000, 30), (3_000, 90)]:
         slow.link.rate = rate
-        changes += simulate(core, [slow], 30.0 * i, 30.0 * (i + 1))
+        changes += simulate(core, [slow], t, t + seconds)
+        t += seconds
     cuts = [c for c in changes if c.why == "congestion"]
     # the frame rate first, then the quality, then the size
     first_q = next(i for i, c in enumerate(cuts) if c.quality < 75)

@@ -21,9 +21,11 @@ is the reference (those frames wait behind the queue the old rate built); one ``
 a delay that did not fall below it steps down again: a queue that drains needs no further
 cut, one that still grows does. Losses step down at once (after the hold).
 
-**Up** (:meth:`BandRate.recover`): after ``recover_wait`` seconds without any report the
+**Up** (:meth:`BandRate.recover`): after ``recover_wait`` seconds without any report (plus
+the path's delay: the longest delay reported in the last episode, since a raise shows at the
+viewer only that much later) the
 last step down is undone, one notch at a time in reverse order (scale, quality, then the
-frame rate by ``fps_step``). Each raise is a probe: a report within ``recover_wait`` of it
+frame rate by ``fps_step``). Each raise is a probe: a report within two such waits of it
 doubles ``recover_wait`` (up to ``max_recover_after``), so a band at the edge of its path's
 capacity does not oscillate quickly; a raise that holds halves it back toward
 ``recover_after``.
@@ -36,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DRAINING = 0.02  #: a delay this much below the reference: the queue drains (s)
+PROBE = 2.0      #: a report within this many waits after a raise: the raise was too much
 FIT = 0.85       #: share of the received rate a cut aims at (headers, other bands, margin)
 DRAIN_TIME = 4.0  #: a cut aims to drain the reported queue in about this long (s)
 MEAN_WEIGHT = 0.2  #: weight of a new picture in the mean picture size
@@ -72,6 +75,7 @@ class BandRate:
     ref_delay: float | None = None     #: the first delay heard at the new rate ...
     ref_at: float = 0.0                #: ... and when
     recover_wait: float = 0.0
+    path_delay: float = 0.0            #: the longest delay reported in the last episode
     last_raise: float | None = None
     picture_bytes: float = 0.0         #: mean size of its pictures lately
     cuts: int = 0
@@ -87,6 +91,7 @@ class BandRate:
         self.last_cut = self.last_signal = self.last_raise = None
         self.last_change, self.ref_delay = now, None
         self.recover_wait = lim.recover_after
+        self.path_delay = 0.0
 
     def resume(self, fps: float, quality: int, scale: int, now: float) -> None:
         """Continue another streamer's values, clamped to ours."""
@@ -120,8 +125,11 @@ class BandRate:
         captured (on the same clock as *now*; None: unknown); *received*: picture bytes per
         second the viewer got lately (0: unknown). Returns whether anything changed."""
         lim = self.limits
+        if self.last_signal is not None and now - self.last_signal > self._wait():
+            self.path_delay = 0.0  # a new episode
+        self.path_delay = max(self.path_delay, min(delay, lim.max_recover_after))
+        probe_failed = self.last_raise is not None and now - self.last_raise < PROBE * self._wait()
         self.last_signal = now
-        probe_failed = self.last_raise is not None and now - self.last_raise < self.recover_wait
         raised_since = self.last_raise is not None and self.last_cut is not None \
             and self.last_raise > self.last_cut
         if self.last_cut is not None and not raised_since:
@@ -169,7 +177,10 @@ class BandRate:
 
     def next_recover(self) -> float | None:
         """When :meth:`recover` may next raise (None: nothing to recover)."""
-        return None if self.full else self.quiet_since() + self.recover_wait
+        return None if self.full else self.quiet_since() + self._wait()
+
+    def _wait(self) -> float:
+        return self.recover_wait + self.path_delay
 
     def recover(self, now: float) -> bool:
         """Undo one step down if the band was quiet for ``recover_wait``."""
