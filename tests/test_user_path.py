@@ -275,3 +275,44 @@ def test_flowchat_bot_into_head(env: dict[str, str], tmp_path: Path, procs: _Pro
     _no_traceback(err)
     assert "Broken pipe" not in err, err
 
+
+
+# ---------------------------------------------------------------- Ctrl-C anywhere
+_CTRL_C = {
+    "flowcat listen": ["flowcat", "listen", "--router", "{router}", "3b7a33c72ae2f997:10:41"],
+    "flowdir serve": ["flowdir", "--router", "{router}", "serve"],
+    "flowchat server": ["flowchat", "server", "--site", "a", "--sites", "a", "--router",
+                        "{router}", "--room", "ops", "--no-directory"],
+    "flowchat experiment": ["flowchat", "experiment", "--no-plots", "--out", "out"],
+    "flowvideo watch": ["flowvideo", "watch", "--router", "{router}", "--flow",
+                        "3b7a33c72ae2f997:10:41", "--resolution", "160x120"],
+    "flowls run": ["flowls", "run", "--name", "ls9", "--lsid", "0x20", "--listen",
+                   "127.0.0.1:0"],
+    "flowrouter sim": ["flowrouter", "sim", "topologies/linear-20.toml", "--duration",
+                       "100000"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CTRL_C))
+def test_ctrl_c_exits_130_without_a_traceback(env: dict[str, str], tmp_path: Path,
+                                              procs: _Procs, name: str) -> None:
+    if name.startswith("flowvideo"):
+        pytest.importorskip("PIL")
+    router = _router(procs, free_port_block(1))
+    argv = [a.replace("{router}", router) for a in _CTRL_C[name]]
+    err_path = tmp_path / "err"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+    try:
+        time.sleep(4)  # running: connected, joined, simulating (no event to await outside)
+        assert proc.poll() is None, err_path.read_text()
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = err_path.read_text()
+    assert code == console.EXIT_INTERRUPTED, text
+    _no_traceback(text)

@@ -260,14 +260,21 @@ async def _server(a: argparse.Namespace) -> int:
           f"{srv.address[0]}:{srv.address[1]}" if srv.address else "", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     await stop.wait()
     if http is not None:
         await http.stop()
     await srv.stop()
-    return 0
+    # Ctrl-C exits 130, as every command does (README); SIGTERM is a normal stop (0)
+    return console.EXIT_INTERRUPTED if got[:1] == [signal.SIGINT] else 0
 
 
 def chat_source(srv: Any) -> Monitored:
