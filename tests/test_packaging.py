@@ -61,8 +61,11 @@ def _run(site: Path, cwd: Path, script: str, *args: str
 
 def test_the_wheel_carries_the_package_data(site: Path) -> None:
     shipped = site / "flowrouter" / "testbed" / "topologies"
-    assert {p.name for p in shipped.glob("*.toml")} >= {
-        "two-site.toml", "seed003-testbed.toml", "ring-uni-20.toml", "linear-20.toml"}
+    # every file of the checkout's topologies/ (a new one, or a new folder, included)
+    checkout = ROOT / "topologies"
+    want = {p.relative_to(checkout) for p in checkout.rglob("*") if p.is_file()}
+    assert want == {p.relative_to(shipped) for p in shipped.rglob("*") if p.is_file()}
+    assert {"two-site.toml", "seed003-testbed.toml"} <= {str(p) for p in want}
     assert (shipped / "README.md").is_file()
     deploy = shipped / "deploy"
     assert (deploy / "flowrouter.service").is_file() and (deploy / "README.md").is_file()
