@@ -293,6 +293,10 @@ _CTRL_C = {
 }
 
 
+#: what a command prints once it runs (the others are given a few seconds)
+_READY = {"flowchat server": "clients connect to"}
+
+
 @pytest.mark.parametrize("name", sorted(_CTRL_C))
 def test_ctrl_c_exits_130_without_a_traceback(env: dict[str, str], tmp_path: Path,
                                               procs: _Procs, name: str) -> None:
@@ -300,12 +304,19 @@ def test_ctrl_c_exits_130_without_a_traceback(env: dict[str, str], tmp_path: Pat
         pytest.importorskip("PIL")
     router = _router(procs, free_port_block(1))
     argv = [a.replace("{router}", router) for a in _CTRL_C[name]]
-    err_path = tmp_path / "err"
-    with err_path.open("w") as err:
-        proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+    err_path, out_path = tmp_path / "cmd.stderr", tmp_path / "cmd.stdout"
+    with err_path.open("w") as err, out_path.open("w") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=out,
                                 stderr=err, start_new_session=True)
     try:
-        time.sleep(4)  # running: connected, joined, simulating (no event to await outside)
+        # running: connected, joined, simulating (no event to await from outside: a bounded
+        # poll for the line a command prints once it runs, else a few seconds)
+        ready = _READY.get(name)
+        deadline = time.monotonic() + (60 if ready else 4)
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ready and ready in out_path.read_text():
+                break
+            time.sleep(0.1)
         assert proc.poll() is None, err_path.read_text()
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(60)
