@@ -51,11 +51,14 @@ def test_commands_for_an_unknown_peer_are_refused(cmd: dict[str, object]) -> Non
 
 
 @pytest.mark.parametrize("line", [b"[" * 100_000 + b"]" * 100_000, b'{"cmd": ' * 5000,
-                                  b"not json", b"[1, 2]", b'"status"'])
+                                  b"not json", b"[1, 2]", b'"status"', b'{"cmd": ["link"]}',
+                                  b'{"cmd": 7}', b'{"peer": "r2"}'])
 def test_malformed_control_input_gets_a_one_line_error_and_is_counted(
         line: bytes, caplog: pytest.LogCaptureFixture) -> None:
     """Deeply nested JSON used to raise RecursionError in the server: no answer, and a
-    traceback in the log. Every line that is not a JSON object is answered and counted."""
+    traceback in the log; so did a command name that is a list (unhashable, in the command
+    guard). Every line that is not a JSON object naming its command is answered and
+    counted."""
     async def go() -> None:
         async with RouterNode(NodeConfig("r1", listen=None, control="127.0.0.1:0")) as node:
             host, port = node.control_address

@@ -178,10 +178,12 @@ async def serve_client(node: Controlled, reader: asyncio.StreamReader,
                 req = json.loads(line)
             except (ValueError, RecursionError) as exc:  # deep nesting: RecursionError
                 req = exc
-            if not isinstance(req, dict):
+            if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
                 node.core.counters["control.malformed"] += 1
                 why = ("nested too deeply" if isinstance(req, RecursionError)
-                       else "not JSON" if isinstance(req, ValueError) else "not an object")
+                       else "not JSON" if isinstance(req, ValueError)
+                       else "not an object" if not isinstance(req, dict)
+                       else "its cmd is not a string")
                 writer.write(json.dumps({"ok": False, "error": "malformed control request "
                                          f"({why}): send one JSON object per line"}
                                         ).encode() + b"\n")
