@@ -125,9 +125,10 @@ def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_
 def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int) -> None:
     links, flows, frames, (cut, fb, db), absent, routes = sc
     native = native_engine()
-    twin = fastpath_py.Engine()
+    twin, plain_twin = fastpath_py.Engine(), fastpath_py.Engine()
     _load(native, links, flows, absent, routes)
     _load(twin, links, flows, absent, routes)
+    _load(plain_twin, links, flows, absent, routes)
     data = b"".join(frames)
     if cut and data:
         data = data[:-min(cut, len(data))]  # an incomplete last frame
@@ -136,11 +137,53 @@ def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int
         got = _run(native, in_link, data, *args, ref_min)
         assert got == _run(twin, in_link, data, *args, ref_min)
         if ref_min != NO_BUDGET:  # the same bytes leave as without references
-            plain = _run(twin, in_link, data, *args)
+            plain = _run(plain_twin, in_link, data, *args)
             assert [[(lk, _joined(out), k) for lk, out, k in c[2]] for c in got] == \
                 [c[2] for c in plain]
             assert [c[:2] + c[3:] for c in got] == [c[:2] + c[3:] for c in plain]
     assert native.sizes() == twin.sizes()
+    _same_flow_counts(native, twin, [key for key, *_ in flows] + [_key(4), _key(5)])
+
+
+def _same_flow_counts(native, twin, keys: list[bytes]) -> None:  # type: ignore[no-untyped-def]
+    """Per-flow counters (issue 28): the same frames and bytes per entry, kept as entries
+    leave the dense array (the last one moves into the hole) or absent keys are compacted
+    away, and handed back once on forgetting."""
+    assert sorted(native.all_flow_counts()) == sorted(twin.all_flow_counts())
+    assert [native.flow_counts(k) for k in keys] == [twin.flow_counts(k) for k in keys]
+    for key in keys[:1]:
+        assert native.forget_flow(key) == twin.forget_flow(key)
+        assert native.flow_counts(key) is None and native.forget_flow(key) is None
+    native.forget_absent()
+    twin.forget_absent()
+    assert [native.flow_counts(k) for k in keys] == [twin.flow_counts(k) for k in keys]
+    assert [native.forget_flow(k) for k in keys] == [twin.forget_flow(k) for k in keys]
+    assert native.all_flow_counts() == twin.all_flow_counts() == []
+
+
+def test_flow_counters_count_what_the_core_counts_in_its_entry() -> None:
+    """Forwarded frames and frames the tree's masks drop count, headers included; frames of
+    an absent key, and TTL-0 frames (dropped before the flow is looked up), do not."""
+    for eng in (fastpath_py.Engine(), native_engine()):
+        key, other = _key(1), _key(4)
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        eng.set_link(2, True, 65536, (0, 0, 0, 0))
+        eng.set_flow(key, 2, [(1, 1 << 40)], 1 << 40)
+        eng.set_absent(other)
+        eng.set_route(0x10, 2)
+        data = (key + struct.pack("!IBBBB", 3, 40, 0, 0, 9) + b"abc"  # forwarded up
+                + key + struct.pack("!IBBBB", 5, 40, 0, 0, 0) + b"abcde"  # TTL 0
+                + other + struct.pack("!IBBBB", 1, 40, 0, 0, 9) + b"a")  # absent: toward
+        pos, stop, _outs, counts = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET, 65536)
+        assert (pos, stop, counts[8]) == (len(data), STOP_END, 3)
+        # from upstream on band 41, which nobody below wants: dropped by the masks
+        data = key + struct.pack("!IBBBB", 2, 41, 0, 0, 9) + b"de"
+        assert eng.forward(2, data, 0, NO_BUDGET, NO_BUDGET, 65536)[3][2] == 1
+        assert eng.flow_counts(key) == (2, 27 + 26)
+        assert eng.flow_counts(other) is None and eng.flow_counts(_key(9)) is None
+        assert eng.all_flow_counts() == [(key, 2, 53)]
+        eng.set_flow(key, 2, [(1, 1 << 41)], 1 << 41)  # changed in place: counts stay
+        assert eng.forget_flow(key) == (2, 53) and eng.forget_flow(other) is None
 
 
 def _joined(out) -> bytes:  # type: ignore[no-untyped-def]

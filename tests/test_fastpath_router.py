@@ -5,11 +5,12 @@ sizes, joins, mask changes, leaves, links closing, ticks, data in reads of sever
 one hands every frame to ``Router.receive`` (the reference), the other forwards each read
 through :class:`flowrouter.core.fastpath.FastPath` and gives the core only the frames the
 engine stops at, as the runtime does. The bytes sent on every link, the counters (drop
-reasons included), per-link frame counts, traffic epochs and sampled trace records must be
-identical, for the compiled engine and for the Python twin. Senders that are not members
-are part of every history: data for keys the router holds no entry for (toward the far
-location service, at the core's own LSID, to an LSID with no route), LS routes that move or
-vanish under them, and joins that make such a key a flow.
+reasons included), per-link frame counts, traffic epochs, sampled trace records and per-flow
+frame and byte counters (the entry's plus the engine's copy's) must be identical, for the
+compiled engine and for the Python twin. Senders that are not members are part of every
+history: data for keys the router holds no entry for (toward the far location service, at
+the core's own LSID, to an LSID with no route), LS routes that move or vanish under them,
+and joins that make such a key a flow.
 """
 
 from __future__ import annotations
@@ -103,7 +104,15 @@ class Harness:
         r = self.r
         return (dict(self.sent), +r.counters, {k: (v.rx, v.tx) for k, v in r.links.items()},
                 {k: (e.upstream, dict(e.down), dict(e.traffic)) for k, e in r.flows.items()},
-                list(getattr(r.tracer, "records", [])))
+                list(getattr(r.tracer, "records", [])),
+                {k: self.flow_counters(k) for k in r.flows})
+
+    def flow_counters(self, key: bytes) -> tuple[int, int]:
+        """(frames, bytes) of flow *key* as status reports them: the core's entry plus
+        what the engine counted in its copy and has not handed over yet."""
+        entry = self.r.flows[key]
+        frames, nbytes = self.fast.flow_counts(key) if self.fast is not None else (0, 0)
+        return entry.frames + frames, entry.bytes + nbytes
 
 
 masks = st.sampled_from([0, 1, 1 << 40, 1 << 40 | 1 << 19, 1 | 1 << 40, 1 << 100 | 1 << 40,
@@ -214,11 +223,17 @@ def test_a_steady_flow_is_forwarded_without_the_core() -> None:
     assert h.fast.stats["slow"] == slow  # type: ignore[union-attr]
     assert bytes(h.sent[2]) == (key + struct.pack("!IBBBB", 5, 40, 0, 0, 8) + b"hello") * 103
     assert h.r.counters["forwarded"] == 103 and h.r.links[2].tx == 103
+    assert h.flow_counters(key) == (103, 103 * len(one))  # the copy's, not handed over yet
+    assert h.r.flows[key].frames < 103
     # a leave changes the core's entry: the copy is forgotten, nothing more goes to link 2
     body = C.Leave().encode()
     h.frame(2, pack_header(key, len(body), 0) + body)
     h.read(1, one)
     assert len(h.sent[2]) == len(one) * 103 and h.r.counters["drop.no-receivers"] == 1
+    # the leave made the fast path forget its copy, which handed its counts to the entry;
+    # the last frame counts in the new copy
+    assert (h.r.flows[key].frames, h.r.flows[key].bytes) == (103, 103 * len(one))
+    assert h.flow_counters(key) == (104, 104 * len(one))
 
 
 @pytest.mark.parametrize("kind", _engines())

@@ -148,11 +148,17 @@ def test_link_bytes_and_flow_members_in_status_and_metrics() -> None:
             assert link_bytes[("hub", "tx")] >= out
             flows = hub.status()["flows"]
             assert {f["members"] for f in flows} >= {1}
+            busy = max(flows, key=lambda f: f["bytes"])  # per-flow counters: 20 x 1000 B
+            assert busy["frames"] == 20 and busy["bytes"] >= 20 * (1000 + 24)
+            assert sorted(f["frames"] for f in flows) == [0, 20]  # the other: no traffic
             hub_samples = [s for f in text_string_to_metric_families(
                 render_metrics(router_source(hub)).decode()) for s in f.samples]
             members = {s.labels["flow"]: s.value for s in hub_samples
                        if s.name == "flownet_router_flow_members"}
             assert members == {f["flow"]: f["members"] for f in flows}
+            by_flow = {s.labels["flow"]: s.value for s in hub_samples
+                       if s.name == "flownet_router_flow_bytes_total"}
+            assert by_flow[busy["flow"]] == busy["bytes"]
 
     run(go())
 
@@ -247,3 +253,36 @@ def test_stopping_with_open_http_and_control_connections_logs_no_traceback(
 
     asyncio.run(go())  # asyncio.run cancels what is left, as a process stopping does
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+
+
+def test_flow_counters_survive_the_fast_paths_mirror_being_rebuilt() -> None:
+    """The forwarding fast path counts a flow's frames in its copy of the entry and hands
+    them to the core's entry when a change makes it forget that copy (a member joining)."""
+    async def go() -> None:
+        node = RouterNode(NodeConfig("solo", listen="127.0.0.1:0",
+                                     core_lsids=frozenset({0x10}), default_lsid=0x10))
+        await node.start()
+        try:
+            addr = "%s:%d" % node.tcp_address
+            tx = await within(flowlib.connect([addr], name="tx"))
+            rx1 = await within(flowlib.connect([addr], name="rx1"))
+            flow = await tx.create()
+            first = await rx1.listen(flow, "data")
+            for _ in range(10):
+                await tx.send(flow, b"x" * 100)
+            for _ in range(10):
+                await within(first.get())
+            rx2 = await within(flowlib.connect([addr], name="rx2"))
+            second = await rx2.listen(flow, "data")  # the entry changes: the copy goes
+            for _ in range(5):
+                await tx.send(flow, b"y" * 100)
+            for _ in range(5):
+                await within(second.get())
+            row = next(f for f in node.status()["flows"] if f["flow"] == str(flow))
+            assert row["frames"] == 15 and row["bytes"] == 15 * (100 + 24)
+            for app in (tx, rx1, rx2):
+                await app.close()
+        finally:
+            await node.stop()
+
+    run(go())

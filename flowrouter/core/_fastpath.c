@@ -204,11 +204,14 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             c_nt = nt;
             c_missing = missing;
         }
-        if (drop_kind) {
+        if (drop_kind) { /* never for an absent key */
             if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
             counts[drop_kind]++;
             counts[7]++;
             counts[8]++;
+            FlowCount *fc = &e->counts[f - e->flows];
+            fc->frames++;
+            fc->bytes += (uint64_t)(end - pos);
             pos = end;
             continue;
         }
@@ -240,7 +243,13 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         counts[5] += d_big;
         counts[7] += nd;
         counts[8]++;
-        if (f->ndown == FLOW_ABSENT) counts[9]++;
+        if (f->ndown == FLOW_ABSENT) {
+            counts[9]++;
+        } else { /* the flow's counters, as the core counts them in its entry */
+            FlowCount *fc = &e->counts[f - e->flows];
+            fc->frames++;
+            fc->bytes += (uint64_t)(end - pos);
+        }
         if (nsend) {
             counts[6]++;
             counts[0] += nsend;
@@ -367,7 +376,12 @@ static PyMethodDef Engine_methods[] = {
     {"has_link", (PyCFunction)Engine_has_link, METH_O, "has_link(link) -> bool"},
     {"set_flow", (PyCFunction)Engine_set_flow, METH_VARARGS,
      "set_flow(key, upstream, [(link, mask)], agg): mirror a flow entry"},
-    {"forget_flow", (PyCFunction)Engine_forget_flow, METH_O, "forget_flow(key)"},
+    {"forget_flow", (PyCFunction)Engine_forget_flow, METH_O,
+     "forget_flow(key) -> (frames, bytes) its entry took, or None (absent, not mirrored)"},
+    {"flow_counts", (PyCFunction)Engine_flow_counts, METH_O,
+     "flow_counts(key) -> (frames, bytes) taken since mirrored, or None"},
+    {"all_flow_counts", (PyCFunction)Engine_all_flow_counts, METH_NOARGS,
+     "[(key, frames, bytes)] of every mirrored entry that took frames"},
     {"has_flow", (PyCFunction)Engine_has_flow, METH_O, "has_flow(key) -> bool"},
     {"set_absent", (PyCFunction)Engine_set_absent, METH_O,
      "set_absent(key): the core holds no entry for key"},

@@ -5,7 +5,8 @@
  * line; the one downstream link most flows have is inline) and an open-addressing index of
  * 4-byte positions keyed by the 16-byte flow key, with tombstones, rebuilt at half full to a
  * quarter (about 90 bytes per flow in all); a key the core holds no entry for is kept there
- * as absent. Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied only through the
+ * as absent. Beside the flows, an array of their counters indexed like them (what each
+ * took; forget_flow hands it back). Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied only through the
  * Python methods below, by flowrouter/core/fastpath.py on the core's behalf.
  */
 #include "_fastpath_tables.h"
@@ -208,6 +209,9 @@ static Flow *flow_slot(Engine *e, const uint8_t *key) {
         Flow *nf = PyMem_Realloc(e->flows, (size_t)cap * sizeof(Flow));
         if (!nf) { PyErr_NoMemory(); return NULL; }
         e->flows = nf;
+        FlowCount *nc = PyMem_Realloc(e->counts, (size_t)cap * sizeof(FlowCount));
+        if (!nc) { PyErr_NoMemory(); return NULL; } /* flows_cap stays: both hold it */
+        e->counts = nc;
         e->flows_cap = cap;
     }
     Py_ssize_t m = e->index_cap - 1;
@@ -219,14 +223,15 @@ static Flow *flow_slot(Engine *e, const uint8_t *key) {
             break;
         }
     }
+    memset(&e->counts[e->nflows], 0, sizeof(FlowCount));
     f = &e->flows[e->nflows++];
     memset(f, 0, sizeof(Flow));
     memcpy(f->key, key, 16);
     return f;
 }
 
-/* Remove the entry at index slot *i*: the last entry of the dense array moves into its
- * place (and its index slot follows it). */
+/* Remove the entry at index slot *i*: the last entry of the dense array (and its counters)
+ * moves into its place (and its index slot follows it). */
 static void flow_remove(Engine *e, Py_ssize_t i) {
     uint32_t pos = e->index[i] - 1;
     flow_release(&e->flows[pos]);
@@ -235,6 +240,7 @@ static void flow_remove(Engine *e, Py_ssize_t i) {
     if ((Py_ssize_t)pos != last) {
         Py_ssize_t j = index_find(e, e->flows[last].key);
         e->flows[pos] = e->flows[last];
+        e->counts[pos] = e->counts[last];
         e->index[j] = pos + 1;
     }
     e->nflows--;
@@ -310,15 +316,58 @@ fail:
     return NULL;
 }
 
+static PyObject *count_tuple(const FlowCount *c) {
+    return Py_BuildValue("(KK)", (unsigned long long)c->frames, (unsigned long long)c->bytes);
+}
+
 PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
-    if (key.len == 16) {
-        Py_ssize_t i = index_find(e, key.buf);
-        if (i >= 0) flow_remove(e, i);
-    }
+    Py_ssize_t i = key.len == 16 ? index_find(e, key.buf) : -1;
     PyBuffer_Release(&key);
+    if (i < 0) Py_RETURN_NONE;
+    uint32_t pos = e->index[i] - 1;
+    PyObject *out = NULL;
+    if (e->flows[pos].ndown != FLOW_ABSENT) {
+        out = count_tuple(&e->counts[pos]);
+        if (!out) return NULL;
+    }
+    flow_remove(e, i);
+    if (out) return out;
     Py_RETURN_NONE;
+}
+
+/* The counters of *key*'s mirrored entry, or NULL (absent or not mirrored). */
+static const FlowCount *flow_count_of(Engine *e, PyObject *arg, int *err) {
+    Py_buffer key;
+    *err = PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0;
+    if (*err) return NULL;
+    Flow *f = key.len == 16 ? fp_flow_find(e, key.buf) : NULL;
+    PyBuffer_Release(&key);
+    return f && f->ndown != FLOW_ABSENT ? &e->counts[f - e->flows] : NULL;
+}
+
+PyObject *Engine_flow_counts(Engine *e, PyObject *arg) {
+    int err;
+    const FlowCount *c = flow_count_of(e, arg, &err);
+    if (err) return NULL;
+    if (!c) Py_RETURN_NONE;
+    return count_tuple(c);
+}
+
+PyObject *Engine_all_flow_counts(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (Py_ssize_t j = 0; j < e->nflows; j++) {
+        const FlowCount *c = &e->counts[j];
+        if (e->flows[j].ndown == FLOW_ABSENT || !c->frames) continue;
+        PyObject *t = Py_BuildValue("(y#KK)", (const char *)e->flows[j].key, (Py_ssize_t)16,
+                                    (unsigned long long)c->frames,
+                                    (unsigned long long)c->bytes);
+        if (!t || PyList_Append(out, t) < 0) { Py_XDECREF(t); Py_DECREF(out); return NULL; }
+        Py_DECREF(t);
+    }
+    return out;
 }
 
 PyObject *Engine_set_absent(Engine *e, PyObject *arg) {
@@ -334,13 +383,17 @@ PyObject *Engine_set_absent(Engine *e, PyObject *arg) {
     if (!f) return NULL;
     f->up = -1;
     f->ndown = FLOW_ABSENT;
+    memset(&e->counts[f - e->flows], 0, sizeof(FlowCount)); /* nothing to hand over */
     Py_RETURN_NONE;
 }
 
 PyObject *Engine_forget_absent(Engine *e, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t kept = 0;
-    for (Py_ssize_t j = 0; j < e->nflows; j++) /* compact, then index again */
-        if (e->flows[j].ndown != FLOW_ABSENT) e->flows[kept++] = e->flows[j];
+    for (Py_ssize_t j = 0; j < e->nflows; j++) { /* compact, then index again */
+        if (e->flows[j].ndown == FLOW_ABSENT) continue;
+        e->counts[kept] = e->counts[j];
+        e->flows[kept++] = e->flows[j];
+    }
     if (kept == e->nflows) Py_RETURN_NONE;
     e->nflows = kept;
     Py_ssize_t cap = 64;
@@ -433,6 +486,8 @@ void fp_engine_clear(Engine *e) {
     for (Py_ssize_t j = 0; j < e->nflows; j++) flow_release(&e->flows[j]);
     PyMem_Free(e->flows);
     e->flows = NULL;
+    PyMem_Free(e->counts);
+    e->counts = NULL;
     e->nflows = e->flows_cap = 0;
     PyMem_Free(e->index);
     e->index = NULL;

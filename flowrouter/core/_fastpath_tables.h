@@ -89,6 +89,14 @@ typedef struct {
 
 _Static_assert(sizeof(Flow) == 64, "a mirrored flow is one cache line");
 
+/* What a mirrored flow took since it was mirrored (data frames forwarded or dropped by the
+ * tree's masks, and their bytes, headers included): kept beside the entries, not in them,
+ * in an array indexed like the dense array of flows, so that an entry stays one cache line.
+ * Absent keys count nothing (the core holds no entry to hand it to). */
+typedef struct {
+    uint64_t frames, bytes;
+} FlowCount;
+
 static inline const int32_t *flow_downs(const Flow *f) {
     return f->ndown <= 1 ? &f->d.one.link : f->d.many.links;
 }
@@ -115,6 +123,7 @@ typedef struct {
      * uint32 slots (index_cap, a power of two): 0 empty, IDX_GONE a tombstone, else the
      * flow's position + 1 */
     Flow *flows;
+    FlowCount *counts; /* counts[j]: what flows[j] took; flows_cap of them */
     Py_ssize_t nflows, flows_cap;
     uint32_t *index;
     Py_ssize_t index_cap, index_filled; /* filled = used + tombstones */
@@ -160,6 +169,8 @@ PyObject *Engine_forget_absent(Engine *e, PyObject *ignored);
 PyObject *Engine_set_route(Engine *e, PyObject *args);
 PyObject *Engine_forget_routes(Engine *e, PyObject *ignored);
 PyObject *Engine_has_route(Engine *e, PyObject *arg);
+PyObject *Engine_flow_counts(Engine *e, PyObject *arg);
+PyObject *Engine_all_flow_counts(Engine *e, PyObject *ignored);
 PyObject *Engine_clear(Engine *e, PyObject *ignored);
 PyObject *Engine_sizes(Engine *e, PyObject *ignored);
 

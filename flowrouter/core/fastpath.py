@@ -120,8 +120,21 @@ class FastPath:
 
     # ------------------------------------------------------------------ mirror upkeep
     def flow_changed(self, key: bytes) -> None:
-        """The core changed (or removed) the entry of *key*: forget the copy."""
-        self.engine.forget_flow(key)
+        """The core changed (or removed) the entry of *key*: forget the copy (what it
+        counted goes to the entry, when there still is one)."""
+        got = self.engine.forget_flow(key)
+        if got:
+            self._keep_counts(key, got[0], got[1])
+
+    def _keep_counts(self, key: bytes, frames: int, nbytes: int) -> None:
+        entry = self.router.flows.get(key)
+        if entry is not None and frames:
+            entry.frames += frames
+            entry.bytes += nbytes
+
+    def flow_counts(self, key: bytes) -> tuple[int, int]:
+        """(frames, bytes) of flow *key* the engine took and has not handed to its entry."""
+        return self.engine.flow_counts(key) or (0, 0)
 
     def link_changed(self, link_id: int) -> None:
         """The core changed (or closed) link *link_id*: forget the copy."""
@@ -129,6 +142,8 @@ class FastPath:
 
     def reset(self) -> None:
         """Forget everything (policies appeared, or anything the hooks cannot name)."""
+        for key, frames, nbytes in self.engine.all_flow_counts():
+            self._keep_counts(key, frames, nbytes)
         self.engine.clear()
         self._absent = 0
 

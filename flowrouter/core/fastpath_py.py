@@ -15,6 +15,11 @@ flow goes on that one link, TTL and locality charged as for any copy, and counts
 ``forward.toward-core`` as in the core; a frame that would go back out of the link it came in
 on (the core answers NOT_ON_TREE) is the core's.
 
+Per-flow counters: each mirrored entry counts the data frames of its flow the engine took
+(forwarded, or dropped by the tree's masks: what the core counts in its entry) and their
+bytes, headers included. ``forget_flow`` returns them, for the core's entry; an absent key
+counts nothing.
+
 ``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min)`` returns
 ``(pos, stop, outputs, counts)``:
 
@@ -91,6 +96,8 @@ class Engine:
         self._flows: dict[bytes, tuple[int, list[tuple[int, int]], int] | None] = {}
         #: LSID -> link toward its location service, or ROUTE_NO_MEMBERS / ROUTE_NONE
         self._routes: dict[int, int] = {}
+        #: key -> [frames, bytes] its mirrored entry took (none yet: no item)
+        self._counts: dict[bytes, list[int]] = {}
 
     # ------------------------------------------------------------------ the mirror
     def set_link(self, link: int, router: bool, max_payload: int,
@@ -124,10 +131,28 @@ class Engine:
         if len(key) != 16:
             raise ValueError("a flow key is 16 bytes")
         self._flows[bytes(key)] = None
+        self._counts.pop(bytes(key), None)  # nothing to hand over
 
-    def forget_flow(self, key: bytes) -> None:
-        """Forget the copy of *key*'s entry, or that it is absent."""
-        self._flows.pop(bytes(key), None)
+    def forget_flow(self, key: bytes) -> tuple[int, int] | None:
+        """Forget the copy of *key*'s entry, or that it is absent; returns the (frames,
+        bytes) the entry took (None: absent or not mirrored)."""
+        key = bytes(key)
+        got = self.flow_counts(key)
+        self._flows.pop(key, None)
+        self._counts.pop(key, None)
+        return got
+
+    def flow_counts(self, key: bytes) -> tuple[int, int] | None:
+        """(frames, bytes) *key*'s mirrored entry took (None: absent or not mirrored)."""
+        key = bytes(key)
+        if self._flows.get(key) is None:
+            return None
+        got = self._counts.get(key)
+        return (got[0], got[1]) if got else (0, 0)
+
+    def all_flow_counts(self) -> list[tuple[bytes, int, int]]:
+        """(key, frames, bytes) of every mirrored entry that took frames."""
+        return [(k, c[0], c[1]) for k, c in self._counts.items() if c[0]]
 
     def forget_absent(self) -> None:
         """Forget every absent key (there may be many: any key anyone sent to)."""
@@ -149,6 +174,7 @@ class Engine:
         self._flows.clear()
         self._links.clear()
         self._routes.clear()
+        self._counts.clear()
 
     def has_flow(self, key: bytes) -> bool:
         """True if *key*'s entry, or its absence, is mirrored."""
@@ -170,7 +196,7 @@ class Engine:
                 ) -> tuple[int, int, list[tuple[int, Any, int]], tuple[int, ...]]:
         data = memoryview(data)
         n = len(data)
-        links, flows, routes = self._links, self._flows, self._routes
+        links, flows, routes, flow_counts = self._links, self._flows, self._routes, self._counts
         #: per link: copied frames (bytes) and, for payloads passed on, (header, start, end)
         bufs: dict[int, list[Any]] = {}
         counts = [0] * _NCOUNTS
@@ -250,6 +276,7 @@ class Engine:
                 counts[drop_kind] += 1
                 counts[7] += 1
                 counts[8] += 1
+                _count(flow_counts, key, end - pos)
                 pos = end
                 continue
             if any(t not in links for t in targets):
@@ -286,6 +313,8 @@ class Engine:
             counts[8] += 1
             if flow is None:
                 counts[9] += 1
+            else:
+                _count(flow_counts, key, end - pos)
             if plan:
                 counts[6] += 1
                 counts[0] += len(plan)
@@ -302,6 +331,16 @@ class Engine:
             pos = end
         outputs = [(t, _pieces(data, frames), len(frames)) for t, frames in bufs.items()]
         return pos, stop, outputs, tuple(counts)
+
+
+def _count(flow_counts: dict[bytes, list[int]], key: bytes, size: int) -> None:
+    """One frame of *size* bytes more for the entry of *key*."""
+    got = flow_counts.get(key)
+    if got is None:
+        flow_counts[key] = [1, size]
+    else:
+        got[0] += 1
+        got[1] += size
 
 
 def _pieces(data: memoryview, frames: list[Any]) -> Any:

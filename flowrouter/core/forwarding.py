@@ -94,6 +94,8 @@ class Forwarding:
             targets = [out_link]
             counters["forward.toward-core"] += 1
         else:
+            entry.frames += 1
+            entry.bytes += len(header) + len(payload)
             up = entry.upstream
             if link_id == up:
                 if not entry.agg & bit:  # one test saves a copy on every downstream link

@@ -126,7 +126,7 @@ class FlowEntry:
 
     __slots__ = ("upstream", "down", "agg", "traffic", "joined", "up_req",
                  "up_req_at", "up_req_resent", "waiting", "sent_up_mask", "created",
-                 "sib", "sent_sib_mask")
+                 "sib", "sent_sib_mask", "frames", "bytes")
 
     def __init__(self, upstream: int | None, joined: bool, created: float) -> None:
         self.upstream = upstream
@@ -146,6 +146,12 @@ class FlowEntry:
         #: from ``down`` so ``agg`` stays our own subtree (what we announce to them).
         self.sib: dict[int, int] | None = None
         self.sent_sib_mask = 0
+        #: data frames (and their bytes, headers included) of the flow this router took
+        #: while it held this entry: forwarded, or dropped by the tree's masks. The
+        #: forwarding fast path counts its own and hands them over when it forgets its copy
+        #: (flowrouter.core.fastpath); status adds what it holds now
+        self.frames = 0
+        self.bytes = 0
 
     def recompute(self) -> int:
         agg = 0

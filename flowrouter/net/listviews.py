@@ -21,7 +21,8 @@ from urllib.parse import parse_qs
 SORTABLE: dict[str, tuple[str, ...]] = {
     "links": ("id", "peer", "role", "state", "transport", "address", "flows", "rx", "tx",
               "bytes_in", "bytes_out", "rtt_ms", "silent"),
-    "flows": ("flow", "upstream", "downstream", "members", "aggregate", "age"),
+    "flows": ("flow", "upstream", "downstream", "members", "aggregate", "age", "frames",
+              "bytes"),
     "peers": ("peer", "address", "up", "attempts"),
 }
 #: the most rows one view returns (a limit asked for above it is cut to it)

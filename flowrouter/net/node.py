@@ -593,9 +593,12 @@ class RouterNode:
                 row["bytes_in"], row["bytes_out"] = link.bytes_in, link.bytes_out
                 if link.out is not None:
                     row["output"] = link.out.stats()
-        for row, entry in zip(st["flows"], self.core.flows.values(), strict=True):
+        fast = self.fast
+        for row, (key, entry) in zip(st["flows"], self.core.flows.items(), strict=True):
             row["members"] = len(entry.down)  # downstream links that joined it
             row["age"] = round(now - entry.created, 3)
+            frames, nbytes = fast.flow_counts(key) if fast is not None else (0, 0)
+            row["frames"], row["bytes"] = entry.frames + frames, entry.bytes + nbytes
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio

@@ -19,6 +19,8 @@ Metric names (all prefixed ``flownet_``; the README's "Monitoring" section lists
 ``router_flows_max``               gauge    the configured flow-table limit
 ``router_flow_members``            gauge    downstream links per flow (``flow``; the 100
                                             flows with the most)
+``router_flow_frames_total``       counter  data frames per flow this router took, and
+``router_flow_bytes_total``        counter  their bytes (``flow``; the 100 with the most)
 ``router_events_total``            counter  the router's counters by ``event`` name
 ``router_drops_total``             counter  dropped frames by ``reason``
 ``router_alerts``                  gauge    alerts currently held (``/status`` has them)
@@ -124,6 +126,16 @@ def router_metrics(node: RouterNode) -> Iterable[Metric]:
     for row in listviews.view(st["flows"], "members", FLOW_METRICS):
         members.add_metric([row["flow"]], row["members"])
     yield members
+    flow_frames = CounterMetricFamily(
+        "flownet_router_flow_frames", f"data frames of the flow this router took (the "
+        f"{FLOW_METRICS} flows with the most bytes)", labels=["flow"])
+    flow_bytes = CounterMetricFamily(
+        "flownet_router_flow_bytes", f"bytes of those frames, headers included (the "
+        f"{FLOW_METRICS} flows with the most)", labels=["flow"])
+    for row in listviews.view(st["flows"], "bytes", FLOW_METRICS):
+        flow_frames.add_metric([row["flow"]], row["frames"])
+        flow_bytes.add_metric([row["flow"]], row["bytes"])
+    yield from (flow_frames, flow_bytes)
     yield GaugeMetricFamily("flownet_router_flows_max", "the flow-table limit (max_flows)",
                             value=node.config.max_flows)
     events = CounterMetricFamily("flownet_router_events", "router counters by event",

@@ -167,7 +167,7 @@ def build_parser(extra: Sequence[Command] = ()) -> argparse.ArgumentParser:
     st.add_argument("--sort", metavar="FIELD",
                     help="order links and flows by FIELD, numbers largest first (-FIELD: "
                          "reversed): links by bytes_in, bytes_out, rx, tx, flows, rtt_ms, "
-                         "peer ...; flows by members, age, flow ...")
+                         "peer ...; flows by bytes, frames, members, age, flow ...")
     st.add_argument("--limit", type=int, metavar="N",
                     help="show at most N links and N flows (the router says how many there "
                          "are)")
