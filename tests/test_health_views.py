@@ -179,6 +179,13 @@ def test_lists_sort_and_limit_over_http_control_and_cli() -> None:
             assert code == 200 and st["name"] == "hub" and len(st["flows"]) == 1
             assert st["flows_total"] >= 2 and len(st["links"]) == 1
             assert st["flows"][0]["members"] == max(f["members"] for f in hub.status()["flows"])
+            code, _, body = await get(mon.address, "/flows?sort=bytes&limit=1")
+            doc = json.loads(body)  # per-flow counters sort: the busy flow first
+            assert code == 200 and len(doc["flows"]) == 1 and doc["flows_total"] >= 2
+            assert doc["flows"][0]["frames"] == 20 and doc["flows"][0]["bytes"] == max(
+                f["bytes"] for f in hub.status()["flows"])
+            code, _, body = await get(mon.address, "/flows?sort=-frames")
+            assert json.loads(body)["flows"][0]["frames"] == 0
             code, _, body = await get(mon.address, "/flows?sort=nonsense")
             assert code == 400 and "cannot sort by 'nonsense'" in json.loads(body)["error"]
             assert (await get(mon.address, "/peers?limit=x"))[0] == 400
