@@ -63,10 +63,24 @@ def test_ctl_signs_commands_and_says_why_it_is_refused(tmp_path: Path) -> None:
                                       env={"CTL_TEST_TOKEN": "a-wrong-token-456"})
             assert rc == 1 and "bad proof" in err and "control token" in err
             assert "x" in node.blocked_peers  # still down: the wrong token changed nothing
+            # a link key is shared with a peer router: by default it proves a link, not
+            # the right to command this router
+            rc, out, err = await _ctl("--control", ctl, "--link-key", f"site:{key_file}",
+                                      "emulate", "peer=x", "delay=0.05", "loss=0.01")
+            assert rc == 1 and "not authorised" in err and "control_link_keys" in err, err
+            assert node.core.counters["refused.command"] == 3
+        finally:
+            await node.stop()
+        # where the operator allows it, a link key signs commands too
+        node = RouterNode(NodeConfig("core", listen="127.0.0.1:0", control="127.0.0.1:0",
+                                     control_token=TOKEN, accept_routers=["x@127.0.0.1"],
+                                     link_keys={"site": KEY}, control_link_keys=True))
+        await node.start()
+        try:
+            ctl = "%s:%d" % node.control_address
             rc, out, err = await _ctl("--control", ctl, "--link-key", f"site:{key_file}",
                                       "emulate", "peer=x", "delay=0.05", "loss=0.01")
             assert rc == 0 and "50 ms delay" in json.loads(out)["emulation"], err
-            assert node.core.counters["refused.command"] == 2
         finally:
             await node.stop()
     run(main())

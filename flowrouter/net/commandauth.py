@@ -15,14 +15,16 @@ anything else) need *proof* unless the interface is bound to loopback only:
   each start and answered to anyone by ``ping`` (the client asks first, on the same
   connection), so a command recorded before a restart is refused after it: nothing needs
   to be persisted, and clocks need not agree to the second across restarts;
-* the secret is the control token (key id ``token``, from ``[router] control_token``) or any
-  link key of ``[link_auth.keys]`` under its own id;
+* the secret is the control token (key id ``token``, from ``[router] control_token``), or a
+  link key of ``[link_auth.keys]`` under its own id only where ``[router] control_link_keys
+  = true``: a link key is shared with a peer router, so by default holding one proves a
+  link, not the right to command this router;
 * the time must be within ``window`` seconds of the router's clock, and a nonce is accepted
   once in a run, so a recorded command cannot be replayed.
 
 The secret itself never crosses the network. :func:`sign_command` builds the proof (the CLI
 and :func:`flowrouter.net.control.query_control` use it). :meth:`CommandGuard.check_bind`
-refuses a command interface on a non-loopback address without a token or link keys.
+refuses a command interface on a non-loopback address without a secret to check.
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ class CommandGuard:
         if not is_loopback(bind_host) and not secrets:
             raise AddressError(
                 f"control interface on {bind_host} (not loopback) needs a [router] "
-                "control_token or [link_auth] keys, or anyone who reaches it could change the "
-                "router; bind it to 127.0.0.1 or set a token")
+                "control_token (or link keys with control_link_keys = true), or anyone who "
+                "reaches it could change the router; bind it to 127.0.0.1 or set a token")
 
     def authorise(self, request: Mapping[str, Any], now: float) -> str | None:
         """None if *request* may run now (Unix time *now*); else why not (one line)."""
@@ -135,7 +137,9 @@ class CommandGuard:
                                 "are needed; an older client? upgrade it)")
         secret = self.secrets.get(kid)
         if secret is None:
-            return self._refuse(f"unknown key id {kid!r}")
+            return self._refuse(f"unknown key id {kid!r} (link keys sign commands only where "
+                                "[router] control_link_keys = true; use the control token)"
+                                if kid != TOKEN_ID else "no control token is set here")
         if router != self.router:
             return self._refuse(f"signed for router {router[:64]!r}, this is "
                                 f"{self.router!r}")

@@ -116,8 +116,9 @@ Trust: on an overlay without ``[link_auth]`` keys a link may be a router only if
 dialled it, or its HELLO name and source host match a ``[[peer]]`` (name and address host) or
 an ``accept_routers`` entry; any other HELLO claiming ROUTER is refused. The control interface
 serves status to anyone it is bound for; commands that change the router need a proof signed
-with ``control_token`` or a link key (:mod:`flowrouter.net.commandauth`) when a token is set
-or the interface is not on loopback, and binding it off loopback without either is refused.
+with ``control_token`` (or a link key, only with ``control_link_keys = true``:
+:mod:`flowrouter.net.commandauth`) when a token is set or the interface is not on loopback,
+and binding it off loopback without such a secret is refused.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ from flowrouter.core.tables import Modifiers
 from flowrouter.net.configtables import (
     address,
     check_keys,
+    flag,
     gc_table,
     ignored_keys,
     limit,
@@ -273,8 +275,12 @@ class NodeConfig:
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0
     #: secret for control commands (text, or "file:PATH"); None: commands need proof only
-    #: off loopback (by link key), see flowrouter.net.commandauth
+    #: off loopback, see flowrouter.net.commandauth
     control_token: str | None = None
+    #: link keys sign control commands too (off by default: a link key is shared with a
+    #: peer router, and sharing a link must not hand that peer's operator this router's
+    #: controls; the control token is the operator's own secret)
+    control_link_keys: bool = False
     #: routers accepted without link keys besides the peers: "name@host" entries
     accept_routers: list[str] = field(default_factory=list)
     #: limits per principal (flowrouter.core.quotas); a mapping of its fields is accepted
@@ -424,7 +430,8 @@ class NodeConfig:
         return frozenset(out)  # type: ignore[arg-type]
 
     def control_secrets(self) -> dict[str, bytes]:
-        """Secrets that sign control commands: the token (id "token") and the link keys."""
+        """Secrets that sign control commands: the token (id "token"), and the link keys
+        only where ``control_link_keys`` allows them."""
         out: dict[str, bytes] = {}
         if self.control_token:
             tok = self.control_token
@@ -441,7 +448,7 @@ class NodeConfig:
             if len(tok) < 12:
                 raise ConfigError("control_token must be at least 12 characters")
             out["token"] = tok.encode()
-        ring = self.keyring()
+        ring = self.keyring() if self.control_link_keys else None
         if ring is not None:
             for kid in self.link_keys:
                 secret = ring.get(kid)
@@ -536,6 +543,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "slow_consumer_idle": limit(float, 0.0, 86400.0),
     "frame_timeout": limit(float, 0.001, 86400.0),
     "control_token": lambda v, where: text(v, where) or None,
+    "control_link_keys": flag,
     "member_notice_interval": limit(float, 0.001, 3600.0),
     "member_refresh": limit(float, 0.001, 86400.0),
 }
