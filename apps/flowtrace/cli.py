@@ -247,17 +247,23 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                   clock_tolerance=args.clock_tolerance,
                   config=config)
     try:
-        if args.progress:
-            with _StatusPoller(spark, _eprint):
-                result = job.analyze(spark, args.traces, args.out, **kwargs)  # type: ignore[arg-type]
-        else:
-            result = job.analyze(spark, args.traces, args.out, **kwargs)  # type: ignore[arg-type]
-    except job.BadInput as exc:
-        _eprint(f"flowtrace: bad input: {exc}")
-        return 1
-    except Exception as exc:  # noqa: BLE001 - report, don't dump a JVM trace on users
-        _eprint(f"flowtrace: the analysis failed: {session.one_line_error(exc)}")
-        return 1
+        with session.noting_interrupts() as interrupted:
+            try:
+                if args.progress:
+                    with _StatusPoller(spark, _eprint):
+                        result = job.analyze(spark, args.traces, args.out,
+                                             **kwargs)  # type: ignore[arg-type]
+                else:
+                    result = job.analyze(spark, args.traces, args.out,
+                                         **kwargs)  # type: ignore[arg-type]
+            except job.BadInput as exc:
+                _eprint(f"flowtrace: bad input: {exc}")
+                return 1
+            except Exception as exc:  # noqa: BLE001 - report, don't dump a JVM trace on users
+                if interrupted:  # a Ctrl-C that py4j reported as a gateway error
+                    raise KeyboardInterrupt from None
+                _eprint(f"flowtrace: the analysis failed: {session.one_line_error(exc)}")
+                return 1
     finally:
         if not had_session:
             spark.stop()

@@ -145,6 +145,28 @@ def _interrupt_after_start() -> Iterator[list[int]]:
             signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def noting_interrupts() -> Iterator[list[int]]:
+    """Note every Ctrl-C (the list it yields is then non-empty) and raise KeyboardInterrupt as
+    usual. py4j turns a KeyboardInterrupt that lands inside a gateway call into its own error
+    ("Answer from Java side is empty"), so the caller asks this list, not the exception's type,
+    whether the user interrupted. Outside the main thread nothing changes."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def noted(signum: int, frame: Any) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, noted)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def default_driver_memory() -> str:
     """For local mode (the driver is the only executor): 40% of RAM, 1-16 GiB."""
     try:
