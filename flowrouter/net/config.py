@@ -116,9 +116,8 @@ Trust: on an overlay without ``[link_auth]`` keys a link may be a router only if
 dialled it, or its HELLO name and source host match a ``[[peer]]`` (name and address host) or
 an ``accept_routers`` entry; any other HELLO claiming ROUTER is refused. The control interface
 serves status to anyone it is bound for; commands that change the router need a proof signed
-with ``control_token`` (or a link key, only with ``control_link_keys = true``:
-:mod:`flowrouter.net.commandauth`) when a token is set or the interface is not on loopback,
-and binding it off loopback without such a secret is refused.
+with ``control_token`` (a link key only with ``control_link_keys``: :mod:`~flowrouter.net.
+commandauth`) when a token is set or the interface is off loopback (refused without a secret).
 """
 
 from __future__ import annotations
@@ -277,9 +276,7 @@ class NodeConfig:
     #: secret for control commands (text, or "file:PATH"); None: commands need proof only
     #: off loopback, see flowrouter.net.commandauth
     control_token: str | None = None
-    #: link keys sign control commands too (off by default: a link key is shared with a
-    #: peer router, and sharing a link must not hand that peer's operator this router's
-    #: controls; the control token is the operator's own secret)
+    #: link keys sign commands too (off: a link key is shared with a peer, not the operator's)
     control_link_keys: bool = False
     #: routers accepted without link keys besides the peers: "name@host" entries
     accept_routers: list[str] = field(default_factory=list)
@@ -430,8 +427,7 @@ class NodeConfig:
         return frozenset(out)  # type: ignore[arg-type]
 
     def control_secrets(self) -> dict[str, bytes]:
-        """Secrets that sign control commands: the token (id "token"), and the link keys
-        only where ``control_link_keys`` allows them."""
+        """Secrets that sign commands: the token (id "token"); link keys if control_link_keys."""
         out: dict[str, bytes] = {}
         if self.control_token:
             tok = self.control_token
@@ -441,10 +437,9 @@ class NodeConfig:
                     path = Path(self.config_dir) / path
                 try:
                     tok = path.read_text(encoding="utf-8").strip()
-                except OSError as exc:
-                    raise ConfigError(f"control_token file {path}: {exc.strerror}") from None
-                except UnicodeDecodeError:
-                    raise ConfigError(f"control_token file {path}: not UTF-8 text") from None
+                except (OSError, UnicodeDecodeError) as exc:
+                    why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                    raise ConfigError(f"control_token file {path}: {why}") from None
             if len(tok) < 12:
                 raise ConfigError("control_token must be at least 12 characters")
             out["token"] = tok.encode()
