@@ -127,3 +127,24 @@ def test_a_recorded_command_is_refused_by_another_router_and_after_a_restart() -
             assert "x" not in again.blocked_peers
 
     run(go())
+
+
+@pytest.mark.parametrize("line", [b'{"cmd": "status", "peer": null, "sort": [null]}',
+                                  b'{"cmd": "status", "sort": {"a": 1}}',
+                                  b'{"cmd": "status", "limit": Infinity}',
+                                  b'{"cmd": "status", "sort": 7, "limit": -Infinity}'])
+def test_a_status_view_of_the_wrong_type_is_answered_with_the_reason(
+        line: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """A sort that is not a field name, or a limit that is no whole number (JSON's Infinity
+    included), got no answer and a traceback (found by the operator fuzz test)."""
+    async def go() -> None:
+        async with RouterNode(NodeConfig("r1", listen=None, control="127.0.0.1:0")) as node:
+            reply = await _send(node.control_address, line + b"\n")
+            assert reply["ok"] is False
+            assert "sort" in str(reply["error"]) or "limit" in str(reply["error"]), reply
+            pong = await _send(node.control_address, b'{"cmd": "ping"}\n')
+            assert pong["name"] == "r1"  # it serves on
+
+    with caplog.at_level(logging.INFO):
+        run(go())
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]

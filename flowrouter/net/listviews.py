@@ -51,13 +51,15 @@ def check_view(sort: str | None, limit: Any) -> tuple[str | None, int | None]:
     if limit is not None and limit != "":
         try:
             limit = int(limit)
-        except (TypeError, ValueError):
-            raise ViewError(f"limit must be a whole number, got {limit!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ViewError(f"limit must be a whole number, got {limit!r:.40}") from None
         if limit < 0:
             raise ViewError("limit must not be negative")
         limit = min(limit, MAX_LIMIT)
     else:
         limit = None
+    if sort is not None and not isinstance(sort, str):
+        raise ViewError(f"sort must be a field name, got {sort!r:.40}")
     if sort:
         field = sort.lstrip("+-")
         if not any(field in fields for fields in SORTABLE.values()):
