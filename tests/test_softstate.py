@@ -182,6 +182,43 @@ def test_a_lost_leave_is_repaired_within_two_intervals():
     assert net.routers["r2"].counters["refresh.links-removed"] == 1
 
 
+def test_a_join_that_overtakes_the_digest_round_begun_before_it_is_kept():
+    """A JOIN sent after a digest round's snapshot may reach the upstream before the round's
+    first chunk (a router's output queue serves flows round robin; the simulator serves a
+    small control frame ahead of a long one): the round cannot list the flow, and the
+    upstream must not take the missing entry for a lost LEAVE. Before the fix this removed
+    the live (flow, link) pair (the lost deliveries of the 10^5-flow backbone run)."""
+    net = chain(3, **SOFT)
+    e3 = net.endpoint("e3", "r3")
+    e3.join(F, [32])
+    net.run(until=3.0, step=0.25)  # a few complete rounds r2 -> r1
+    held: list = []
+    r2_to_r1 = net.link("r2", "r1")
+
+    def hold_round(name, link, frame):  # r2's next digest chunk to r1 is held back
+        if (name == "r2" and link == r2_to_r1 and isinstance(frame.msg, C.Refresh)
+                and not held):
+            held.append(frame)
+            return True
+        return False
+    net.lossy = hold_round
+    while not held:
+        net.tick(round(net.now + 0.25, 9))
+    net.lossy = None
+    G = flow(LSID, 2)
+    e3.join(G, [33])  # after the round's snapshot: its JOIN reaches r1 first
+    assert net.link("r1", "r2") in net.entry("r1", G).down
+    net.tick(round(net.now + 0.1, 9))
+    net.inject("r2", "r1", held[0].header.pack(), held[0].payload)  # the chunk, late
+    r1 = net.routers["r1"]
+    assert r1.counters["refresh.rounds-received"] >= 3
+    assert net.link("r1", "r2") in net.entry("r1", G).down
+    assert r1.counters["refresh.links-removed"] == 0
+    e1 = net.endpoint("e1", "r1")
+    e1.send(G, 33, b"kept")
+    assert e3.payloads(G) == [b"kept"]
+
+
 def test_a_lost_join_ack_is_repaired_by_the_join_retry():
     net = chain(3, **SOFT, join_timeout=4.0)
     dropped = []

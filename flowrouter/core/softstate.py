@@ -36,8 +36,11 @@ How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way 
   listed (flow, link) as refreshed and corrects its mask (a lost MASK or a lost widening
   JOIN is repaired), answers NOT_ON_TREE for listed flows it has no state for (a lost JOIN:
   the sender re-joins explicitly, so admission checks still apply), and when every chunk of
-  a round has arrived it drops the (flow, link) pairs the round no longer lists and that
-  were not joined since it began (a lost LEAVE is repaired within two intervals).
+  a round has arrived it drops the (flow, link) pairs that neither it nor the round before
+  listed and that were not joined since that one began (a lost LEAVE is repaired within two
+  or three intervals). One round is not enough: a JOIN sent after a round's snapshot may
+  overtake the round's first chunk (output queues serve flows round robin), so the round
+  cannot list the flow although it was joined before the round began at the receiver.
 * **Hold time.** A link whose rounds stop completing (peer gone quiet, chunks lost) is swept
   once its hold time (``hold_factor x refresh_interval``, or what its digests announce)
   passes: pairs not refreshed within it are collected and the link is told (PRUNE). The
@@ -150,6 +153,9 @@ class SoftState:
         self._tx: dict[int, TxRound] = {}
         self._rx: dict[int, RxRound] = {}
         self._gen: dict[int, int] = {}
+        #: per link: when the last complete digest round from it began here (pairs not
+        #: refreshed since are what the next complete round may drop)
+        self._rx_began: dict[int, float] = {}
         #: per link: keys a hold-time sweep found expired, still to collect (a few a tick)
         self._expiring: dict[int, list[bytes]] = {}
         #: peers found dead during this tick, for the Router to close: (link id, reason)
@@ -177,6 +183,7 @@ class SoftState:
         self._expiring.pop(link_id, None)
         self._tx.pop(link_id, None)
         self._rx.pop(link_id, None)
+        self._rx_began.pop(link_id, None)
         self.budget.forget(link_id)
         self._budget_told.pop(link_id, None)
         self.state.notices.forget(link_id)
@@ -320,15 +327,19 @@ class SoftState:
         return out
 
     def _round_complete(self, link: Link, rx: RxRound, now: float) -> list[Action]:
-        """Every chunk of a round arrived: what it no longer lists is no longer wanted
-        (unless it was joined after the round began)."""
+        """Every chunk of a round arrived: what neither it nor the round before listed is
+        no longer wanted (unless it was joined after that round began: a JOIN that
+        overtook this round's first chunk was sent after its snapshot)."""
         lid = link.link_id
         self.counters["refresh.rounds-received"] += 1
         link.round_done_at = now
         out: list[Action] = []
-        started = rx.started
+        started = self._rx_began.get(lid)
+        self._rx_began[lid] = rx.started
         flows = self.flows
-        if rx.fresh >= link.downstream:  # every downstream pair was in the round
+        if started is None or rx.fresh >= link.downstream:
+            # the link's first round (nothing to compare with yet), or every downstream
+            # pair was in the round
             stale = []
         else:
             stale = [key for key in link.dependent
