@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from flownet.demo import run_demo
-from flowrouter.net.config import ConfigError, load_config
+from flowrouter.net.config import ConfigError
+from flowrouter.net.configfile import load_config
 from flowrouter.net.runtime import RouterNode
 from flowrouter.tools.cli import main
 

@@ -19,7 +19,8 @@ from collections import Counter
 import pytest
 
 from flowrouter.monitor import start_monitor
-from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig, config_from_dict
+from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
+from flowrouter.net.configfile import config_from_dict
 from flowrouter.net.connlimits import (
     CONTROL,
     DIAL,

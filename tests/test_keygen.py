@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flowrouter.net.config import load_config
+from flowrouter.net.configfile import load_config
 from flowrouter.tools.cli import main
 from flowrouter.wire.creators import CreatorKey
 

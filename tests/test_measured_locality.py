@@ -330,7 +330,8 @@ def test_emulated_slow_link_on_loopback_routers() -> None:
 
 
 def test_router_config_turns_measured_locality_on_and_checks_it() -> None:
-    from flowrouter.net.config import ConfigError, config_from_dict
+    from flowrouter.net.config import ConfigError
+    from flowrouter.net.configfile import config_from_dict
 
     cfg = config_from_dict({"router": {"name": "r"}})
     assert cfg.params().locality_mapping is None

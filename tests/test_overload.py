@@ -8,7 +8,8 @@ import pytest
 
 import flowlib
 from flowrouter.core.linkqueue import OutputQueue, TokenBucket
-from flowrouter.net.config import ConfigError, Emulation, NodeConfig, PeerConfig, config_from_dict
+from flowrouter.net.config import ConfigError, Emulation, NodeConfig, PeerConfig
+from flowrouter.net.configfile import config_from_dict
 from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT

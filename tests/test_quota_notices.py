@@ -95,7 +95,8 @@ def test_flow_quota_refusal_travels_to_the_core_and_a_flood_is_told_to_few_flows
 def test_quota_keys_are_type_and_range_checked() -> None:
     import pytest
 
-    from flowrouter.net.config import ConfigError, config_from_dict
+    from flowrouter.net.config import ConfigError
+    from flowrouter.net.configfile import config_from_dict
 
     cfg = config_from_dict({"router": {"name": "r1"}, "quota": {"flow_notices": 0}})
     assert cfg.quota.flow_notices == 0

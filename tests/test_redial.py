@@ -13,7 +13,8 @@ import socket
 
 import pytest
 
-from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig, config_from_dict
+from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
+from flowrouter.net.configfile import config_from_dict
 from flowrouter.net.redial import DialSchedule
 from flowrouter.net.runtime import RouterNode
 

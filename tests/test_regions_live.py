@@ -97,7 +97,8 @@ def test_real_routers_carry_the_demo_through_a_region_with_a_flat_core_table(
 
 
 def test_a_region_table_in_a_router_config_is_checked() -> None:
-    from flowrouter.net.config import ConfigError, config_from_dict
+    from flowrouter.net.config import ConfigError
+    from flowrouter.net.configfile import config_from_dict
 
     base = {"router": {"name": "e1"}}
     good = {**base, "region": {"name": "bb", "edges": ["e1", "e0"], "max_extra": 0,

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from flowrouter.net.config import ConfigError, config_from_dict
+from flowrouter.net.config import ConfigError
+from flowrouter.net.configfile import config_from_dict
 from flowrouter.tools.cli import format_status
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID

@@ -8,7 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 from flowrouter.core.traces import MemoryTrace, TraceError, read_traces
-from flowrouter.net.config import NodeConfig, load_config
+from flowrouter.net.config import NodeConfig
+from flowrouter.net.configfile import load_config
 from flowrouter.testbed.sim.workload import run
 from flowrouter.testbed.topology import load
 

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig, config_from_dict
+from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
+from flowrouter.net.configfile import config_from_dict
 from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT

@@ -161,7 +161,8 @@ def test_on_loopback_an_authenticated_udp_link_whose_first_hello_is_lost_comes_u
 
 
 def test_with_link_keys_unsealed_udp_links_are_refused_unless_allowed() -> None:
-    from flowrouter.net.config import ConfigError, config_from_dict
+    from flowrouter.net.config import ConfigError
+    from flowrouter.net.configfile import config_from_dict
 
     keys = {"keys": {"site": "hex:" + "11" * 32}}
     peer = {"name": "r2", "address": "127.0.0.1:7002", "transport": "udp"}

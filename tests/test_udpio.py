@@ -300,7 +300,8 @@ def test_malformed_datagrams_in_a_batch_drop_only_their_link() -> None:
 
 
 def test_udp_socket_buffer_is_a_checked_config_key() -> None:
-    from flowrouter.net.config import ConfigError, config_from_dict
+    from flowrouter.net.config import ConfigError
+    from flowrouter.net.configfile import config_from_dict
 
     cfg = config_from_dict({"router": {"name": "x", "udp_socket_buffer": 1 << 20}})
     assert cfg.udp_socket_buffer == 1 << 20

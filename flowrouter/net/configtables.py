@@ -4,7 +4,7 @@
 Each ``*_table`` function takes the parsed TOML document and returns the
 :class:`~flowrouter.net.config.NodeConfig` keyword arguments that table sets, after checking
 every key's type and range (a :class:`ConfigError` names the table and the key). The key
-reference for all tables is :mod:`flowrouter.net.config`'s docstring; this module only
+reference for all tables is :mod:`flowrouter.net.configfile`'s docstring; this module only
 parses. May import :mod:`flowrouter.wire` and the standard library.
 """
 

@@ -1,11 +1,11 @@
 """RouterNode: one router daemon: the sans-I/O core plus its sockets, timers and re-dials.
 
 It owns the link table of transports, dials its configured peers (re-dialling with
-exponential back-off), runs the clock (``Router.tick``), carries out the core's actions,
-applies link emulation and administrative link state, enforces progress (slow consumers,
-stalled frames; the decisions are its flow control's, :mod:`flowrouter.net.backpressure`),
-and serves the control interface (:mod:`flowrouter.net.control`, commands checked by
-:mod:`flowrouter.net.commandauth`).
+exponential back-off: :mod:`flowrouter.net.dialer`), runs the clock (``Router.tick``),
+carries out the core's actions, applies link emulation and administrative link state,
+enforces progress (slow consumers, stalled frames; the decisions are its flow control's,
+:mod:`flowrouter.net.backpressure`), and serves the control interface
+(:mod:`flowrouter.net.control`, commands checked by :mod:`flowrouter.net.commandauth`).
 
 Its links (:mod:`flowrouter.net.tcp` for TCP, :mod:`flowrouter.net.udp`) and their outputs
 see it only as the node interface, :class:`flowrouter.net.nodeapi.Node`: it implements that
@@ -34,10 +34,11 @@ from flowrouter.net.config import Emulation, NodeConfig, PeerConfig, parse_addre
 from flowrouter.net.connlimits import ConnectionGate, descriptors_open, raise_descriptor_limit
 from flowrouter.net.control import CONTROL_LINE_LIMIT
 from flowrouter.net.control import serve_client as serve_control_client
+from flowrouter.net.dialer import Dialer
 from flowrouter.net.linksecurity import link_auth_status, sealed_stream
 from flowrouter.net.nodeapi import Link, ReadBatch
 from flowrouter.net.operate import Operations
-from flowrouter.net.redial import DialSchedule, peer_rows
+from flowrouter.net.redial import peer_rows
 from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.net.udp import UdpLink, UdpLinks
 from flowrouter.wire.control import Role
@@ -77,10 +78,14 @@ class RouterNode:
         self._stopped = False
         self._draining = False
         self._loop = loop
-        #: when to dial each configured peer again, and what to log about it
-        self.dials = DialSchedule(config.reconnect_min, config.reconnect_max)
-        #: per peer address: set to end the wait of its next dial at once
-        self._wake: dict[str, asyncio.Event] = {}
+        #: dials configured peers and re-dials them with back-off (flowrouter.net.dialer)
+        self.dialer = Dialer(self, self._spawn, lambda: self.udp)
+        #: when to dial each configured peer again (the dialer's schedule; reload changes it)
+        self.dials = self.dialer.schedule
+        #: configured peer address -> (Unix time, why its link is not up): for /status
+        self.peer_errors = self.dialer.errors
+        #: peers administratively down: their links are closed and not re-dialled
+        self._blocked = self.dialer.blocked
         self._tracer: TraceWriter | None = None
         #: the read in progress; ``begin_read`` starts one (a bound method of the batch:
         #: one call per read on the hot path)
@@ -94,12 +99,8 @@ class RouterNode:
         for peer in config.peers:
             if peer.name and peer.emulation.active:
                 self._emulation.setdefault(peer.name, peer.emulation)
-        #: peers administratively down: their links are closed and not re-dialled
-        self._blocked: set[str] = set()
         #: who may run control commands (flowrouter.net.commandauth); set when serving
         self.guard: CommandGuard | None = None
-        #: configured peer address -> (Unix time, why its link is not up): for /status
-        self.peer_errors: dict[str, tuple[float, str]] = {}
         self._more_servers: list[asyncio.base_events.Server] = []
         self._only: dict[int, Role | None] = {}  #: id(server) -> the role it accepts
         #: connections per port and the descriptor budget (flowrouter.net.connlimits)
@@ -181,11 +182,11 @@ class RouterNode:
                 limit=CONTROL_LINE_LIMIT)
             log.info("router %s control interface on %s:%d", cfg.name, *self.control_address)
         for peer in cfg.peers:
-            self._dial_soon(peer, 0.0)
+            self.dialer.start(peer)
         self._spawn(self._ticker())
 
     async def stop(self) -> None:
-        self._stopping = True
+        self._stopping = self.dialer.stopping = True
         if self.ops.drain_task is not None:
             self.ops.drain_task.cancel()
         self.flow.stop()
@@ -305,67 +306,14 @@ class RouterNode:
                     if link.peer is not None:  # a configured UDP peer: dial it again
                         self.redial(link.peer)
 
-    def _dial_soon(self, peer: PeerConfig, delay: float) -> None:
-        self._spawn(self._dial(peer, delay))
-
     def redial(self, peer: PeerConfig, why: str | None = None) -> None:
         """The dial of *peer* failed or its link went down: dial again after the back-off
-        (:class:`~flowrouter.net.redial.DialSchedule`), logging only changes of state."""
-        reason = why or "link closed"
-        if why is not None:
-            self.peer_errors[peer.address] = (time.time(), why)
-        if self._stopping:
-            return
-        step = self.dials.failed(peer.address, self.now(), reason)
-        who = f"{peer.name or 'peer'} ({peer.address})"
-        if step.note:
-            log.info("router %s: %s %s; dialling again in %.1fs, then backing off up to "
-                     "%.1fs", self.config.name, who, step.note, step.wait,
-                     self.config.reconnect_max)
-        else:
-            log.debug("router %s: %s still down (%s); dialling again in %.1fs",
-                      self.config.name, who, reason, step.wait)
-        self._dial_soon(peer, step.wait)
-
-    async def _dial(self, peer: PeerConfig, delay: float) -> None:
-        if delay:  # the back-off, cut short when the peer is brought back (set_link)
-            wake = self._wake.setdefault(peer.address, asyncio.Event())
-            try:
-                await asyncio.wait_for(wake.wait(), delay)
-            except TimeoutError:
-                pass
-            wake.clear()
-        if self._stopping or peer not in self.config.peers:
-            return  # stopping, or the peer left the configuration (a reload)
-        if peer.name in self._blocked:
-            self.redial(peer, "administratively down")  # goes through once it is up again
-            return
-        loop = asyncio.get_running_loop()
-        host, port = parse_address(peer.address, "peer address")
-        if peer.transport == "udp":
-            if self.udp is None:
-                log.error("peer %s uses UDP but this router has no [router] udp address",
-                          peer.address)
-                return
-            self.dials.attempt(peer.address, self.now())
-            self.udp.dial((host, port), peer)
-            return
-        self.dials.attempt(peer.address, self.now())
-        timeout = self.config.dial_timeout
-        try:
-            # A time-out of its own: a connect into a blackout would otherwise wait on the
-            # kernel's SYN repeats (minutes), long after the network healed.
-            await asyncio.wait_for(
-                loop.create_connection(lambda: TcpLink(self, peer), host, port), timeout)
-        except TimeoutError:
-            self.redial(peer, f"no answer within {timeout:g}s (dial_timeout)")
-        except OSError as exc:
-            self.redial(peer, f"cannot connect: {exc.strerror or exc}")
+        (:class:`~flowrouter.net.dialer.Dialer`)."""
+        self.dialer.redial(peer, why)
 
     def dial(self, peer: PeerConfig) -> None:
         """Start dialling *peer* (a peer a reload added)."""
-        self.dials.reset(peer.address)
-        self._dial_soon(peer, 0.0)
+        self.dialer.dial(peer)
 
     def drop_peers(self, peers: list[PeerConfig], reason: str) -> None:
         """Stop dialling *peers* and close their links (a reload removed them)."""
@@ -374,8 +322,7 @@ class RouterNode:
                           if isinstance(link, TcpLink | UdpLink) and link.peer in peers],
                          reason)
         for address in gone:
-            self.dials.forget(address)
-            self.peer_errors.pop(address, None)
+            self.dialer.forget(address)
 
     def close_links(self, link_ids: list[int], reason: str) -> None:
         """Close these links now, as a failure would (their flows are repaired)."""
@@ -402,10 +349,7 @@ class RouterNode:
     def reached(self, peer: PeerConfig) -> None:
         """The link to configured *peer* is up (its handshake done, not just connected):
         the back-off may start over once it stays up."""
-        note = self.dials.up(peer.address, self.now())
-        if note:
-            log.info("router %s: %s (%s) %s", self.config.name, peer.name or "peer",
-                     peer.address, note)
+        self.dialer.reached(peer)
 
     # administration (fault schedules) ---------------------------------------------------------
     def set_emulation(self, peer: str, emu: Emulation | None) -> None:
@@ -428,14 +372,8 @@ class RouterNode:
         while the peer is blocked it is neither re-dialled nor accepted.
         """
         if up:
-            self._blocked.discard(peer)
             log.info("router %s: link to %s administratively up", self.config.name, peer)
-            for p in self.config.peers:
-                if p.name == peer:
-                    self.dials.reset(p.address)
-                    wake = self._wake.get(p.address)
-                    if wake is not None:
-                        wake.set()  # the dial waiting out its back-off goes now
+            self.dialer.unblock(peer)  # the dial waiting out its back-off goes now
             return 0
         self._blocked.add(peer)
         log.info("router %s: link to %s administratively down", self.config.name, peer)

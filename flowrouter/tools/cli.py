@@ -20,7 +20,8 @@ from functools import partial
 from typing import Any
 
 from flowrouter import console
-from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig, config_from_dict, load_config
+from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
+from flowrouter.net.configfile import config_from_dict, load_config
 
 log = logging.getLogger("flowrouter")
 
