@@ -37,14 +37,34 @@ from __future__ import annotations
 import heapq
 
 from .core import RETIRED_KEPT, SiteCore
+from .parts import LeaderOrder, Liveness, OrderingRule, RepairRequests, StreamTransport
 from .peerevents import PeerEvent
 from .records import PeerRecord, Stream
 
 
-class Incarnations(SiteCore):
-    """Restarts of peers: retiring, expiring and forgetting streams (a part of SiteOrdering)."""
+class Incarnations:
+    """Restarts of peers: retiring, expiring and forgetting streams; a part of SiteOrdering,
+    holding the shared SiteCore."""
 
-    def _incarnation(self, p: PeerRecord, st: Stream, inc: int, now: float) -> bool:
+    _liveness: Liveness
+    _transport: StreamTransport
+    _repair: RepairRequests
+    _ordering: OrderingRule
+    _leading: LeaderOrder
+
+    def __init__(self, core: SiteCore) -> None:
+        self.core = core
+
+    def connect(self, *, liveness: Liveness, transport: StreamTransport, repairs: RepairRequests,
+                ordering: OrderingRule, leader: LeaderOrder) -> None:
+        """The other parts this one asks (set once, by the coordinator)."""
+        self._liveness = liveness
+        self._transport = transport
+        self._repair = repairs
+        self._ordering = ordering
+        self._leading = leader
+
+    def incarnation(self, p: PeerRecord, st: Stream, inc: int, now: float) -> bool:
         """A frame of peer *p* itself names its incarnation *inc*: True if it belongs to its
         current stream (a newer incarnation becomes the current stream: a restart)."""
         if st.inc == inc:
@@ -54,61 +74,62 @@ class Incarnations(SiteCore):
             p.inc = inc
             return True
         if inc < st.inc:
-            self.counters["stale-incarnation"] += 1
+            self.core.counters["stale-incarnation"] += 1
             return False
-        self.counters["peer.restarted"] += 1
+        self.core.counters["peer.restarted"] += 1
         self._retire(st, now)
         new = Stream(p.idx, inc)
         new.successor = True
-        self.streams[p.idx] = new
+        self.core.streams[p.idx] = new
         p.inc = inc
         # acknowledgement vectors the peer sent in its earlier run no longer describe it
         p.acks = p.held_from = p.ack_incs = ()
-        self._peer_event(p, PeerEvent.RESTARTED, now)
-        if self.mode == "leader" and p.idx == self.leader and not self.is_leader:
-            self._leader_restarted(inc)  # after RESTARTED: being cut off resets the order
+        self._liveness.peer_event(p, PeerEvent.RESTARTED, now)
+        if self.core.mode == "leader" and p.idx == self.core.leader and not self.core.is_leader:
+            self._leading.leader_restarted(inc)  # after RESTARTED: being cut off resets the order
         return True
 
     def _retire(self, st: Stream, now: float) -> None:
         st.retired_at = now
-        self.counters["incarnation.retired"] += 1
-        olds = self.retired.setdefault(st.origin, [])
+        self.core.counters["incarnation.retired"] += 1
+        olds = self.core.retired.setdefault(st.origin, [])
         olds.append(st)
         while len(olds) > RETIRED_KEPT:
             self._forget(olds.pop(0))
         if st.known_high > st.contiguous:
-            self._want_nack(st, now, immediate=True)
+            self._repair.want_nack(st, now, immediate=True)
 
     def _forget(self, st: Stream) -> None:
         o, inc = st.origin, st.inc
-        self.counters["incarnation.forgotten"] += 1
-        gone = [k for k in self._ready if k[0] == o and k[1] == inc]
+        self.core.counters["incarnation.forgotten"] += 1
+        gone = [k for k in self.core.ready if k[0] == o and k[1] == inc]
         for k in gone:
-            del self._ready[k]
+            del self.core.ready[k]
         if gone:
-            self.counters["incarnation.forgotten-undelivered"] += len(gone)
-            late = [e for e in self._late_heap if e[1] == o and e[2] == inc]
-            self._late_waiting[o] -= len(late)
-            if self._late_waiting[o] <= 0:
-                self._late_waiting.pop(o, None)
-            self._heap = [e for e in self._heap if not (e[1] == o and e[2] == inc)]
-            heapq.heapify(self._heap)
-            self._late_heap = [e for e in self._late_heap if not (e[1] == o and e[2] == inc)]
-            heapq.heapify(self._late_heap)
+            self.core.counters["incarnation.forgotten-undelivered"] += len(gone)
+            late = [e for e in self.core.late_heap if e[1] == o and e[2] == inc]
+            self.core.late_waiting[o] -= len(late)
+            if self.core.late_waiting[o] <= 0:
+                self.core.late_waiting.pop(o, None)
+            self.core.heap = [e for e in self.core.heap if not (e[1] == o and e[2] == inc)]
+            heapq.heapify(self.core.heap)
+            self.core.late_heap = [e for e in self.core.late_heap
+                                   if not (e[1] == o and e[2] == inc)]
+            heapq.heapify(self.core.late_heap)
 
-    def _expire_retired(self, now: float) -> None:
+    def expire_retired(self, now: float) -> None:
         """Retired streams: what is still missing ``dependency_timeout`` after retirement
         is declared lost (skipped, counted), which releases what waits behind it."""
-        limit = self.cfg.dependency_timeout
+        limit = self.core.cfg.dependency_timeout
         changed = False
-        for olds in self.retired.values():
+        for olds in self.core.retired.values():
             for st in olds:
                 if st.retired_at is None or now - st.retired_at < limit:
                     continue
                 if st.known_high > st.contiguous:
-                    self._skip(st.origin, st, st.known_high, now, reason="restart-lost")
+                    self._transport.skip(st.origin, st, st.known_high, now, reason="restart-lost")
                     changed = True
                 st.nack_due = None
                 st.lt_wanted = []
         if changed:
-            self._deliverable(now)
+            self._ordering.deliverable(now)

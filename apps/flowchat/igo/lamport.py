@@ -17,61 +17,99 @@ holds (dependencies are checked as for any message). A site that goes to S3 leav
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from dataclasses import replace
 
 from .actions import Deliver, Delivery, PeerState
 from .core import SiteCore
-from .records import Msg, Stream
+from .parts import LeaderOrder, Liveness, RepairRequests, StabilityRule, StreamTransport
+from .records import Msg, Stream, TokenBucket
 
 
-class LamportOrdering(SiteCore):
-    """Lamport order, causal order and delivery (a part of SiteOrdering)."""
+class LamportOrdering:
+    """Lamport order, causal order and delivery; a part of SiteOrdering, holding the shared
+    SiteCore."""
 
-    def _accept(self, msg: Msg, now: float, refill: bool = False) -> None:
+    _liveness: Liveness
+    _transport: StreamTransport
+    _repair: RepairRequests
+    _leading: LeaderOrder
+    _stability: StabilityRule
+
+    def __init__(self, core: SiteCore, now: float) -> None:
+        self.core = core
+        self._last_key: tuple[int, int] = (-1, -1)  #: last delivered (lamport, origin)
+        #: (origin, incarnation, seq) -> since when it waits for a dependency
+        self._dep_wait: dict[tuple[int, int, int], float] = {}
+        #: deliveries waiting for the display pace (``display_rate``)
+        self._display: deque[Delivery] = deque()
+        self._display_bucket = (TokenBucket(core.cfg.display_rate, core.cfg.display_burst, now)
+                                if core.cfg.display_rate else None)
+
+    def connect(self, *, liveness: Liveness, transport: StreamTransport, repairs: RepairRequests,
+                leader: LeaderOrder, stability: StabilityRule) -> None:
+        """The other parts this one asks (set once, by the coordinator)."""
+        self._liveness = liveness
+        self._transport = transport
+        self._repair = repairs
+        self._leading = leader
+        self._stability = stability
+
+    def accept(self, msg: Msg, now: float, refill: bool = False) -> None:
         """A message whose FIFO predecessors are all in: hand it to the ordering rule."""
         key = (msg.origin, msg.inc, msg.seq)
-        if self.mode == "leader":
-            if self.is_leader:
-                self._ready[key] = msg
+        if self.core.mode == "leader":
+            if self.core.is_leader:
+                self.core.ready[key] = msg
                 if refill:  # history fetched after a restart or a long-term disconnect:
-                    self._refills.add(key)  # ordered flagged late, causes first
-                self._leader_assign_ready(now)
-            elif msg.origin == self.me:
-                self._awaiting_order[msg.seq] = msg
-                lp = self.peers[self.leader]  # type: ignore[index]
+                    self.core.refills.add(key)  # ordered flagged late, causes first
+                self._leading.leader_assign_ready(now)
+            elif msg.origin == self.core.me:
+                self.core.awaiting_order[msg.seq] = msg
+                lp = self.core.peers[self.core.leader]  # type: ignore[index]
                 if lp.state in (PeerState.S2, PeerState.S3):
-                    self._deliver_local(msg, now)
+                    self._leading.deliver_local(msg, now)
             else:
-                self._ready[key] = msg
+                self.core.ready[key] = msg
             return
-        self._ready[key] = msg
+        self.core.ready[key] = msg
         entry = (msg.lamport, msg.origin, msg.inc, msg.seq)
         # history fetched in the background has a queue of its own: shown late, in
         # Lamport order, causes first, never holding live messages (nor reconciled ones)
-        heapq.heappush(self._history_heap if refill else self._heap, entry)
+        heapq.heappush(self.core.history_heap if refill else self.core.heap, entry)
 
     def _lamport_ok(self, t: int, o: int) -> bool:
-        for p in self.peers.values():
+        for p in self.core.peers.values():
             i = p.idx
-            if i == o or not self._in_ordering(p):
+            if i == o or not self._liveness.in_ordering(p):
                 continue
-            b = self.streams[i].bound
+            b = self.core.streams[i].bound
             if b > t or (b == t and i > o):
                 continue
             return False
-        return not (o != self.me and not (self.clock > t or self.clock == t and self.me > o))
+        clock = self.core.clock
+        return not (o != self.core.me and not (clock > t or clock == t and self.core.me > o))
 
-    def _frontier(self) -> tuple[int, int]:
+    def release_display(self, now: float) -> None:
+        """Deliveries held for the display pace (``display_rate``) that may go now."""
+        bucket = self._display_bucket
+        if bucket is not None:
+            while self._display and bucket.take(now):
+                d = self._display.popleft()
+                self.core.emit(Deliver(replace(d, delivery_time=now)))
+
+    def frontier(self) -> tuple[int, int]:
         """The smallest (lamport, origin) key a message from our ordering set may still
         have: everything below it that the ordering set sent is here."""
-        best = (self.clock, self.me)
-        for p in self.peers.values():
-            if self._in_ordering(p):
-                k = (self.streams[p.idx].bound, p.idx)
+        best = (self.core.clock, self.core.me)
+        for p in self.core.peers.values():
+            if self._liveness.in_ordering(p):
+                k = (self.core.streams[p.idx].bound, p.idx)
                 if k < best:
                     best = k
         return best
 
-    def _deps_ok(self, msg: Msg, now: float, late: bool = False) -> bool:
+    def deps_ok(self, msg: Msg, now: float, late: bool = False) -> bool:
         """Every causal dependency of *msg* is settled here (delivered or skipped).
 
         History a restarted site fetches in the background (:attr:`Stream.history`) counts
@@ -94,18 +132,19 @@ class LamportOrdering(SiteCore):
           before we knew the site) is met (``dependency.forgotten``); a newer run not heard
           of yet is waited for, then given up (``dependency.lost``) after the time-out.
         * Our own messages' dependencies were settled when we sent them."""
-        if msg.origin == self.me:
+        if msg.origin == self.core.me:
             return True
         key = (msg.origin, msg.inc, msg.seq)
         ok = True
         forgotten = lost = 0
         for o, inc, s in msg.deps:
-            if o == msg.origin and inc == msg.inc or o == self.me and inc == self.inc:
+            if o == msg.origin and inc == msg.inc or o == self.core.me and inc == self.core.inc:
                 continue
-            st = self._stream(o, inc)
-            timed_out = now - self._dep_wait.setdefault(key, now) >= self.cfg.dependency_timeout
+            st = self.core.stream(o, inc)
+            waited = now - self._dep_wait.setdefault(key, now)
+            timed_out = waited >= self.core.cfg.dependency_timeout
             if st is None:
-                if inc < (self.inc if o == self.me else self.streams[o].inc):
+                if inc < (self.core.inc if o == self.core.me else self.core.streams[o].inc):
                     forgotten += 1
                 elif timed_out:
                     lost += 1
@@ -114,18 +153,18 @@ class LamportOrdering(SiteCore):
                 continue
             if s <= st.settled:
                 if late and st.awaiting_history(s) and (
-                        st.lt_wanted or now - st.rx_at < self.cfg.disconnect_interval):
+                        st.lt_wanted or now - st.rx_at < self.core.cfg.disconnect_interval):
                     ok = False  # history fetched in the background: its causes first
                 continue
             if s > st.contiguous and timed_out:
-                self.counters["dependency.skipped"] += 1
-                self._skip(o, st, s, now, reason="dependency")
+                self.core.counters["dependency.skipped"] += 1
+                self._transport.skip(o, st, s, now, reason="dependency")
                 if s <= st.settled:
                     continue
             if s <= st.contiguous:
                 # the first of the stream's messages not settled here (FIFO: the rest
                 # follow it)
-                held = self._ready.get((o, st.inc, st.settled + 1))
+                held = self.core.ready.get((o, st.inc, st.settled + 1))
                 if held is not None and held.lamport >= msg.lamport:
                     continue  # not what the sender had delivered (see above)
                 if held is None and timed_out:
@@ -134,43 +173,43 @@ class LamportOrdering(SiteCore):
                 continue
             if s > st.known_high:
                 st.known_high = s
-            self._want_nack(st, now, hint=True)
+            self._repair.want_nack(st, now, hint=True)
             ok = False
         if ok:
             self._dep_wait.pop(key, None)
             if forgotten:
-                self.counters["dependency.forgotten"] += forgotten
+                self.core.counters["dependency.forgotten"] += forgotten
             if lost:
-                self.counters["dependency.lost"] += lost
+                self.core.counters["dependency.lost"] += lost
         else:
-            self.counters["dependency.waits"] += 1
+            self.core.counters["dependency.waits"] += 1
         return ok
 
-    def _deliverable(self, now: float) -> None:
-        if self.mode == "leader":
-            if self.is_leader and self._ready:
-                self._leader_assign_ready(now)  # dependency time-outs
+    def deliverable(self, now: float) -> None:
+        if self.core.mode == "leader":
+            if self.core.is_leader and self.core.ready:
+                self._leading.leader_assign_ready(now)  # dependency time-outs
             return
-        heap = self._heap
-        stability = self.cfg.stability
+        heap = self.core.heap
+        stability = self.core.cfg.stability
         while heap:
             t, o, inc, s = heap[0]
-            msg = self._ready.get((o, inc, s))
+            msg = self.core.ready.get((o, inc, s))
             if msg is None:  # dropped (an incarnation forgotten)
                 heapq.heappop(heap)
                 continue
-            if (t, o) < self._last_key or self._late_waiting[o] or self._after_late(msg):
+            if (t, o) < self._last_key or self.core.late_waiting[o] or self._after_late(msg):
                 # late, or after a late message it must follow (FIFO, causal order):
                 # released in key order by _deliver_late
                 heapq.heappop(heap)
-                heapq.heappush(self._late_heap, (t, o, inc, s))
-                self._late_waiting[o] += 1
+                heapq.heappush(self.core.late_heap, (t, o, inc, s))
+                self.core.late_waiting[o] += 1
                 continue
             if not self._lamport_ok(t, o):
                 break
-            if stability and not self._stable(msg, now):
+            if stability and not self._stability.stable(msg, now):
                 break
-            ok = self._deps_ok(msg, now)
+            ok = self.deps_ok(msg, now)
             if heap[0] != (t, o, inc, s):
                 # skipping a timed-out dependency let messages buffered beyond it into the
                 # heap, some with smaller keys: they come first (popping now would take one
@@ -179,83 +218,83 @@ class LamportOrdering(SiteCore):
             if not ok:
                 break
             heapq.heappop(heap)
-            del self._ready[(o, inc, s)]
+            del self.core.ready[(o, inc, s)]
             self._last_key = (t, o)
-            self._deliver(msg, now, late=False, gseq=None, local=False)
+            self.deliver(msg, now, late=False, gseq=None, local=False)
         self._deliver_late(now)
         self._deliver_history(now)
 
     def _deliver_history(self, now: float) -> None:
-        heap = self._history_heap
+        heap = self.core.history_heap
         while heap:
             t, o, inc, s = heap[0]
-            msg = self._ready.get((o, inc, s))
+            msg = self.core.ready.get((o, inc, s))
             if msg is None:
                 heapq.heappop(heap)
                 continue
-            if not self._deps_ok(msg, now, late=True):
+            if not self.deps_ok(msg, now, late=True):
                 break
             heapq.heappop(heap)
-            del self._ready[(o, inc, s)]
-            self._deliver(msg, now, late=True, gseq=None, local=False)
+            del self.core.ready[(o, inc, s)]
+            self.deliver(msg, now, late=True, gseq=None, local=False)
 
     def _after_late(self, msg: Msg) -> bool:
         """*msg* depends on a message we hold that waits among the late ones."""
         for o, inc, s in msg.deps:
-            if o == msg.origin or o == self.me or not self._late_waiting[o]:
+            if o == msg.origin or o == self.core.me or not self.core.late_waiting[o]:
                 continue
-            st = self._stream(o, inc)
+            st = self.core.stream(o, inc)
             if st is not None and st.settled < s <= st.contiguous:
                 return True
         return False
 
     def _late_ok(self, t: int, o: int) -> bool:
         """No late message below key (t, o) can still arrive from a site in S1 or S2."""
-        for p in self.peers.values():
+        for p in self.core.peers.values():
             i = p.idx
             if i == o or p.state not in (PeerState.S1, PeerState.S2):
                 continue
-            b = self.streams[i].bound
+            b = self.core.streams[i].bound
             if not (b > t or (b == t and i > o)):
                 return False
         return True
 
     def _deliver_late(self, now: float) -> None:
-        heap = self._late_heap
+        heap = self.core.late_heap
         while heap:
             t, o, inc, s = heap[0]
-            msg = self._ready.get((o, inc, s))
+            msg = self.core.ready.get((o, inc, s))
             if msg is None:  # dropped (an incarnation forgotten)
                 heapq.heappop(heap)
                 continue
-            if not self._late_ok(t, o) or not self._deps_ok(msg, now, late=True):
+            if not self._late_ok(t, o) or not self.deps_ok(msg, now, late=True):
                 break
             heapq.heappop(heap)
-            self._late_waiting[o] -= 1
-            del self._ready[(o, inc, s)]
-            self._deliver(msg, now, late=True, gseq=None, local=False)
+            self.core.late_waiting[o] -= 1
+            del self.core.ready[(o, inc, s)]
+            self.deliver(msg, now, late=True, gseq=None, local=False)
 
-    def _deliver(self, msg: Msg, now: float, *, late: bool, gseq: int | None,
+    def deliver(self, msg: Msg, now: float, *, late: bool, gseq: int | None,
                  local: bool) -> None:
-        st = self._stream(msg.origin, msg.inc)
+        st = self.core.stream(msg.origin, msg.inc)
         if st is not None and msg.seq > st.settled:
             st.delivered.add(msg.seq)
-            self._settle(st)
-        self.deliveries += 1
-        self._acks_changed = True
-        self.counters["delivered"] += 1
+            self.settle(st)
+        self.core.deliveries += 1
+        self.core.acks_changed = True
+        self.core.counters["delivered"] += 1
         if late:
-            self.counters["delivered.late"] += 1
+            self.core.counters["delivered.late"] += 1
         if local:
-            self.counters["delivered.local"] += 1
-        d = Delivery(self.site, self.cfg.sites[msg.origin], msg.seq, msg.lamport, gseq,
+            self.core.counters["delivered.local"] += 1
+        d = Delivery(self.core.site, self.core.cfg.sites[msg.origin], msg.seq, msg.lamport, gseq,
                      msg.send_time, now, late, local, msg.payload, msg.inc)
         if self._display_bucket is not None:
             self._display.append(d)
         else:
-            self._emit(Deliver(d))
+            self.core.emit(Deliver(d))
 
-    def _settle(self, st: Stream) -> None:
+    def settle(self, st: Stream) -> None:
         while True:
             n = st.settled + 1
             if n in st.delivered:

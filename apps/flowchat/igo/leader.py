@@ -11,6 +11,7 @@ from flowrouter.wire.bands import (
 
 from .actions import PeerState, Send
 from .core import SiteCore
+from .parts import Liveness, OrderingRule, RepairRequests
 from .peerevents import PeerEvent
 from .records import Msg, Stream, seq_ranges
 from .wire import (
@@ -19,22 +20,42 @@ from .wire import (
     MAX_ORDER_ENTRIES,
     MAX_RANGES,
     STREAM_ORDER,
-    Gone,
     Nack,
     Order,
     ProtocolError,
-    encode_gone,
     encode_nack,
     encode_order,
 )
 
 
-class LeaderOrdering(SiteCore):
-    """Leader-based ordering (a part of SiteOrdering)."""
+class LeaderOrdering:
+    """Leader-based ordering; a part of SiteOrdering, holding the shared SiteCore."""
 
-    def _leader_assign_ready(self, now: float) -> None:
+    _liveness: Liveness
+    _repair: RepairRequests
+    _ordering: OrderingRule
+
+    def __init__(self, core: SiteCore) -> None:
+        self.core = core
+        self._assigning = False  #: leader: inside leader_assign_ready (no re-entry)
+        self._order_log: dict[int, tuple[int, int, int, int]] = {}  #: leader: g -> entry
+        self._order_log_first = 1
+        self._order_out: list[tuple[int, int, int, int]] = []  #: leader: to multicast
+        self._order_out_first = 0
+        self._fetch_due: dict[tuple[int, int, int], float] = {}  #: (origin, inc, seq)
+        self._fetch_tries: dict[tuple[int, int], int] = {}  #: (origin, inc) -> retries
+        self._draining = False  #: inside drain_orders (no re-entry)
+
+    def connect(self, *, liveness: Liveness, repairs: RepairRequests,
+                ordering: OrderingRule) -> None:
+        """The other parts this one asks (set once, by the coordinator)."""
+        self._liveness = liveness
+        self._repair = repairs
+        self._ordering = ordering
+
+    def leader_assign_ready(self, now: float) -> None:
         """The leader numbers each stream's next message once its causal dependencies are
-        settled here (delivered, or given up as :meth:`_deps_ok` does), so an answer is
+        settled here (delivered, or given up as ``OrderingRule.deps_ok`` does), so an answer is
         never numbered before its question, not even when the leader fetches everybody's
         history at start-up (a restarted leader) and the answers' stream comes back
         first."""
@@ -43,20 +64,20 @@ class LeaderOrdering(SiteCore):
         self._assigning = True
         try:
             while True:
-                before = (len(self._ready), self.g_high)
-                for st in self._all_streams():
-                    msg = self._ready.get((st.origin, st.inc, st.settled + 1))
-                    if msg is not None and self._deps_ok(msg, now):
-                        self._refills.discard((msg.origin, msg.inc, msg.seq))
+                before = (len(self.core.ready), self.core.g_high)
+                for st in self.core.all_streams():
+                    msg = self.core.ready.get((st.origin, st.inc, st.settled + 1))
+                    if msg is not None and self._ordering.deps_ok(msg, now):
+                        self.core.refills.discard((msg.origin, msg.inc, msg.seq))
                         self._leader_assign(msg, now)
                 # history (fetched in the background): in Lamport order, causes first
-                self._refills &= self._ready.keys()
-                for key in sorted(self._refills, key=lambda k: (self._ready[k].lamport, k)):
-                    msg = self._ready.get(key)
-                    if msg is not None and self._deps_ok(msg, now, late=True):
-                        self._refills.discard(key)
+                self.core.refills &= self.core.ready.keys()
+                for key in sorted(self.core.refills, key=lambda k: (self.core.ready[k].lamport, k)):
+                    msg = self.core.ready.get(key)
+                    if msg is not None and self._ordering.deps_ok(msg, now, late=True):
+                        self.core.refills.discard(key)
                         self._leader_assign(msg, now, late=True)
-                if (len(self._ready), self.g_high) == before:
+                if (len(self.core.ready), self.core.g_high) == before:
                     return
         finally:
             self._assigning = False
@@ -66,25 +87,25 @@ class LeaderOrdering(SiteCore):
         one of history fetched in the background)."""
         o = msg.origin
         flags = F_LATE if late else 0
-        if o != self.me:
-            p = self.peers[o]
+        if o != self.core.me:
+            p = self.core.peers[o]
             if p.state is not PeerState.S1:
                 flags |= F_LATE
-        self.g_high += 1
-        g = self.g_high
+        self.core.g_high += 1
+        g = self.core.g_high
         entry = (o, msg.inc, msg.seq, flags)
         self._order_log[g] = entry
-        while len(self._order_log) > self.cfg.history_size:
+        while len(self._order_log) > self.core.cfg.history_size:
             self._order_log.pop(self._order_log_first, None)
             self._order_log_first += 1
         if not self._order_out:
             self._order_out_first = g
         self._order_out.append(entry)
-        self.counters["order.assigned"] += 1
-        del self._ready[(o, msg.inc, msg.seq)]
-        self._deliver(msg, now, late=bool(flags & F_LATE), gseq=g, local=False)
+        self.core.counters["order.assigned"] += 1
+        del self.core.ready[(o, msg.inc, msg.seq)]
+        self._ordering.deliver(msg, now, late=bool(flags & F_LATE), gseq=g, local=False)
 
-    def _flush_orders(self) -> None:
+    def flush_orders(self) -> None:
         if not self._order_out:
             return
         first = self._order_out_first
@@ -92,123 +113,123 @@ class LeaderOrdering(SiteCore):
         self._order_out = []
         for k in range(0, len(entries), MAX_ORDER_ENTRIES):
             chunk = tuple(entries[k:k + MAX_ORDER_ENTRIES])
-            self._out.append(Send(BAND_ORDER, encode_order(
-                self.tag, self.me, Order(self.inc, self._view_bits(), first + k, chunk)),
-                "order"))
-            self.counters["sent.order"] += 1
+            self.core.emit(Send(BAND_ORDER, encode_order(
+                self.core.tag, self.core.me,
+                Order(self.core.inc, self._liveness.view_bits(), first + k, chunk)), "order"))
+            self.core.counters["sent.order"] += 1
 
-    def _answer_order_nack(self, tx: int, n: Nack, now: float) -> None:
-        if not self.is_leader:
+    def answer_order_nack(self, tx: int, n: Nack, now: float) -> None:
+        if not self.core.is_leader:
             return
         for lo, hi in n.ranges:
-            hi = min(hi, self.g_high)
+            hi = min(hi, self.core.g_high)
             if lo < self._order_log_first:
-                self._emit(Send(self.cfg.inbox_band(tx), encode_gone(self.tag, self.me, Gone(
-                    tx, STREAM_ORDER, self._order_log_first, self.inc)), "gone"))
+                self.core.send_gone(tx, STREAM_ORDER, self._order_log_first, self.core.inc)
                 lo = self._order_log_first
             if lo > hi:
                 continue
             entries = tuple(self._order_log[g] for g in range(lo, hi + 1))
             for k in range(0, len(entries), MAX_ORDER_ENTRIES):
-                self._emit(Send(self.cfg.inbox_band(tx), encode_order(
-                    self.tag, self.me,
-                    Order(self.inc, self._view_bits(), lo + k, entries[k:k + MAX_ORDER_ENTRIES])),
+                self.core.emit(Send(self.core.cfg.inbox_band(tx), encode_order(
+                    self.core.tag, self.core.me,
+                    Order(self.core.inc, self._liveness.view_bits(), lo + k,
+                          entries[k:k + MAX_ORDER_ENTRIES])),
                     "order-repair"))
-                self.counters["repair.order-sent"] += 1
+                self.core.counters["repair.order-sent"] += 1
 
-    def _on_order(self, tx: int, o: Order, now: float) -> None:
-        if self.mode != "leader" or tx != self.leader:
+    def on_order(self, tx: int, o: Order, now: float) -> None:
+        if self.core.mode != "leader" or tx != self.core.leader:
             raise ProtocolError("order-not-leader", f"ORDER from site {tx}")
-        if self.is_leader:
+        if self.core.is_leader:
             return
-        p = self.peers[tx]
-        if self._leader_inc and o.inc < self._leader_inc:
-            self.counters["order.earlier-run"] += 1  # delayed, of the leader's earlier run
+        p = self.core.peers[tx]
+        if self.core.leader_inc and o.inc < self.core.leader_inc:
+            self.core.counters["order.earlier-run"] += 1  # delayed, of the leader's earlier run
             return
-        if self._leader_inc and o.inc != self._leader_inc:
-            self._leader_restarted(o.inc)
-        self._leader_inc = o.inc
-        self._leader_view = o.view
+        if self.core.leader_inc and o.inc != self.core.leader_inc:
+            self.leader_restarted(o.inc)
+        self.core.leader_inc = o.inc
+        self.core.leader_view = o.view
         if p.state in (PeerState.UNKNOWN, PeerState.S3):
             p.last_heard = now
-            self._leader_seen_g(o.first - 1, now)
-            self._peer_event(p, PeerEvent.CONTACT, now)
+            self.leader_seen_g(o.first - 1, now)
+            self._liveness.peer_event(p, PeerEvent.CONTACT, now)
         else:
-            self._heard(tx, now)
-            self._leader_seen_g(o.first - 1, now)
+            self._liveness.heard(tx, now)
+            self.leader_seen_g(o.first - 1, now)
         for k, entry in enumerate(o.entries):
             g = o.first + k
-            if g >= self.next_g:
-                self._orders[g] = entry
+            if g >= self.core.next_g:
+                self.core.orders[g] = entry
         last = o.first + len(o.entries) - 1
-        if last > self.g_high:
-            self.g_high = last
-        self._drain_orders(now)
-        self._update_membership(now)
+        if last > self.core.g_high:
+            self.core.g_high = last
+        self.drain_orders(now)
+        self._liveness.update_membership(now)
 
-    def _leader_restarted(self, inc: int) -> None:
+    def leader_restarted(self, inc: int) -> None:
         """The leader is a new run (incarnation *inc*): its order numbers start again at 1,
         a new order stream. Follow it from its start (all of it is wanted: the new leader
         orders, from its start, what it fetched of everybody's history and whatever the
         old run left unordered); entries naming messages delivered under the old run's
         numbers are passed over (``order.already-delivered``)."""
-        if inc == self._leader_inc:
+        if inc == self.core.leader_inc:
             return
-        self.counters["leader.restarted"] += 1
-        self._leader_inc = inc
-        self._orders.clear()
+        self.core.counters["leader.restarted"] += 1
+        self.core.leader_inc = inc
+        self.core.orders.clear()
         self._fetch_due.clear()
-        self.next_g = 1
-        self.g_high = 0
-        self._order_synced = True
-        self._order_nack_due = None
+        self.core.next_g = 1
+        self.core.g_high = 0
+        self.core.order_synced = True
+        self.core.order_nack_due = None
 
     def _was_delivered(self, o: int, inc: int, s: int) -> bool:
         """Message *s* of stream (o, inc) was delivered here (not merely skipped)."""
-        st = self._stream(o, inc)
+        st = self.core.stream(o, inc)
         if st is None:
             return False
         if s in st.delivered:
             return True
         return s <= st.settled and not any(r[0] <= s <= r[1] for r in st.skipped)
 
-    def _leader_seen_g(self, g: int, now: float) -> None:
+    def leader_seen_g(self, g: int, now: float) -> None:
         """The leader has assigned up to *g* (from its heartbeat or an ORDER record)."""
-        if not self._order_synced:
+        if not self.core.order_synced:
             # first contact, or back after a cut: resume at the leader's current position
-            self._order_synced = True
-            if g + 1 > self.next_g:
-                skipped = g + 1 - self.next_g
-                self.counters["order.skipped"] += skipped
-                for k in [k for k in self._orders if k <= g]:
-                    del self._orders[k]
-                self.next_g = g + 1
-        if g > self.g_high:
-            self.g_high = g
-        if self.g_high >= self.next_g and self._order_nack_due is None:
-            self._order_nack_due = now + self.cfg.nack_delay
+            self.core.order_synced = True
+            if g + 1 > self.core.next_g:
+                skipped = g + 1 - self.core.next_g
+                self.core.counters["order.skipped"] += skipped
+                for k in [k for k in self.core.orders if k <= g]:
+                    del self.core.orders[k]
+                self.core.next_g = g + 1
+        if g > self.core.g_high:
+            self.core.g_high = g
+        if self.core.g_high >= self.core.next_g and self.core.order_nack_due is None:
+            self.core.order_nack_due = now + self.core.cfg.nack_delay
 
-    def _leader_state_changed(self, old: PeerState, new: PeerState,
+    def leader_state_changed(self, old: PeerState, new: PeerState,
                               now: float) -> None:
         if new in (PeerState.S2, PeerState.S3) and old in (PeerState.S1, PeerState.UNKNOWN):
             # cut off from the leader: intra-site chat; our waiting messages go out now
-            for seq in sorted(self._awaiting_order):
-                msg = self._awaiting_order[seq]
-                if seq not in self._local_delivered:
-                    self._deliver_local(msg, now)
-            if not self.cfg.leader_reconcile_cut_site:
-                self._order_synced = False
-        if new is PeerState.S1 and old is PeerState.S2 and self.cfg.leader_reconcile_cut_site:
-            self._order_nack_due = now
+            for seq in sorted(self.core.awaiting_order):
+                msg = self.core.awaiting_order[seq]
+                if seq not in self.core.local_delivered:
+                    self.deliver_local(msg, now)
+            if not self.core.cfg.leader_reconcile_cut_site:
+                self.core.order_synced = False
+        if new is PeerState.S1 and old is PeerState.S2 and self.core.cfg.leader_reconcile_cut_site:
+            self.core.order_nack_due = now
 
-    def _deliver_local(self, msg: Msg, now: float) -> None:
-        if msg.seq in self._local_delivered:
+    def deliver_local(self, msg: Msg, now: float) -> None:
+        if msg.seq in self.core.local_delivered:
             return
-        self._local_delivered.add(msg.seq)
-        self._deliver(msg, now, late=False, gseq=None, local=True)
+        self.core.local_delivered.add(msg.seq)
+        self._ordering.deliver(msg, now, late=False, gseq=None, local=True)
 
-    def _drain_orders(self, now: float) -> None:
-        if self.mode != "leader" or self.is_leader or self._draining:
+    def drain_orders(self, now: float) -> None:
+        if self.core.mode != "leader" or self.core.is_leader or self._draining:
             return
         self._draining = True
         try:
@@ -217,49 +238,49 @@ class LeaderOrdering(SiteCore):
             self._draining = False
 
     def _drain_orders_loop(self, now: float) -> None:
-        while self.next_g in self._orders:
-            g = self.next_g
-            o, inc, s, fl = self._orders[g]
+        while self.core.next_g in self.core.orders:
+            g = self.core.next_g
+            o, inc, s, fl = self.core.orders[g]
             late = bool(fl & F_LATE)
-            if o == self.me and inc != self.inc:
+            if o == self.core.me and inc != self.core.inc:
                 # a message of an earlier run of ours: we keep nothing of it
-                self.counters["order.own-earlier-run"] += 1
-            elif o == self.me:
+                self.core.counters["order.own-earlier-run"] += 1
+            elif o == self.core.me:
                 # the leader orders our messages in FIFO order: any older one still waiting
                 # was skipped by it (e.g. it restarted) and will never be ordered
-                for old in [q for q in self._awaiting_order if q < s]:
-                    self._deliver_local(self._awaiting_order.pop(old), now)
-                for old in [q for q in self._local_delivered if q < s]:
-                    self._local_delivered.discard(old)
-                msg = self._awaiting_order.pop(s, None)
-                if s in self._local_delivered:
-                    self._local_delivered.discard(s)
-                    self.counters["order.own-already-delivered"] += 1
+                for old in [q for q in self.core.awaiting_order if q < s]:
+                    self.deliver_local(self.core.awaiting_order.pop(old), now)
+                for old in [q for q in self.core.local_delivered if q < s]:
+                    self.core.local_delivered.discard(old)
+                msg = self.core.awaiting_order.pop(s, None)
+                if s in self.core.local_delivered:
+                    self.core.local_delivered.discard(s)
+                    self.core.counters["order.own-already-delivered"] += 1
                 elif msg is None and self._was_delivered(o, inc, s):
-                    self.counters["order.already-delivered"] += 1  # the leader restarted
+                    self.core.counters["order.already-delivered"] += 1  # the leader restarted
                 else:
-                    msg = msg or self.streams[self.me].store.get(s)
+                    msg = msg or self.core.streams[self.core.me].store.get(s)
                     if msg is None:
-                        self.counters["order.own-unknown"] += 1
+                        self.core.counters["order.own-unknown"] += 1
                     else:
-                        self._deliver(msg, now, late=late, gseq=g, local=False)
+                        self._ordering.deliver(msg, now, late=late, gseq=g, local=False)
             elif self._was_delivered(o, inc, s):
-                self.counters["order.already-delivered"] += 1  # the leader restarted
-                self._ready.pop((o, inc, s), None)
+                self.core.counters["order.already-delivered"] += 1  # the leader restarted
+                self.core.ready.pop((o, inc, s), None)
             else:
-                st = self._stream(o, inc)
-                msg = self._ready.pop((o, inc, s), None) or (
+                st = self.core.stream(o, inc)
+                msg = self.core.ready.pop((o, inc, s), None) or (
                     st.pending.get(s) or st.store.get(s) if st is not None else None)
                 if msg is None:
                     self._fetch_for_order(o, inc, s, now)
                     return
-                self._deliver(msg, now, late=late, gseq=g, local=False)
-            del self._orders[g]
+                self._ordering.deliver(msg, now, late=late, gseq=g, local=False)
+            del self.core.orders[g]
             self._fetch_due.pop((o, inc, s), None)
-            self.next_g += 1
-        if (self._orders and min(self._orders) > self.next_g
-                and self._order_nack_due is None):
-            self._order_nack_due = now + self.cfg.nack_delay
+            self.core.next_g += 1
+        if (self.core.orders and min(self.core.orders) > self.core.next_g
+                and self.core.order_nack_due is None):
+            self.core.order_nack_due = now + self.core.cfg.nack_delay
 
     def _fetch_for_order(self, o: int, inc: int, s: int, now: float) -> None:
         """ORDER entries name messages we lack: ask the leader (it holds everything it
@@ -268,11 +289,11 @@ class LeaderOrdering(SiteCore):
         if due is not None and due > now:
             return
         want: dict[tuple[int, int], list[int]] = {}
-        for g in sorted(self._orders)[:MAX_NACK_NUMBERS]:
-            eo, einc, es, _ = self._orders[g]
-            if eo == self.me or (eo, einc, es) in self._ready:
+        for g in sorted(self.core.orders)[:MAX_NACK_NUMBERS]:
+            eo, einc, es, _ = self.core.orders[g]
+            if eo == self.core.me or (eo, einc, es) in self.core.ready:
                 continue
-            est = self._stream(eo, einc)
+            est = self.core.stream(eo, einc)
             if est is not None and (es in est.pending or es in est.store):
                 continue
             d = self._fetch_due.get((eo, einc, es))
@@ -280,19 +301,19 @@ class LeaderOrdering(SiteCore):
                 continue
             want.setdefault((eo, einc), []).append(es)
         for (eo, einc), seqs in want.items():
-            est = self._stream(eo, einc) or Stream(eo, einc)
+            est = self.core.stream(eo, einc) or Stream(eo, einc)
             retry = any((eo, einc, q) in self._fetch_due for q in seqs)
             tries = self._fetch_tries.get((eo, einc), -1) + 1 if retry else 0
             self._fetch_tries[(eo, einc)] = tries
             target = self._order_fetch_target(est, seqs[0], now, tries)
             if target is None:
-                self.counters["nack.no-target"] += 1
+                self.core.counters["nack.no-target"] += 1
                 continue
             for q in seqs:
-                self._fetch_due[(eo, einc, q)] = now + self.cfg.nack_retry
-            self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
+                self._fetch_due[(eo, einc, q)] = now + self.core.cfg.nack_retry
+            self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me, Nack(
                 target, eo, 0, tuple(seq_ranges(seqs)[:MAX_RANGES]), einc)), "nack"))
-            self.counters["sent.nack"] += 1
+            self.core.counters["sent.nack"] += 1
 
     def _order_fetch_target(self, st: Stream, first: int, now: float,
                             tries: int) -> int | None:
@@ -303,52 +324,52 @@ class LeaderOrdering(SiteCore):
         next one."""
         cands: list[int] = []
         o = st.origin
-        lp = self.peers[self.leader]  # type: ignore[index]
-        if self._reachable(lp, now):
-            cands.append(self.leader)  # type: ignore[arg-type]
-        if st is self.streams[o] and o in self.peers and self._reachable(self.peers[o], now) \
-                and o not in cands:
+        lp = self.core.peers[self.core.leader]  # type: ignore[index]
+        if self._liveness.reachable(lp, now):
+            cands.append(self.core.leader)  # type: ignore[arg-type]
+        if (st is self.core.streams[o] and o in self.core.peers
+                and self._liveness.reachable(self.core.peers[o], now) and o not in cands):
             cands.append(o)
         if not cands:
-            other = self._choose_target(st, first, now, tries)
+            other = self._repair.choose_target(st, first, now, tries)
             return other
         return cands[tries % len(cands)]
 
-    def _order_nack(self, now: float) -> None:
-        self._order_nack_due = None
-        if self.is_leader or self.leader is None:
+    def order_nack(self, now: float) -> None:
+        self.core.order_nack_due = None
+        if self.core.is_leader or self.core.leader is None:
             return
-        lp = self.peers[self.leader]
-        if not self._reachable(lp, now) or not self._order_synced:
+        lp = self.core.peers[self.core.leader]
+        if not self._liveness.reachable(lp, now) or not self.core.order_synced:
             return
-        hi = max([self.g_high] + list(self._orders))
-        missing = [g for g in range(self.next_g, hi + 1) if g not in self._orders]
+        hi = max([self.core.g_high] + list(self.core.orders))
+        missing = [g for g in range(self.core.next_g, hi + 1) if g not in self.core.orders]
         if not missing:
             return
         ranges = seq_ranges(missing[:MAX_NACK_NUMBERS])[:MAX_RANGES]
-        self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me, Nack(
-            self.leader, STREAM_ORDER, 0, tuple(ranges), self._leader_inc)), "nack"))
-        self.counters["sent.nack-order"] += 1
-        self._order_nack_due = now + self.cfg.nack_retry
+        self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me, Nack(
+            self.core.leader, STREAM_ORDER, 0, tuple(ranges), self.core.leader_inc)), "nack"))
+        self.core.counters["sent.nack-order"] += 1
+        self.core.order_nack_due = now + self.core.cfg.nack_retry
 
-    def _prune_ready(self, now: float) -> None:
+    def prune_ready(self, now: float) -> None:
         """Leader mode, ordinary site: data never named by an ORDER we deliver (ordered while
         we were cut off) is dropped after ``keep_ready_for`` seconds."""
-        if self.mode != "leader" or self.is_leader:
+        if self.core.mode != "leader" or self.core.is_leader:
             return
-        limit = now - self.cfg.keep_ready_for
-        old = [k for k, m in self._ready.items() if m.rx < limit]
+        limit = now - self.core.cfg.keep_ready_for
+        old = [k for k, m in self.core.ready.items() if m.rx < limit]
         for k in old:
-            del self._ready[k]
+            del self.core.ready[k]
         n = len(old)
-        for st in self._all_streams():
-            if st is self.streams[self.me] or not st.pending:
+        for st in self.core.all_streams():
+            if st is self.core.streams[self.core.me] or not st.pending:
                 continue
             stale = [q for q, m in st.pending.items() if m.rx < limit]
             for q in stale:
                 del st.pending[q]
             n += len(stale)
         if n:
-            self.counters["ready.pruned"] += n
+            self.core.counters["ready.pruned"] += n
         for k in [k for k, v in self._fetch_due.items() if v < limit]:
             del self._fetch_due[k]

@@ -4,13 +4,16 @@ rate. Sans-I/O: imports only the standard library, flowrouter.wire and the other
 
 from __future__ import annotations
 
+from collections import deque
+
 from flowrouter.wire.bands import (
     BAND_REPAIR,
 )
 
 from .actions import Send
 from .core import SiteCore
-from .records import Stream
+from .parts import LeaderOrder, Liveness, OrderingRule, StreamTransport
+from .records import Stream, TokenBucket
 from .wire import (
     F_LOW,
     F_RESEND,
@@ -19,21 +22,50 @@ from .wire import (
     STREAM_ORDER,
     Gone,
     Nack,
-    encode_gone,
     encode_nack,
 )
 
 
-class Repairs(SiteCore):
-    """Repair requests and answers (a part of SiteOrdering)."""
+class Repairs:
+    """Repair requests and answers; a part of SiteOrdering, holding the shared SiteCore."""
 
-    def _gap_nacks_enabled(self) -> bool:
+    _liveness: Liveness
+    _transport: StreamTransport
+    _ordering: OrderingRule
+    _leading: LeaderOrder
+
+    def __init__(self, core: SiteCore, now: float) -> None:
+        self.core = core
+        cfg = core.cfg
+        #: (origin or STREAM_ORDER, incarnation, number) -> requesters
+        self._repairs: dict[tuple[int, int, int], set[int]] = {}
+        self._repair_due: float | None = None
+        #: (origin, incarnation, seq, requester)
+        self._low_repairs: deque[tuple[int, int, int, int]] = deque()
+        self._repair_bucket = TokenBucket(cfg.repair_rate, cfg.repair_rate, now)
+        self._repair_bytes = TokenBucket(cfg.repair_bytes, cfg.repair_bytes, now)
+        #: (origin, incarnation, seq, requester) -> when it was last resent to it
+        self._resent: dict[tuple[int, int, int, int], float] = {}
+        self._low_bucket = TokenBucket(cfg.long_term_rate, 1.0, now)
+        self._lt_bucket = TokenBucket(cfg.long_term_rate, 1.0, now)
+        self._lt_turn = 0  #: the stream whose low-priority fetch goes next (round robin)
+
+    def connect(self, *, liveness: Liveness, transport: StreamTransport, ordering: OrderingRule,
+                leader: LeaderOrder) -> None:
+        """The other parts this one asks (set once, by the coordinator)."""
+        self._liveness = liveness
+        self._transport = transport
+        self._ordering = ordering
+        self._leading = leader
+
+    def gap_nacks_enabled(self) -> bool:
         # leader mode: ordinary sites fetch only what an ORDER entry names
-        return self.mode != "leader" or self.is_leader
+        return self.core.mode != "leader" or self.core.is_leader
 
-    def _want_nack(self, st: Stream, now: float, immediate: bool = False,
+    def want_nack(self, st: Stream, now: float, immediate: bool = False,
                    hint: bool = False) -> None:
-        due = now if immediate else now + (self.cfg.hint_delay if hint else self.cfg.nack_delay)
+        cfg = self.core.cfg
+        due = now if immediate else now + (cfg.hint_delay if hint else cfg.nack_delay)
         if st.nack_due is None or st.nack_due > due:
             st.nack_due = due
 
@@ -54,23 +86,24 @@ class Repairs(SiteCore):
             total += s - lo
         return out
 
-    def _choose_target(self, st: Stream, first: int, now: float,
+    def choose_target(self, st: Stream, first: int, now: float,
                        tries: int) -> int | None:
         """Whom to ask for *st*'s message *first*: its origin while reachable (for its
         current run only: a restarted origin keeps nothing of its earlier run), else a
         reachable holder (by its acknowledgements of that very run); for a retired run no
         site may say it holds it, so any reachable site is asked in turn."""
         o = st.origin
-        current = st is self.streams[o]
+        current = st is self.core.streams[o]
         cands = []
-        if current and o in self.peers and self._reachable(self.peers[o], now):
+        if current and o in self.core.peers and self._liveness.reachable(self.core.peers[o], now):
             cands.append(o)
-        holders = [p.idx for p in self.peers.values()
-                   if p.idx != o and self._reachable(p, now) and self._holds(p, o, first, st.inc)]
+        holders = [p.idx for p in self.core.peers.values()
+                   if p.idx != o and self._liveness.reachable(p, now)
+                   and self._transport.holds(p, o, first, st.inc)]
         if not holders and not current:
-            holders = [p.idx for p in self.peers.values()
-                       if p.idx != o and self._reachable(p, now)]
-        cands += sorted(holders, key=lambda i: (i != self.leader, i))
+            holders = [p.idx for p in self.core.peers.values()
+                       if p.idx != o and self._liveness.reachable(p, now)]
+        cands += sorted(holders, key=lambda i: (i != self.core.leader, i))
         if not cands:
             return None
         return cands[tries % len(cands)]
@@ -82,20 +115,20 @@ class Repairs(SiteCore):
         saturated link, for seconds), and asking for them again only doubles the load.
         They are asked for once the stream has been quiet for ``hint_delay``; a gap below
         a message that did arrive is asked for at once."""
-        if now - st.rx_at >= self.cfg.hint_delay:
+        if now - st.rx_at >= self.core.cfg.hint_delay:
             return None
         return max([st.contiguous, *st.pending])
 
-    def _nacks(self, now: float) -> None:
+    def nacks(self, now: float) -> None:
         """Ask for missing messages. The first request names every gap; later ones name
         only seqs no request named yet, until no progress was made for ``nack_retry``
         (growing with each retry): then everything still missing is asked again, of the
         next holder. Repairs trickling in over a slow link are progress, so a long
         reconciliation is never requested twice."""
-        cfg = self.cfg
-        for st in self._all_streams():
+        cfg = self.core.cfg
+        for st in self.core.all_streams():
             o = st.origin
-            if st is self.streams[self.me] or st.nack_due is None or st.nack_due > now:
+            if st is self.core.streams[self.core.me] or st.nack_due is None or st.nack_due > now:
                 continue
             timeout = cfg.nack_retry * (1.0 + 0.5 * min(st.nack_tries, 2))
             last = max(st.asked_at, st.progress_at)
@@ -109,48 +142,47 @@ class Repairs(SiteCore):
                 continue
             if stale and st.asked_at > float("-inf"):
                 st.nack_tries += 1
-                self.counters["nack.retry"] += 1
-            target = self._choose_target(st, ranges[0][0], now, st.nack_tries)
+                self.core.counters["nack.retry"] += 1
+            target = self.choose_target(st, ranges[0][0], now, st.nack_tries)
             if target is None:
-                self.counters["nack.no-target"] += 1
+                self.core.counters["nack.no-target"] += 1
                 st.nack_due = now + cfg.nack_retry
                 continue
-            self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me,
+            self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me,
                                                      Nack(target, o, 0, tuple(ranges),
                                                           st.inc)),
                             "nack"))
-            self.counters["sent.nack"] += 1
+            self.core.counters["sent.nack"] += 1
             st.asked_high = max(st.asked_high, ranges[-1][1])
             if stale:
                 st.asked_at = now
             st.nack_due = now + timeout
-        if self._order_nack_due is not None and self._order_nack_due <= now:
-            self._order_nack(now)
+        if self.core.order_nack_due is not None and self.core.order_nack_due <= now:
+            self._leading.order_nack(now)
 
-    def _on_nack(self, tx: int, n: Nack, now: float) -> None:
-        if n.target != self.me:
-            self.counters["nack.overheard"] += 1
+    def on_nack(self, tx: int, n: Nack, now: float) -> None:
+        if n.target != self.core.me:
+            self.core.counters["nack.overheard"] += 1
             return
         if n.stream == STREAM_ORDER:
-            self._answer_order_nack(tx, n, now)
+            self._leading.answer_order_nack(tx, n, now)
             return
         o = n.stream
-        found = self._stream(o, n.inc)
+        found = self.core.stream(o, n.inc)
         if found is None:
             # a run we do not hold: an earlier run of ours (the restart lost it: the
             # requester must skip what it asked), or a run of another origin unknown here
             # (the requester asks another holder)
-            self.counters["repair.unknown-incarnation"] += 1
-            low = max(hi for _, hi in n.ranges) + 1 if o == self.me else 1
-            self._emit(Send(self.cfg.inbox_band(tx), encode_gone(
-                self.tag, self.me, Gone(tx, o, low, n.inc)), "gone"))
+            self.core.counters["repair.unknown-incarnation"] += 1
+            low = max(hi for _, hi in n.ranges) + 1 if o == self.core.me else 1
+            self.core.send_gone(tx, o, low, n.inc)
             return
         st = found
-        high = self.seq if st is self.streams[self.me] else st.contiguous
+        high = self.core.seq if st is self.core.streams[self.core.me] else st.contiguous
         low_priority = bool(n.flags & F_LOW)
         floor = st.store_order[0] if st.store_order else high + 1
         if not low_priority:
-            floor = max(floor, high - self.cfg.max_lag + 1)
+            floor = max(floor, high - self.core.cfg.max_lag + 1)
         gone = False
         queued = 0
         for lo, hi in n.ranges:
@@ -161,7 +193,7 @@ class Repairs(SiteCore):
                     gone = True
                     continue
                 if low_priority:
-                    if len(self._low_repairs) < self.cfg.max_lag:
+                    if len(self._low_repairs) < self.core.cfg.max_lag:
                         self._low_repairs.append((o, st.inc, s, tx))
                 else:
                     self._repairs.setdefault((o, st.inc, s), set()).add(tx)
@@ -169,20 +201,19 @@ class Repairs(SiteCore):
         if gone:
             low = max(floor, 1)
             # everything we cannot give below `low`: the requester must skip it
-            self.counters["repair.gone"] += 1
-            self._emit(Send(self.cfg.inbox_band(tx),
-                            encode_gone(self.tag, self.me, Gone(tx, o, low, st.inc)), "gone"))
+            self.core.counters["repair.gone"] += 1
+            self.core.send_gone(tx, o, low, st.inc)
         if queued and self._repair_due is None:
-            self._repair_due = now + self.cfg.repair_coalesce
-        self.counters["repair.requested"] += queued
+            self._repair_due = now + self.core.cfg.repair_coalesce
+        self.core.counters["repair.requested"] += queued
 
-    def _serve_repairs(self, now: float) -> None:
-        cfg = self.cfg
+    def serve_repairs(self, now: float) -> None:
+        cfg = self.core.cfg
         if self._repairs and self._repair_due is not None and now >= self._repair_due:
             self._forget_resent(now)
             for key in sorted(self._repairs):
                 o, inc, s = key
-                st = self._stream(o, inc)
+                st = self.core.stream(o, inc)
                 msg = st.store.get(s) if st is not None else None
                 if msg is None:
                     del self._repairs[key]
@@ -193,95 +224,95 @@ class Repairs(SiteCore):
                        >= cfg.repair_dedup}
                 if not who:
                     del self._repairs[key]
-                    self.counters["repair.deduplicated"] += 1
+                    self.core.counters["repair.deduplicated"] += 1
                     continue
                 if not (self._repair_bucket.take(now)
                         and self._repair_bytes.take(now, len(msg.payload))):
-                    self.counters["repair.paced"] += 1
+                    self.core.counters["repair.paced"] += 1
                     break
                 del self._repairs[key]
                 for r in who:
                     self._resent[(o, inc, s, r)] = now
                 band = cfg.inbox_band(next(iter(who))) if len(who) == 1 else cfg.data_band
-                self._emit(Send(band, self._encode_msg(msg, F_RESEND),
+                self.core.emit(Send(band, self.core.encode_msg(msg, F_RESEND),
                                 "repair" if len(who) == 1 else "repair-multicast"))
-                self.counters["repair.sent"] += 1
+                self.core.counters["repair.sent"] += 1
             self._repair_due = now if self._repairs else None
         if not self._repairs:
             while self._low_repairs and self._low_bucket.take(now):
                 o, inc, s, requester = self._low_repairs.popleft()
-                st = self._stream(o, inc)
+                st = self.core.stream(o, inc)
                 msg = st.store.get(s) if st is not None else None
                 if msg is not None:
-                    self._emit(Send(cfg.inbox_band(requester),
-                                    self._encode_msg(msg, F_RESEND | F_LOW),
+                    self.core.emit(Send(cfg.inbox_band(requester),
+                                    self.core.encode_msg(msg, F_RESEND | F_LOW),
                                     "repair-low"))
-                    self.counters["repair.low-sent"] += 1
+                    self.core.counters["repair.low-sent"] += 1
 
     def _forget_resent(self, now: float) -> None:
-        if len(self._resent) > 4 * self.cfg.max_lag:
-            horizon = now - self.cfg.repair_dedup
+        if len(self._resent) > 4 * self.core.cfg.max_lag:
+            horizon = now - self.core.cfg.repair_dedup
             self._resent = {k: t for k, t in self._resent.items() if t >= horizon}
 
-    def _on_gone(self, tx: int, g: Gone, now: float) -> None:
-        if g.requester != self.me:
+    def on_gone(self, tx: int, g: Gone, now: float) -> None:
+        if g.requester != self.core.me:
             return
         if g.stream == STREAM_ORDER:
-            if g.inc != self._leader_inc:  # about another run of the leader's numbering
-                self.counters["order.gone-other-run"] += 1
+            if g.inc != self.core.leader_inc:  # about another run of the leader's numbering
+                self.core.counters["order.gone-other-run"] += 1
                 return
-            if self.next_g < g.low:
-                self.counters["order.gone"] += g.low - self.next_g
-                for k in [k for k in self._orders if k < g.low]:
-                    del self._orders[k]
-                self.next_g = g.low
-                self._drain_orders(now)
+            if self.core.next_g < g.low:
+                self.core.counters["order.gone"] += g.low - self.core.next_g
+                for k in [k for k in self.core.orders if k < g.low]:
+                    del self.core.orders[k]
+                self.core.next_g = g.low
+                self._leading.drain_orders(now)
             return
-        found = self._stream(g.stream, g.inc)
-        self.counters["repair.gone-received"] += 1
+        found = self.core.stream(g.stream, g.inc)
+        self.core.counters["repair.gone-received"] += 1
         if found is None:
-            self.counters["repair.gone-unknown-incarnation"] += 1
+            self.core.counters["repair.gone-unknown-incarnation"] += 1
             return
         st = found
-        retired = st is not self.streams[g.stream]
+        retired = st is not self.core.streams[g.stream]
         if tx != g.stream:
             # a holder that no longer has them: ask someone else (the origin decides gaps)
-            self.counters["repair.gone-holder"] += 1
+            self.core.counters["repair.gone-holder"] += 1
             st.nack_tries += 1
             st.asked_at = float("-inf")
             st.nack_due = now
             return
         if g.low - 1 > st.contiguous:
             # from the origin about its earlier run: its restart lost these (declared lost)
-            self._skip(g.stream, st, g.low - 1, now,
+            self._transport.skip(g.stream, st, g.low - 1, now,
                        reason="restart-lost" if retired else "gone")
         for r in st.lt_wanted:  # a low-priority fetch it cannot serve: stop asking
             if r[0] < g.low:
                 r[0] = min(g.low, r[1] + 1)
         st.lt_wanted = [r for r in st.lt_wanted if r[0] <= r[1]]
-        self._deliverable(now)
+        self._ordering.deliverable(now)
 
-    def _long_term(self, now: float) -> None:
+    def long_term(self, now: float) -> None:
         """Low-priority fetches (history after a restart, long-term reconciliation), a few
         messages per request at ``long_term_rate`` requests a second, the streams in turn
         (so every stream's history advances together and causes fetched from one stream
         are not stuck behind all of another's)."""
-        streams = self._all_streams()
+        streams = self.core.all_streams()
         turn = self._lt_turn % len(streams)
         for k, st in enumerate(streams[turn:] + streams[:turn]):
             o = st.origin
-            if st is self.streams[self.me] or not st.lt_wanted:
+            if st is self.core.streams[self.core.me] or not st.lt_wanted:
                 continue
             r = st.lt_wanted[0]
-            target = self._choose_target(st, r[0], now, 0)
+            target = self.choose_target(st, r[0], now, 0)
             if target is None or not self._lt_bucket.take(now):
                 continue
             hi = min(r[1], r[0] + 4)
-            self._emit(Send(BAND_REPAIR, encode_nack(self.tag, self.me,
+            self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me,
                                                      Nack(target, o, F_LOW, ((r[0], hi),),
                                                           st.inc)),
                             "nack-low"))
-            self.counters["sent.nack-low"] += 1
+            self.core.counters["sent.nack-low"] += 1
             self._lt_turn = turn + k + 1
             r[0] = hi + 1
             if r[0] > r[1]:

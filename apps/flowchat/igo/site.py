@@ -4,7 +4,8 @@ standard library, flowrouter.wire and the other IGO modules."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from flowrouter.wire.bands import (
     BAND_HEARTBEAT,
@@ -14,12 +15,16 @@ from flowrouter.wire.bands import (
 
 from .actions import Action, Congestion, PeerState, Send
 from .auth import data_signature_ok, split_trailer
+from .config import IGOConfig
+from .core import SiteCore
+from .flowcontrol import SendWindow
 from .incarnations import Incarnations
 from .lamport import LamportOrdering
 from .leader import LeaderOrdering
 from .records import Msg
 from .repair import Repairs
 from .stability import StabilityTracking
+from .stall import StallWatch
 from .states import PeerStates
 from .transport import FifoTransport
 from .wire import (
@@ -28,6 +33,7 @@ from .wire import (
     K_GONE,
     K_HEARTBEAT,
     K_NACK,
+    K_ORDER,
     KIND_NAMES,
     DataMsg,
     ForeignFrame,
@@ -37,9 +43,11 @@ from .wire import (
     decode,
 )
 
+if TYPE_CHECKING:
+    from .auth import FrameAuth
 
-class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrdering,
-                   StabilityTracking, LeaderOrdering):
+
+class SiteOrdering:
     """The IGO state machine of one site. See the module documentation.
 
     *incarnation* tells this run of the site from earlier ones (a restarted site starts its
@@ -48,7 +56,112 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
     time, or pass one made from it). All methods take the current time in seconds
     (any monotonic clock shared in meaning with the other sites' send times: virtual time in
     the simulator, ``time.time()`` on real hosts) and return a list of actions.
+
+    The coordinator: it owns the shared state (:class:`~flowchat.igo.core.SiteCore`) and one
+    object per concern, each given the state and the narrow interfaces (:mod:`.parts`) of
+    the others it asks, and it routes events to them.
     """
+
+    def __init__(self, config: IGOConfig, site: str, now: float = 0.0,
+                 incarnation: int | None = None, auth: FrameAuth | None = None,
+                 shown: Iterable[tuple[str, int, int]] = ()) -> None:
+        core = self.core = SiteCore(config, site, now, incarnation, auth, shown)
+        # what never changes after construction, for short names (and the public API)
+        self.cfg = core.cfg
+        self.site = core.site
+        self.me = core.me
+        self.n = core.n
+        self.tag = core.tag
+        self.inc = core.inc
+        self.auth = core.auth
+        self.mode = core.mode
+        self.leader = core.leader
+        self.is_leader = core.is_leader
+        self.counters = core.counters
+        self.streams = core.streams
+        self.retired = core.retired
+        self.peers = core.peers
+        #: own messages in flight and the outbox (congestion), see flowcontrol.py
+        self.flow = SendWindow(config.send_window, config.outbox_limit)
+        self._congested = False
+        self._liveness = liveness = PeerStates(core)
+        self._incs = incs = Incarnations(core)
+        self._transport = transport = FifoTransport(core)
+        self._repair = repair = Repairs(core, now)
+        self._ordering = ordering = LamportOrdering(core, now)
+        self._stability = stability = StabilityTracking(core)
+        self._leading = leading = LeaderOrdering(core)
+        liveness.connect(incarnations=incs, transport=transport, repairs=repair,
+                         ordering=ordering, leader=leading)
+        incs.connect(liveness=liveness, transport=transport, repairs=repair,
+                     ordering=ordering, leader=leading)
+        transport.connect(liveness=liveness, incarnations=incs, repairs=repair,
+                          ordering=ordering)
+        repair.connect(liveness=liveness, transport=transport, ordering=ordering,
+                       leader=leading)
+        ordering.connect(liveness=liveness, transport=transport, repairs=repair,
+                         stability=stability, leader=leading)
+        stability.connect(liveness=liveness, repairs=repair)
+        leading.connect(liveness=liveness, repairs=repair, ordering=ordering)
+        liveness.update_membership(now)
+
+    @property
+    def seq(self) -> int:
+        """The last own sequence number (of this run)."""
+        return self.core.seq
+
+    @property
+    def clock(self) -> int:
+        """The Lamport clock: the next own message gets this time."""
+        return self.core.clock
+
+    @property
+    def state(self) -> PeerState:
+        """The site's overall state: S1, or S2 / S3 while a peer (the leader, following
+        one) is disconnected."""
+        return self.core.state
+
+    @property
+    def deliveries(self) -> int:
+        return self.core.deliveries
+
+    @property
+    def stalls(self) -> StallWatch:
+        return self._liveness.stalls
+
+    @property
+    def undelivered(self) -> int:
+        """Messages ordered and ready but not delivered yet (none once the site caught up)."""
+        return len(self.core.ready)
+
+    def _begin(self, now: float) -> None:
+        self.core.now = now
+
+    def finish(self, now: float) -> list[Action]:
+        """The actions of the event just handled (orders drained and flushed, display paced);
+        every event handler ends with it, and a driver calls it once after construction."""
+        core = self.core
+        if self.mode == "leader" and not self.is_leader:
+            self._leading.drain_orders(now)
+        self._leading.flush_orders()
+        self._ordering.release_display(now)
+        out, core.out = core.out, []
+        if self.auth is not None:
+            sign = self.auth.sign
+            out = [Send(a.band, a.payload + sign(a.payload), a.kind) if isinstance(a, Send)
+                   else a for a in out]
+        return out
+
+    def _check_band(self, kind: int, band: int, msg: Any) -> None:
+        inbox = band == self.cfg.inbox_band(self.me)
+        ok = {K_DATA: band == self.cfg.data_band or inbox,
+              K_HEARTBEAT: band == BAND_HEARTBEAT,
+              K_NACK: band == BAND_REPAIR or inbox,
+              K_GONE: band == BAND_REPAIR or inbox,
+              K_ORDER: band == BAND_ORDER or inbox}[kind]
+        if not ok:
+            raise ProtocolError("band", f"{KIND_NAMES[kind]} on band {band}")
+
     def bands(self) -> list[int]:
         """The bands this site must listen to on the room flow."""
         return sorted({BAND_HEARTBEAT, BAND_REPAIR, BAND_ORDER, self.cfg.data_band,
@@ -56,7 +169,7 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
 
     @property
     def members(self) -> tuple[str, ...]:
-        return self._members
+        return self.core.members
 
     @property
     def congested(self) -> bool:
@@ -97,13 +210,13 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         if self.flow.congested != self._congested:
             self._congested = self.flow.congested
             self.counters["congested.entered" if self._congested else "congested.cleared"] += 1
-            self._emit(Congestion(now, self._congested, self.flow.queued, self.flow.in_flight))
+            self.core.emit(Congestion(now, self._congested, self.flow.queued, self.flow.in_flight))
 
     def _send_own(self, body: bytes, now: float) -> None:
-        self.seq += 1
-        seq = self.seq
-        t = self.clock
-        self.clock += 1
+        self.core.seq += 1
+        seq = self.core.seq
+        t = self.core.clock
+        self.core.clock += 1
         deps = self._dependencies()
         sig = b""
         if self.auth is not None:
@@ -112,12 +225,12 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         msg = Msg(self.me, self.inc, seq, t, now, deps, body, now, sig)
         own = self.streams[self.me]
         own.contiguous = own.known_high = seq
-        own.bound = self.clock
-        self._keep(own, msg)
-        self._emit(Send(self.cfg.data_band, self._encode_msg(msg, 0), "data"))
+        own.bound = self.core.clock
+        self._transport.keep(own, msg)
+        self.core.emit(Send(self.cfg.data_band, self.core.encode_msg(msg, 0), "data"))
         self.counters["sent.data"] += 1
         self.flow.sent(seq, len(body))
-        self._accept(msg, now)
+        self._ordering.accept(msg, now)
 
     def _dependencies(self) -> tuple[tuple[int, int, int], ...]:
         """What this site has delivered, per stream ``(origin, incarnation, seq)``: each
@@ -156,24 +269,24 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         if tx == self.me:
             self.counters["own-echo"] += 1
             if kind == K_DATA:  # ours, or words someone put under our name: say which
-                self._own_conflict(tx, msg, now)  # type: ignore[arg-type]
+                self._transport.own_conflict(tx, msg, now)  # type: ignore[arg-type]
             return self.finish(now)
         if self.auth is not None and not self._authentic(kind, tx, msg, bytes(payload), sig):
             return self.finish(now)
         self.counters[f"received.{KIND_NAMES[kind]}"] += 1
         try:
             if kind == K_DATA:
-                self._on_data(tx, msg, now)  # type: ignore[arg-type]
+                self._transport.on_data(tx, msg, now)  # type: ignore[arg-type]
             elif kind == K_HEARTBEAT:
-                self._on_heartbeat(tx, msg, now)  # type: ignore[arg-type]
+                self._liveness.on_heartbeat(tx, msg, now)  # type: ignore[arg-type]
             elif kind == K_NACK:
-                self._heard(tx, now)
-                self._on_nack(tx, msg, now)  # type: ignore[arg-type]
+                self._liveness.heard(tx, now)
+                self._repair.on_nack(tx, msg, now)  # type: ignore[arg-type]
             elif kind == K_GONE:
-                self._heard(tx, now)
-                self._on_gone(tx, msg, now)  # type: ignore[arg-type]
+                self._liveness.heard(tx, now)
+                self._repair.on_gone(tx, msg, now)  # type: ignore[arg-type]
             else:
-                self._on_order(tx, msg, now)  # type: ignore[arg-type]
+                self._leading.on_order(tx, msg, now)  # type: ignore[arg-type]
         except ProtocolError as exc:  # semantically invalid (e.g. ORDER from a non-leader)
             self.counters[f"malformed.{exc.reason}"] += 1
         self._pump(now)
@@ -197,27 +310,28 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         """Timers: heartbeats, failure detection, repair requests and answers, pacing."""
         self._begin(now)
         cfg = self.cfg
-        self._detect_silence(now)
-        self._detect_stalls(now)
-        self._expire_retired(now)
+        core = self.core
+        self._liveness.detect_silence(now)
+        self._liveness.detect_stalls(now)
+        self._incs.expire_retired(now)
         # heartbeats (and acknowledgement beats for stability tracking)
-        if now >= self._next_hb or self._urgent_hb and now - self._last_hb >= 0.25:
-            self._send_heartbeat(now, 0)
-        elif (cfg.stability and self._acks_changed and now - self._last_hb >= cfg.ack_interval):
-            self._send_heartbeat(now, F_STABLE_ACK)
-        self._nacks(now)
-        self._serve_repairs(now)
-        self._long_term(now)
-        self._deliverable(now)
-        self._prune_ready(now)
+        if now >= core.next_hb or core.urgent_hb and now - core.last_hb >= 0.25:
+            self._liveness.send_heartbeat(now, 0)
+        elif (cfg.stability and core.acks_changed and now - core.last_hb >= cfg.ack_interval):
+            self._liveness.send_heartbeat(now, F_STABLE_ACK)
+        self._repair.nacks(now)
+        self._repair.serve_repairs(now)
+        self._repair.long_term(now)
+        self._ordering.deliverable(now)
+        self._leading.prune_ready(now)
         self._pump(now)
         return self.finish(now)
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot for status displays and debugging."""
         return {
-            "site": self.site, "mode": self.mode, "state": str(self.state),
-            "members": list(self._members), "clock": self.clock, "seq": self.seq,
+            "site": self.site, "mode": self.mode, "state": str(self.core.state),
+            "members": list(self.core.members), "clock": self.core.clock, "seq": self.core.seq,
             "incarnation": self.inc,
             "peers": {p.name: {"state": str(p.state), "reconciling": p.reconciling,
                                "last_heard": p.last_heard,
@@ -229,11 +343,11 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
                                              "missing": st.known_high - st.contiguous}
                                             for st in olds]
                         for o, olds in self.retired.items() if olds},
-            "waiting": len(self._heap) + len(self._late_heap) + len(self._orders),
-            "history_waiting": len(self._history_heap),
+            "waiting": len(self.core.heap) + len(self.core.late_heap) + len(self.core.orders),
+            "history_waiting": len(self.core.history_heap),
             "congested": self.flow.congested, "outbox": self.flow.queued,
             "in_flight": self.flow.in_flight,
-            "deliveries": self.deliveries,
+            "deliveries": self.core.deliveries,
             "counters": dict(sorted(self.counters.items())),
         }
 
@@ -244,11 +358,11 @@ class SiteOrdering(PeerStates, Incarnations, FifoTransport, Repairs, LamportOrde
         fetches only what it did not show (in the background, flagged late) and never shows
         a message twice."""
         out = []
-        for st in self._all_streams():
+        for st in self.core.all_streams():
             if st.origin != self.me and st.inc and st.settled:
                 out.append((self.cfg.sites[st.origin], st.inc, st.settled))
-        for (o, inc), seq in self.shown_before.items():  # not heard of again yet: keep
-            if self._stream(o, inc) is None:
+        for (o, inc), seq in self.core.shown_before.items():  # not heard of again yet: keep
+            if self.core.stream(o, inc) is None:
                 out.append((self.cfg.sites[o], inc, seq))
         return out
 
