@@ -125,8 +125,11 @@ def build_direct(r: Router, n: int) -> None:
     for i in range(n):
         key = flow_key(i)
         e = FlowEntry(UP, True, 0.0)
-        e.down[EP] = MASK
-        e.traffic[EP] = epoch
+        if hasattr(e, "set_down"):
+            e.set_down(EP, MASK, epoch)
+        else:  # a checkout from before the downstream links were folded (FLOWNET_BENCH_CODE)
+            e.down[EP] = MASK
+            e.traffic[EP] = epoch
         e.agg = MASK
         e.sent_up_mask = MASK
         flows[key] = e

@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import pytest
+
 from flowrouter.core import (
     admission,
     appmembers,
@@ -130,7 +132,7 @@ def test_admission_returns_the_members_a_policy_excludes() -> None:
     entry = FlowEntry(None, True, 0.0)
     state.add_entry(key, entry)
     for lid in (4, 5, 6):
-        entry.down[lid] = 1 << 40
+        entry.set_down(lid, 1 << 40, 0.0)
     pol = state.policies.install(Policy.issue(owner, key, version=1, revoked=[caps[0].serial],
                                               now=0.0).encode())
     assert sorted(adm.excluded_by(pol, 1.0), key=lambda t: t[0].link_id) == [
@@ -144,10 +146,35 @@ def test_a_mask_repaired_by_a_digest_reaches_the_fast_path_mirror() -> None:
     soft = SoftState(state, Recorder(push_mask=[]), Recorder(), Recorder())
     app = _up_link(state, 5, C.Role.ENDPOINT)
     entry = state.flows[KEY] = FlowEntry(None, True, 0.0)
-    entry.down[5] = 1 << 32  # the JOIN said band 32; a later MASK (band 33) was lost
-    entry.traffic[5] = 0.0
+    entry.set_down(5, 1 << 32, 0.0)  # the JOIN said band 32; a later MASK (band 33) was lost
     entry.recompute()
     digest = C.Refresh(1, 0, 1, 0, ((KEY, 1 << 33, 0),))
     assert soft.on_message(app, digest, 1.0) == []
     assert entry.down[5] == 1 << 33 and state.counters["refresh.masks-repaired"] == 1
     assert ("flow_changed", (KEY,)) in fib.calls  # else the mirror forwards band 32 still
+
+
+def test_a_flow_entry_keeps_its_downstream_links_in_join_order() -> None:
+    """One link inline, a dict past one, inline again when one is left: the readers see
+    the same links, masks, times and order whichever way they are stored."""
+    e = FlowEntry(1, True, 0.0)
+    assert (e.down_count(), e.down_items(), e.last_refreshed(), e.recompute()) == (0, [], None, 0)
+    assert e.set_down(7, 1 << 32, 1.0) is None and e.refresh(8, 2.0) is None
+    assert e.set_down(7, 1 << 33, 1.5) == 1 << 32 and e.refresh(7, 2.0) == 1.5
+    assert e.set_down(3, 1 << 32, 3.0) is None and e.set_down(9, 1 << 34, 4.0) is None
+    assert e.down_items() == [(7, 1 << 33), (3, 1 << 32), (9, 1 << 34)]
+    assert e.down == {7: 1 << 33, 3: 1 << 32, 9: 1 << 34} and e.down_count() == 3
+    assert e.traffic == {7: 2.0, 3: 3.0, 9: 4.0} and e.last_refreshed() == 4.0
+    assert e.targets(1 << 32) == [3] and e.targets(1 << 33 | 1 << 34, skip=9) == [7]
+    assert e.recompute() == (1 << 32 | 1 << 33 | 1 << 34) == e.agg
+    assert e.refresh(3, 5.0) == 3.0 and e.refreshed_at(3) == 5.0 and e.mask_of(3) == 1 << 32
+    assert e.remove_down(7) == (1 << 33, 2.0) and e.remove_down(7) is None
+    assert e.remove_down(9) == (1 << 34, 4.0)
+    assert (e.down_items(), e.traffic, e.has_down(3), e.has_down(9)) == (
+        [(3, 1 << 32)], {3: 5.0}, True, False)
+    assert e.set_down(11, 1 << 40, 6.0) is None  # a second link again: the order holds
+    assert e.down_links() == [3, 11] and e.mask_of(11) == 1 << 40 and e.mask_of(12) is None
+    assert e.remove_down(3) == (1 << 32, 5.0) and e.remove_down(11) == (1 << 40, 6.0)
+    assert (e.down_count(), e.targets(~0), e.recompute(), e.refreshed_at(11)) == (0, [], 0, None)
+    with pytest.raises(TypeError):  # a copy to read, never to write through
+        e.down[1] = 1  # type: ignore[index]

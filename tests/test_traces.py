@@ -353,11 +353,10 @@ def test_snapshot_fields_from_a_router():
     r.links[3] = Link(3, "tcp", "c", (0, 0, 0, 0), role=Role.ENDPOINT)
     r.state.epoch = 10  # epochs of 5 s: epoch 10 began at t = 50
     e1 = FlowEntry(None, True, 0.0)
-    e1.down = {1: 1, 2: 1, 3: 1}
-    e1.traffic = {1: 51.0, 2: 15.0, 3: 15.0}  # times of the last join or refresh
+    for lid, at in ((1, 51.0), (2, 15.0), (3, 15.0)):  # times of the last join or refresh
+        e1.set_down(lid, 1, at)
     e2 = FlowEntry(1, True, 0.0)
-    e2.down = {2: 1}
-    e2.traffic = {2: 10.0}  # not refreshed for 8 epochs
+    e2.set_down(2, 1, 10.0)  # not refreshed for 8 epochs
     r.flows.update({KEY: e1, KEY2: e2})
     f = snapshot_fields(r.state)
     assert f == {"entries": 2, "links_total": 4, "active_flows": 1,

@@ -117,7 +117,7 @@ class Admission:
         for key in keys:
             if self.policies.policy_for(key) is not pol:
                 continue  # a per-flow policy takes precedence over this creator-wide one
-            for lid, mask in list(flows[key].down.items()):
+            for lid, mask in flows[key].down_items():
                 lk = links.get(lid)
                 if lk is None or lk.role is not C.Role.ENDPOINT:
                     continue

@@ -152,7 +152,7 @@ class AppMembership:
 
     def _local_members(self, entry: FlowEntry) -> list[MemberChange]:
         out = []
-        for lid, mask in entry.down.items():
+        for lid, mask in entry.down_items():
             lk = self.state.links.get(lid)
             if lk is None or lk.role is not C.Role.ENDPOINT:
                 continue
@@ -164,7 +164,7 @@ class AppMembership:
     def _send(self, key: bytes, entry: FlowEntry, body: bytes) -> list[Action]:
         """The notice as data this router originates: to band-19 listeners below, and up the
         tree (or to sibling LS members listening on band 19, at a core)."""
-        targets = [lk for lk, m in entry.down.items() if m & _BIT]
+        targets = entry.targets(_BIT)
         if entry.upstream is not None:
             targets.append(entry.upstream)
         elif entry.sib:

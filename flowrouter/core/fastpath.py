@@ -164,11 +164,12 @@ class FastPath:
         if entry is None or entry.sib:
             return False
         up = entry.upstream
-        for lk in (*entry.down, *(() if up is None else (up,))):
+        down = entry.down_items()
+        for lk in (*(lk for lk, _m in down), *(() if up is None else (up,))):
             if not self.engine.has_link(lk) and not self._install_link(lk):
                 return False
         try:
-            self.engine.set_flow(key, -1 if up is None else up, list(entry.down.items()),
+            self.engine.set_flow(key, -1 if up is None else up, down,
                                  entry.agg)
         except ValueError:  # beyond what the engine holds (link ids, links per flow)
             return False

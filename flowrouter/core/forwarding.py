@@ -100,10 +100,10 @@ class Forwarding:
             if link_id == up:
                 if not entry.agg & bit:  # one test saves a copy on every downstream link
                     return self._dropped("band-filtered", key, band, link_id, len(payload),
-                                         now, len(entry.down))
-                targets = [lk for lk, m in entry.down.items() if m & bit]
+                                         now, entry.down_count())
+                targets = entry.targets(bit)
             else:
-                targets = [lk for lk, m in entry.down.items() if m & bit and lk != link_id]
+                targets = entry.targets(bit, link_id)
                 if up is not None:
                     targets.append(up)
                 elif entry.sib and link_id not in entry.sib:

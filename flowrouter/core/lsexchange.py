@@ -93,7 +93,7 @@ class LsExchange:
         elif entry.sib:
             entry.sib.pop(lid, None)
             link.dependent.discard(key)
-        if not entry.down and not entry.sib:
+        if not entry.down_count() and not entry.sib:
             self.trees.remove_entry(key, entry, "leave", now)
         return []
 

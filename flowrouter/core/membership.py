@@ -93,7 +93,7 @@ class Membership:
         if (link.role is C.Role.ENDPOINT and key not in link.dependent
                 and len(link.dependent) >= self.p.max_flows_per_endpoint):
             self.counters["refused.endpoint-quota"] += 1
-            if not entry.down and not entry.sib:
+            if not entry.down_count() and not entry.sib:
                 self.remove_entry(key, entry, "refused", now)
             alerts = self.admission.refusal_alert(
                 "endpoint-quota", f"{link.describe()} holds {len(link.dependent)} flows, "
@@ -102,14 +102,12 @@ class Membership:
             return alerts + [control_frame(lid, key, C.JoinAck(
                 msg.req_id, C.JoinStatus.LIMIT, f"this application already holds "
                 f"{self.p.max_flows_per_endpoint} flows at router {self.p.name}"))]
+        old = entry.set_down(lid, msg.mask, now)
         if self.tracing:
             self.tracer.link_add(now, key, lid, msg.mask,
-                                 "mask" if lid in entry.down else "join", link.role)
-        if lid not in entry.down:
+                                 "mask" if old is not None else "join", link.role)
+        if old is None:
             link.downstream += 1
-        old = entry.down.get(lid)
-        entry.down[lid] = msg.mask
-        entry.traffic[lid] = now
         self.members.member_changed(key, link,
                                     MemberEvent.JOIN if old is None else MemberEvent.MASK,
                                     msg.mask, old or 0)
@@ -146,7 +144,7 @@ class Membership:
         cause = "timeout" if status is C.JoinStatus.TIMEOUT else "refused"
         for lk, _ in waiting:
             self.drop_down(entry, key, lk, "refused", now)
-        if not entry.down and not entry.sib:
+        if not entry.down_count() and not entry.sib:
             self.remove_entry(key, entry, cause, now)
             return out
         if entry.upstream is not None and entry.upstream in self.links:
@@ -186,7 +184,7 @@ class Membership:
 
     def on_leave(self, link: Link, key: bytes, now: float) -> list[Action]:
         entry = self.flows.get(key)
-        if entry is None or link.link_id not in entry.down:
+        if entry is None or not entry.has_down(link.link_id):
             self.counters["control.stale-leave"] += 1
             return []
         self.drop_down(entry, key, link.link_id, "leave", now)
@@ -194,14 +192,13 @@ class Membership:
 
     def on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]:
         entry = self.flows.get(key)
-        if entry is None or link.link_id not in entry.down:
+        old = None if entry is None else entry.mask_of(link.link_id)
+        if entry is None or old is None:
             self.counters["control.stale-mask"] += 1
             return []
         if self.tracing:
             self.tracer.link_add(now, key, link.link_id, msg.mask, "mask", link.role)
-        old = entry.down[link.link_id]
-        entry.down[link.link_id] = msg.mask
-        entry.traffic[link.link_id] = now
+        entry.set_down(link.link_id, msg.mask, now)
         self.members.member_changed(key, link, MemberEvent.MASK, msg.mask, old)
         entry.recompute()
         self.state.entry_changed(key)
@@ -214,7 +211,7 @@ class Membership:
             entry.joined = True
             return []
         up = self.routing.link_for(lsid)
-        if up is None or up in entry.down:
+        if up is None or entry.has_down(up):
             return []
         entry.upstream = up
         self.state.entry_changed(key)
@@ -242,8 +239,8 @@ class Membership:
                    now: float, gone: Link | None = None) -> None:
         """Take *link_id* out of the entry (*gone*: the link itself, when it has already
         left the link table because it closed)."""
-        mask = entry.down.pop(link_id, None)
-        last = entry.traffic.pop(link_id, None)
+        got = entry.remove_down(link_id)
+        mask, last = (None, None) if got is None else got
         if self.tracing and mask is not None:
             lk = self.links.get(link_id)
             self.tracer.link_del(now, key, link_id, mask, cause,
@@ -260,7 +257,7 @@ class Membership:
 
     def after_change(self, key: bytes, entry: FlowEntry, now: float, cause: str
                       ) -> list[Action]:
-        if entry.down or entry.sib:
+        if entry.down_count() or entry.sib:
             return self.push_mask(key, entry)
         out: list[Action] = []
         if entry.upstream is not None and entry.upstream in self.links:
@@ -276,7 +273,7 @@ class Membership:
         self.counters["flows.removed"] += 1
         if self.tracing:
             self.tracer.entry_del(now, key, cause)
-        for lid in [*entry.down, *(entry.sib or ()), entry.upstream]:
+        for lid in [*entry.down_links(), *(entry.sib or ()), entry.upstream]:
             if lid is not None and lid in self.links:
                 self.links[lid].dependent.discard(key)
 
@@ -324,7 +321,7 @@ class Membership:
             link.caps.pop(key, None)
         self.counters[f"capability.{why}"] += 1
         entry = self.flows.get(key)
-        if entry is None or link.link_id not in entry.down:
+        if entry is None or not entry.has_down(link.link_id):
             return []
         log.info("%s: removed from %s: %s", link.describe(), flow_text(key),
                  _WITHDRAWN.get(why, f"capability {why}"))

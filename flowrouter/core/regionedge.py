@@ -224,7 +224,7 @@ class RegionEdge:
         entry = self.flows.get(key)
         band = frame[20]
         if entry is None or not (entry.upstream == R.REGION_LINK
-                                 or R.REGION_LINK in entry.down):
+                                 or entry.has_down(R.REGION_LINK)):
             self.counters["region.wasted"] += 1
             return []
         if entry.upstream == R.REGION_LINK and not entry.agg >> band & 1:
@@ -386,7 +386,7 @@ class RegionEdge:
             self._join_at = now + JOIN_RETRY
             for agg in self.aggregates:
                 entry = self.flows.get(agg)
-                if entry is None or R.UNWRAP_LINK not in entry.down:
+                if entry is None or not entry.has_down(R.UNWRAP_LINK):
                     req = self._next_req
                     self._next_req = (req + 1) & 0xFFFFFFFF or 1
                     out += self.outbound(self.trees.on_join(
@@ -431,7 +431,7 @@ class RegionEdge:
         joined = 0
         for agg in self.aggregates:
             entry = self.flows.get(agg)
-            if entry is not None and entry.joined and R.UNWRAP_LINK in entry.down:
+            if entry is not None and entry.joined and entry.has_down(R.UNWRAP_LINK):
                 joined += 1
         return {"region": self.rp.name, "edge": self.rp.me, "index": self.me,
                 "aggregates": len(self.aggregates), "aggregates_joined": joined,

@@ -391,7 +391,7 @@ class Router:
             "upstream": e.upstream,
             "joined": e.joined,
             "aggregate": _mask_text(e.agg),
-            "downstream": {str(lk): _mask_text(m) for lk, m in e.down.items()},
+            "downstream": {str(lk): _mask_text(m) for lk, m in e.down_items()},
             "siblings": {str(lk): _mask_text(m) for lk, m in (e.sib or {}).items()},
         } for key, e in self.flows.items()]
         return {

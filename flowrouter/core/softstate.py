@@ -287,7 +287,7 @@ class SoftState:
                 out += self.siblings.on_sibling_mask(link, key, C.Mask(mask), now)
                 continue
             entry = flows.get(key)
-            if entry is None or lid not in entry.down:
+            if entry is None or not entry.has_down(lid):
                 if entry is not None and entry.upstream == lid:
                     counters["refresh.from-upstream"] += 1
                 else:
@@ -298,15 +298,14 @@ class SoftState:
                 if cap is not None and cap.expiry <= wall:  # refreshing re-checks it
                     out += self.trees.withdraw(link, key, "expired", now)
                     continue
-            traffic = entry.traffic
-            if traffic.get(lid, -1.0) < rx.started:
+            before = entry.refresh(lid, now)
+            if before is None or before < rx.started:
                 rx.fresh += 1
-            traffic[lid] = now
-            if entry.down[lid] != mask:
+            if entry.mask_of(lid) != mask:
                 if strict and self.policies.requires(key, "join"):
                     unknown.append(key)  # a different mask needs the capability: re-join
                     continue
-                entry.down[lid] = mask
+                entry.set_down(lid, mask, now)
                 entry.recompute()
                 self.state.entry_changed(key)  # the fast path forwards by the new mask
                 rx.repaired += 1
@@ -343,8 +342,8 @@ class SoftState:
             stale = []
         else:
             stale = [key for key in link.dependent
-                     if (e := flows.get(key)) is not None and lid in e.traffic
-                     and e.traffic[lid] < started]
+                     if (e := flows.get(key)) is not None
+                     and (at := e.refreshed_at(lid)) is not None and at < started]
         removed = len(stale)
         for key in sorted(stale):  # sorted: the same order in every process
             entry = flows[key]
@@ -375,7 +374,7 @@ class SoftState:
                 if entry.up_req is None:
                     self.counters["refresh.regrafts"] += 1
                     out += self.trees.send_join_up(key, entry, now)
-            elif lid in entry.down:
+            elif entry.has_down(lid):
                 self.trees.drop_down(entry, key, lid, what, now)
                 out += self.trees.after_change(key, entry, now, what)
         return out
@@ -522,14 +521,14 @@ class SoftState:
         else:
             self._expiring.pop(lid, None)
         stale = [key for key in batch
-                 if (e := flows.get(key)) is not None and lid in e.down
-                 and e.traffic.get(lid, now) <= limit]
+                 if (e := flows.get(key)) is not None
+                 and (at := e.refreshed_at(lid)) is not None and at <= limit]
         out: list[Action] = []
         for key in sorted(stale):  # sorted: the same order in every process
             entry = flows[key]
             self.trees.drop_down(entry, key, lid, "expired", now)
             self.counters["gc.links-collected"] += 1
-            if not entry.down:
+            if not entry.down_count():
                 self.counters["gc.entries-collected"] += 1
             self.state.notices.prune(lid, key)
             out += self.trees.after_change(key, entry, now, "expired")

@@ -159,7 +159,7 @@ class RouterState:
     def fault_frames(self, key: bytes, entry: FlowEntry, fault: C.Fault) -> list[Action]:
         """Tell the flow's members (those listening on the fault band) about a fault."""
         body = fault.encode()
-        targets = [lk for lk, m in entry.down.items() if m >> BAND_FAULT & 1]
+        targets = entry.targets(1 << BAND_FAULT)
         if entry.upstream is not None:
             targets.append(entry.upstream)
         elif entry.sib:

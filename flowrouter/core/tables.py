@@ -6,7 +6,9 @@ Plain slotted objects; the logic that changes them lives in :mod:`flowrouter.cor
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from flowrouter.wire.control import Role
@@ -120,19 +122,24 @@ class FlowEntry:
     """One flow's route: upstream link toward the core, downstream links with band masks.
 
     ``agg`` is the union of the downstream masks, so a message from upstream that no
-    downstream wants is dropped by a single ``&``. ``traffic`` is the soft state's
-    per-(flow, link) record: when each downstream link last joined or refreshed the flow.
+    downstream wants is dropped by a single ``&``. Each downstream link has a band mask and
+    the time it last joined or refreshed the flow (the soft state's per-(flow, link) record).
+
+    The downstream links are read and changed only through the methods below (``has_down``,
+    ``mask_of``, ``down_items``, ``targets``, ``set_down``, ``refresh``, ``remove_down``...):
+    how they are stored is this class's business. Nearly every entry has one downstream link,
+    and a router may hold millions of entries, so that one is kept in three slots of the
+    entry itself; a dict (link -> (mask, time)) appears only past one link and goes again
+    when one is left. Two dicts per entry, as before, cost about 440 bytes per flow.
     """
 
-    __slots__ = ("upstream", "down", "agg", "traffic", "joined", "up_req",
-                 "up_req_at", "up_req_resent", "waiting", "sent_up_mask", "created",
-                 "sib", "sent_sib_mask", "frames", "bytes")
+    __slots__ = ("upstream", "agg", "joined", "up_req", "up_req_at", "up_req_resent",
+                 "waiting", "sent_up_mask", "created", "sib", "sent_sib_mask", "frames",
+                 "bytes", "_link", "_mask", "_at", "_many")
 
     def __init__(self, upstream: int | None, joined: bool, created: float) -> None:
         self.upstream = upstream
-        self.down: dict[int, int] = {}
         self.agg = 0
-        self.traffic: dict[int, float] = {}
         self.joined = joined
         self.up_req: int | None = None
         self.up_req_at = 0.0
@@ -143,7 +150,8 @@ class FlowEntry:
         self.sent_up_mask: int | None = None
         self.created = created
         #: at a core: other members of the location service -> their subtree masks. Kept apart
-        #: from ``down`` so ``agg`` stays our own subtree (what we announce to them).
+        #: from the downstream links so ``agg`` stays our own subtree (what we announce to
+        #: them).
         self.sib: dict[int, int] | None = None
         self.sent_sib_mask = 0
         #: data frames (and their bytes, headers included) of the flow this router took
@@ -152,10 +160,144 @@ class FlowEntry:
         #: (flowrouter.core.fastpath); status adds what it holds now
         self.frames = 0
         self.bytes = 0
+        #: the only downstream link (None: none, or several: then ``_many`` holds them all,
+        #: in the order they joined), its mask and when it last joined or refreshed
+        self._link: int | None = None
+        self._mask = 0
+        self._at = 0.0
+        self._many: dict[int, tuple[int, float]] | None = None
+
+    # ------------------------------------------------------------------ downstream links
+    def down_count(self) -> int:
+        """How many downstream links joined the flow."""
+        many = self._many
+        if many is not None:
+            return len(many)
+        return 0 if self._link is None else 1
+
+    def has_down(self, link_id: int) -> bool:
+        many = self._many
+        if many is not None:
+            return link_id in many
+        return self._link == link_id and link_id is not None
+
+    def mask_of(self, link_id: int) -> int | None:
+        """The band mask *link_id* joined with, or None when it is not downstream."""
+        many = self._many
+        if many is not None:
+            got = many.get(link_id)
+            return None if got is None else got[0]
+        return self._mask if self._link == link_id and link_id is not None else None
+
+    def refreshed_at(self, link_id: int) -> float | None:
+        """When *link_id* last joined or refreshed the flow (None: not downstream)."""
+        many = self._many
+        if many is not None:
+            got = many.get(link_id)
+            return None if got is None else got[1]
+        return self._at if self._link == link_id and link_id is not None else None
+
+    def last_refreshed(self) -> float | None:
+        """The latest join or refresh of any downstream link (None: there is none)."""
+        many = self._many
+        if many is not None:
+            return max(at for _m, at in many.values()) if many else None
+        return None if self._link is None else self._at
+
+    def down_links(self) -> list[int]:
+        """The downstream links, in the order they joined."""
+        many = self._many
+        if many is not None:
+            return list(many)
+        return [] if self._link is None else [self._link]
+
+    def down_items(self) -> list[tuple[int, int]]:
+        """(link, mask) of each downstream link, in the order they joined."""
+        many = self._many
+        if many is not None:
+            return [(lk, m) for lk, (m, _at) in many.items()]
+        return [] if self._link is None else [(self._link, self._mask)]
+
+    def targets(self, bit: int, skip: int | None = None) -> list[int]:
+        """The downstream links whose mask has *bit* (a band's bit), but *skip*."""
+        many = self._many
+        if many is not None:
+            return [lk for lk, (m, _at) in many.items() if m & bit and lk != skip]
+        lk = self._link
+        return [lk] if lk is not None and self._mask & bit and lk != skip else []
+
+    @property
+    def down(self) -> Mapping[int, int]:
+        """The downstream links and their masks, a read-only copy (status, tests)."""
+        return MappingProxyType(dict(self.down_items()))
+
+    @property
+    def traffic(self) -> Mapping[int, float]:
+        """When each downstream link last joined or refreshed, a read-only copy (tests)."""
+        many = self._many
+        if many is not None:
+            return MappingProxyType({lk: at for lk, (_m, at) in many.items()})
+        return MappingProxyType({} if self._link is None else {self._link: self._at})
+
+    def set_down(self, link_id: int, mask: int, now: float) -> int | None:
+        """*link_id* joined (or re-joined, or changed its mask) at *now*: the mask it gave
+        before, or None if it was not downstream. ``agg`` is the caller's (``recompute``)."""
+        many = self._many
+        if many is not None:
+            got = many.get(link_id)
+            many[link_id] = (mask, now)
+            return None if got is None else got[0]
+        lk = self._link
+        if lk is None:
+            self._link, self._mask, self._at = link_id, mask, now
+            return None
+        if lk == link_id:
+            old = self._mask
+            self._mask, self._at = mask, now
+            return old
+        self._many = {lk: (self._mask, self._at), link_id: (mask, now)}
+        self._link, self._mask, self._at = None, 0, 0.0
+        return None
+
+    def refresh(self, link_id: int, now: float) -> float | None:
+        """*link_id* refreshed the flow at *now*: when it did before (None: it is not
+        downstream, and nothing changes)."""
+        many = self._many
+        if many is not None:
+            got = many.get(link_id)
+            if got is None:
+                return None
+            many[link_id] = (got[0], now)
+            return got[1]
+        if self._link != link_id or link_id is None:
+            return None
+        before, self._at = self._at, now
+        return before
+
+    def remove_down(self, link_id: int) -> tuple[int, float] | None:
+        """Take *link_id* off: its (mask, last join or refresh), or None if it was not
+        downstream. ``agg`` is the caller's (``recompute``)."""
+        many = self._many
+        if many is not None:
+            got = many.pop(link_id, None)
+            if len(many) == 1:  # back to one link: inline again
+                ((lk, (m, at)),) = many.items()
+                self._link, self._mask, self._at = lk, m, at
+                self._many = None
+            return got
+        if self._link != link_id or link_id is None:
+            return None
+        got = (self._mask, self._at)
+        self._link, self._mask, self._at = None, 0, 0.0
+        return got
 
     def recompute(self) -> int:
-        agg = 0
-        for m in self.down.values():
-            agg |= m
+        many = self._many
+        if many is None:
+            agg = self._mask if self._link is not None else 0
+        else:
+            agg = 0
+            for m, _at in many.values():
+                agg |= m
         self.agg = agg
         return agg

@@ -491,7 +491,7 @@ def snapshot_fields(router: Any) -> dict[str, Any]:
     Usage in the core: ``tracer.snapshot(now, **snapshot_fields(state))``. Walks the flow
     table once (O(entries)), so call it at the snapshot period, not per message. An entry is
     *active* when some downstream link joined or refreshed it in the current or the previous
-    epoch (``entry.traffic`` holds those times, on the router's clock).
+    epoch (``entry.last_refreshed()``, on the router's clock).
     """
     epoch = router.epoch
     since = router.started + (epoch - 1) * router.p.epoch_length
@@ -500,13 +500,14 @@ def snapshot_fields(router: Any) -> dict[str, Any]:
     fanout: dict[int, int] = {}
     links_total = active = members = 0
     for entry in router.flows.values():
-        n = len(entry.down)
+        n = entry.down_count()
         links_total += n
         fanout[n] = fanout.get(n, 0) + 1
-        if entry.traffic and max(entry.traffic.values()) >= since:
+        last = entry.last_refreshed()
+        if last is not None and last >= since:
             active += 1
         if endpoint_links:
-            members += sum(1 for lid in entry.down if lid in endpoint_links)
+            members += sum(1 for lid in entry.down_links() if lid in endpoint_links)
     entries = len(router.flows)
     lsids = sorted(router.p.core_lsids)
     return {"entries": entries, "links_total": links_total, "active_flows": active,
