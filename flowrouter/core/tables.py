@@ -181,21 +181,22 @@ class FlowEntry:
             return link_id in many
         return self._link == link_id and link_id is not None
 
-    def mask_of(self, link_id: int) -> int | None:
-        """The band mask *link_id* joined with, or None when it is not downstream."""
+    def down_state(self, link_id: int) -> tuple[int, float] | None:
+        """(mask, last join or refresh) of *link_id*, or None when it is not downstream."""
         many = self._many
         if many is not None:
-            got = many.get(link_id)
-            return None if got is None else got[0]
-        return self._mask if self._link == link_id and link_id is not None else None
+            return many.get(link_id)
+        return (self._mask, self._at) if self._link == link_id and link_id is not None else None
+
+    def mask_of(self, link_id: int) -> int | None:
+        """The band mask *link_id* joined with, or None when it is not downstream."""
+        got = self.down_state(link_id)
+        return None if got is None else got[0]
 
     def refreshed_at(self, link_id: int) -> float | None:
         """When *link_id* last joined or refreshed the flow (None: not downstream)."""
-        many = self._many
-        if many is not None:
-            got = many.get(link_id)
-            return None if got is None else got[1]
-        return self._at if self._link == link_id and link_id is not None else None
+        got = self.down_state(link_id)
+        return None if got is None else got[1]
 
     def last_refreshed(self) -> float | None:
         """The latest join or refresh of any downstream link (None: there is none)."""
