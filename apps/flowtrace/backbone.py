@@ -25,7 +25,6 @@ Imports the simulator (lazily: it is heavy), :mod:`flowtrace.fit` and :mod:`flow
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,17 +82,15 @@ def sweep(cfg: BackboneConfig, progress: Callable[[str], None] | None = None,
           traces: str | None = None) -> list[dict[str, Any]]:
     grid = list(itertools.product(cfg.flows, cfg.cores, cfg.edges, range(1, cfg.seeds + 1),
                                   cfg.aggregate))
-    rows = []
-    t0 = time.monotonic()
-    for k, (f, c, e, s, agg) in enumerate(grid, 1):
-        rows.append(run_one(f, c, e, s, agg, traces))
-        if progress:
-            r = rows[-1]
-            progress(f"[backbone +{time.monotonic() - t0:6.1f}s] run {k}/{len(grid)}: {f} "
-                     f"flows, {c} cores, {e} edges, seed {s}, aggregation "
-                     f"{'on' if agg else 'off'}: busiest core table {fmt(r['core_max_entries'])}"
-                     f"{'' if r['delivery_exact'] else ' (delivery NOT exact)'}")
-    return rows
+
+    def describe(point: tuple[Any, ...], r: dict[str, Any]) -> str:
+        f, c, e, s, agg = point
+        return (f": {f} flows, {c} cores, {e} edges, seed {s}, aggregation "
+                f"{'on' if agg else 'off'}: busiest core table {fmt(r['core_max_entries'])}"
+                f"{'' if r['delivery_exact'] else ' (delivery NOT exact)'}")
+
+    return FIT.run_grid(grid, lambda f, c, e, s, agg: run_one(f, c, e, s, agg, traces),
+                        describe, progress, "backbone")
 
 
 def analyse(rows: Sequence[dict[str, Any]], level: float) -> dict[str, Any]:
@@ -105,9 +102,8 @@ def analyse(rows: Sequence[dict[str, Any]], level: float) -> dict[str, Any]:
         part = [r for r in rows if r["aggregate"] == agg]
         for target in TARGETS:
             key = f"{target} (aggregation {'on' if agg else 'off'})"
-            fits[key] = [FIT.fit(part, target, TERMS, model, level=level, cluster=CLUSTER)
-                         for model in ("linear", "power")]
-            chosen[key] = FIT.best(fits[key])
+            fits[key], chosen[key] = FIT.fit_both(part, target, TERMS, level=level,
+                                                  cluster=CLUSTER)
     off = {r["topology"]: r for r in rows if not r["aggregate"]}
     ratios: dict[int, list[float]] = {}
     for r in rows:

@@ -12,14 +12,17 @@ honest test of extrapolation).
 
 It refuses, with a :class:`Refusal` that says why, when the degrees of freedom are too few
 (:data:`MIN_DF`) or two terms move together; :func:`predict` refuses a point beyond
-``max_factor`` times the range seen or along a term that never varied.
+``max_factor`` times the range seen or along a term that never varied. :func:`fit_both`
+and :func:`run_grid` are what the sweeps (:mod:`flowtrace.study`, :mod:`flowtrace.backbone`)
+share: both models of a target, and the grid of runs they are fitted over.
 Imports numpy (and scipy for t quantiles when present) lazily; no Spark.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,6 +281,35 @@ def best(fits: Sequence[Fit | Refusal]) -> Fit | None:
     if not ok:
         return None
     return min(ok, key=lambda f: (f.loo_error if f.loo_error is not None else math.inf))
+
+
+MODELS = ("linear", "power")
+
+
+def fit_both(rows: Sequence[Mapping[str, Any]], target: str, terms: Sequence[str], *,
+             level: float = 0.95, cluster: str | None = None
+             ) -> tuple[list[Fit | Refusal], Fit | None]:
+    """Both :data:`MODELS` of *target* over *rows* and the better one (:func:`best`; None
+    when both are refused): what every sweep reports per target."""
+    fits = [fit(rows, target, terms, model, level=level, cluster=cluster) for model in MODELS]
+    return fits, best(fits)
+
+
+def run_grid(grid: Sequence[tuple[Any, ...]], run: Callable[..., dict[str, Any]],
+             describe: Callable[[tuple[Any, ...], dict[str, Any]], str],
+             progress: Callable[[str], None] | None = None, label: str = "study"
+             ) -> list[dict[str, Any]]:
+    """``run(*point)`` for every point of a sweep's *grid*, in order: the runs a fit is made
+    from. After each, *progress* (if any) gets ``[label +SECONDS] run K/N`` followed by
+    ``describe(point, row)``."""
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for k, point in enumerate(grid, 1):
+        rows.append(run(*point))
+        if progress:
+            progress(f"[{label} +{time.monotonic() - t0:6.1f}s] run {k}/{len(grid)}"
+                     + describe(point, rows[-1]))
+    return rows
 
 
 def as_rows(results: Sequence[Fit | Refusal]) -> list[dict[str, Any]]:

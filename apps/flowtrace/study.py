@@ -139,16 +139,15 @@ def sweep(cfg: StudyConfig, progress: Callable[[str], None] | None = None, base:
           ) -> list[dict[str, Any]]:
     grid = list(itertools.product(cfg.routers, cfg.flows, cfg.members, cfg.endpoints,
                                   cfg.lsids, range(1, cfg.seeds + 1)))
-    rows = []
-    t0 = time.monotonic()
-    for k, (r, f, m, e, ls, s) in enumerate(grid, 1):
-        rows.append(run_one(r, f, m, s, cfg, e, ls, base))
-        if progress:
-            progress(f"[study +{time.monotonic() - t0:6.1f}s] run {k}/{len(grid)}"
-                     f"{f' (repeat {base})' if base else ''}: {r} routers, {f} flows, "
-                     f"{m} members, {e:g} endpoints/router, {ls} LSID(s), seed {s}: core "
-                     f"table {rows[-1]['core_entries']:g}")
-    return rows
+
+    def describe(point: tuple[Any, ...], row: dict[str, Any]) -> str:
+        r, f, m, e, ls, s = point
+        return (f"{f' (repeat {base})' if base else ''}: {r} routers, {f} flows, "
+                f"{m} members, {e:g} endpoints/router, {ls} LSID(s), seed {s}: core "
+                f"table {row['core_entries']:g}")
+
+    return FIT.run_grid(grid, lambda r, f, m, e, ls, s: run_one(r, f, m, s, cfg, e, ls, base),
+                        describe, progress, "study")
 
 
 def analyse(rows: Sequence[dict[str, Any]], cfg: StudyConfig) -> dict[str, Any]:
@@ -156,9 +155,8 @@ def analyse(rows: Sequence[dict[str, Any]], cfg: StudyConfig) -> dict[str, Any]:
     fits: dict[str, list[FIT.Fit | FIT.Refusal]] = {}
     chosen: dict[str, FIT.Fit | None] = {}
     for target in TARGETS:
-        fits[target] = [FIT.fit(rows, target, TERMS, model, level=cfg.level, cluster=CLUSTER)
-                        for model in ("linear", "power")]
-        chosen[target] = FIT.best(fits[target])
+        fits[target], chosen[target] = FIT.fit_both(rows, target, TERMS, level=cfg.level,
+                                                    cluster=CLUSTER)
     predictions: list[dict[str, Any]] = []
     for point in cfg.predict:
         for target in TARGETS:
