@@ -23,6 +23,16 @@ delivers late shows there).
 
 Each configuration's flownet chain and NATS chain are started first, then each payload size
 is measured on each in turn; the load average at start and end is printed with the table.
+
+Beside the rates, each row says what does not depend on the machine's load: the servers' CPU
+time per delivery (user + system from /proc, summed over the chain's routers or
+nats-server processes, from the sender's start until the receivers are done: ``cpu
+us/delivery``) and the counting receivers' own (the harness must cost less than the systems
+it measures); frames sent and deliveries made (``delivered`` is the share of sent x
+receivers that arrived), and for flownet what the routers dropped (their ``drop.*``
+counters, by kind). ``--rx-procs K`` spreads the receivers over K counting processes;
+``--base DIR`` adds rows for routers run from another checkout (a before/after in one run);
+``--quick`` is a seconds-long smoke run (10 receivers, 16 B, one router).
 """
 
 from __future__ import annotations
@@ -47,6 +57,8 @@ from common import (  # noqa: E402
     LSID,
     Child,
     RouterChain,
+    code_info,
+    counter_delta,
     load_average,
     log_directory,
     machine_info,
@@ -72,7 +84,8 @@ def worker_counter(p: dict[str, Any]) -> None:
             while b"PONG" not in got:
                 got += sock.recv(4096)
         else:
-            sock = bulk.flownet_attach(addr, f"fan-{i}", bytes.fromhex(p["key"]),
+            sock = bulk.flownet_attach(addr, f"fan-{p.get('first', 0) + i}",
+                                       bytes.fromhex(p["key"]),
                                        1 | 1 << bulk.DATA_BAND)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         sock.setblocking(False)
@@ -89,6 +102,7 @@ def worker_counter(p: dict[str, Any]) -> None:
     first = w_start = w_end = last_byte = None
     idle, last = p["idle"], time.monotonic()
     nats_pong = b"PONG\r\n"
+    cpu0 = time.process_time()
     while True:
         events = ep.poll(0.2)
         now = time.monotonic()
@@ -119,6 +133,7 @@ def worker_counter(p: dict[str, Any]) -> None:
         if w_start is not None and w_start <= now < w_end:  # type: ignore[operator]
             win_bytes += got
     print(json.dumps({"event": "result", "bytes": total, "per_msg": per_msg,
+                      "cpu_s": time.process_time() - cpu0,
                       "deliveries": total // per_msg,
                       "span_rate": total / per_msg / (last_byte - first)
                       if first and last_byte and last_byte > first else 0.0,
@@ -131,63 +146,106 @@ def _argv(role: str, **params: Any) -> list[str]:
             json.dumps(params)]
 
 
+def _split(n: int, procs: int) -> list[int]:
+    """*n* receivers over at most *procs* counting processes (the first take the rest)."""
+    procs = max(1, min(procs, n))
+    return [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+
+
 async def one(system: str, label: str, pub_addr: str, addrs: list[str], n: int, size: int,
-              args: argparse.Namespace, log_dir: Path, key: str = "") -> dict[str, Any]:
+              args: argparse.Namespace, log_dir: Path, cpu_of: Any, key: str = "",
+              counters: Any = None) -> dict[str, Any]:
+    """One row: start the counting receivers, then the sender; *cpu_of* gives the servers'
+    CPU seconds so far, *counters* (flownet) their counters."""
     seconds = args.warmup + args.duration + 1.0
-    rx = await Child.start(f"fan-rx-{label}", _argv(
-        "counter", system=system, addrs=addrs, n=n, size=size, key=key, warmup=args.warmup,
-        duration=args.duration, idle=3.0), log_dir)
+    kind = "nats" if system == "nats" else "flownet"  # what the workers speak
+    rxs: list[Child] = []
     try:
-        await rx.expect("ready", 120 + n * 0.2)
+        first = 0
+        for i, k in enumerate(_split(n, args.rx_procs)):
+            # each process attaches its receivers round-robin from where the last stopped
+            mine = [addrs[(first + j) % len(addrs)] for j in range(min(k, len(addrs)))]
+            rxs.append(await Child.start(f"fan-rx-{label}-{i}", _argv(
+                "counter", system=kind, addrs=mine, n=k, size=size, key=key, first=first,
+                warmup=args.warmup, duration=args.duration, idle=3.0), log_dir))
+            first += k
+        for rx in rxs:
+            await rx.expect("ready", 120 + n * 0.2)
         pub = await Child.start(f"fan-tx-{label}", [
             sys.executable, BULK, "--worker", "publisher",
-            json.dumps({"system": system, "addr": pub_addr, "size": size, "key": key,
+            json.dumps({"system": kind, "addr": pub_addr, "size": size, "key": key,
                         "seconds": seconds, "join": True})], log_dir, stdin=True)
         try:
             await pub.expect("ready", 30)
             if system == "nats":
                 await asyncio.sleep(0.5)  # interest crossing the leaf links
+            before = await counters() if counters else None
+            cpu0 = sum(cpu_of())
             pub.tell("go")
             sent = await pub.expect("result", seconds + 40)
-            got = await rx.expect("result", seconds + 60)
+            gots = [await rx.expect("result", seconds + 60) for rx in rxs]
+            cpu1 = sum(cpu_of())
+            after = await counters() if counters else None
         finally:
             await pub.stop()
     finally:
-        await rx.stop()
-    per_msg = got["per_msg"]
+        await asyncio.gather(*(rx.stop() for rx in rxs), return_exceptions=True)
+    per_msg = gots[0]["per_msg"]
+    deliveries = sum(g["deliveries"] for g in gots)
     pub_msg = len(b"PUB bulk %d\r\n" % size) + size + 2 if system == "nats" else per_msg
-    row = {"system": label, "receivers": n, "size": size, "deliveries_per_s": got["rate"],
-           "span_rate": got["span_rate"],
-           "sent_msgs": sent["sent"] // pub_msg, "deliveries": got["deliveries"]}
-    say(f"  {label:8s} x{n:<5} {size:>6} B: {got['rate']:>14,.0f} deliveries/s "
-        f"(sent {row['sent_msgs']:,}, delivered {got['deliveries']:,} in all, "
-        f"{got['span_rate']:,.0f}/s from first to last byte)")
+    sent_msgs = sent["sent"] // pub_msg
+    rate = sum(g["rate"] for g in gots)
+    span = sum(g["span_rate"] for g in gots)
+    row: dict[str, Any] = {
+        "system": label, "receivers": n, "size": size, "deliveries_per_s": rate,
+        "span_rate": span, "sent_msgs": sent_msgs, "deliveries": deliveries,
+        "delivered_share": deliveries / (sent_msgs * n) if sent_msgs else 0.0,
+        "cpu_us_per_delivery": (cpu1 - cpu0) / deliveries * 1e6 if deliveries else None,
+        "rx_cpu_us_per_delivery": sum(g["cpu_s"] for g in gots) / deliveries * 1e6
+        if deliveries else None,
+        "rx_procs": len(rxs)}
+    if before is not None and after is not None:
+        row["drops"] = counter_delta(before, after)
+    if sent.get("error"):
+        row["note"] = f"sender: {sent['error']}"
+    drops = row.get("drops") or {}
+    say(f"  {label:8s} x{n:<5} {size:>6} B: {rate:>14,.0f} deliveries/s "
+        f"({span:,.0f}/s first to last byte); sent {sent_msgs:,}, delivered {deliveries:,} "
+        f"({row['delivered_share']:.1%}); cpu {row['cpu_us_per_delivery'] or 0:.3f} "
+        f"us/delivery (receivers {row['rx_cpu_us_per_delivery'] or 0:.3f})"
+        + (f"; dropped {drops}" if drops else ""))
     return row
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    result: dict[str, Any] = {"machine": machine_info(), "command": " ".join(sys.argv),
+    result: dict[str, Any] = {"machine": machine_info(), "code": code_info(),
+                              "command": " ".join(sys.argv), "quick": args.quick,
                               "rows": rows}
+    sides: list[tuple[str, Path | None]] = [("flownet", None)]  # (label, code: None = this)
+    if args.base:
+        sides.insert(0, ("base", args.base))
     async with log_directory(args.keep_logs) as log_dir:
         extra = bulk.router_config(log_dir)
         for hops in args.hops:
             for n in args.receivers:
                 async with contextlib.AsyncExitStack() as stack:
-                    chain = await stack.enter_async_context(
-                        RouterChain(hops, log_dir, extra))
+                    chains = [(name, await stack.enter_async_context(
+                        RouterChain(hops, log_dir, extra, code=code))) for name, code in sides]
                     nats = None if args.no_nats else await stack.enter_async_context(
                         bulk.NatsChain(hops, log_dir))
                     for size in args.sizes:
-                        key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
-                        row = await one("flownet", f"flownet {hops}h", chain.listen[0],
-                                        chain.listen, n, size, args, log_dir, key)
-                        rows.append({**row, "hops": hops})
+                        for name, chain in chains:
+                            key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
+                            row = await one(name, f"{name} {hops}h", chain.listen[0],
+                                            chain.listen, n, size, args, log_dir, chain.cpu,
+                                            key, chain.counters)
+                            rows.append({**row, "hops": hops})
                         if nats is not None:
                             addrs = [f"{HOST}:{p}" for p in nats.ports]
                             try:
                                 row = await one("nats", f"nats {hops}h", nats.first, addrs,
-                                                n, size, args, log_dir)
+                                                n, size, args, log_dir, nats.cpu)
                             except (TimeoutError, RuntimeError) as exc:
                                 say(f"  nats x{n} {size} B failed: {str(exc)[:200]}")
                                 row = {"system": f"nats {hops}h", "receivers": n,
@@ -234,8 +292,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--no-nats", action="store_true")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--rx-procs", type=int, default=1,
+                    help="counting receiver processes the receivers are spread over")
+    ap.add_argument("--base", help="also measure routers run from this checkout (rows "
+                    "labelled 'base')")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 10 receivers, 16 B, 1 router, half a second")
     ap.add_argument("--out", help="write the JSON result here")
     args = ap.parse_args(argv)
+    if args.base:
+        args.base = Path(args.base).resolve()
+    if args.quick:
+        args.receivers, args.sizes, args.hops = [10], [16], [1]
+        args.duration, args.warmup = 0.5, 0.2
     print_table(result := asyncio.run(run(args)))
     write_json(result, args.out)
     return 0

@@ -103,12 +103,12 @@ def _load(engine, links, flows, absent=(), routes=()) -> None:
         engine.set_route(lsid, route)
 
 
-def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_BUDGET
-         ) -> list:
+def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_BUDGET,
+         share_min: int = NO_BUDGET) -> list:
     """Forward everything, skipping each frame the engine leaves to the core."""
     pos, calls = 0, []
     while True:
-        res = engine.forward(in_link, data, pos, fb, db, 65536, ref_min)
+        res = engine.forward(in_link, data, pos, fb, db, 65536, ref_min, share_min)
         calls.append(res)
         pos, stop = res[0], res[1]
         if stop in (STOP_END, STOP_PARTIAL):
@@ -121,8 +121,10 @@ def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario(), st.booleans(), st.sampled_from([NO_BUDGET, 0, 1, 16, 100, 1000, 65536]))
-def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int) -> None:
+@given(scenario(), st.booleans(), st.sampled_from([NO_BUDGET, 0, 1, 16, 100, 1000, 65536]),
+       st.sampled_from([NO_BUDGET, 0, 60, 1024]))
+def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int,
+                                                 share_min: int) -> None:
     links, flows, frames, (cut, fb, db), absent, routes = sc
     native = native_engine()
     twin, plain_twin = fastpath_py.Engine(), fastpath_py.Engine()
@@ -134,15 +136,61 @@ def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int
         data = data[:-min(cut, len(data))]  # an incomplete last frame
     for in_link in {lk for lk, *_ in links} | {5}:
         args = (fb, db) if budgets else (NO_BUDGET, NO_BUDGET)
-        got = _run(native, in_link, data, *args, ref_min)
-        assert got == _run(twin, in_link, data, *args, ref_min)
-        if ref_min != NO_BUDGET:  # the same bytes leave as without references
+        got = _run(native, in_link, data, *args, ref_min, share_min)
+        assert got == _run(twin, in_link, data, *args, ref_min, share_min)
+        if ref_min != NO_BUDGET or share_min != NO_BUDGET:
+            # the same bytes leave as without references or shared runs
             plain = _run(plain_twin, in_link, data, *args)
             assert [[(lk, _joined(out), k) for lk, out, k in c[2]] for c in got] == \
                 [c[2] for c in plain]
             assert [c[:2] + c[3:] for c in got] == [c[:2] + c[3:] for c in plain]
     assert native.sizes() == twin.sizes()
     _same_flow_counts(native, twin, [key for key, *_ in flows] + [_key(4), _key(5)])
+
+
+@st.composite
+def fan_out(draw: st.DrawFn) -> tuple[list, list, list[bytes], list, list]:
+    """Flows with many links below and frames mostly of them (shared runs: runs broken by
+    other flows' frames, by TTL and size drops that change who gets a frame, by locality
+    values that differ per link)."""
+    n = draw(st.integers(2, 9))
+    links = [(lk, draw(st.booleans()), draw(st.sampled_from([600, 65536])),
+              (0, draw(st.sampled_from([0, 0, 1])), 0, 0)) for lk in range(1, n + 1)]
+    everything = (1 << 128) - 1
+    flows = [(_key(0), draw(st.sampled_from([-1, 1, 2])),
+              [(lk, everything) for lk in draw(st.permutations(range(1, n + 1)))], everything),
+             (_key(1), -1, [(lk, 1 << 40) for lk in draw(st.lists(
+                 st.integers(1, n), min_size=1, max_size=3, unique=True))], 1 << 40)]
+    frames = []
+    for _ in range(draw(st.integers(1, 30))):
+        key = _key(draw(st.sampled_from([0, 0, 0, 0, 1])))
+        size = draw(st.sampled_from([0, 16, 300, 700, 1000, 9000]))
+        ttl = draw(st.sampled_from([1, 9, 9, 9]))
+        lt, lv = draw(st.sampled_from([(0, 0), (0, 0), (0, 5), (1, 3), (1, 0)]))
+        frames.append(key + struct.pack("!IBBBB", size, 40, lt, lv, ttl) + b"q" * size)
+    in_links = draw(st.lists(st.integers(1, n), min_size=1, max_size=2, unique=True))
+    budgets = draw(st.sampled_from([(NO_BUDGET, NO_BUDGET), (5, 7), (1, 2)]))
+    return links, flows, frames, in_links, budgets
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fan_out(), st.sampled_from([NO_BUDGET, 500, 8192]), st.sampled_from([0, 700, 2000]))
+def test_shared_runs_match_the_python_twin(sc, ref_min: int, share_min: int) -> None:
+    """Fan-out through shared runs: the compiled engine gives what the twin gives (the same
+    pieces), and the same bytes leave each link as with no sharing at all."""
+    links, flows, frames, in_links, (fb, db) = sc
+    native, twin, plain = native_engine(), fastpath_py.Engine(), fastpath_py.Engine()
+    for eng in (native, twin, plain):
+        _load(eng, links, flows)
+    data = b"".join(frames)
+    for in_link in in_links:
+        got = _run(native, in_link, data, fb, db, ref_min, share_min)
+        assert got == _run(twin, in_link, data, fb, db, ref_min, share_min)
+        want = _run(plain, in_link, data, fb, db)
+        assert [[(lk, _joined(out), k) for lk, out, k in c[2]] for c in got] == \
+            [c[2] for c in want]
+        assert [c[:2] + c[3:] for c in got] == [c[:2] + c[3:] for c in want]
+    _same_flow_counts(native, twin, [_key(0), _key(1)])
 
 
 def _same_flow_counts(native, twin, keys: list[bytes]) -> None:  # type: ignore[no-untyped-def]
@@ -216,6 +264,51 @@ def test_large_payloads_leave_as_views_of_the_input() -> None:
         data[24:28] = b"XXXX"  # a view, not a copy
         assert bytes(p2[1][:4]) == bytes(p3[1][:4]) == b"XXXX"
         del p2, p3, outs
+
+
+def test_fan_out_shares_one_buffer_among_its_links() -> None:
+    """Frames that several links get alike are built once: each of those links' output is
+    the same object (the copy per receiver was most of a fan-out router's work); a link
+    that also gets frames of its own has them around the shared run, in arrival order."""
+    for eng in (fastpath_py.Engine(), native_engine()):
+        key, solo = _key(1), _key(2)
+        for lk in (1, 2, 3, 4):
+            eng.set_link(lk, False, 65536, (0, 0, 0, 0))
+        eng.set_flow(key, -1, [(2, 1 << 40), (3, 1 << 40), (4, 1 << 40)], 1 << 40)
+        eng.set_flow(solo, -1, [(2, 1 << 40)], 1 << 40)
+
+        def frame(k: bytes, size: int, ttl: int = 9) -> bytes:
+            return k + struct.pack("!IBBBB", size, 40, 0, 0, ttl) + bytes([size % 251]) * size
+
+        def out(k: bytes, size: int, ttl: int = 8) -> bytes:
+            return frame(k, size, ttl)
+
+        data = frame(solo, 5) + b"".join(frame(key, 400) for _ in range(3)) + frame(solo, 6)
+        pos, stop, outs, counts = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET, 65536,
+                                              NO_BUDGET, 1024)
+        assert (pos, stop, counts[0]) == (len(data), STOP_END, 11)
+        by = {lk: (o, k) for lk, o, k in outs}
+        run = out(key, 400) * 3
+        assert by[3][0] == by[4][0] == run and by[3][0] is by[4][0]  # one object, shared
+        assert (by[3][1], by[4][1], by[2][1]) == (3, 3, 5)
+        assert type(by[2][0]) is list and by[2][0][1] is by[3][0]
+        assert [bytes(p) for p in by[2][0]] == [out(solo, 5), run, out(solo, 6)]
+        # below share_min (and by default) every link gets its own copy
+        for share_min in (1273, NO_BUDGET):
+            outs = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET, 65536, NO_BUDGET,
+                               share_min)[2]
+            assert [(lk, o) for lk, o, _k in outs] == [
+                (2, out(solo, 5) + run + out(solo, 6)), (3, run), (4, run)]
+        # with payloads passed by reference, the run is a list of pieces each link shares
+        data = bytearray(b"".join(frame(key, 700) for _ in range(2)))
+        outs = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET, 65536, 500, 1024)[2]
+        assert [lk for lk, _o, _k in outs] == [2, 3, 4]
+        hdr = out(key, 700)[:24]
+        for _lk, o, k in outs:
+            assert k == 2 and [bytes(p) for p in o] == [hdr, out(key, 700)[24:]] * 2
+        data[24:28] = b"XXXX"  # views of the input
+        assert bytes(outs[0][1][1][:4]) == bytes(outs[2][1][1][:4]) == b"XXXX"
+        del outs
 
 
 def test_forwarding_rewrites_ttl_and_locality_per_link() -> None:

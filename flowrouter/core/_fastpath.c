@@ -3,7 +3,9 @@
  * Same interface and the same decisions as flowrouter/core/fastpath_py.py (read its module
  * docstring first): a mirror of the forwarding tables, and forward() over a whole received
  * buffer with no Python object per message. Python objects are made once per call: one
- * bytes object per output link (a few views with large payloads), the result tuple. The engine does no I/O and takes no locks; the GIL is held throughout.
+ * bytes object per output link (a few views with large payloads) or per shared run (the
+ * frames that several links get alike: fan-out), the result tuple. The engine does no I/O
+ * and takes no locks; the GIL is held throughout.
  *
  * The tables it forwards from are in _fastpath_tables.c (declarations in
  * _fastpath_tables.h).
@@ -11,39 +13,130 @@
 #include "_fastpath_tables.h"
 
 /* ------------------------------------------------------------------ forwarding */
+/* Make *arr (items of isz bytes) hold at least need items (doubling, from first). */
+static int grow(void **arr, Py_ssize_t *cap, Py_ssize_t need, size_t isz, Py_ssize_t first) {
+    if (need <= *cap) return 0;
+    Py_ssize_t c = *cap ? *cap : first;
+    while (c < need) c *= 2;
+    void *na = PyMem_Realloc(*arr, (size_t)c * isz);
+    if (!na) { PyErr_NoMemory(); return -1; }
+    *arr = na;
+    *cap = c;
+    return 0;
+}
+
+static int mark_dirty(Engine *e, Py_ssize_t slot) {
+    Link *l = &e->links[slot];
+    if (l->dirty) return 0;
+    if (grow((void **)&e->dirty, &e->dirty_cap, e->ndirty + 1, sizeof(Py_ssize_t), 16) < 0)
+        return -1;
+    e->dirty[e->ndirty++] = slot;
+    l->dirty = 1;
+    return 0;
+}
+
 static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, int lt,
                      int left, int ttl, int ref) {
-    if (e->ncopies == e->copies_cap) {
-        Py_ssize_t cap = e->copies_cap ? e->copies_cap * 2 : 1024;
-        Copy *nc = PyMem_Realloc(e->copies, (size_t)cap * sizeof(Copy));
-        if (!nc) { PyErr_NoMemory(); return -1; }
-        e->copies = nc;
-        e->copies_cap = cap;
-    }
-    Copy *c = &e->copies[e->ncopies++];
-    c->slot = slot;
-    c->src = src;
-    c->size = size;
-    c->lt = (uint8_t)lt;
-    c->left = (uint8_t)left;
-    c->ttl = (uint8_t)ttl;
-    c->ref = (uint8_t)ref;
+    if (grow((void **)&e->copies, &e->copies_cap, e->ncopies + 1, sizeof(Copy), 1024) < 0)
+        return -1;
+    e->copies[e->ncopies++] = (Copy){slot, src, size, (uint8_t)lt, (uint8_t)left,
+                                     (uint8_t)ttl, (uint8_t)ref};
     Link *l = &e->links[slot];
     l->len += HEADER + (ref ? 0 : (Py_ssize_t)size);
     l->nrefs += ref;
     l->frames++;
-    if (!l->dirty) {
-        if (e->ndirty == e->dirty_cap) {
-            Py_ssize_t cap = e->dirty_cap ? e->dirty_cap * 2 : 16;
-            Py_ssize_t *nd = PyMem_Realloc(e->dirty, (size_t)cap * sizeof(Py_ssize_t));
-            if (!nd) { PyErr_NoMemory(); return -1; }
-            e->dirty = nd;
-            e->dirty_cap = cap;
+    return mark_dirty(e, slot);
+}
+
+/* End the run being gathered (*open: its index, or -1): shared by its links if it holds
+ * share_min bytes or more (one marker in the plan, slot -1 - run), else its frames are
+ * planned as copies to each link, frame by frame, and the run is forgotten. */
+static int close_run(Engine *e, Py_ssize_t *open, Py_ssize_t share_min) {
+    if (*open < 0) return 0;
+    Run *r = &e->runs[*open];
+    const Py_ssize_t *tg = &e->rtargets[r->tgt];
+    if (r->wire >= share_min) {
+        if (grow((void **)&e->copies, &e->copies_cap, e->ncopies + 1, sizeof(Copy), 1024) < 0)
+            return -1;
+        Copy *c = &e->copies[e->ncopies++];
+        c->slot = -1 - *open;
+        for (Py_ssize_t i = 0; i < r->nt; i++) {
+            Link *l = &e->links[tg[i]];
+            l->frames += r->nframes;
+            l->nshared++;
+            l->nrefs += r->nrefs; /* its output holds pieces of the run's list */
+            if (mark_dirty(e, tg[i]) < 0) return -1;
         }
-        e->dirty[e->ndirty++] = slot;
-        l->dirty = 1;
+        *open = -1;
+        return 0;
     }
+    for (Py_ssize_t j = r->first; j < r->first + r->nframes; j++) {
+        Copy f = e->rframes[j];
+        for (Py_ssize_t i = 0; i < r->nt; i++)
+            if (plan_copy(e, tg[i], f.src, f.size, f.lt, r->left, f.ttl, f.ref) < 0) return -1;
+    }
+    e->nrframes = r->first;
+    e->nrtargets = r->tgt;
+    e->nruns--;
+    *open = -1;
     return 0;
+}
+
+/* Plan one frame for the shared runs: it goes to nsend (two or more) links with one
+ * locality value. It joins the open run when that goes to the same links, else starts
+ * one (same: it goes where the last frame planned went, so to the open run's links if one
+ * is open); 1 (nothing planned): it goes to a link twice and is no run's (a frame from
+ * neither end of a flow whose upstream link is one of its downstream links too). */
+static int plan_shared(Engine *e, Py_ssize_t *open, Py_ssize_t share_min,
+                       const Py_ssize_t *sends, Py_ssize_t nsend, int left, int same,
+                       Py_ssize_t src, uint32_t size, int lt, int ttl, int ref) {
+    Run *r = *open >= 0 ? &e->runs[*open] : NULL;
+    if (!r || (!same && (r->nt != nsend || r->left != left
+                         || memcmp(&e->rtargets[r->tgt], sends,
+                                   (size_t)nsend * sizeof(Py_ssize_t))))) {
+        int twice = 0;
+        for (Py_ssize_t i = 0; i < nsend; i++) {
+            twice |= e->links[sends[i]].seen;
+            e->links[sends[i]].seen = 1;
+        }
+        for (Py_ssize_t i = 0; i < nsend; i++) e->links[sends[i]].seen = 0;
+        if (twice) return 1;
+        if (close_run(e, open, share_min) < 0
+                || grow((void **)&e->runs, &e->runs_cap, e->nruns + 1, sizeof(Run), 16) < 0
+                || grow((void **)&e->rtargets, &e->rtargets_cap, e->nrtargets + nsend,
+                        sizeof(Py_ssize_t), 256) < 0)
+            return -1;
+        *open = e->nruns++;
+        r = &e->runs[*open];
+        memset(r, 0, sizeof(Run));
+        r->first = e->nrframes;
+        r->tgt = e->nrtargets;
+        r->nt = nsend;
+        r->left = (uint8_t)left;
+        memcpy(&e->rtargets[r->tgt], sends, (size_t)nsend * sizeof(Py_ssize_t));
+        e->nrtargets += nsend;
+    }
+    if (grow((void **)&e->rframes, &e->rframes_cap, e->nrframes + 1, sizeof(Copy), 1024) < 0)
+        return -1;
+    e->rframes[e->nrframes++] = (Copy){-1, src, size, (uint8_t)lt, (uint8_t)left,
+                                       (uint8_t)ttl, (uint8_t)ref};
+    r->nframes++;
+    r->wire += HEADER + (Py_ssize_t)size;
+    r->own += HEADER + (ref ? 0 : (Py_ssize_t)size);
+    r->nrefs += ref;
+    return 0;
+}
+
+/* Write one planned frame at *w (its header rewritten; its payload too unless passed by
+ * reference); returns where the next goes. */
+static inline char *put_frame(char *w, const uint8_t *d, const Copy *c) {
+    memcpy(w, d + c->src, 21);
+    w[21] = (char)c->lt;
+    w[22] = (char)c->left;
+    w[23] = (char)c->ttl;
+    if (c->ref) return w + HEADER;
+    memcpy(w + HEADER, d + c->src + HEADER, c->size);
+    return w + HEADER + c->size;
 }
 
 #define MAX_TARGETS_STACK 64
@@ -64,9 +157,10 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     Py_ssize_t pos;
     long long fwd_budget, drop_budget;
     unsigned long max_in;
-    Py_ssize_t ref_min = PY_SSIZE_T_MAX;
-    if (!PyArg_ParseTuple(args, "lOnLLk|n", &in_id, &data, &pos, &fwd_budget, &drop_budget,
-                          &max_in, &ref_min))
+    Py_ssize_t ref_min = PY_SSIZE_T_MAX, share_min = PY_SSIZE_T_MAX;
+    Py_ssize_t open = -1; /* the shared run being gathered */
+    if (!PyArg_ParseTuple(args, "lOnLLk|nn", &in_id, &data, &pos, &fwd_budget, &drop_budget,
+                          &max_in, &ref_min, &share_min))
         return NULL;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *inview = NULL; /* a memoryview of data, made for the first reference */
@@ -86,6 +180,14 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
      * do not change during a call: a run of frames of one flow decides its links once) */
     Flow *lastf = NULL, *cf = NULL;
     int cband = -1, c_drop = 0, c_missing = 0;
+    /* the copies the last frame of the cached flow and band went to (sends, lefts: the
+     * same for the next frame with the same locality, TTL class and no larger payload,
+     * when no link refused the last one for its size; a fan-out's frames then cost no
+     * pass over its links) */
+    int k_valid = 0, k_lt = 0, k_lv = 0, k_ttl0 = 0, k_alike = 0;
+    uint32_t k_fit = 0;
+    long long k_dttl = 0, k_dloc = 0;
+    Py_ssize_t k_nsend = 0;
     Py_ssize_t c_nt = 0;
     int failed = 0;
     if (pos < 0 || pos > n) {
@@ -143,11 +245,13 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
                 continue;
             }
             cf = NULL;
+            k_valid = 0;
             Py_ssize_t s = fp_link_find(e, r->link);
             if (s < 0) missing = 1;
             else slots[nt++] = s;
         } else {
             cf = NULL;
+            k_valid = 0;
             const int32_t *downs = flow_downs(f);
             const mask128 *masks = flow_masks(f);
             if ((Py_ssize_t)f->ndown + 1 > slots_cap) {
@@ -220,18 +324,38 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         int out_ttl = ttl - 1;
         long long d_ttl = 0, d_loc = 0, d_big = 0;
         Py_ssize_t nsend = 0;
-        for (Py_ssize_t i = 0; i < nt; i++) {
-            Link *l = &e->links[slots[i]];
-            int left = 0;
-            if (lt) {
-                left = lv - l->mods[lt];
-                if (left < 0) { d_loc++; continue; }
+        int same = k_valid && lt == k_lt && lv == k_lv && (out_ttl == 0) == k_ttl0
+                   && size <= k_fit;
+        if (same) {
+            nsend = k_nsend;
+            d_ttl = k_dttl;
+            d_loc = k_dloc;
+        } else {
+            uint32_t fit = UINT32_MAX;
+            for (Py_ssize_t i = 0; i < nt; i++) {
+                Link *l = &e->links[slots[i]];
+                int left = 0;
+                if (lt) {
+                    left = lv - l->mods[lt];
+                    if (left < 0) { d_loc++; continue; }
+                }
+                if (out_ttl == 0 && l->router) { d_ttl++; continue; }
+                if (size > l->max_payload) { d_big++; continue; }
+                if (l->max_payload < fit) fit = l->max_payload;
+                sends[nsend] = slots[i];
+                lefts[nsend] = (uint8_t)left;
+                nsend++;
             }
-            if (out_ttl == 0 && l->router) { d_ttl++; continue; }
-            if (size > l->max_payload) { d_big++; continue; }
-            sends[nsend] = slots[i];
-            lefts[nsend] = (uint8_t)left;
-            nsend++;
+            k_alike = nsend >= 2;
+            for (Py_ssize_t i = 1; i < nsend && k_alike; i++) k_alike = lefts[i] == lefts[0];
+            k_valid = cf != NULL && d_big == 0;
+            k_lt = lt;
+            k_lv = lv;
+            k_ttl0 = out_ttl == 0;
+            k_fit = fit;
+            k_dttl = d_ttl;
+            k_dloc = d_loc;
+            k_nsend = nsend;
         }
         long long nd = d_ttl + d_loc + d_big;
         if (counts[7] + nd >= drop_budget || (nsend && counts[6] + 1 >= fwd_budget)) {
@@ -254,78 +378,136 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             counts[6]++;
             counts[0] += nsend;
         }
-        for (Py_ssize_t i = 0; i < nsend; i++) {
-            if (plan_copy(e, sends[i], pos, size, lt, lefts[i], out_ttl,
-                          (Py_ssize_t)size >= ref_min) < 0) {
+        int ref = (Py_ssize_t)size >= ref_min;
+        int shared = k_alike ? plan_shared(e, &open, share_min, sends, nsend, lefts[0],
+                                           same, pos, size, lt, out_ttl, ref) : 1;
+        if (shared < 0) {
+            failed = 1;
+            break;
+        }
+        if (shared && nsend) {
+            if (close_run(e, &open, share_min) < 0) {
                 failed = 1;
                 break;
             }
+            for (Py_ssize_t i = 0; i < nsend; i++) {
+                if (plan_copy(e, sends[i], pos, size, lt, lefts[i], out_ttl, ref) < 0) {
+                    failed = 1;
+                    break;
+                }
+            }
+            if (failed) break;
         }
-        if (failed) break;
         pos = end;
     }
 done:
     if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(sends); PyMem_Free(lefts); }
-    /* make each link's bytes object at its final size, then copy every planned frame
-     * into it in arrival order (and forget the plan even on failure). A link with frames
-     * passed by reference gets a list of pieces instead: views of its bytes object (the
-     * copied frames and headers) alternating with views of the input (the payloads). */
+    if (!failed && close_run(e, &open, share_min) < 0) failed = 1;
+    /* Make each shared run's bytes object, and each link's at its final size, then copy
+     * every planned frame into them in arrival order (and forget the plan even on
+     * failure). A link's output is its bytes object; or the one shared run it gets, when
+     * that is all it gets and is bytes; else a list of pieces: views of its bytes object
+     * (the copied frames and headers) between views of the input (payloads passed by
+     * reference) and the pieces of the shared runs it gets. */
     if (!failed) outputs = PyList_New(e->ndirty);
+    for (Py_ssize_t i = 0; i < e->nruns && outputs; i++) {
+        Run *r = &e->runs[i];
+        PyObject *b = PyBytes_FromStringAndSize(NULL, r->own);
+        if (!b) { Py_CLEAR(outputs); break; }
+        char *w = PyBytes_AS_STRING(b);
+        const Copy *fr = &e->rframes[r->first];
+        if (!r->nrefs) {
+            for (Py_ssize_t j = 0; j < r->nframes; j++) w = put_frame(w, d, &fr[j]);
+            r->obj = b;
+            continue;
+        }
+        PyObject *bv = PyMemoryView_FromObject(b);
+        Py_DECREF(b); /* the view holds it */
+        r->obj = bv ? PyList_New(0) : NULL;
+        if (!inview && bv) inview = PyMemoryView_FromObject(data);
+        Py_ssize_t prev = 0;
+        for (Py_ssize_t j = 0; j < r->nframes && r->obj; j++) {
+            w = put_frame(w, d, &fr[j]);
+            if (!fr[j].ref) continue;
+            Py_ssize_t at = w - PyBytes_AS_STRING(b);
+            if (!inview || append_slice(r->obj, bv, prev, at) < 0
+                    || append_slice(r->obj, inview, fr[j].src + HEADER,
+                                    fr[j].src + HEADER + (Py_ssize_t)fr[j].size) < 0)
+                Py_CLEAR(r->obj);
+            prev = at;
+        }
+        if (r->obj && prev < r->own && append_slice(r->obj, bv, prev, r->own) < 0)
+            Py_CLEAR(r->obj);
+        Py_XDECREF(bv);
+        if (!r->obj) Py_CLEAR(outputs);
+    }
     for (Py_ssize_t i = 0; i < e->ndirty && outputs; i++) {
         Link *l = &e->links[e->dirty[i]];
-        PyObject *b = PyBytes_FromStringAndSize(NULL, l->len);
-        PyObject *t = NULL;
-        if (b && l->nrefs) {
-            l->bview = PyMemoryView_FromObject(b);
-            l->pieces = l->bview ? PyList_New(0) : NULL;
-            if (l->pieces) {
-                l->bytes = b;
-                Py_INCREF(l->pieces);
-                t = Py_BuildValue("(lNl)", l->id, l->pieces, l->frames);
-            } else {
-                Py_DECREF(b);
-            }
-        } else if (b) {
-            t = Py_BuildValue("(lNl)", l->id, b, l->frames);
+        int list = l->nrefs || l->nshared > 1 || (l->nshared && l->len);
+        if (l->nshared && !list) continue; /* its run's bytes, found below */
+        if (l->len || !list) {
+            l->bytes = PyBytes_FromStringAndSize(NULL, l->len);
+            if (!l->bytes) { Py_CLEAR(outputs); break; }
+            l->wp = PyBytes_AS_STRING(l->bytes);
         }
-        if (!t) { Py_CLEAR(outputs); failed = 1; break; }
-        l->wp = PyBytes_AS_STRING(b);
-        l->prev = 0;
-        PyList_SET_ITEM(outputs, i, t);
-    }
-    if (outputs) {
-        for (Py_ssize_t i = 0; i < e->ncopies; i++) {
-            Copy *c = &e->copies[i];
-            Link *l = &e->links[c->slot];
-            char *w = l->wp;
-            memcpy(w, d + c->src, 21);
-            w[21] = (char)c->lt;
-            w[22] = (char)c->left;
-            w[23] = (char)c->ttl;
-            if (!c->ref) {
-                memcpy(w + HEADER, d + c->src + HEADER, c->size);
-                l->wp = w + HEADER + c->size;
-                continue;
-            }
-            l->wp = w + HEADER;
-            Py_ssize_t at = l->wp - PyBytes_AS_STRING(l->bytes);
-            if (!inview) inview = PyMemoryView_FromObject(data);
-            if (!inview || append_slice(l->pieces, l->bview, l->prev, at) < 0
-                    || append_slice(l->pieces, inview, c->src + HEADER,
-                                    c->src + HEADER + (Py_ssize_t)c->size) < 0) {
+        if (list) {
+            l->pieces = PyList_New(0);
+            if (!l->pieces || (l->bytes && !(l->bview = PyMemoryView_FromObject(l->bytes)))) {
                 Py_CLEAR(outputs);
-                failed = 1;
                 break;
             }
-            l->prev = at;
         }
+        l->prev = 0;
+    }
+    for (Py_ssize_t i = 0; i < e->ncopies && outputs; i++) {
+        Copy *c = &e->copies[i];
+        if (c->slot < 0) { /* a shared run: each of its links takes its pieces */
+            Run *r = &e->runs[-1 - c->slot];
+            const Py_ssize_t *tg = &e->rtargets[r->tgt];
+            for (Py_ssize_t k = 0; k < r->nt; k++) {
+                Link *l = &e->links[tg[k]];
+                if (!l->pieces) { /* it is all the link gets */
+                    Py_INCREF(r->obj);
+                    l->bytes = r->obj;
+                    continue;
+                }
+                Py_ssize_t at = l->bytes ? l->wp - PyBytes_AS_STRING(l->bytes) : 0;
+                int rc = at > l->prev ? append_slice(l->pieces, l->bview, l->prev, at) : 0;
+                if (rc == 0)
+                    rc = PyList_CheckExact(r->obj)
+                        ? PyList_SetSlice(l->pieces, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, r->obj)
+                        : PyList_Append(l->pieces, r->obj);
+                if (rc < 0) {
+                    Py_CLEAR(outputs);
+                    break;
+                }
+                l->prev = at;
+            }
+            continue;
+        }
+        Link *l = &e->links[c->slot];
+        l->wp = put_frame(l->wp, d, c);
+        if (!c->ref) continue;
+        Py_ssize_t at = l->wp - PyBytes_AS_STRING(l->bytes);
+        if (!inview) inview = PyMemoryView_FromObject(data);
+        if (!inview || append_slice(l->pieces, l->bview, l->prev, at) < 0
+                || append_slice(l->pieces, inview, c->src + HEADER,
+                                c->src + HEADER + (Py_ssize_t)c->size) < 0) {
+            Py_CLEAR(outputs);
+            break;
+        }
+        l->prev = at;
     }
     for (Py_ssize_t i = 0; i < e->ndirty; i++) {
         Link *l = &e->links[e->dirty[i]];
-        if (l->pieces && outputs && l->prev < l->len
-                && append_slice(l->pieces, l->bview, l->prev, l->len) < 0) {
+        if (outputs && l->pieces && l->prev < l->len
+                && append_slice(l->pieces, l->bview, l->prev, l->len) < 0)
             Py_CLEAR(outputs);
-            failed = 1;
+        if (outputs) {
+            PyObject *t = Py_BuildValue("(lOl)", l->id, l->pieces ? l->pieces : l->bytes,
+                                        l->frames);
+            if (!t) Py_CLEAR(outputs);
+            else PyList_SET_ITEM(outputs, i, t);
         }
         Py_CLEAR(l->pieces);
         Py_CLEAR(l->bview);
@@ -334,14 +516,23 @@ done:
         l->frames = 0;
         l->dirty = 0;
         l->nrefs = 0;
+        l->nshared = 0;
         l->wp = NULL;
     }
+    for (Py_ssize_t i = 0; i < e->nruns; i++) Py_CLEAR(e->runs[i].obj);
+    e->nruns = e->nrframes = e->nrtargets = 0;
+    if (!outputs) failed = 1;
     Py_XDECREF(inview);
     e->ncopies = 0;
     if (e->copies_cap > 65536) { /* do not keep a huge plan after a burst */
         PyMem_Free(e->copies);
         e->copies = NULL;
         e->copies_cap = 0;
+    }
+    if (e->rframes_cap > 65536) {
+        PyMem_Free(e->rframes);
+        e->rframes = NULL;
+        e->rframes_cap = 0;
     }
     e->ndirty = 0;
     PyBuffer_Release(&view);
@@ -366,6 +557,9 @@ static void Engine_dealloc(Engine *e) {
     fp_engine_clear(e);
     PyMem_Free(e->dirty);
     PyMem_Free(e->copies);
+    PyMem_Free(e->runs);
+    PyMem_Free(e->rframes);
+    PyMem_Free(e->rtargets);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -394,7 +588,7 @@ static PyMethodDef Engine_methods[] = {
     {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow, link and route"},
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
     {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
-     "forward(link, data, pos, fwd_budget, drop_budget, max_payload) -> "
+     "forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min, share_min) -> "
      "(pos, stop, outputs, counts)"},
     {NULL, NULL, 0, NULL},
 };

@@ -57,6 +57,10 @@ typedef struct {
     Py_ssize_t nrefs;
     PyObject *bytes, *bview, *pieces;
     Py_ssize_t prev;
+    /* shared runs (see Run) this link gets in the call; a mark while a run's links are
+     * checked for one given twice */
+    Py_ssize_t nshared;
+    int seen;
 } Link;
 
 /* One frame copy to one output link, planned in the decision pass and carried out when
@@ -69,6 +73,17 @@ typedef struct {
     uint8_t lt, left, ttl;
     uint8_t ref; /* the payload is passed as a view into the input, not copied */
 } Copy;
+
+/* A run of consecutive frames that each go to the same links (two or more, one locality
+ * value for all): built once into one bytes object (or a list of pieces, with payloads
+ * passed by reference) that all its links share instead of each getting a copy (fan-out).
+ * Its frames are rframes[first .. first + nframes), its links rtargets[tgt .. tgt + nt). */
+typedef struct {
+    Py_ssize_t first, nframes, tgt, nt;
+    Py_ssize_t wire, own, nrefs; /* bytes in all; bytes copied into it; payloads by ref */
+    uint8_t left;
+    PyObject *obj; /* while the outputs are built: its bytes, or its list of pieces */
+} Run;
 
 /* One mirrored flow: 64 bytes, one cache line, in a dense array (the index below maps keys
  * to it). A flow with one downstream link (most of them) keeps it inline; more go in two
@@ -131,6 +146,13 @@ typedef struct {
     Py_ssize_t ndirty, dirty_cap;
     Copy *copies;
     Py_ssize_t ncopies, copies_cap;
+    /* shared runs planned in one forward() call, their frames and their links */
+    Run *runs;
+    Py_ssize_t nruns, runs_cap;
+    Copy *rframes;
+    Py_ssize_t nrframes, rframes_cap;
+    Py_ssize_t *rtargets;
+    Py_ssize_t nrtargets, rtargets_cap;
     Route *routes; /* open addressing by LSID, grown at half full; never deleted singly */
     Py_ssize_t routes_cap, routes_used;
 } Engine;

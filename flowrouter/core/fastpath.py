@@ -60,6 +60,10 @@ ENV = "FLOWNET_NATIVE"
 #: buffer, written with the rewritten header in one writev (copying 64 KiB costs more than
 #: the few Python objects a view takes; below this the copy is cheaper)
 REF_MIN = 8192
+#: a run of frames several links get alike (fan-out) is built once and shared by them when
+#: it holds this many bytes or more (below, a copy per link costs less than the extra
+#: buffer each link then writes)
+SHARE_MIN = 1024
 _NO_BUDGET = 1 << 62
 #: absent keys mirrored at most (then all are forgotten and mirrored again as needed)
 MAX_ABSENT = 1 << 16
@@ -207,7 +211,8 @@ class FastPath:
 
     # ------------------------------------------------------------------ forwarding
     def forward(self, link_id: int, data: Any, pos: int, max_payload: int,
-                ref_min: int = REF_MIN) -> tuple[int, int, list[tuple[int, Any, int]]]:
+                ref_min: int = REF_MIN, share_min: int = SHARE_MIN
+                ) -> tuple[int, int, list[tuple[int, Any, int]]]:
         """Forward the frames of *data* from *pos* on that the engine may decide alone.
 
         Returns ``(pos, stop, outputs)``: where it stopped and why (``STOP_END``: all done;
@@ -215,7 +220,9 @@ class FastPath:
         *pos* is the core's), and ``[(link, frames, count)]`` to write, in order: *frames*
         is bytes, or a list of buffers including views of *data* for payloads of *ref_min*
         bytes or more (see :mod:`flowrouter.core.fastpath_py`), which must be written (or
-        copied) before *data*'s buffer is reused. Counters,
+        copied) before *data*'s buffer is reused; the frames several links get alike may
+        be one object shared by all of them (runs of *share_min* bytes or more), so no
+        caller may change one. Counters,
         per-link transmit counts and trace sampling are brought up to date, exactly as the
         core would have for the same frames.
         """
@@ -237,7 +244,7 @@ class FastPath:
             stats["calls"] += 1
             fb, db = (tr.fwd_left, tr.drop_left) if tracing else (_NO_BUDGET, _NO_BUDGET)
             pos, stop, outs, counts = eng.forward(link_id, data, pos, fb, db, max_payload,
-                                                  ref_min)
+                                                  ref_min, share_min)
             if outs:
                 outputs += outs
                 for lk, _buf, n in outs:

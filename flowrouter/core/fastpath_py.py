@@ -20,7 +20,8 @@ Per-flow counters: each mirrored entry counts the data frames of its flow the en
 bytes, headers included. ``forget_flow`` returns them, for the core's entry; an absent key
 counts nothing.
 
-``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min)`` returns
+``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min, share_min)``
+returns
 ``(pos, stop, outputs, counts)``:
 
 * ``pos`` — where forwarding stopped; ``stop`` says why (the ``STOP_*`` codes below): the
@@ -37,7 +38,17 @@ counts nothing.
   alternately the copied bytes up to and including such a frame's header and a view of its
   payload in ``data``, then the copied bytes after the last one, if any (the compiled engine
   gives the copied runs as views of one bytes object). Views of ``data`` are only valid
-  while ``data`` is: the caller must write them before it reuses ``data``'s buffer;
+  while ``data`` is: the caller must write them before it reuses ``data``'s buffer.
+  **Shared runs** (fan-out): consecutive forwarded frames that each go to the same two or
+  more links (none twice), in the same order and with one locality value for all of them,
+  form a run;
+  a run of ``share_min`` bytes or more (headers and payloads; default: never) is built once
+  and its buffers are shared by all its links instead of copied into each: the run is one
+  ``bytes`` object (or, with payloads passed on, its own list of buffers as above). A
+  link's ``out`` is then that object itself when the run is all it gets and is bytes, else
+  a list: the link's own copied bytes before the run, the run's buffers, the bytes after.
+  Frames dropped for every link do not end a run; any other frame does. No caller may
+  change an ``out`` (it may be shared);
 * ``counts`` — ``COUNT_NAMES`` in order, then the forward and drop decisions taken (the
   tracer's sampling countdowns; at most ``fwd_budget - 1`` and ``drop_budget - 1`` of them,
   so the decision that is sampled is always the core's), then the frames taken, then
@@ -192,13 +203,17 @@ class Engine:
 
     # ------------------------------------------------------------------ forwarding
     def forward(self, link: int, data: bytes | bytearray | memoryview, pos: int,
-                fwd_budget: int, drop_budget: int, max_payload: int, ref_min: int = 1 << 62
+                fwd_budget: int, drop_budget: int, max_payload: int, ref_min: int = 1 << 62,
+                share_min: int = 1 << 62
                 ) -> tuple[int, int, list[tuple[int, Any, int]], tuple[int, ...]]:
         data = memoryview(data)
         n = len(data)
         links, flows, routes, flow_counts = self._links, self._flows, self._routes, self._counts
-        #: per link: copied frames (bytes) and, for payloads passed on, (header, start, end)
+        #: per link: copied frames (bytes), for payloads passed on (header, start, end), and
+        #: shared runs (_Shared)
         bufs: dict[int, list[Any]] = {}
+        #: the run being gathered: its links, their locality value, its frames, its bytes
+        run: list[Any] | None = None
         counts = [0] * _NCOUNTS
         stop = STOP_END
         if link not in links:
@@ -320,6 +335,23 @@ class Engine:
                 counts[0] += len(plan)
             ref = size >= ref_min
             payload = b"" if ref else bytes(data[pos + _HEADER:end])
+            sends = [t for t, _left in plan]
+            if (len(plan) >= 2 and len({left for _t, left in plan}) == 1
+                    and len(set(sends)) == len(sends)):  # shareable
+                left = plan[0][1]
+                one = key + size.to_bytes(4, "big") + bytes((band, lt, left, out_ttl))
+                item = (one, pos + _HEADER, end) if ref else one + payload
+                if run is not None and run[0] == sends and run[1] == left:
+                    run[2].append(item)
+                    run[3] += end - pos
+                else:
+                    _close_run(run, bufs, data, share_min)
+                    run = [sends, left, [item], end - pos]
+                pos = end
+                continue
+            if plan:
+                _close_run(run, bufs, data, share_min)
+                run = None
             headers: dict[int, bytes] = {}
             for t, left in plan:
                 hdr = headers.get(left)
@@ -329,7 +361,8 @@ class Engine:
                 bufs.setdefault(t, []).append((hdr, pos + _HEADER, end) if ref
                                               else hdr + payload)
             pos = end
-        outputs = [(t, _pieces(data, frames), len(frames)) for t, frames in bufs.items()]
+        _close_run(run, bufs, data, share_min)
+        outputs = [(t, _pieces(data, frames), _frames(frames)) for t, frames in bufs.items()]
         return pos, stop, outputs, tuple(counts)
 
 
@@ -343,15 +376,59 @@ def _count(flow_counts: dict[bytes, list[int]], key: bytes, size: int) -> None:
         got[1] += size
 
 
+class _Shared:
+    """A shared run in a link's list of frames: its output (bytes or a list of buffers)
+    and how many frames it holds."""
+
+    __slots__ = ("out", "frames")
+
+    def __init__(self, out: Any, frames: int) -> None:
+        self.out = out
+        self.frames = frames
+
+
+def _close_run(run: list[Any] | None, bufs: dict[int, list[Any]], data: memoryview,
+               share_min: int) -> None:
+    """End the run being gathered: shared by its links if it is large enough, else its
+    frames copied to each of them."""
+    if run is None:
+        return
+    sends, _left, items, size = run
+    if size >= share_min:
+        shared = _Shared(_pieces(data, items), len(items))
+        for t in sends:
+            bufs.setdefault(t, []).append(shared)
+        return
+    for item in items:
+        for t in sends:
+            bufs.setdefault(t, []).append(item)
+
+
+def _frames(frames: list[Any]) -> int:
+    """Frames in a link's list (a shared run counts all of its own)."""
+    return sum(f.frames if type(f) is _Shared else 1 for f in frames)
+
+
 def _pieces(data: memoryview, frames: list[Any]) -> Any:
     """One link's output: bytes, or the list of buffers described in the module docstring."""
     if all(type(f) is bytes for f in frames):
         return b"".join(frames)
+    if len(frames) == 1 and type(frames[0]) is _Shared and type(frames[0].out) is bytes:
+        return frames[0].out
     pieces: list[Any] = []
     run = bytearray()
     for f in frames:
         if type(f) is bytes:
             run += f
+            continue
+        if type(f) is _Shared:
+            if run:
+                pieces.append(bytes(run))
+                run = bytearray()
+            if type(f.out) is bytes:
+                pieces.append(f.out)
+            else:
+                pieces += f.out
             continue
         hdr, start, end = f
         run += hdr
