@@ -2,21 +2,27 @@
 
 The UDP twin of bulk.py: a chain of 1 or 3 ``flowrouter run`` processes whose router links
 are UDP (``--peer NAME=HOST:PORT/udp``); the publisher and the subscriber speak the wire
-protocol over UDP to the first and the last router (HELLO, JOIN, then one frame per
-datagram). The publisher sends one pre-built frame in batches of 64 datagrams per system
-call on a connected UDP socket, as fast as it can (``--rate 0``) or paced to ``--rate``
-messages per second (bursts every millisecond); the subscriber only counts datagrams of the
-data band, taking 64 at a time. Both use the routers' own batched datagram I/O
-(``recvmmsg``/``sendmmsg`` when built: flowrouter.net.udpio), so neither end is a
-per-datagram Python loop.
+protocol over UDP to the first and the last router (HELLO, JOIN, then frames). Routers
+bundle frames into datagrams between themselves (``[router] udp_bundle``, ``--udp-bundle``
+here; 0: a frame per datagram, as before bundles). The endpoints announce bundles too, as a
+TCP load generator writes 64 KiB at a time (``--endpoint-bundle``, bytes; 0: they announce
+nothing and speak a frame per datagram). The publisher sends one pre-built frame in batches
+of 64 frames per system call on a connected UDP socket, as fast as it can (``--rate 0``) or
+paced to ``--rate`` messages per second (bursts every millisecond); the subscriber only
+counts frames of the data band, taking 64 datagrams at a time. Both use the routers' own
+batched datagram I/O (``recvmmsg``/``sendmmsg`` when built: flowrouter.net.udpio), so
+neither end is a per-datagram Python loop.
 
 UDP does not push back: what a router cannot take in time is dropped by the kernel (its
 socket buffer overflows). So each row gives the rate delivered over the measuring window
 (``--warmup`` seconds after the first datagram, ``--duration`` seconds long), the loss over
-the whole run (1 - received / sent), and the CPU seconds of each router per million messages
-*delivered* (user + system, /proc, over the publisher's whole run), and its split: on
-loopback the kernel delivers a datagram into the receiver's socket in the *sender's*
-context, so a router's system time includes its receivers' share of the kernel work.
+the whole run (1 - received / sent), the routers' counted drops (``drop.udp-rcvbuf``: what
+the kernel dropped for a full receive buffer), the machine's UDP counters over the run
+(/proc/net/snmp: datagrams in and out, receive and send buffer errors; other tenants' too),
+and the CPU seconds of each router per million messages *delivered* (user + system, /proc,
+over the publisher's whole run), and its split: on loopback the kernel delivers a datagram
+into the receiver's socket in the *sender's* context, so a router's system time includes
+its receivers' share of the kernel work.
 
     python3 benchmarks/udp_bulk.py --sizes 16 256 1024 8192 --hops 1 3 --duration 3 \\
         --out benchmarks/results/udp_bulk.json
@@ -66,11 +72,12 @@ def _frame(key: bytes, band: int, payload: bytes, ttl: int = 32) -> bytes:
     return key + struct.pack("!IBBBB", len(payload), band, 0, 0, ttl) + payload
 
 
-def udp_attach(addr: str, name: str, key: bytes, mask: int) -> socket.socket:
+def udp_attach(addr: str, name: str, key: bytes, mask: int,
+               features: int = 0) -> socket.socket:
     """A UDP socket connected to a router's UDP address, attached as an application that
-    joined *key* with *mask* (HELLO and JOIN repeated until answered: datagrams get lost)."""
+    joined *key* with *mask* (HELLO and JOIN repeated until answered: datagrams get lost).
+    *features*: what the HELLO announces (FEATURE_DGRAM_BUNDLE: send us bundles)."""
     from flowrouter.wire import control as C
-    from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 
     host, port = addr.rsplit(":", 1)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -79,8 +86,8 @@ def udp_attach(addr: str, name: str, key: bytes, mask: int) -> socket.socket:
     sock.connect((host, int(port)))
     sock.settimeout(0.5)
     node_id = int.from_bytes(os.urandom(7), "big") | 1
-    hello = _frame(LINK_LOCAL_FLOW.key, 0, C.Hello(node_id, C.Role.ENDPOINT, name,
-                                                   MAX_SIZE).encode())
+    body = C.Hello(node_id, C.Role.ENDPOINT, name, MAX_SIZE).encode()
+    hello = C.hello_header(len(body), features) + body
     join = _frame(key, 0, C.Join(1, mask).encode())
     deadline = time.monotonic() + 20.0
     step, out = "hello", hello
@@ -89,17 +96,23 @@ def udp_attach(addr: str, name: str, key: bytes, mask: int) -> socket.socket:
         try:
             while True:
                 data = sock.recv(65536)
-                msg = C.decode(data[HEADER_SIZE:]) if data[20] == 0 else None
-                if step == "hello" and isinstance(msg, C.Hello):
-                    step, out = "join", join
-                    sock.send(out)
-                elif step == "join" and isinstance(msg, C.JoinAck) and data[:16] == key:
-                    if msg.status is not C.JoinStatus.OK:
-                        raise ConnectionError(f"join refused: {msg.status.name}")
-                    sock.settimeout(None)
-                    return sock
-                elif isinstance(msg, C.Error):
-                    raise ConnectionError(f"router refused us: {msg.text}")
+                pos = 0
+                while pos + HEADER_SIZE <= len(data):  # each frame (the router may bundle)
+                    end = pos + HEADER_SIZE + int.from_bytes(data[pos + 16:pos + 20], "big")
+                    msg = (C.decode(data[pos + HEADER_SIZE:end]) if data[pos + 20] == 0
+                           else None)
+                    if step == "hello" and isinstance(msg, C.Hello):
+                        step, out = "join", join
+                        sock.send(out)
+                    elif (step == "join" and isinstance(msg, C.JoinAck)
+                          and data[pos:pos + 16] == key):
+                        if msg.status is not C.JoinStatus.OK:
+                            raise ConnectionError(f"join refused: {msg.status.name}")
+                        sock.settimeout(None)
+                        return sock
+                    elif isinstance(msg, C.Error):
+                        raise ConnectionError(f"router refused us: {msg.text}")
+                    pos = end
         except TimeoutError:
             continue
     raise TimeoutError(f"{name}: no answer from the router at {addr}")
@@ -115,9 +128,16 @@ def _datagram_io(sock: socket.socket) -> Any:
     return cls(sock, 64)
 
 
+def _features(bundle: int) -> int:
+    from flowrouter.wire import control as C
+
+    return C.FEATURE_DGRAM_BUNDLE if bundle else 0
+
+
 def worker_publisher(p: dict[str, Any]) -> None:
     key = bytes.fromhex(p["key"])
-    sock = udp_attach(p["addr"], "udp-pub", key, 1)  # membership band only
+    bundle = p["bundle"]
+    sock = udp_attach(p["addr"], "udp-pub", key, 1, _features(bundle))  # membership only
     one = _frame(key, DATA_BAND, bytes(p["size"]))
     rate = p["rate"]
     print(json.dumps({"event": "ready"}), flush=True)
@@ -127,24 +147,31 @@ def worker_publisher(p: dict[str, Any]) -> None:
     dest = io.dest(sock.getpeername())
     end = time.monotonic() + p["seconds"]
     sent = refused = 0
-    if rate:  # bursts every millisecond
-        per_ms = max(1, rate // 1000)
-        burst = [(dest, [one * min(per_ms, 64)])] * -(-per_ms // 64)
-        tick = time.monotonic()
-        while tick < end:
-            ok, congested, failed, _err = io.send(burst)
-            sent += ok
-            refused += congested + failed
+    # one send call per burst: 64 frames at a time, bundled as the routers bundle
+    per_call = min(max(1, rate // 1000), 64) if rate else 64
+    calls = -(-max(1, rate // 1000) // 64) if rate else 1
+    frames = [per_call] * calls
+    if rate and rate // 1000 % 64:
+        frames[-1] = rate // 1000 % 64
+    burst = [(dest, [one * m], bundle) for m in frames]
+    per = max(1, bundle // len(one)) if bundle else 1  # frames per datagram
+    datagrams = sum(-(-m // per) for m in frames)
+    offered = sum(frames)
+    tick = time.monotonic()
+    while tick < end:
+        ok, congested, failed, _err = io.send(burst)
+        if ok == datagrams:
+            sent += offered
+        else:  # which datagrams were refused is not known: count their share of frames
+            sent += round(offered * ok / datagrams)
+            refused += offered - round(offered * ok / datagrams)
+        if rate:  # bursts every millisecond
             tick += 0.001
             pause = tick - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
-    else:
-        batch = [(dest, [one * 64])]
-        while time.monotonic() < end:
-            ok, congested, failed, _err = io.send(batch)
-            sent += ok
-            refused += congested + failed
+        else:
+            tick = time.monotonic()
     print(json.dumps({"event": "result", "sent": sent, "refused": refused}), flush=True)
     sock.close()
 
@@ -153,7 +180,7 @@ def worker_subscriber(p: dict[str, Any]) -> None:
     import select
 
     key = bytes.fromhex(p["key"])
-    sock = udp_attach(p["addr"], "udp-sub", key, 1 | 1 << DATA_BAND)
+    sock = udp_attach(p["addr"], "udp-sub", key, 1 | 1 << DATA_BAND, _features(p["bundle"]))
     print(json.dumps({"event": "ready"}), flush=True)
     warmup, duration = p["warmup"], p["duration"]
     total = win = 0
@@ -163,15 +190,18 @@ def worker_subscriber(p: dict[str, Any]) -> None:
     wait = 30.0
     while select.select([sock], [], [], wait)[0]:
         try:
-            blob, grams = io.recv()
+            blob, grams, _drops = io.recv()
         except OSError:
             break
         now = time.monotonic()
         got = pos = 0
-        for _addr, n in grams:  # count the data band's datagrams
-            if n >= HEADER_SIZE and blob[pos + 20] == DATA_BAND:
-                got += 1
-            pos += n
+        for _addr, n, _frames in grams:  # count the data band's frames
+            end = pos + n
+            while pos + HEADER_SIZE <= end:
+                if blob[pos + 20] == DATA_BAND:
+                    got += 1
+                pos += HEADER_SIZE + int.from_bytes(blob[pos + 16:pos + 20], "big")
+            pos = end
         if not got:
             continue
         total += got
@@ -221,6 +251,20 @@ def _user_sys(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
+def _udp_snmp() -> dict[str, int]:
+    """The machine's UDP counters (/proc/net/snmp): datagrams in and out, buffer errors."""
+    try:
+        with open("/proc/net/snmp") as f:
+            lines = [ln.split() for ln in f if ln.startswith("Udp:")]
+    except OSError:
+        return {}
+    if len(lines) < 2:
+        return {}
+    row = dict(zip(lines[0][1:], map(int, lines[1][1:])))
+    return {k: row[k] for k in ("InDatagrams", "OutDatagrams", "RcvbufErrors",
+                                "SndbufErrors", "InErrors") if k in row}
+
+
 def _free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind((HOST, 0))
@@ -237,16 +281,17 @@ async def _one_rate(chain: UdpChain, size: int, args: argparse.Namespace,
     seconds = args.warmup + args.duration + 1.0
     sub = await Child.start("sub-udp", _argv(
         "subscriber", addr=chain.udp[-1], key=key, warmup=args.warmup,
-        duration=args.duration, idle=1.0), log_dir)
+        duration=args.duration, idle=1.0, bundle=args.endpoint_bundle), log_dir)
     try:
         await sub.expect("ready", 30)
         pub = await Child.start("pub-udp", _argv(
             "publisher", addr=chain.udp[0], size=size, key=key, seconds=seconds,
-            rate=args.rate), log_dir, stdin=True)
+            rate=args.rate, bundle=args.endpoint_bundle), log_dir, stdin=True)
         try:
             await pub.expect("ready", 30)
             await asyncio.sleep(0.2)  # the publisher's JOIN reaching the core
             c0 = await chain.counters()
+            snmp0 = _udp_snmp()
             cpu0 = [_user_sys(p.pid) for p in chain.procs]
             pub.tell("go")
             await pub.proc.stdin.drain()  # type: ignore[union-attr]
@@ -255,6 +300,7 @@ async def _one_rate(chain: UdpChain, size: int, args: argparse.Namespace,
             sent = await pub.expect("result", seconds + 30)
             got = await sub.expect("result", 30)
             cpu1 = [_user_sys(p.pid) for p in chain.procs]
+            snmp1 = _udp_snmp()
             c1 = await chain.counters()
         finally:
             await pub.stop()
@@ -265,16 +311,18 @@ async def _one_rate(chain: UdpChain, size: int, args: argparse.Namespace,
     system = [(b[1] - a[1]) / msgs * 1e6 for a, b in zip(cpu0, cpu1)]
     cpu = [u + s for u, s in zip(user, system)]
     loss = 1.0 - got["msgs"] / sent["sent"] if sent["sent"] else 0.0
-    drops = {k: sum(c.get(k, 0) - b.get(k, 0) for b, c in zip(c0, c1))
-             for k in ("drop.link-congested", "drop.udp-error")}
+    drops = {k: [c.get(k, 0) - b.get(k, 0) for b, c in zip(c0, c1)]
+             for k in ("drop.link-congested", "drop.udp-error", "drop.udp-rcvbuf")}
+    snmp = {k: snmp1[k] - snmp0[k] for k in snmp0 if k in snmp1}
     row = {"hops": chain.n, "size": size, "rate_offered": args.rate or None,
            "msg_rate": got["msg_rate"], "mb_s": got["msg_rate"] * size / 1e6,
            "sent_msgs": sent["sent"], "recv_msgs": got["msgs"], "loss": loss,
-           "router_drops": drops, "cpu_s_per_M": cpu, "cpu_s_per_M_max": max(cpu),
+           "router_drops": drops, "udp_snmp": snmp, "cpu_s_per_M": cpu, "cpu_s_per_M_max": max(cpu),
            "user_s_per_M": user, "sys_s_per_M": system}
     say(f"  udp hops={chain.n} {size:>6} B: {got['msg_rate']:>10,.0f} msg/s delivered, "
         f"loss {loss:6.1%}, cpu s/M msgs (user+sys) "
-        f"{['%.2f+%.2f' % us for us in zip(user, system)]}")
+        f"{['%.2f+%.2f' % us for us in zip(user, system)]}, router drops {drops}, "
+        f"snmp {snmp}")
     return row
 
 
@@ -312,9 +360,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     async with log_directory(args.keep_logs) as log_dir:
         extra: list[str] = []
-        if args.udp_buffer is not None:  # [router] udp_socket_buffer, through a config file
-            conf = log_dir / "udp-buffer.toml"
-            conf.write_text(f"[router]\nname = \"r\"\nudp_socket_buffer = {args.udp_buffer}\n")
+        keys = []  # [router] keys, through a config file
+        if args.udp_buffer is not None:
+            keys.append(f"udp_socket_buffer = {args.udp_buffer}")
+        if args.udp_bundle is not None:
+            keys.append(f"udp_bundle = {args.udp_bundle}")
+        if keys:
+            conf = log_dir / "udp-router.toml"
+            conf.write_text("[router]\nname = \"r\"\n" + "\n".join(keys) + "\n")
             extra = ["--config", str(conf)]
         for hops in args.hops:
             async with UdpChain(hops, log_dir, extra) as chain:
@@ -322,7 +375,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     rows.append(await _one_rate(chain, size, args, log_dir))
     return {"benchmark": "udp_bulk", "machine": machine_info(), "code": code_info(),
             "native": os.environ.get("FLOWNET_NATIVE", ""), "rate": args.rate,
-            "udp_buffer": args.udp_buffer,
+            "udp_buffer": args.udp_buffer, "udp_bundle": args.udp_bundle,
+            "endpoint_bundle": args.endpoint_bundle,
             "warmup": args.warmup, "duration": args.duration, "rows": rows}
 
 
@@ -336,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--udp-bundle", type=int, metavar="BYTES",
+                    help="the routers' [router] udp_bundle (default: theirs, auto; 0: a frame "
+                         "per datagram)")
+    ap.add_argument("--endpoint-bundle", type=int, metavar="BYTES", default=65507,
+                    help="the endpoints announce bundles and the publisher packs frames into "
+                         "datagrams of up to this many bytes (0: a frame per datagram)")
     ap.add_argument("--udp-buffer", type=int, metavar="BYTES",
                     help="the routers' [router] udp_socket_buffer (default: theirs)")
     ap.add_argument("--profile", metavar="DIR",

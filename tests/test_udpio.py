@@ -5,9 +5,7 @@ batched receive, the fast path and the gathered sends with exact counts (127.0.0
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,12 +20,7 @@ from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import pack_header
 
 from .rawep import run, within
-
-try:
-    from flowrouter.net import _udpio  # type: ignore[attr-defined]  # noqa: F401
-    NATIVE = True
-except ImportError:
-    NATIVE = False
+from .udpsock import NATIVE, cut, drain, udp_sockets
 
 needs_native = pytest.mark.skipif(not NATIVE, reason="flowrouter.net._udpio not built")
 FLOW = FlowID(0xB2, 0x10, 7)
@@ -37,42 +30,7 @@ def _frame(payload: bytes, band: int = 40) -> bytes:
     return pack_header(FLOW.key, len(payload), band) + payload
 
 
-@contextlib.contextmanager
-def _sockets(n: int) -> Iterator[list[socket.socket]]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
-            s.setblocking(False)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-            socks.append(s)
-        yield socks
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _drain(sock: socket.socket) -> list[bytes]:
-    out = []
-    while True:
-        try:
-            out.append(sock.recv(65536))
-        except BlockingIOError:
-            return out
-
-
-def _cut(stream: bytes, cuts: list[int]) -> list[bytes]:
-    """*stream* split at *cuts* (arbitrary places, even inside headers)."""
-    points = sorted({c % (len(stream) + 1) for c in cuts})
-    pieces, prev = [], 0
-    for p in [*points, len(stream)]:
-        pieces.append(stream[prev:p])
-        prev = p
-    return pieces
-
-
-def test_split_frames_gives_one_datagram_per_frame() -> None:
+def test_split_frames_gives_one_list_per_frame() -> None:
     a, b, c = _frame(b"x" * 10), _frame(b""), _frame(b"y" * 300)
     grams = udpio.split_frames([a + b, c[:5], c[5:30], c[30:]])
     assert [b"".join(bytes(s) for s in g) for g in grams] == [a, b, c]
@@ -89,7 +47,7 @@ def test_send_twins_send_the_same_datagrams(payloads: list[bytes], cuts: list[in
                                             groups: int) -> None:
     frames = [_frame(p, 16 + i % 100) for i, p in enumerate(payloads)]
     got: dict[str, Any] = {}
-    with _sockets(3) as (tx, rx1, rx2):
+    with udp_sockets(3) as (tx, rx1, rx2):
         for cls in (udpio.PyDatagramIO, udpio.NativeDatagramIO):
             io = cls(tx)
             items = []
@@ -97,9 +55,9 @@ def test_send_twins_send_the_same_datagrams(payloads: list[bytes], cuts: list[in
                 part = frames[g::groups]
                 if part:
                     dest = io.dest((rx1 if g % 2 == 0 else rx2).getsockname())
-                    items.append((dest, _cut(b"".join(part), cuts)))
+                    items.append((dest, cut(b"".join(part), cuts)))
             result = io.send(items)
-            got[cls.__name__] = (result, _drain(rx1), _drain(rx2))
+            got[cls.__name__] = (result, drain(rx1), drain(rx2))
     py, native = got["PyDatagramIO"], got["NativeDatagramIO"]
     assert py == native
     assert py[0] == (len(frames), 0, 0, 0)
@@ -108,19 +66,19 @@ def test_send_twins_send_the_same_datagrams(payloads: list[bytes], cuts: list[in
 
 @needs_native
 def test_twins_refuse_frames_cut_short_before_sending_anything() -> None:
-    with _sockets(2) as (tx, rx):
+    with udp_sockets(2) as (tx, rx):
         for cls in (udpio.PyDatagramIO, udpio.NativeDatagramIO):
             io = cls(tx)
             whole = _frame(b"fine")
             with pytest.raises(ValueError):
                 io.send([(io.dest(rx.getsockname()), [whole]),
                          (io.dest(rx.getsockname()), [_frame(b"cut")[:-1]])])
-            assert _drain(rx) == []
+            assert drain(rx) == []
 
 
 @needs_native
 def test_twins_count_send_errors_alike() -> None:
-    with _sockets(2) as (tx, rx):
+    with udp_sockets(2) as (tx, rx):
         results = []
         for cls in (udpio.PyDatagramIO, udpio.NativeDatagramIO):
             io = cls(tx)
@@ -128,7 +86,7 @@ def test_twins_count_send_errors_alike() -> None:
             results.append(io.send([(io.dest(rx.getsockname()), [_frame(b"a")]),
                                     (io.dest(("127.0.0.1", 0)), [_frame(b"b")]),
                                     (io.dest(rx.getsockname()), [_frame(b"c")])]))
-            assert _drain(rx) == [_frame(b"a"), _frame(b"c")]
+            assert drain(rx) == [_frame(b"a"), _frame(b"c")]
         assert results[0] == results[1]
         sent, congested, failed, err = results[0]
         assert (sent, congested, failed) == (2, 0, 1) and err != 0
@@ -136,26 +94,30 @@ def test_twins_count_send_errors_alike() -> None:
 
 @needs_native
 def test_recv_twins_return_the_same_batches() -> None:
-    with _sockets(3) as (rx, s1, s2):
+    with udp_sockets(3) as (rx, s1, s2):
         batches: dict[str, list[Any]] = {}
         for cls in (udpio.PyDatagramIO, udpio.NativeDatagramIO):
             io = cls(rx, batch=4)
-            assert io.recv() == (b"", [])  # nothing waiting
+            assert io.recv() == (b"", [], 0)  # nothing waiting
+            f1, f2 = _frame(b"x" * 10), _frame(b"")
             sent = [(s1, b"one"), (s1, b"two" * 100), (s2, b""), (s1, b"four"), (s2, b"5"),
-                    (s2, b"six"), (s1, b"seven"), (s1, b"8"), (s2, b"nine" * 3000)]
+                    (s2, b"six"), (s1, b"seven"), (s1, b"8"), (s2, b"nine" * 3000),
+                    (s1, f1), (s2, f1 + f2 + f1), (s1, f1 + f2[:-1])]
             for s, data in sent:
                 s.sendto(data, rx.getsockname())
             out = []
             while True:
-                blob, grams = io.recv()
+                blob, grams, drops = io.recv()
                 if not grams:
                     break
-                assert len(grams) <= 4  # the batch bound
-                assert sum(n for _a, n in grams) == len(blob)
+                assert len(grams) <= 4 and drops == 0  # the batch bound; nothing lost
+                assert sum(n for _a, n, _f in grams) == len(blob)
                 out.append((blob, grams))
             assert b"".join(b for b, _g in out) == b"".join(d for _s, d in sent)
-            addrs = [a for _b, g in out for a, _n in g]
+            addrs = [a for _b, g in out for a, _n, _f in g]
             assert addrs == [s.getsockname() for s, _d in sent]
+            frames = [f for _b, g in out for _a, _n, f in g]
+            assert frames == [0] * 9 + [1, 3, 0]  # whole frames each datagram holds
             batches[cls.__name__] = out
         assert batches["PyDatagramIO"] == batches["NativeDatagramIO"]
 
@@ -172,9 +134,11 @@ def test_io_choice_follows_flownet_native() -> None:
 
 @needs_native
 def test_native_dest_resolves_names_and_refuses_junk() -> None:
-    with _sockets(1) as (s,):
+    with udp_sockets(1) as (s,):
         io = udpio.NativeDatagramIO(s)
         assert io.dest(("localhost", 4000)) == io.dest(("127.0.0.1", 4000))
+        from flowrouter.net import _udpio  # type: ignore[attr-defined]
+
         with pytest.raises(ValueError):
             _udpio.sockaddr("not an address", 1)
 
@@ -305,7 +269,7 @@ def test_udp_socket_buffer_is_a_checked_config_key() -> None:
 
     cfg = config_from_dict({"router": {"name": "x", "udp_socket_buffer": 1 << 20}})
     assert cfg.udp_socket_buffer == 1 << 20
-    assert config_from_dict({"router": {"name": "x"}}).udp_socket_buffer == 4 << 20
+    assert config_from_dict({"router": {"name": "x"}}).udp_socket_buffer == 32 << 20
     with pytest.raises(ConfigError, match="udp_socket_buffer"):
         config_from_dict({"router": {"name": "x", "udp_socket_buffer": -1}})
 

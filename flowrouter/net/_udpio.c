@@ -1,15 +1,20 @@
-/* Batched datagram I/O for the router's UDP socket: recvmmsg / sendmmsg.
+/* Batched datagram I/O for the router's UDP socket: recvmmsg / sendmmsg, bundled frames.
  *
  * The compiled twin of PyDatagramIO in flowrouter/net/udpio.py (read its docstrings first):
- * same arguments, same results, fewer system calls and no Python loop per datagram.
+ * same arguments, same results, fewer system calls and no Python loop per datagram or frame.
  *
- *   recv(fd, count, slot) -> (bytes, [((host, port), length), ...])
- *       up to `count` waiting datagrams (MSG_DONTWAIT), their bytes back to back; nothing
- *       waiting: (b"", []); an error with nothing received raises OSError.
- *   send(fd, [(sockaddr, buffers), ...]) -> (sent, congested, failed, errno)
- *       every frame in each item's buffers (whole frames back to back, a frame possibly
- *       spread over consecutive buffers) as one datagram to `sockaddr`; ValueError (before
- *       anything is sent) if the buffers end inside a frame.
+ *   recv(fd, count, slot) -> (bytes, [((host, port), length, frames), ...], drops)
+ *       up to `count` waiting datagrams (MSG_DONTWAIT), their bytes back to back; `frames`
+ *       is how many whole frames the datagram holds (0: not whole frames, or truncated);
+ *       `drops` the socket's count of dropped datagrams as of the newest datagram that
+ *       reported it (SO_RXQ_OVFL), else 0; nothing waiting: (b"", [], 0); an error with
+ *       nothing received raises OSError.
+ *   send(fd, [(sockaddr, buffers[, bundle]), ...]) -> (sent, congested, failed, errno)
+ *       the frames in each item's buffers (whole frames back to back, a frame possibly
+ *       spread over consecutive buffers), packed in order into datagrams of at most
+ *       `bundle` bytes and MAX_SEGMENTS pieces (bundle_frames in udpio.py: a frame that
+ *       does not fit closes the datagram; 0 or absent: one frame per datagram), sent to
+ *       `sockaddr`; ValueError (before anything is sent) if the buffers end inside a frame.
  *   sockaddr(host, port) -> bytes: a numeric IPv4/IPv6 address in the kernel's form
  *       (ValueError for anything else).
  *
@@ -33,6 +38,28 @@
 #define HEADER 24
 #define MAX_BATCH 256
 #define SEND_CHUNK 1024 /* messages per sendmmsg (UIO_MAXIOV) */
+#define MAX_SEGMENTS 1024 /* buffer pieces per datagram (UIO_MAXIOV) */
+#ifndef SO_RXQ_OVFL
+#define SO_RXQ_OVFL 40
+#endif
+
+static size_t frame_size(const unsigned char *h) {
+    return ((size_t)h[16] << 24) | ((size_t)h[17] << 16) | ((size_t)h[18] << 8) | (size_t)h[19];
+}
+
+/* How many whole frames a datagram holds back to back; 0 if it is not whole frames. */
+static long frames_in(const unsigned char *data, size_t n) {
+    size_t pos = 0;
+    long count = 0;
+    while (pos < n) {
+        if (n - pos < HEADER) return 0;
+        size_t size = frame_size(data + pos);
+        if (size > n - pos - HEADER) return 0;
+        pos += HEADER + size;
+        count++;
+    }
+    return count;
+}
 
 /* ------------------------------------------------------------------ addresses */
 static PyObject *addr_tuple(const struct sockaddr_storage *sa, socklen_t len) {
@@ -100,6 +127,10 @@ static PyObject *udpio_recv(PyObject *self, PyObject *args) {
     struct mmsghdr msgs[MAX_BATCH];
     struct iovec iov[MAX_BATCH];
     struct sockaddr_storage from[MAX_BATCH];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint32_t))];
+        struct cmsghdr align;
+    } ctrl[MAX_BATCH];
     memset(msgs, 0, sizeof(struct mmsghdr) * (size_t)count);
     for (Py_ssize_t i = 0; i < count; i++) {
         iov[i].iov_base = slots + (size_t)i * (size_t)slot;
@@ -108,14 +139,28 @@ static PyObject *udpio_recv(PyObject *self, PyObject *args) {
         msgs[i].msg_hdr.msg_iovlen = 1;
         msgs[i].msg_hdr.msg_name = &from[i];
         msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+        msgs[i].msg_hdr.msg_control = ctrl[i].buf;
+        msgs[i].msg_hdr.msg_controllen = sizeof ctrl[i].buf;
     }
     int got = recvmmsg(fd, msgs, (unsigned int)count, MSG_DONTWAIT, NULL);
     if (got < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return Py_BuildValue("(y#[])", "", 0);
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Py_BuildValue("(y#[]i)", "", 0, 0);
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     Py_ssize_t total = 0;
-    for (int i = 0; i < got; i++) total += (Py_ssize_t)msgs[i].msg_len;
+    unsigned long drops = 0;
+    for (int i = 0; i < got; i++) {
+        total += (Py_ssize_t)msgs[i].msg_len;
+        struct msghdr *mh = &msgs[i].msg_hdr;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL
+                    && c->cmsg_len >= CMSG_LEN(sizeof(uint32_t))) {
+                uint32_t d;
+                memcpy(&d, CMSG_DATA(c), sizeof d);
+                if (d > drops) drops = d;
+            }
+        }
+    }
     PyObject *blob = PyBytes_FromStringAndSize(NULL, total);
     PyObject *grams = PyList_New(got);
     PyObject *prev = NULL; /* the previous datagram's address, reused while it repeats */
@@ -124,6 +169,8 @@ static PyObject *udpio_recv(PyObject *self, PyObject *args) {
     for (int i = 0; i < got; i++) {
         size_t n = msgs[i].msg_len;
         memcpy(dst, iov[i].iov_base, n);
+        long frames = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)
+                          ? 0 : frames_in((const unsigned char *)dst, n);
         dst += n;
         socklen_t alen = msgs[i].msg_hdr.msg_namelen;
         PyObject *addr;
@@ -136,12 +183,12 @@ static PyObject *udpio_recv(PyObject *self, PyObject *args) {
             if (!addr) goto fail;
         }
         prev = addr;
-        PyObject *item = Py_BuildValue("(On)", addr, (Py_ssize_t)n);
+        PyObject *item = Py_BuildValue("(Onl)", addr, (Py_ssize_t)n, frames);
         Py_DECREF(addr); /* the item holds it; prev stays valid while grams holds the item */
         if (!item) goto fail;
         PyList_SET_ITEM(grams, i, item);
     }
-    PyObject *res = PyTuple_Pack(2, blob, grams);
+    PyObject *res = Py_BuildValue("(OOk)", blob, grams, drops);
     Py_DECREF(blob);
     Py_DECREF(grams);
     return res;
@@ -191,12 +238,43 @@ static int add_gram(Plan *p, Py_ssize_t first, Py_ssize_t dest) {
     return 0;
 }
 
-/* Split one item's buffers (whole frames back to back) into datagrams: as split_frames. */
-static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item) {
+/* The datagram being filled while an item is planned (bundles). */
+typedef struct {
+    Py_ssize_t first; /* its first iovec, -1: none open */
+    size_t bytes;
+    Py_ssize_t segs;
+} Open;
+
+/* A frame whose pieces are iov[frame_first:] is complete: put it in a datagram (as
+ * bundle_frames in udpio.py: a frame that does not fit closes the open datagram). */
+static int frame_done(Plan *p, Open *o, Py_ssize_t frame_first, size_t bytes,
+                      Py_ssize_t item, Py_ssize_t bundle) {
+    if (bundle <= 0) return add_gram(p, frame_first, item);
+    Py_ssize_t segs = p->niov - frame_first;
+    if (o->first >= 0 && (o->bytes + bytes > (size_t)bundle || o->segs + segs > MAX_SEGMENTS)) {
+        if (add_gram(p, o->first, item) < 0) return -1;
+        o->first = -1;
+    }
+    if (o->first < 0) {
+        o->first = frame_first;
+        o->bytes = 0;
+        o->segs = 0;
+    }
+    o->bytes += bytes;
+    o->segs += segs;
+    return 0;
+}
+
+/* Split one item's buffers (whole frames back to back) into frames (as split_frames) and
+ * pack them into datagrams (as bundle_frames). */
+static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item,
+                     Py_ssize_t bundle) {
     unsigned char head[HEADER];
     size_t have = 0;     /* header bytes gathered while a header is spread over buffers */
     size_t left = 0;     /* payload bytes of the current frame still to take */
+    size_t fbytes = 0;   /* the current frame's size */
     int in_frame = 0;
+    Open o = {-1, 0, 0};
     Py_ssize_t first = p->niov;
     for (Py_ssize_t b = 0; b < nbufs; b++) {
         char *data = bufs[b].buf;
@@ -204,12 +282,11 @@ static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item
         while (pos < n) {
             if (!in_frame) {
                 if (!have && n - pos >= HEADER) {
-                    const unsigned char *h = (const unsigned char *)data + pos;
-                    size_t size = ((size_t)h[16] << 24) | ((size_t)h[17] << 16)
-                                  | ((size_t)h[18] << 8) | (size_t)h[19];
+                    size_t size = frame_size((const unsigned char *)data + pos);
                     if (size <= n - pos - HEADER) { /* the whole frame is here */
                         if (add_seg(p, data + pos, HEADER + size) < 0) return -1;
-                        if (add_gram(p, p->niov - 1, item) < 0) return -1;
+                        if (frame_done(p, &o, p->niov - 1, HEADER + size, item, bundle) < 0)
+                            return -1;
                         first = p->niov;
                         pos += HEADER + size;
                         continue;
@@ -222,8 +299,8 @@ static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item
                 have += take;
                 pos += take;
                 if (have < HEADER) continue;
-                left = ((size_t)head[16] << 24) | ((size_t)head[17] << 16)
-                       | ((size_t)head[18] << 8) | (size_t)head[19];
+                left = frame_size(head);
+                fbytes = HEADER + left;
                 have = 0;
                 in_frame = 1;
             }
@@ -234,7 +311,7 @@ static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item
                 left -= take;
             }
             if (!left) {
-                if (add_gram(p, first, item) < 0) return -1;
+                if (frame_done(p, &o, first, fbytes, item, bundle) < 0) return -1;
                 first = p->niov;
                 in_frame = 0;
             }
@@ -244,6 +321,7 @@ static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item
         PyErr_SetString(PyExc_ValueError, "the buffers end inside a frame");
         return -1;
     }
+    if (o.first >= 0 && add_gram(p, o.first, item) < 0) return -1;
     return 0;
 }
 
@@ -266,9 +344,14 @@ static PyObject *udpio_send(PyObject *self, PyObject *args) {
     if (!dests || !seqs) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < nitems; i++) {
         PyObject *it = PySequence_Fast_GET_ITEM(items, i);
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2) {
-            PyErr_SetString(PyExc_TypeError, "each item is (sockaddr, buffers)");
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) < 2 || PyTuple_GET_SIZE(it) > 3) {
+            PyErr_SetString(PyExc_TypeError, "each item is (sockaddr, buffers[, bundle])");
             goto done;
+        }
+        Py_ssize_t bundle = 0;
+        if (PyTuple_GET_SIZE(it) == 3) {
+            bundle = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 2));
+            if (bundle == -1 && PyErr_Occurred()) goto done;
         }
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 0), &dests[ndests], PyBUF_SIMPLE) < 0)
             goto done;
@@ -291,7 +374,7 @@ static PyObject *udpio_send(PyObject *self, PyObject *args) {
                 goto done;
             nbufs++;
         }
-        if (plan_item(&plan, bufs + start, nbufs - start, i) < 0) goto done;
+        if (plan_item(&plan, bufs + start, nbufs - start, i, bundle) < 0) goto done;
     }
     Py_ssize_t n = plan.ngrams;
     msgs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *msgs);
@@ -342,9 +425,9 @@ done:
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"recv", udpio_recv, METH_VARARGS,
-     "recv(fd, count, slot) -> (bytes, [((host, port), length)]): up to count datagrams."},
+     "recv(fd, count, slot) -> (bytes, [((host, port), length, frames)], drops)."},
     {"send", udpio_send, METH_VARARGS,
-     "send(fd, [(sockaddr, buffers)]) -> (sent, congested, failed, errno)."},
+     "send(fd, [(sockaddr, buffers[, bundle])]) -> (sent, congested, failed, errno)."},
     {"sockaddr", udpio_sockaddr, METH_VARARGS,
      "sockaddr(host, port) -> bytes: a numeric address in the kernel's form."},
     {NULL, NULL, 0, NULL},
@@ -359,7 +442,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__udpio(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
-    if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0) {
+    if (PyModule_AddIntConstant(m, "MAX_BATCH", MAX_BATCH) < 0
+            || PyModule_AddIntConstant(m, "MAX_SEGMENTS", MAX_SEGMENTS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -17,21 +17,21 @@ the datagram (``drop.link-congested``), so a constrained path loses frames inste
 queueing them.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config`,
-:mod:`flowrouter.net.output` and :mod:`flowrouter.net.nodeapi` (the node is seen only
-through that interface).
+:mod:`flowrouter.net.output`, :mod:`flowrouter.net.udpio` (socket buffers) and
+:mod:`flowrouter.net.nodeapi` (the node is seen only through that interface).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import parse_address
 from flowrouter.net.output import LinkOutput
+from flowrouter.net.udpio import set_buffers
 from flowrouter.wire import control as C
 from flowrouter.wire.appdgram import (
     MAX_PAYLOAD,
@@ -122,12 +122,10 @@ class AppDatagrams(asyncio.DatagramProtocol):
         await node.loop.create_datagram_endpoint(lambda: me, local_addr=(host, port))
         size = node.config.udp_socket_buffer
         sock = me.transport.get_extra_info("socket")
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF) if size and sock is not None else ():
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, size)
-            except OSError as exc:
-                log.warning("router %s: application datagram socket buffer of %d bytes "
-                            "refused: %s", node.config.name, size, exc)
+        capped = set_buffers(sock, size)[2] if size and sock is not None else ""
+        if capped:
+            log.warning("router %s: application datagram socket buffers smaller than "
+                        "udp_socket_buffer asks: %s", node.config.name, capped)
         log.info("router %s listening for application datagram links on %s:%d",
                  node.config.name, *me.address)
         return me

@@ -183,10 +183,14 @@ class NodeConfig:
     #: 1 and 3 s fall inside it); then the attempt counts as failed and the back-off runs
     dial_timeout: float = 4.0
     udp_idle_timeout: float = 30.0
-    #: receive and send buffer asked of the kernel for the UDP socket (0: its default;
-    #: Linux caps it at net.core.rmem_max / wmem_max): what arrives while the router waits
-    #: for a CPU must fit, or the kernel drops it
-    udp_socket_buffer: int = 4 << 20
+    #: receive and send buffer asked of the kernel for the UDP sockets (0: its default;
+    #: Linux caps it at net.core.rmem_max / wmem_max unless the router has CAP_NET_ADMIN; a
+    #: cap is logged and in status): what arrives while the router waits for a CPU must
+    #: fit, or the kernel drops it (counted, drop.udp-rcvbuf)
+    udp_socket_buffer: int = 32 << 20
+    #: bytes of frames a UDP datagram to a peer announcing bundles carries at most ("auto":
+    #: 65507 to loopback addresses, 1472 otherwise; 0: one frame per datagram)
+    udp_bundle: int | str = "auto"
     #: the largest a TCP link's read buffer grows while reads fill it (it starts at 64 KiB
     #: and shrinks back when reads stay small; a frame larger than this still fits): larger
     #: reads mean fewer system calls, wake-ups and passes per message (1 MiB instead of

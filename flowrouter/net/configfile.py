@@ -163,6 +163,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "dial_timeout": limit(float, 0.001, 3600.0),
     "udp_idle_timeout": limit(float, 0.01, 86400.0),
     "udp_socket_buffer": limit(int, 0, 1 << 30),
+    "udp_bundle": lambda v, where: v if v == "auto" else limit(int, 0, 65507)(v, where),
     "read_buffer": limit(int, 64 * 1024, 1 << 30),
     "slow_consumer_bytes": limit(int, 1024, 1 << 40),
     "slow_consumer_grace": limit(float, 0.001, 86400.0),

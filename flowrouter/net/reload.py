@@ -23,7 +23,7 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 #: settings only a restart applies (sockets, identity, tables built at start)
 RESTART_ONLY = ("name", "node_id", "listen", "extra_listen", "router_listen", "app_listen",
                 "udp", "control", "http", "core_lsids", "routes", "default_route",
-                "max_payload", "read_buffer", "tick_interval", "udp_socket_buffer",
+                "max_payload", "read_buffer", "tick_interval", "udp_socket_buffer", "udp_bundle",
                 "trace_dir", "trace_sample", "trace_rotate_bytes", "locality_mapping",
                 "gc_ping_after", "gc_delete_after")
 #: settings compared by what they are, never shown

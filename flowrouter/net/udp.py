@@ -8,10 +8,12 @@ TCP reads and timers get their turn) and handles them in one read batch
 (:class:`~flowrouter.net.nodeapi.ReadBatch`): what the node sends meanwhile to UDP links is
 gathered and leaves in one batch when the read ends, a full socket buffer a counted drop.
 
-Per-link semantics are those of a datagram at a time: a new sender address is a new link,
-``last_rx`` is refreshed, a datagram that is not exactly one valid frame drops its link
-(``split_datagram`` says why), the core sees every datagram the forwarding fast path stops
-at, in arrival order, and a link silent for ``udp_idle_timeout`` is closed (a configured
+A datagram carries one or more whole frames (**bundles**: several only toward a peer whose
+HELLO announced ``FEATURE_DGRAM_BUNDLE``, packed up to ``udp_bundle`` bytes by the datagram
+I/O; taken from any peer). Per-link semantics are those of a stream of whole frames: a new
+sender address is a new link, ``last_rx`` is refreshed, a datagram that is not whole frames
+drops its link (counted ``malformed.<why>``), the core sees every frame the forwarding fast
+path stops at, in arrival order, and a link silent for ``udp_idle_timeout`` is closed (a configured
 peer is dialled again). :class:`UdpLink` is one remote address; it sends through a
 :class:`~flowrouter.net.output.LinkOutput` like a TCP link, never pauses (one socket serves
 every peer).
@@ -23,6 +25,7 @@ May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -32,20 +35,31 @@ from flowrouter.core.fastpath import STOP_END
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig, parse_address
 from flowrouter.net.output import LinkOutput
-from flowrouter.net.udpio import io_choice
-from flowrouter.wire.header import HEADER_SIZE, UDP_MAX_PAYLOAD, MalformedFrame, split_datagram
+from flowrouter.net.udpio import io_choice, set_buffers
+from flowrouter.wire.control import FEATURE_DGRAM_BUNDLE
+from flowrouter.wire.header import (
+    HEADER_SIZE,
+    UDP_MAX_PAYLOAD,
+    MalformedFrame,
+    validate_header,
+)
 
 if TYPE_CHECKING:
     from flowrouter.net.nodeapi import Node
 
 log = logging.getLogger("flowrouter.net.runtime")
 
+#: the largest UDP datagram over IPv4: a bundle toward a loopback address
+UDP_MAX_DATAGRAM = 65507
+#: a bundle toward any other address: an Ethernet frame (1500) less the IPv4 and UDP headers
+UDP_MTU_DATAGRAM = 1472
+
 
 class UdpLink:
     """One remote UDP address on the node's shared socket."""
 
     __slots__ = ("udp", "addr", "link_id", "peer", "last_rx", "address", "out", "dest",
-                 "bytes_in", "bytes_out")
+                 "bytes_in", "bytes_out", "bundle")
 
     #: never paused: one socket serves every UDP peer (flow control leaves it alone)
     reading = None
@@ -63,6 +77,9 @@ class UdpLink:
         #: datagram bytes received from and handed to the socket for this address (status)
         self.bytes_in = 0
         self.bytes_out = 0
+        #: the largest datagram its frames are bundled into (0: a frame per datagram, until
+        #: the peer announces FEATURE_DGRAM_BUNDLE; see UdpLinks.bundle_for)
+        self.bundle = 0
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -72,13 +89,13 @@ class UdpLink:
 
     def write(self, header: bytes, payload: Any) -> None:
         self.bytes_out += len(header) + len(payload)
-        self.udp.gather(self.dest, [header, payload])
+        self.udp.gather(self.dest, [header, payload], self.bundle)
 
     def write_many(self, buffers: list[Any]) -> None:
-        """Whole frames (a frame may be a header and its payload in two buffers): each
-        becomes a datagram (:meth:`UdpLinks.gather`)."""
+        """Whole frames (a frame may be a header and its payload in two buffers), in
+        datagrams of up to ``bundle`` bytes (:meth:`UdpLinks.gather`)."""
         self.bytes_out += sum(map(len, buffers))
-        self.udp.gather(self.dest, buffers)
+        self.udp.gather(self.dest, buffers, self.bundle)
 
     def close(self, reason: str) -> None:
         if self.out is not None:
@@ -99,8 +116,16 @@ class UdpLinks:
         self.io: Any = io
         self.io_info = io_info
         self.links: dict[tuple[str, int], UdpLink] = {}
-        #: datagrams to send, gathered while the node processes a read: (dest, buffers)
-        self.out: list[tuple[Any, list[Any]]] = []
+        #: datagrams to send, gathered while the node processes a read: (dest, buffers,
+        #: bundle)
+        self.out: list[tuple[Any, list[Any], int]] = []
+        #: the kernel's count of datagrams it dropped on this socket (SO_RXQ_OVFL), as last
+        #: seen, and why the socket buffers are smaller than asked ("" if they are not)
+        self.kernel_drops = 0
+        self.buffers_capped = ""
+        #: datagrams read and sent (status: with the frames forwarded, the bundling factor)
+        self.datagrams_in = 0
+        self.datagrams_out = 0
 
     @classmethod
     def bind(cls, node: Node, address: str) -> UdpLinks:
@@ -112,14 +137,17 @@ class UdpLinks:
         sock = socket.socket(info[0], socket.SOCK_DGRAM)
         sock.setblocking(False)
         sock.bind(info[4])
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF) if cfg.udp_socket_buffer else ():
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, cfg.udp_socket_buffer)
-            except OSError as exc:
-                log.warning("router %s: UDP socket buffer of %d bytes refused: %s",
-                            cfg.name, cfg.udp_socket_buffer, exc)
+        capped = ""
+        if cfg.udp_socket_buffer:
+            capped = set_buffers(sock, cfg.udp_socket_buffer)[2]
+            if capped:
+                log.warning("router %s: UDP socket buffers smaller than udp_socket_buffer "
+                            "asks, so bursts are lost sooner (drop.udp-rcvbuf): %s",
+                            cfg.name, capped)
         io_cls, io_info = io_choice()
-        return cls(node, sock, io_cls(sock), io_info)
+        me = cls(node, sock, io_cls(sock), io_info)
+        me.buffers_capped = capped
+        return me
 
     @property
     def address(self) -> tuple[str, int]:
@@ -129,8 +157,9 @@ class UdpLinks:
     def start(self) -> None:
         self.node.loop.add_reader(self.sock.fileno(), self.readable)
         log.info("router %s listening for UDP links on %s:%d (%s; receive buffer %d "
-                 "bytes)", self.node.config.name, *self.address, self.io_info,
-                 self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+                 "bytes; bundles of up to %s bytes)", self.node.config.name, *self.address,
+                 self.io_info, self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+                 self.node.config.udp_bundle)
 
     def stop(self) -> None:
         self.node.loop.remove_reader(self.sock.fileno())
@@ -143,7 +172,28 @@ class UdpLinks:
         sock = self.sock
         return {"io": self.io_info, "native": bool(self.io.native), "batch": self.io.batch,
                 "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
-                "sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)}
+                "sndbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
+                "buffers_capped": self.buffers_capped,
+                "kernel_drops_visible": bool(self.io.drops_visible),
+                "kernel_drops": self.kernel_drops, "bundle": self.node.config.udp_bundle,
+                "datagrams_in": self.datagrams_in, "datagrams_out": self.datagrams_out,
+                "links_bundling": sum(1 for lk in self.links.values() if lk.bundle)}
+
+    def bundle_for(self, link: UdpLink) -> int:
+        """The largest datagram *link*'s frames are bundled into: 0 (a frame per datagram)
+        unless its peer announced ``FEATURE_DGRAM_BUNDLE``; else ``udp_bundle`` bytes, or
+        with ``"auto"`` 65507 toward a loopback address (no wire to fragment on) and 1472
+        (an Ethernet frame) otherwise."""
+        if not self._features(link) & FEATURE_DGRAM_BUNDLE:
+            return 0
+        conf = self.node.config.udp_bundle
+        if conf != "auto":
+            return int(conf)
+        try:
+            loopback = ipaddress.ip_address(link.addr[0].split("%")[0]).is_loopback
+        except ValueError:
+            loopback = False
+        return UDP_MAX_DATAGRAM if loopback else UDP_MTU_DATAGRAM
 
     # links ------------------------------------------------------------------------------------
     def link(self, addr: tuple[str, int], peer: PeerConfig | None) -> UdpLink:
@@ -191,75 +241,103 @@ class UdpLinks:
         one read batch; what they caused is sent when it ends."""
         node = self.node
         try:
-            blob, grams = self.io.recv()
+            blob, grams, drops = self.io.recv()
         except OSError as exc:
             node.core.counters["drop.udp-error"] += 1
             log.debug("router %s: UDP receive failed: %s", node.config.name, exc)
             return
+        if drops != self.kernel_drops:  # the kernel's count for this socket (SO_RXQ_OVFL)
+            if drops > self.kernel_drops:
+                node.core.counters["drop.udp-rcvbuf"] += drops - self.kernel_drops
+            self.kernel_drops = drops
         if not grams:
             return
+        self.datagrams_in += len(grams)
         reads = node.begin_read(0)
         try:
             self.datagrams(memoryview(blob), grams)
         finally:
             reads.end()
 
-    def datagrams(self, view: memoryview, grams: list[tuple[tuple[str, int], int]]) -> None:
-        """One datagram is one frame of the link of its sender's address (a new address is a
-        new link): each run of datagrams from one address is one read of its link. Runs of
-        well-formed datagrams go through the forwarding fast path in one call; the core gets
-        every datagram the engine stops at, and each malformed one (which drops its link)."""
+    def datagrams(self, view: memoryview, grams: list[tuple[tuple[str, int], int, int]]
+                  ) -> None:
+        """A datagram holds one or more whole frames of the link of its sender's address (a
+        new address is a new link; bundles are taken from any peer, though sent only to
+        peers that announce ``FEATURE_DGRAM_BUNDLE``). Each run of well-formed datagrams
+        from one address is one read of its link (:meth:`frames`); a datagram that is not
+        whole frames is malformed and drops its link, as a bad frame drops a TCP link."""
         node = self.node
-        core, fast, links, all_links = node.core, node.fast, self.links, node.links
+        links = self.links
         max_payload = min(node.config.max_payload, UDP_MAX_PAYLOAD)
         now = node.now()
         n = len(grams)
         i = pos = 0
         while i < n:
-            addr, size = grams[i]
+            addr, size, count = grams[i]
             link = links.get(addr)
             if link is None:
                 link = self.link(addr, None)
             link.last_rx = now
-            link_id = link.link_id
-            node.begin_read(link_id)
-            if fast is not None:
-                j, end = i, pos
-                while j < n:  # the run: whole frames from this address, one per datagram
-                    a, sz = grams[j]
-                    if (a != addr or sz < HEADER_SIZE or int.from_bytes(
-                            view[end + 16:end + 20], "big") != sz - HEADER_SIZE):
-                        break
-                    end += sz
-                    j += 1
-                if j > i:
-                    p, stop, outs = fast.forward(link_id, view[:end], pos, max_payload)
-                    for lk, frames, count in outs:
-                        out_link = all_links.get(lk)
-                        if out_link is not None and out_link.out is not None:
-                            out_link.out.send_frames(frames, count)
-                    taken = pos
-                    while pos < p:  # the datagrams the engine took
+            node.begin_read(link.link_id)
+            j, end = i, pos
+            while j < n:  # the run: datagrams of whole frames from this address
+                a, sz, nf = grams[j]
+                if a != addr or not nf:
+                    break
+                end += sz
+                j += 1
+            if j == i:
+                link.bytes_in += size
+                exc = _malformed(view[pos:pos + size], max_payload)
+                node.execute(node.core.drop_link(link.link_id, exc, now))
+                pos += size
+                i += 1
+            else:
+                link.bytes_in += end - pos
+                stopped = self.frames(link, view[:end], pos, max_payload, now)
+                if stopped < end:  # the link closed: the rest of that datagram goes with it
+                    while pos < stopped:
                         pos += grams[i][1]
                         i += 1
-                    link.bytes_in += pos - taken
-                    if stop == STOP_END:
-                        self._changed(link)
-                        continue
-                    size = grams[i][1]  # the engine stopped here: the core's datagram
-            end = pos + size
-            link.bytes_in += size
-            try:
-                header, payload = split_datagram(view[pos:end], max_payload)
+                else:
+                    pos, i = end, j
+            self._changed(link)
+
+    def frames(self, link: UdpLink, view: memoryview, pos: int, max_payload: int,
+               now: float) -> int:
+        """Whole frames from *link*, ``view[pos:]``: the forwarding fast path takes what it
+        may decide alone in one call; the core gets each frame it stops at, in order.
+        Returns where it stopped: the end, or the frame after which the link was closed."""
+        node = self.node
+        core, fast, all_links = node.core, node.fast, node.links
+        link_id = link.link_id
+        end = len(view)
+        while pos < end:
+            if fast is not None:
+                pos, stop, outs = fast.forward(link_id, view, pos, max_payload)
+                for lk, out_frames, count in outs:
+                    out_link = all_links.get(lk)
+                    if out_link is not None and out_link.out is not None:
+                        out_link.out.send_frames(out_frames, count)
+                if stop == STOP_END:
+                    return end
+            try:  # the core's frame
+                size = validate_header(view, pos, max_payload)
             except MalformedFrame as exc:
                 node.execute(core.drop_link(link_id, exc, now))
-            else:
-                actions = core.receive(link_id, header, payload, now)
-                if actions:
-                    node.execute(actions)
-            pos = end
-            i += 1
-            self._changed(link)
+                return pos + 1
+            body = pos + HEADER_SIZE
+            actions = core.receive(link_id, view[pos:body], view[body:body + size], now)
+            if actions:
+                node.execute(actions)
+            pos = body + size
+            if self.links.get(link.addr) is not link:
+                return pos  # closed by the core
+        return end
+
+    def _features(self, link: UdpLink) -> int:
+        lk = self.node.core.links.get(link.link_id)
+        return lk.features if lk is not None else 0
 
     def _changed(self, link: UdpLink) -> None:
         """Links changed: tell the node; a configured peer's link that came up resets its
@@ -267,19 +345,21 @@ class UdpLinks:
         node = self.node
         if node.core.generation != node.reads.generation:
             node.link_state_changed()
+            link.bundle = self.bundle_for(link)
             if link.peer is not None:
                 lk = node.core.links.get(link.link_id)
                 if lk is not None and lk.state is LinkState.UP:
                     node.reached(link.peer)
 
     # sending ----------------------------------------------------------------------------------
-    def gather(self, dest: Any, buffers: list[Any]) -> None:
-        """Datagrams (whole frames) for *dest*: while the node handles a read they wait for
-        its end and leave in one batch; otherwise they leave now."""
+    def gather(self, dest: Any, buffers: list[Any], bundle: int = 0) -> None:
+        """Whole frames for *dest*, in datagrams of up to *bundle* bytes (0: a frame per
+        datagram): while the node handles a read they wait for its end and leave in one
+        batch; otherwise they leave now."""
         if self.io is None:
             return  # stopped
         out = self.out
-        out.append((dest, buffers))
+        out.append((dest, buffers, bundle))
         reads = self.node.reads
         if not reads.open:
             self.flush()
@@ -287,16 +367,42 @@ class UdpLinks:
             reads.after.append(self)
 
     def flush(self) -> None:
-        """Send the gathered datagrams in one batch; a full socket buffer
-        (``drop.link-congested``) or an error (``drop.udp-error``) loses a datagram,
-        counted."""
+        """Send the gathered frames in one batch (the frames of consecutive gathers for one
+        address share datagrams); a full socket buffer (``drop.link-congested``) or an
+        error (``drop.udp-error``) loses a datagram, counted."""
         items, self.out = self.out, []
         if self.io is None or not items:
             return
-        _sent, congested, failed, err = self.io.send(items)
+        if len(items) > 1:
+            items = _merged(items)
+        sent, congested, failed, err = self.io.send(items)
+        self.datagrams_out += sent
         if congested:
             self.node.core.counters["drop.link-congested"] += congested
         if failed:
             self.node.core.counters["drop.udp-error"] += failed
             log.debug("router %s: %d UDP datagrams not sent: %s", self.node.config.name,
                       failed, os.strerror(err) if err else "?")
+
+
+def _merged(items: list[tuple[Any, list[Any], int]]) -> list[tuple[Any, list[Any], int]]:
+    """*items* with each run of consecutive items for one destination made one."""
+    out: list[tuple[Any, list[Any], int]] = []
+    for dest, buffers, bundle in items:
+        if out and out[-1][0] is dest and out[-1][2] == bundle:
+            out[-1][1].extend(buffers)
+        else:
+            out.append((dest, list(buffers), bundle))
+    return out
+
+
+def _malformed(view: memoryview, max_payload: int) -> MalformedFrame:
+    """Why a datagram that is not whole frames is refused."""
+    if len(view) < HEADER_SIZE:
+        return MalformedFrame("truncated", f"datagram of {len(view)} bytes, a header needs 24")
+    try:
+        validate_header(view, 0, max_payload)
+    except MalformedFrame as exc:
+        return exc
+    return MalformedFrame("bad-datagram", f"a datagram of {len(view)} bytes that is not "
+                                          "whole frames")

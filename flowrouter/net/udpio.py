@@ -1,16 +1,27 @@
-"""Batched datagram I/O for the router's UDP socket: many datagrams per system call.
+"""Batched datagram I/O for the router's UDP socket: many datagrams per system call, many
+frames per datagram.
 
-A UDP link carries one frame per datagram, so the per-datagram costs (a future per
-``recv``, a ``sendmsg`` per frame) decide its message rate. Here the node's shared,
-non-blocking UDP socket is drained a bounded batch at a time (``recv``: up to ``batch``
-datagrams, returned as one buffer of their bytes back to back plus ``(address, length)`` per
-datagram), and everything the node sends in one wake-up leaves in one call (``send``: a list
-of ``(destination, buffers)`` whose buffers hold whole frames back to back; each frame
-becomes one datagram).
+A UDP link pays per datagram (a system call, socket-buffer accounting, a loopback delivery),
+so the number of datagrams decides its message rate. Here the node's shared, non-blocking UDP
+socket is drained a bounded batch at a time (``recv``: up to ``batch`` datagrams, returned as
+one buffer of their bytes back to back, ``(address, length, frames)`` per datagram, and the
+kernel's count of datagrams it dropped for a full receive buffer), and everything the node
+sends in one wake-up leaves in one call (``send``: a list of ``(destination, buffers,
+bundle)`` whose buffers hold whole frames back to back).
+
+**Bundles.** A datagram of a router UDP link holds one or more whole frames back to back
+(never part of one). ``send`` packs the frames of each item into datagrams of at most
+``bundle`` bytes in order (:func:`bundle_frames`: a frame that does not fit closes the
+datagram; a frame larger than ``bundle`` travels alone; at most :data:`MAX_SEGMENTS` buffer
+pieces per datagram, the kernel's ``UIO_MAXIOV``); ``bundle`` 0 (or an item of two) sends each
+frame as its own datagram, for peers that did not announce
+:data:`flowrouter.wire.control.FEATURE_DGRAM_BUNDLE`. ``recv`` reports how many whole frames
+each datagram holds (:func:`frames_in`; 0: it is not whole frames, or was truncated), so the
+node walks headers only where the forwarding engine stops.
 
 Two implementations with the same interface and results:
 
-* :class:`PyDatagramIO` — ``recvfrom_into`` / ``sendmsg`` in a loop; the reference;
+* :class:`PyDatagramIO` — ``recvmsg_into`` / ``sendmsg`` in a loop; the reference;
 * :class:`NativeDatagramIO` — ``recvmmsg`` / ``sendmmsg`` through the optional C extension
   ``flowrouter.net._udpio`` (``_udpio.c``), used when it was built.
 
@@ -23,7 +34,9 @@ The node reports the choice in its log and status.
 Send results are ``(sent, congested, failed, errno)``: datagrams the kernel took, datagrams
 refused because the socket buffer was full (EAGAIN: the node counts them
 ``drop.link-congested``), datagrams refused for another error (``drop.udp-error``; ``errno``
-is the last such error, 0 if none).
+is the last such error, 0 if none). Receive-buffer overflows are counted by the kernel per
+socket (``SO_RXQ_OVFL``, asked for when the I/O object is made): ``recv`` returns the newest
+count it saw, so the node can count what it never got to read (``drop.udp-rcvbuf``).
 
 May import the standard library only (the socket is the node's).
 """
@@ -33,11 +46,12 @@ from __future__ import annotations
 import errno as _errno
 import os
 import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PyDatagramIO", "NativeDatagramIO", "io_choice", "split_frames", "BATCH",
-           "MAX_DATAGRAM"]
+__all__ = ["PyDatagramIO", "NativeDatagramIO", "io_choice", "split_frames", "bundle_frames",
+           "frames_in", "enable_drop_count", "set_buffers", "BATCH", "MAX_DATAGRAM", "MAX_SEGMENTS"]
 
 ENV = "FLOWNET_NATIVE"
 IO_ENV = "FLOWNET_UDP_IO"
@@ -46,15 +60,69 @@ IO_ENV = "FLOWNET_UDP_IO"
 BATCH = 64
 #: room per datagram: the largest UDP payload over IPv4 (65507 bytes) fits
 MAX_DATAGRAM = 65536
+#: buffer pieces one datagram may be sent from (the kernel's UIO_MAXIOV)
+MAX_SEGMENTS = 1024
 _HEADER = 24  # flowrouter.wire.header.HEADER_SIZE (not imported: this module is I/O only)
 _CONGESTED = (_errno.EAGAIN, _errno.EWOULDBLOCK)
+#: Linux's SO_RXQ_OVFL (a cmsg with the socket's drop count on each datagram read)
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
+_ANC_SPACE = socket.CMSG_SPACE(4)
 
 SendResult = tuple[int, int, int, int]
+Gram = tuple[tuple[str, int], int, int]
+RecvResult = tuple[bytes, list[Gram], int]
+
+
+def frames_in(data: Any) -> int:
+    """How many whole frames *data* (one datagram) holds back to back; 0 if it is empty or
+    not whole frames (a header cut short, a frame running past the end). Only the header's
+    size field is read: the frames' other fields are the receiver's to check."""
+    view = memoryview(data).cast("B")
+    n = len(view)
+    pos = count = 0
+    while pos < n:
+        if n - pos < _HEADER:
+            return 0
+        pos += _HEADER + int.from_bytes(view[pos + 16:pos + 20], "big")
+        count += 1
+    return count if pos == n else 0
+
+
+def enable_drop_count(sock: socket.socket) -> bool:
+    """Ask the kernel to report *sock*'s count of dropped datagrams with each datagram read
+    (``SO_RXQ_OVFL``); False where it cannot."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+    except OSError:
+        return False
+    return True
+
+
+def set_buffers(sock: socket.socket, size: int) -> tuple[int, int, str]:
+    """Ask for *size*-byte receive and send buffers on *sock* (beyond ``net.core.rmem_max``
+    where the process may: ``SO_RCVBUFFORCE``); returns (receive, send) buffer sizes as the
+    kernel reports them and, if it gave less than asked, why (else ``""``)."""
+    why = []
+    for force, opt in ((getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF),
+                       (getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)
+        except OSError:  # not privileged: within the kernel's maximum
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            except OSError as exc:
+                why.append(str(exc))
+    rcv = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    snd = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    if rcv < size or snd < size:  # Linux reports twice what it grants (its bookkeeping)
+        why.append(f"the kernel caps socket buffers (net.core.rmem_max / wmem_max; "
+                   f"receive {rcv}, send {snd} bytes, asked {size})")
+    return rcv, snd, "; ".join(why)
 
 
 def split_frames(buffers: Sequence[Any]) -> list[list[memoryview]]:
-    """The datagrams in *buffers*: whole frames back to back, a frame possibly spread over
-    consecutive buffers (a header, then its payload). Each datagram is a list of segments.
+    """The frames in *buffers*: whole frames back to back, a frame possibly spread over
+    consecutive buffers (a header, then its payload). Each frame is a list of segments.
     Raises ValueError if the buffers end inside a frame (a caller's bug, never input)."""
     grams: list[list[memoryview]] = []
     segs: list[memoryview] = []
@@ -95,17 +163,48 @@ def split_frames(buffers: Sequence[Any]) -> list[list[memoryview]]:
     return grams
 
 
+def bundle_frames(frames: list[list[memoryview]], bundle: int) -> list[list[memoryview]]:
+    """*frames* (each a list of segments, :func:`split_frames`) packed in order into
+    datagrams of at most *bundle* bytes and :data:`MAX_SEGMENTS` segments: a frame that does
+    not fit closes the datagram, a frame larger than *bundle* travels alone, *bundle* 0
+    gives a datagram per frame. The compiled send packs by the same rule."""
+    if bundle <= 0:
+        return frames
+    grams: list[list[memoryview]] = []
+    cur: list[memoryview] = []
+    size = 0
+    for segs in frames:
+        n = sum(map(len, segs))
+        if cur and (size + n > bundle or len(cur) + len(segs) > MAX_SEGMENTS):
+            grams.append(cur)
+            cur, size = [], 0
+        cur += segs
+        size += n
+    if cur:
+        grams.append(cur)
+    return grams
+
+
+def _drop_count(ancdata: list[tuple[int, int, bytes]]) -> int:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+            return int.from_bytes(data[:4], sys.byteorder)  # a host-order uint32
+    return 0
+
+
 class PyDatagramIO:
-    """The reference: one ``recvfrom_into`` / ``sendmsg`` per datagram."""
+    """The reference: one ``recvmsg_into`` / ``sendmsg`` per datagram."""
 
     native = False
-    description = "Python datagram loop (recvfrom_into / sendmsg per datagram)"
+    description = "Python datagram loop (recvmsg_into / sendmsg per datagram)"
 
-    __slots__ = ("sock", "batch", "_buf", "_view")
+    __slots__ = ("sock", "batch", "drops_visible", "_buf", "_view")
 
     def __init__(self, sock: socket.socket, batch: int = BATCH) -> None:
         self.sock = sock
         self.batch = max(1, batch)
+        #: whether the kernel reports receive-buffer drops on this socket (SO_RXQ_OVFL)
+        self.drops_visible = enable_drop_count(sock)
         self._buf = bytearray(MAX_DATAGRAM * self.batch)
         self._view = memoryview(self._buf)
 
@@ -113,28 +212,36 @@ class PyDatagramIO:
         """What :meth:`send` takes for *addr* (here the address itself)."""
         return addr
 
-    def recv(self) -> tuple[bytes, list[tuple[tuple[str, int], int]]]:
-        """Up to ``batch`` waiting datagrams: (their bytes back to back, [(from, length)]).
-        Nothing waiting: ``(b"", [])``. An error with nothing received raises OSError."""
+    def recv(self) -> RecvResult:
+        """Up to ``batch`` waiting datagrams: (their bytes back to back, [(from, length,
+        whole frames)], the socket's drop count as of the newest datagram, 0 if not
+        reported). Nothing waiting: ``(b"", [], 0)``. An error with nothing received
+        raises OSError."""
         sock, view = self.sock, self._view
-        grams: list[tuple[tuple[str, int], int]] = []
-        pos = 0
+        grams: list[Gram] = []
+        pos = drops = 0
         for _ in range(self.batch):
             try:
-                n, addr = sock.recvfrom_into(view[pos:], MAX_DATAGRAM)
+                n, anc, flags, addr = sock.recvmsg_into([view[pos:pos + MAX_DATAGRAM]],
+                                                        _ANC_SPACE)
             except BlockingIOError:
                 break
             except OSError:
                 if grams:
                     break  # reported by the next call
                 raise
+            if anc:
+                drops = max(drops, _drop_count(anc))
+            frames = 0 if flags & socket.MSG_TRUNC else frames_in(view[pos:pos + n])
             pos += n
-            grams.append(((addr[0], addr[1]), n))
-        return bytes(view[:pos]), grams
+            grams.append(((addr[0], addr[1]), n, frames))
+        return bytes(view[:pos]), grams, drops
 
-    def send(self, items: Sequence[tuple[Any, Sequence[Any]]]) -> SendResult:
-        """Send every frame of *items* (``(dest, buffers)``) as its own datagram."""
-        plan = [(dest, split_frames(buffers)) for dest, buffers in items]
+    def send(self, items: Sequence[tuple[Any, ...]]) -> SendResult:
+        """Send the frames of *items* (``(dest, buffers[, bundle])``) in datagrams packed
+        by :func:`bundle_frames` (a frame per datagram without *bundle*)."""
+        plan = [(it[0], bundle_frames(split_frames(it[1]), it[2] if len(it) > 2 else 0))
+                for it in items]
         sock = self.sock
         sent = congested = failed = err = 0
         for dest, grams in plan:
@@ -156,7 +263,7 @@ class NativeDatagramIO:
     native = True
     description = "compiled datagram batches (recvmmsg / sendmmsg, flowrouter.net._udpio)"
 
-    __slots__ = ("sock", "batch", "fd", "_mod")
+    __slots__ = ("sock", "batch", "fd", "drops_visible", "_mod")
 
     def __init__(self, sock: socket.socket, batch: int = BATCH) -> None:
         from flowrouter.net import _udpio  # type: ignore[attr-defined]
@@ -165,6 +272,7 @@ class NativeDatagramIO:
         self.sock = sock
         self.batch = max(1, min(batch, _udpio.MAX_BATCH))
         self.fd = sock.fileno()
+        self.drops_visible = enable_drop_count(sock)
 
     def dest(self, addr: tuple[str, int]) -> Any:
         """The socket address of *addr* in the kernel's form (names resolved once here)."""
@@ -175,10 +283,10 @@ class NativeDatagramIO:
             host, port = info[0][4][:2]
             return self._mod.sockaddr(host, port)
 
-    def recv(self) -> tuple[bytes, list[tuple[tuple[str, int], int]]]:
+    def recv(self) -> RecvResult:
         return self._mod.recv(self.fd, self.batch, MAX_DATAGRAM)  # type: ignore[no-any-return]
 
-    def send(self, items: Sequence[tuple[Any, Sequence[Any]]]) -> SendResult:
+    def send(self, items: Sequence[tuple[Any, ...]]) -> SendResult:
         return self._mod.send(self.fd, items)  # type: ignore[no-any-return]
 
 

@@ -42,7 +42,10 @@ locality value byte therefore carries the sender's **feature bits** (:func:`hell
 A node sends a peer only the messages of the features that peer announced:
 :data:`FEATURE_SOFT_STATE` covers ECHO, ECHO_REPLY, REFRESH, PRUNE and NOT_ON_TREE, so a peer
 that does not announce it gets none of them (its liveness falls back to the hold time) and
-the link stays up.
+the link stays up. :data:`FEATURE_DGRAM_BUNDLE` says a node takes UDP datagrams that carry
+several whole frames back to back (``flowrouter.net.udp``); to a peer that does not announce
+it a node sends one frame per datagram (a router takes bundles from anyone: a bundle may
+overtake the HELLO that announces it).
 """
 
 from __future__ import annotations
@@ -66,8 +69,11 @@ PROTOCOL_MAGIC = b"FLOW"
 
 #: feature bit: the soft-state messages (ECHO, ECHO_REPLY, REFRESH, PRUNE, NOT_ON_TREE)
 FEATURE_SOFT_STATE = 0x01
+#: feature bit: on a UDP link, takes datagrams of several whole frames back to back (not
+#: only one frame per datagram); a node sends such bundles only to a peer announcing it
+FEATURE_DGRAM_BUNDLE = 0x02
 #: the features this code speaks (what its HELLO frames announce)
-FEATURES = FEATURE_SOFT_STATE
+FEATURES = FEATURE_SOFT_STATE | FEATURE_DGRAM_BUNDLE
 
 
 def hello_header(size: int, features: int = FEATURES) -> bytes:

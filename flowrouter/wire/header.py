@@ -13,9 +13,11 @@ bytes  field
 23     TTL
 =====  ==============================
 
-A TCP link is a plain sequence of ``header + payload``; a UDP datagram holds exactly one. The
-forwarding path only reads fields in place (``unpack_from``) and builds a fresh 24-byte header
-per distinct outgoing (TTL, locality) pair; the payload is never copied.
+A TCP link is a plain sequence of ``header + payload``; a UDP datagram holds one, or several
+whole frames back to back between peers that announced ``FEATURE_DGRAM_BUNDLE``
+(:mod:`flowrouter.wire.control`; never part of a frame). The forwarding path only reads
+fields in place (``unpack_from``) and builds a fresh 24-byte header per distinct outgoing
+(TTL, locality) pair; the payload is never copied.
 """
 
 from __future__ import annotations
