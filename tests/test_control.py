@@ -43,6 +43,8 @@ messages = st.one_of(
               .map(tuple)),
     st.builds(C.NotOnTree, keys=st.lists(st.binary(min_size=16, max_size=16), max_size=20)
               .map(tuple)),
+    st.builds(C.LsTopology, lsid=u32, entries=st.lists(st.tuples(
+        short_text, u32, st.lists(short_text, max_size=5).map(tuple)), max_size=8).map(tuple)),
     st.builds(C.Fault, kind=st.sampled_from(C.FaultKind), origin=short_text, detail=long_text,
               extra=st.dictionaries(short_text, long_text, max_size=5)),
 )
@@ -67,6 +69,7 @@ EXAMPLES = [
     C.Refresh(7, 1, 3, 35_000, ((b"k" * 16, 1 << 32, 0), (b"a" * 16, 0, C.REFRESH_ADVERTISE))),
     C.Prune((b"p" * 16,)),
     C.NotOnTree((b"n" * 16, b"m" * 16)),
+    C.LsTopology(0x10, (("m1", 3, ("m2", "m5")), ("m2", 0xFFFFFFFF, ()))),
     C.Fault(C.FaultKind.LINK_DOWN, "r2", "link 3 went down", {"peer": "r3", "flow": "a:1:2"}),
 ]
 
@@ -111,7 +114,7 @@ def test_wrong_version_rejected(msg, version):
     assert info.value.reason == "bad-version"
 
 
-@pytest.mark.parametrize("mtype", [0, 6, 9, 22, 99, 255])
+@pytest.mark.parametrize("mtype", [0, 6, 9, 23, 99, 255])
 def test_unknown_type_is_its_own_error(mtype):
     """A newer peer's message type: receivers count and ignore it (UnknownControlType), so
     it is told apart from a malformed message (which drops the link)."""

@@ -1,7 +1,8 @@
 """Forwarding: where one data frame goes, and why it is dropped when it goes nowhere.
 
 The hot path (docs/architecture.md, "Life of a frame"): the flow entry's downstream masks,
-its upstream, and at a core the sibling LS members' masks choose the output links; then each
+its upstream, and at a core the masks of its tree neighbours among the LS members choose the
+output links; then each
 output link gets its own header, with the TTL and the locality budget charged for that link.
 
 A part of the router (see :mod:`flowrouter.core.router`): its own object over the shared
@@ -106,10 +107,16 @@ class Forwarding:
                 targets = entry.targets(bit, link_id)
                 if up is not None:
                     targets.append(up)
-                elif entry.sib and link_id not in entry.sib:
-                    # At a core: other LS members' subtrees, filtered by their masks. What
-                    # comes from a sibling goes only down (the members form a full mesh).
-                    targets += [lk for lk, m in entry.sib.items() if m & bit]
+                elif self.routing.trees and link.role is C.Role.ROUTER and \
+                        self.routing.off_tree(key_lsid(key), link_id):
+                    # from a fellow member that is no tree neighbour of ours (our views of
+                    # the members' tree differ for a moment): passing it on could loop
+                    return self._dropped("off-tree", key, band, link_id, len(payload), now)
+                elif entry.sib:
+                    # At a core: the other members' sides of the tree, filtered by their
+                    # masks, never back to the tree link it came from (split horizon).
+                    targets += [lk for lk, m in entry.sib.items()
+                                if m & bit and lk != link_id]
             if not targets:
                 return self._dropped("no-receivers", key, band, link_id, len(payload), now)
         out = self._emit(targets, key, header, payload, band, ttl - 1, link_id, now)

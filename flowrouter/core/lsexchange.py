@@ -1,8 +1,13 @@
 """LS exchange: what routers tell each other about location services.
 
 LS route vectors (a distance vector over :class:`~flowrouter.core.lsroutes.LsRouting`),
-the subtree masks that members of one location service (sibling cores) send each other,
-and, as soon as a route changes, the re-grafting of orphaned subtrees (by membership).
+and, as soon as a route changes, the re-grafting of orphaned subtrees (by membership). At
+a member of a location service: the members' graph (``LsTopology`` advertisements flooded
+over sibling links), the spanning tree every member computes from it, and the subtree
+masks members tell each other along it (:mod:`flowrouter.core.lstree` says why a tree
+and not a full mesh). ``entry.sib`` holds the masks of the entry's *tree* links only, so
+forwarding, faults and notices follow the tree; what other sibling links said is kept
+aside and takes over at once when the tree changes.
 
 A part of the router (see :mod:`flowrouter.core.router`): its own object over the shared
 :class:`~flowrouter.core.state.RouterState` (whose LS routing table it keeps). It has
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from flowrouter.core.actions import Action
 from flowrouter.core.interfaces import Alerts, TreeRepair
+from flowrouter.core.lstree import MemberTree
 from flowrouter.core.state import RouterState, control_frame, link_message, log
 from flowrouter.core.tables import FlowEntry, Link, LinkState
 from flowrouter.wire import control as C
@@ -26,7 +32,7 @@ from flowrouter.wire.flowid import key_lsid
 
 
 class LsExchange:
-    """LS routes and sibling-member masks between routers."""
+    """LS routes, and the members' graph, tree and masks between routers."""
 
     def __init__(self, state: RouterState, trees: TreeRepair, alerts: Alerts) -> None:
         self.state = state
@@ -37,27 +43,28 @@ class LsExchange:
         self.flows = state.flows
         self.counters = state.counters
         self.routing = state.routing
+        for tree in self.routing.trees.values():
+            tree.me = self.p.name
+        #: the sibling links (and names) per LSID served, as last seen
+        self._siblings: dict[int, tuple[tuple[int, str], ...]] = {}
 
     def on_ls_routes(self, link: Link, msg: C.LsRoutes, now: float) -> list[Action]:
         """A router neighbour's LS route vector: update, re-advertise, sync new siblings."""
-        before = self.routing.sibling_map()
         out = self.advertise_routes(self.routing.update(link.link_id, msg.routes), now)
         if self.routing.refused:
             self.counters["refused.ls-routes"] += self.routing.refused
             out += self.alerts.alert("ls-routes", f"{link.describe()} announced more LSIDs "
                               f"than the limit of {self.p.max_ls_routes}; "
                               f"{self.routing.refused} ignored", now)
-        after = self.routing.sibling_map()
-        if after != before:
-            out += self._sync_siblings(before, after)
         return out
 
     def advertise_routes(self, changed: bool, now: float, only: int | None = None
                           ) -> list[Action]:
+        out = self._siblings_changed(now) if self.routing.trees else []
         if not changed:
-            return []
+            return out
         self.state.generation += 1
-        out = self.trees.retry_orphans(now)
+        out += self.trees.retry_orphans(now)
         targets = [only] if only is not None else [
             lid for lid, lk in self.links.items()
             if lk.role is C.Role.ROUTER and lk.state is LinkState.UP]
@@ -65,17 +72,139 @@ class LsExchange:
             out.append(link_message(lid, C.LsRoutes(self.routing.vector_for(lid))))
         return out
 
+    # ------------------------------------------------------------------ the members' graph
+    def _siblings_changed(self, now: float) -> list[Action]:
+        """Sibling links came or went: advertise our neighbours, give a new sibling the
+        graph and our masks, and recompute the tree."""
+        out: list[Action] = []
+        for lsid, links in self.routing.sibling_map().items():
+            before = self._siblings.get(lsid, ())
+            if links == before:
+                continue
+            self._siblings[lsid] = links
+            tree = self.routing.trees[lsid]
+            new = sorted({lid for lid, _ in links} - {lid for lid, _ in before})
+            if new:
+                log.info("location service %#x: sibling member(s) on link(s) %s", lsid, new)
+            if tree.set_siblings(links):
+                own = tree.own()
+                out += self._topology(tree, [own], [lid for lid in tree.names
+                                                    if lid not in new])
+            out += self._topology(tree, tree.entries(), new)
+            for key in self._lsid_keys(tree):
+                out += self._frames(key, self.routing.sibling_masks(key, self.flows.get(key)))
+            out += self._retree(tree, now)
+        return out
+
+    def on_topology(self, link: Link, msg: C.LsTopology, now: float) -> list[Action]:
+        """A fellow member's view of the members' graph: learn, flood on, recompute."""
+        tree = self.routing.trees.get(msg.lsid)
+        if tree is None or link.link_id not in tree.names:
+            self.counters["control.stale-topology"] += 1
+            return []
+        new, bump = tree.learn(msg.entries, now)
+        if tree.refused:
+            self.counters["refused.ls-members"] += tree.refused
+            tree.refused = 0
+        out: list[Action] = []
+        if new:
+            out += self._topology(tree, new, [lid for lid in tree.names
+                                              if lid != link.link_id])
+        if bump:
+            out += self._topology(tree, [tree.own()], list(tree.names))
+        if new or bump:
+            out += self._retree(tree, now)
+        return out
+
+    def topology_refresh(self, link_id: int, now: float) -> list[Action]:
+        """The graph is soft state too: every refresh interval a sibling gets it whole (a
+        lost advertisement is repaired), and the tree is recomputed (what stayed
+        unreachable for the hold time is forgotten)."""
+        out: list[Action] = []
+        for tree in self.routing.trees.values():
+            if link_id in tree.names:
+                out += self._topology(tree, tree.entries(), [link_id])
+                out += self._retree(tree, now)
+        return out
+
+    def _topology(self, tree: MemberTree, entries: list[tuple[str, int, tuple[str, ...]]],
+                  links: list[int]) -> list[Action]:
+        """*entries* to each of *links*, in as many messages as the link's frames need."""
+        out: list[Action] = []
+        for lid in sorted(links):
+            link = self.links.get(lid)
+            if link is None or link.state is not LinkState.UP:
+                continue
+            budget = link.max_payload - 16
+            chunk: list[tuple[str, int, tuple[str, ...]]] = []
+            size = 0
+            for e in entries:
+                n = 8 + sum(len(x.encode()) + 1 for x in (e[0], *e[2]))
+                if chunk and size + n > budget:
+                    out.append(link_message(lid, C.LsTopology(tree.lsid, tuple(chunk))))
+                    chunk, size = [], 0
+                chunk.append(e)
+                size += n
+            if chunk:
+                out.append(link_message(lid, C.LsTopology(tree.lsid, tuple(chunk))))
+        self.counters["ls.topology-sent"] += len(out)
+        return out
+
+    def _retree(self, tree: MemberTree, now: float) -> list[Action]:
+        """Recompute the spanning tree; where its links changed, every flow of the LSID
+        takes its tree masks from what the new tree links said."""
+        if not tree.compute(now, self.p.hold):
+            return []
+        self.counters["ls.tree-changes"] += 1
+        log.info("location service %#x: tree links %s (members %s, root %s)", tree.lsid,
+                 sorted(tree.tree), ", ".join(tree.members()), tree.root)
+        self.state.generation += 1
+        out: list[Action] = []
+        for key in sorted(self._lsid_keys(tree)):
+            out += self._rebuild(tree, key, now)
+        return out
+
+    def _lsid_keys(self, tree: MemberTree) -> set[bytes]:
+        keys = tree.keys()
+        keys.update(k for k, e in self.flows.items()
+                    if e.upstream is None and key_lsid(k) == tree.lsid)
+        return keys
+
+    # ------------------------------------------------------------------ masks
     def on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask, now: float
                          ) -> list[Action]:
-        """Another member of our location service announces its subtree mask for a flow."""
+        """A fellow member announces what its side of the tree wants of a flow."""
         lid = link.link_id
-        if lid not in self.routing.siblings(key_lsid(key)):
+        tree = self.routing.trees.get(key_lsid(key))
+        if tree is None or lid not in tree.names:
             self.counters["control.stale-sibling"] += 1
             return []
+        tree.hear(lid, key, msg.mask, now)
+        if lid not in tree.tree:
+            return []  # kept for when this link joins the tree
+        return self._rebuild(tree, key, now)
+
+    def sibling_round_done(self, link: Link, started: float, now: float) -> list[Action]:
+        """A sibling's digest round completed: masks it no longer lists are gone."""
+        out: list[Action] = []
+        lid = link.link_id
+        for tree in self.routing.trees.values():
+            if lid not in tree.names:
+                continue
+            for key in tree.stale(lid, started):
+                self.counters["refresh.sibling-masks-removed"] += 1
+                if lid in tree.tree:
+                    out += self._rebuild(tree, key, now)
+        return out
+
+    def _rebuild(self, tree: MemberTree, key: bytes, now: float) -> list[Action]:
+        """Set the entry's tree masks from what its tree links said; tell the siblings
+        whose masks that changed; drop an entry nobody wants any more."""
+        sib = {lid: m for lid in sorted(tree.tree) if (m := tree.heard_mask(lid, key))}
         entry = self.flows.get(key)
         if entry is None:
-            if not msg.mask:
-                return []
+            if not sib:
+                return self._frames(key, tree.masks_for(key, None))
             if len(self.flows) >= self.p.max_flows:
                 self.counters["refused.flow-limit"] += 1
                 return []
@@ -84,31 +213,22 @@ class LsExchange:
             self.counters["flows.created"] += 1
             if self.state.tracing:
                 self.state.tracer.entry_add(now, key, None)
-        self.state.entry_changed(key)
-        if msg.mask:
-            if entry.sib is None:
-                entry.sib = {}
-            entry.sib[lid] = msg.mask
-            link.dependent.add(key)
-        elif entry.sib:
-            entry.sib.pop(lid, None)
-            link.dependent.discard(key)
+        elif entry.upstream is not None:
+            return []  # not rooted here (an orphan's graft, or not a member's flow)
+        old = entry.sib or {}
+        if old != sib:
+            for lid in old.keys() - sib.keys():
+                if lid in self.links:
+                    self.links[lid].dependent.discard(key)
+            for lid in sib.keys() - old.keys():
+                self.links[lid].dependent.add(key)
+            entry.sib = sib or None
+            self.state.entry_changed(key)
+        out = self._frames(key, tree.masks_for(key, entry))
         if not entry.down_count() and not entry.sib:
             self.trees.remove_entry(key, entry, "leave", now)
-        return []
-
-    def _sync_siblings(self, before: dict[int, tuple[int, ...]],
-                       after: dict[int, tuple[int, ...]]) -> list[Action]:
-        """A new LS member became reachable: tell it our subtree masks for that LSID."""
-        out: list[Action] = []
-        for lsid, links in after.items():
-            new = set(links) - set(before.get(lsid, ()))
-            if not new:
-                continue
-            log.info("location service %#x: sibling member(s) on link(s) %s", lsid,
-                     sorted(new))
-            for key, entry in self.flows.items():
-                if entry.upstream is None and entry.agg and key_lsid(key) == lsid:
-                    msg = C.Mask(entry.agg)
-                    out += [control_frame(lid, key, msg, BAND_LS) for lid in sorted(new)]
         return out
+
+    @staticmethod
+    def _frames(key: bytes, masks: list[tuple[int, int]]) -> list[Action]:
+        return [control_frame(lid, key, C.Mask(m), BAND_LS) for lid, m in masks]

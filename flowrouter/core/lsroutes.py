@@ -10,9 +10,17 @@ Three sources, in order of precedence:
 
 The distance vector uses split horizon with poisoned reverse and a small infinity, which is
 enough for the handful of LSIDs an overlay carries.
+
+At a member of a location service the table also holds, per LSID it serves, the members'
+graph and spanning tree (:class:`~flowrouter.core.lstree.MemberTree`): which sibling links
+carry the LSID's flows between members.
 """
 
 from __future__ import annotations
+
+from flowrouter.core.lstree import MemberTree
+from flowrouter.core.tables import FlowEntry
+from flowrouter.wire.flowid import key_lsid
 
 INFINITY = 32
 
@@ -39,6 +47,8 @@ class LsRouting:
         #: region's routers only, so its flows never leave it), and those neighbours' names
         self.confined: frozenset[int] = frozenset()
         self.confined_to: frozenset[str] = frozenset()
+        #: per LSID served: its members' graph and spanning tree (flowrouter.core.lstree)
+        self.trees: dict[int, MemberTree] = {lsid: MemberTree(lsid) for lsid in core_lsids}
         self._recompute()
 
     # events -------------------------------------------------------------------------------
@@ -124,13 +134,37 @@ class LsRouting:
             return []
         return sorted(lid for lid, dist in self.learned.get(lsid, {}).items() if dist == 0)
 
-    def sibling_lsids(self, link_id: int) -> set[int]:
-        """The LSIDs whose fellow member sits behind *link_id* (empty for most links)."""
-        return {lsid for lsid in self.core
-                if self.learned.get(lsid, {}).get(link_id) == 0}
+    def sibling_map(self) -> dict[int, tuple[tuple[int, str], ...]]:
+        """Per LSID served: the sibling links and their members' names."""
+        return {lsid: tuple((lid, self.names.get(lid, "")) for lid in self.siblings(lsid))
+                for lsid in self.core}
 
-    def sibling_map(self) -> dict[int, tuple[int, ...]]:
-        return {lsid: tuple(self.siblings(lsid)) for lsid in self.core}
+    def tree_links(self, lsid: int) -> frozenset[int]:
+        """The sibling links on the members' spanning tree of *lsid* (empty elsewhere)."""
+        tree = self.trees.get(lsid)
+        return frozenset() if tree is None else tree.tree
+
+    def off_tree(self, lsid: int, link_id: int) -> bool:
+        """*link_id* leads to a fellow member of *lsid* that is not our tree neighbour:
+        its traffic of the LSID's flows is not ours to pass on (a view of the tree not yet
+        agreed)."""
+        tree = self.trees.get(lsid)
+        return tree is not None and tree.off_tree(link_id)
+
+    def sibling_masks(self, key: bytes, entry: FlowEntry | None) -> list[tuple[int, int]]:
+        """At a member: (sibling link, mask) for each sibling that must be told a new mask
+        of flow *key* (see :meth:`MemberTree.masks_for`); elsewhere nothing."""
+        tree = self.trees.get(key_lsid(key))
+        return [] if tree is None else tree.masks_for(key, entry)
+
+    def told_to(self, link_id: int) -> dict[bytes, int]:
+        """The masks this member last told a sibling link (what its digests repeat)."""
+        out: dict[bytes, int] = {}
+        for tree in self.trees.values():
+            told = tree.told.get(link_id)
+            if told:
+                out.update(told)
+        return out
 
     def known_lsids(self) -> set[int]:
         return set(self._best) | set(self.static)
@@ -147,8 +181,11 @@ class LsRouting:
         for lsid in sorted(self.known_lsids()):
             lid = None if lsid in self.core else self.link_for(lsid)
             dist, _ = self._best.get(lsid, (None, None))
+            tree = self.trees.get(lsid)
             rows.append({"lsid": f"{lsid:#x}", "core": lsid in self.core, "link": lid,
                          "distance": dist, "siblings": self.siblings(lsid),
+                         **({"tree_links": sorted(tree.tree), **tree.status()}
+                            if tree is not None else {}),
                          "source": "core" if lsid in self.core else
                          "pinned" if lsid in self.pinned else
                          "static" if lsid in self.static else "learned"})

@@ -221,15 +221,14 @@ class Membership:
     def push_mask(self, key: bytes, entry: FlowEntry) -> list[Action]:
         """Tell upstream our aggregate when it changed, so filtering happens early.
 
-        At a core the "upstream" is the other members of the location service.
+        At a core the "upstream" is the other members of the location service: each
+        sibling is told what this side of the members' tree wants (lsroutes.sibling_masks).
         """
         if entry.upstream is None:
-            if entry.sent_sib_mask == entry.agg or not entry.joined:
+            if not entry.joined:
                 return []
-            siblings = self.routing.siblings(key_lsid(key))
-            entry.sent_sib_mask = entry.agg
-            msg = C.Mask(entry.agg)
-            return [control_frame(lid, key, msg, BAND_LS) for lid in siblings]
+            return [control_frame(lid, key, C.Mask(m), BAND_LS)
+                    for lid, m in self.routing.sibling_masks(key, entry)]
         if not entry.joined or entry.sent_up_mask == entry.agg:
             return []
         entry.sent_up_mask = entry.agg

@@ -34,7 +34,8 @@ return:
 * :mod:`~flowrouter.core.forwarding` — data frames: output links, TTL and locality per link;
 * :mod:`~flowrouter.core.membership` — the flow trees: join, leave, masks, orphans, faults,
   joins awaiting their answer, repairs after a link loss;
-* :mod:`~flowrouter.core.lsexchange` — LS route vectors and sibling LS members' masks;
+* :mod:`~flowrouter.core.lsexchange` — LS route vectors; the members' graph, spanning tree
+  and masks at a location service's member;
 * :mod:`~flowrouter.core.softstate` — link liveness (ECHO), refresh digests, hold times,
   PRUNE and NOT_ON_TREE: the soft state that repairs itself;
 * :mod:`~flowrouter.core.admission` — policies, capabilities, quotas and limit alerts;
@@ -218,6 +219,8 @@ class Router:
         if key[8:12] == ZERO_LSID:
             if isinstance(msg, C.LsRoutes) and link.role is C.Role.ROUTER:
                 return self._ls.on_ls_routes(link, msg, now)
+            if isinstance(msg, C.LsTopology) and link.role is C.Role.ROUTER:
+                return self._ls.on_topology(link, msg, now)
             if isinstance(msg, C.Error):
                 log.warning("%s reports: %s", link.describe(), msg.text)
                 return []

@@ -5,8 +5,9 @@ object, owning the timer wheel, the digest rounds being sent and received and th
 timer generations, over the shared :class:`~flowrouter.core.state.RouterState`. The Router
 hands it the soft-state messages and calls its ``tick``; the links part tells it when a link
 comes up or closes (:class:`~flowrouter.core.interfaces.LinkLiveness`). It changes the trees
-through membership (:class:`~flowrouter.core.interfaces.TreeUpkeep`), hands sibling masks to
-the LS exchange (``SiblingMasks``) and RTT samples to measured locality (``RttSink``). A peer
+through membership (:class:`~flowrouter.core.interfaces.TreeUpkeep`), hands sibling masks,
+the end of a sibling's digest round and the members' graph's refresh to the LS exchange
+(``SiblingMasks``) and RTT samples to measured locality (``RttSink``). A peer
 it finds dead is returned by ``tick`` for the Router to close (the links part calls the soft
 state, so the soft state does not call it back). It sends the PRUNE and NOT_ON_TREE notices
 any part files in the shared outbox (:class:`~flowrouter.core.state.LinkNotices`).
@@ -78,7 +79,6 @@ from flowrouter.core.timers import TimerWheel
 from flowrouter.core.workbudget import Waiting, WorkBudget
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT
-from flowrouter.wire.flowid import key_lsid
 from flowrouter.wire.header import pack_header
 
 _ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, link id, gen)
@@ -351,6 +351,8 @@ class SoftState:
             out += self.trees.after_change(key, entry, now, "refresh")
         if removed:
             self.counters["refresh.links-removed"] += removed
+        if self.routing.trees:  # a fellow LS member: the masks it no longer lists
+            out += self.siblings.sibling_round_done(link, started, now)
         if self.tracing:
             self.tracer.refresh(now, lid, "received", rx.entries, rx.count, rx.repaired,
                                 removed, rx.unknown)
@@ -404,6 +406,8 @@ class SoftState:
                 # lost update cannot leave a neighbour with a stale route
                 vector = C.LsRoutes(self.routing.vector_for(lid))
                 out.append(link_message(lid, vector))
+                if self.routing.trees:  # and so is the members' graph, to a fellow member
+                    out += self.siblings.topology_refresh(lid, now)
             else:
                 out += self._hold_sweep(link, gen, now)
         if self._tx:
@@ -447,14 +451,13 @@ class SoftState:
         """Snapshot the flows we want from this upstream neighbour; chunks follow, spread
         over the interval and built from the entries as they are when sent."""
         lid = link.link_id
-        flows = self.flows
         # every flow that names this link; _chunk keeps those whose upstream it is (a few
         # downstream ones make chunks a little emptier, cheaper than filtering twice)
         keys = list(link.dependent)
-        sib_lsids = self.routing.sibling_lsids(lid)
-        if sib_lsids:  # fellow LS members: our subtree masks for their LSIDs
-            keys += [k for k, e in flows.items()
-                     if e.upstream is None and e.joined and key_lsid(k) in sib_lsids]
+        told = self.routing.told_to(lid)
+        if told:  # a fellow LS member: the masks we told it (our side of the tree)
+            dep = link.dependent
+            keys += [k for k in told if k not in dep]
         self._round = (self._round + 1) & 0xFFFFFFFF
         per = C.refresh_capacity(link.max_payload)
         count = max(1, -(-len(keys) // per))
@@ -487,15 +490,14 @@ class SoftState:
     def _chunk(self, lid: int, tx: TxRound, index: int, hold_ms: int) -> C.Refresh:
         """Chunk *index*, from the entries as they are now (not as at the snapshot)."""
         flows = self.flows
+        told = self.routing.told_to(lid) if self.routing.trees else {}
         entries = []
         for key in tx.keys[index * tx.per_chunk:(index + 1) * tx.per_chunk]:
             e = flows.get(key)
-            if e is None:
-                continue
-            if e.upstream == lid:
+            if e is not None and e.upstream == lid:
                 entries.append((key, e.agg, 0 if e.agg else C.REFRESH_ADVERTISE))
-            elif e.upstream is None and e.joined:
-                entries.append((key, e.agg, C.REFRESH_SIBLING))
+            elif (mask := told.get(key)) and (e is None or e.upstream is None):
+                entries.append((key, mask, C.REFRESH_SIBLING))
         return C.Refresh(tx.number, index, tx.count, hold_ms, tuple(entries))
 
     def _hold_sweep(self, link: Link, gen: int, now: float) -> list[Action]:

@@ -121,6 +121,7 @@ class MsgType(enum.IntEnum):
     PRUNE = 19
     FAULT = 20
     NOT_ON_TREE = 21
+    LS_TOPOLOGY = 22
 
 
 class JoinStatus(enum.IntEnum):
@@ -149,6 +150,7 @@ _JOIN = struct.Struct("!I16sB")  # request id, band mask, flags
 _JOIN_ACK = struct.Struct("!IB")  # request id, status
 _ECHO = struct.Struct("!IQ")  # seq, stamp (ECHO and ECHO_REPLY alike)
 _REFRESH = struct.Struct("!IHHIH")  # round, index, count, hold (ms), number of entries
+_LS_TOPOLOGY = struct.Struct("!IH")  # lsid, number of entries
 
 
 class _Reader:
@@ -461,13 +463,34 @@ class NotOnTree:
         return _PREFIX.pack(CONTROL_VERSION, self.TYPE) + _keys_blob(self.keys)
 
 
+@dataclass(frozen=True, slots=True)
+class LsTopology:
+    """Members of one location service tell each other who links to whom (link-state
+    advertisements flooded over member-to-member links only): each entry is a member's
+    name, its sequence number and the names of the fellow members it has links to. Every
+    member computes the same spanning tree from them (:mod:`flowrouter.core.lstree`)."""
+
+    lsid: int
+    entries: tuple[tuple[str, int, tuple[str, ...]], ...]  #: (member, seq, its neighbours)
+    TYPE = MsgType.LS_TOPOLOGY
+
+    def encode(self) -> bytes:
+        out = [_PREFIX.pack(CONTROL_VERSION, self.TYPE),
+               _LS_TOPOLOGY.pack(self.lsid, len(self.entries))]
+        for origin, seq, nbrs in self.entries:
+            out += [_text(origin), seq.to_bytes(4, "big"), len(nbrs).to_bytes(2, "big")]
+            out += [_text(n) for n in nbrs]
+        return b"".join(out)
+
+
 #: flow keys one PRUNE or NOT_ON_TREE may carry on a link with this maximum payload
 def keys_capacity(max_payload: int) -> int:
     return max(1, min(0xFFFF, (max_payload - _PREFIX.size - 2) // 16))
 
 
 ControlMessage = (Hello | Error | LsRoutes | Auth | PolicyMsg | Join | JoinAck | Leave | Mask
-                  | Ping | Pong | Fault | Echo | EchoReply | Refresh | Prune | NotOnTree)
+                  | Ping | Pong | Fault | Echo | EchoReply | Refresh | Prune | NotOnTree
+                  | LsTopology)
 
 
 def decode(payload: bytes | memoryview) -> ControlMessage:
@@ -540,6 +563,15 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
         raw = r.take(16 * n)
         keys = tuple(raw[i:i + 16] for i in range(0, len(raw), 16))
         msg = Prune(keys) if t is MsgType.PRUNE else NotOnTree(keys)
+    elif t is MsgType.LS_TOPOLOGY:
+        lsid, n = r.unpack(_LS_TOPOLOGY)
+        entries = []
+        for _ in range(n):
+            origin = r.text()
+            seq = int.from_bytes(r.take(4), "big")
+            nbrs = tuple(r.text() for _ in range(int.from_bytes(r.take(2), "big")))
+            entries.append((origin, seq, nbrs))
+        msg = LsTopology(lsid, tuple(entries))
     else:  # FAULT
         try:
             kind = FaultKind(r.u8())

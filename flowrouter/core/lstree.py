@@ -1,0 +1,236 @@
+"""A location service's members without a full mesh: their graph, its spanning tree, and
+the subtree masks members tell each other along it.
+
+The members of one LSID (routers with that LSID in ``core_lsids``) root the subtrees of its
+flows. They must pass each flow's traffic between them, filtered by band. Members linked
+to each other directly are *siblings*; the graph of sibling links need not be a full mesh,
+only connected. Over it the members keep one spanning tree (the tree links), and a flow's
+masks and traffic travel along the tree only, with split horizon: what a member tells a
+tree neighbour is its own subtree's mask united with what its *other* tree neighbours told
+it, and traffic from one tree neighbour goes to the others that want its band and down
+the member's own subtree, never back. On a tree that is loop-free and complete, so every
+member with a subtree that wants a band gets each frame of it exactly once.
+
+Agreeing on the tree needs no coordinator: each member floods the names of the members it
+has links to (``LsTopology`` messages, link-state advertisements with sequence numbers,
+over sibling links only), so every member holds the same member graph; from it each one
+computes the same tree: the shortest-path tree from the member with the lowest name, each
+member's parent being its neighbour nearest that root (lowest name on ties). An edge counts
+only when both ends list it. A member failure changes the tree only below the failed
+member (unless it was the root).
+
+Masks go on every sibling link, tree or not (to a link off the tree: everything the
+member's tree side wants), so when the tree changes, the members at a new tree link
+already know each other's masks: only what the change itself alters is sent.
+
+May import :mod:`flowrouter.wire` and the core's data modules (tables); never a part.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from flowrouter.core.tables import FlowEntry
+
+#: members one location service's graph holds at most (more are refused and counted)
+MAX_MEMBERS = 1024
+
+
+class MemberTree:
+    """One LSID's member graph at one member: its link-state database, the spanning tree
+    computed from it, and the masks heard from and told to each sibling link."""
+
+    def __init__(self, lsid: int, me: str = "") -> None:
+        self.lsid = lsid
+        self.me = me
+        self.seq = 0
+        #: member name -> (sequence number, the fellow members it lists as neighbours)
+        self.db: dict[str, tuple[int, frozenset[str]]] = {}
+        #: when each member's advertisement was last seen reachable (for purging)
+        self.seen: dict[str, float] = {}
+        #: this member's sibling links: neighbour name -> link id (and back)
+        self.by_name: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+        #: tree neighbours (names) and their links
+        self.tree_names: frozenset[str] = frozenset()
+        self.tree: frozenset[int] = frozenset()
+        self.root = ""
+        #: per sibling link: flow key -> (mask, when last heard) / mask last told
+        self.heard: dict[int, dict[bytes, tuple[int, float]]] = {}
+        self.told: dict[int, dict[bytes, int]] = {}
+        self.refused = 0  #: advertisements refused by the member limit
+
+    # ------------------------------------------------------------------ the graph
+    def set_siblings(self, links: Iterable[tuple[int, str]]) -> bool:
+        """This member's sibling links now; True if its neighbour names changed (a new
+        advertisement of its own is then due: ``own``)."""
+        by_name: dict[str, int] = {}
+        for lid, name in sorted(links):
+            by_name.setdefault(name, lid)
+        old = set(self.by_name)
+        for lid in set(self.names) - {lid for lid, _ in links}:
+            self.heard.pop(lid, None)
+            self.told.pop(lid, None)
+        self.by_name = by_name
+        self.names = dict(links)
+        if set(by_name) == old and self.me in self.db:
+            return False
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        self.db[self.me] = (self.seq, frozenset(by_name))
+        return True
+
+    def own(self) -> tuple[str, int, tuple[str, ...]]:
+        seq, nbrs = self.db[self.me]
+        return (self.me, seq, tuple(sorted(nbrs)))
+
+    def entries(self) -> list[tuple[str, int, tuple[str, ...]]]:
+        return [(name, seq, tuple(sorted(nbrs))) for name, (seq, nbrs) in sorted(self.db.items())]
+
+    def learn(self, entries: Iterable[tuple[str, int, tuple[str, ...]]], now: float
+              ) -> tuple[list[tuple[str, int, tuple[str, ...]]], bool]:
+        """Advertisements from a sibling: the new ones (to flood on), and whether our own
+        must go out again (someone held an older life of ours with a higher number)."""
+        new = []
+        bump = False
+        for name, seq, nbrs in entries:
+            if name == self.me:
+                if _newer(seq, self.seq) or seq == self.seq and frozenset(nbrs) != \
+                        self.db[self.me][1]:
+                    self.seq = (seq + 1) & 0xFFFFFFFF
+                    self.db[self.me] = (self.seq, self.db[self.me][1])
+                    bump = True
+                continue
+            held = self.db.get(name)
+            if held is None and len(self.db) >= MAX_MEMBERS:
+                self.refused += 1
+                continue
+            if held is None or _newer(seq, held[0]):
+                self.db[name] = (seq, frozenset(nbrs))
+                self.seen.setdefault(name, now)
+                new.append((name, seq, nbrs))
+        return new, bump
+
+    def compute(self, now: float, purge_after: float) -> bool:
+        """The spanning tree from the database; True if our tree links changed. Members
+        unreachable for *purge_after* seconds are forgotten."""
+        db = self.db
+        adj = {a: sorted(b for b in nbrs if b in db and a in db[b][1])
+               for a, (_, nbrs) in db.items()}
+        comp = _distances(adj, self.me)
+        for name in list(db):
+            if name in comp:
+                self.seen[name] = now
+            elif now - self.seen.get(name, now) > purge_after:
+                del db[name]
+                self.seen.pop(name, None)
+        root = min(comp)
+        dist = _distances(adj, root)
+        tree: set[str] = set()
+        for v in dist:
+            if v == root:
+                continue
+            parent = min(u for u in adj[v] if dist.get(u) == dist[v] - 1)
+            if v == self.me:
+                tree.add(parent)
+            elif parent == self.me:
+                tree.add(v)
+        self.root = root
+        names = frozenset(tree)
+        links = frozenset(self.by_name[n] for n in names if n in self.by_name)
+        changed = links != self.tree
+        self.tree_names, self.tree = names, links
+        return changed
+
+    def members(self) -> list[str]:
+        """The members this one reaches over confirmed sibling links (itself included)."""
+        db = self.db
+        adj = {a: sorted(b for b in nbrs if b in db and a in db[b][1])
+               for a, (_, nbrs) in db.items()}
+        return sorted(_distances(adj, self.me)) if self.me in db else [self.me]
+
+    def off_tree(self, link_id: int) -> bool:
+        """*link_id* leads to a fellow member that is not our tree neighbour."""
+        name = self.names.get(link_id)
+        return name is not None and name not in self.tree_names
+
+    # ------------------------------------------------------------------ masks
+    def hear(self, link_id: int, key: bytes, mask: int, now: float) -> None:
+        per = self.heard.setdefault(link_id, {})
+        if mask:
+            per[key] = (mask, now)
+        else:
+            per.pop(key, None)
+
+    def heard_mask(self, link_id: int, key: bytes) -> int:
+        got = self.heard.get(link_id, {}).get(key)
+        return 0 if got is None else got[0]
+
+    def stale(self, link_id: int, before: float) -> list[bytes]:
+        """Keys heard from *link_id* not refreshed since *before*: forgotten and returned."""
+        per = self.heard.get(link_id, {})
+        gone = sorted(k for k, (_, at) in per.items() if at < before)
+        for k in gone:
+            del per[k]
+        return gone
+
+    def masks_for(self, key: bytes, entry: FlowEntry | None) -> list[tuple[int, int]]:
+        """What each sibling link must now be told of *key* where that changed (and note
+        it told): to a tree link, our subtree and the other tree links' sides (split
+        horizon); to a link off the tree, our whole tree side."""
+        own = 0
+        sib: dict[int, int] = {}
+        if entry is not None and entry.upstream is None and entry.joined:
+            own = entry.agg
+            sib = entry.sib or {}
+        total = own
+        for m in sib.values():
+            total |= m
+        out = []
+        for lid in self.names:
+            if lid in self.tree and lid in sib:
+                mask = own
+                for other, m in sib.items():
+                    if other != lid:
+                        mask |= m
+            else:
+                mask = total
+            told = self.told.setdefault(lid, {})
+            if told.get(key, 0) != mask:
+                if mask:
+                    told[key] = mask
+                else:
+                    told.pop(key, None)
+                out.append((lid, mask))
+        return out
+
+    def keys(self) -> set[bytes]:
+        """Every flow key heard from or told to a sibling."""
+        keys: set[bytes] = set()
+        for per in self.heard.values():
+            keys.update(per)
+        for told in self.told.values():
+            keys.update(told)
+        return keys
+
+    def status(self) -> dict[str, object]:
+        return {"members": self.members(), "root": self.root,
+                "tree_members": sorted(self.tree_names),
+                "sibling_members": sorted(self.by_name), "seq": self.seq}
+
+
+def _newer(a: int, b: int) -> bool:
+    """Sequence number *a* is after *b* (serial number arithmetic, 32 bits)."""
+    return 0 < (a - b) & 0xFFFFFFFF < 0x80000000
+
+
+def _distances(adj: dict[str, list[str]], start: str) -> dict[str, int]:
+    dist = {start: 0}
+    todo = deque([start])
+    while todo:
+        v = todo.popleft()
+        for u in adj.get(v, ()):
+            if u not in dist:
+                dist[u] = dist[v] + 1
+                todo.append(u)
+    return dist

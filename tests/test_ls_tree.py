@@ -1,0 +1,198 @@
+"""Location services without a full mesh (issue 30), in the simulator: 30 members of one
+LSID linked as a sparse graph (a ring with a few chords, degree about 2.4) keep one
+spanning tree over their links, and every member's subtree receives every band it asked
+for exactly once; a member failing in the middle of the tree is healed (the routers below
+it re-graft, the tree is recomputed around it); control frames lost during churn leave the
+same tables as a loss-free run once the loss stops."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+from flowrouter.testbed.sim import SimNetwork
+from flowrouter.wire.flowid import FlowID
+
+LSID = 0x10
+N = 30
+REFRESH = 2.0
+SOFT = dict(refresh_interval=REFRESH, hold_factor=3.5, liveness_interval=0.5, dead_after=2.0,
+            join_timeout=4.0)
+EP = dict(refresh_interval=REFRESH, join_timeout=2.0)
+BANDS = (32, 33, 40, 41)
+FLOWS = [FlowID(0xC0FFEE, LSID, i) for i in range(1, 6)]
+
+
+def member_graph() -> list[tuple[str, str]]:
+    """A ring of N members with a chord every fifth member: 36 links (a mesh has 435)."""
+    names = [f"m{i:02d}" for i in range(N)]
+    edges = [(names[i], names[(i + 1) % N]) for i in range(N)]
+    edges += [(names[i], names[(i + N // 2) % N]) for i in range(0, N // 2, 5)]
+    edges += [(names[i], names[(i + 7) % N]) for i in range(2, N, 10)]
+    return edges
+
+
+def network(seed: int = 1) -> SimNetwork:
+    """The members, one endpoint on each, and 6 edge routers each linked to two members
+    far apart on the ring (with two endpoints each)."""
+    net = SimNetwork(seed=seed)
+    for i in range(N):
+        net.add_router(f"m{i:02d}", core_lsids=[LSID], **SOFT)
+    for a, b in member_graph():
+        net.add_link(a, b, delay=0.001)
+    for i in range(6):
+        net.add_router(f"r{i}", **SOFT)
+        net.add_link(f"r{i}", f"m{(5 * i) % N:02d}", delay=0.001)
+        net.add_link(f"r{i}", f"m{(5 * i + 13) % N:02d}", delay=0.002)
+        for k in range(2):
+            net.add_endpoint(f"e{i}{k}", f"r{i}", **EP)
+    for i in range(N):
+        net.add_endpoint(f"x{i:02d}", f"m{i:02d}", **EP)
+    return net
+
+
+def subscribe(net: SimNetwork, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    for name in sorted(net.endpoints):
+        for flow in FLOWS:
+            if rng.random() < 0.3:
+                net.endpoints[name].join(flow, sorted(rng.sample(BANDS, rng.randint(1, 3))))
+
+
+def check_exact(net: SimNetwork, since: float, *, dead: frozenset[str] = frozenset()
+                ) -> int:
+    """Each flow's first live member sends every band once: every live endpoint must get
+    exactly the bands it wants, each once. Returns the deliveries checked."""
+    eps = [ep for name, ep in sorted(net.endpoints.items()) if ep.router not in dead]
+    for flow in FLOWS:
+        sender = next(ep for ep in eps if flow in ep.wanted)
+        for band in BANDS:
+            sender.send(flow, band, f"{flow.local}/{band}".encode())
+    net.run_for(1.0)
+    checked = 0
+    for ep in eps:
+        for flow in FLOWS:
+            got = Counter(d.band for d in ep.received(flow) if d.time > since)
+            mask = ep.wanted.get(flow, (0, False))[0]
+            want = {b: 1 for b in BANDS if mask >> b & 1}
+            sender = next(e for e in eps if flow in e.wanted)
+            if ep is sender:
+                continue
+            assert dict(got) == want, (ep.name, flow.local, dict(got), want)
+            checked += sum(want.values())
+    return checked
+
+
+def trees(net: SimNetwork, dead: frozenset[str] = frozenset()) -> dict[str, Any]:
+    out = {}
+    for name, r in sorted(net.routers.items()):
+        if name.startswith("m") and name not in dead:
+            t = r.routing.trees[LSID]
+            out[name] = (t.root, sorted(t.tree_names), t.members())
+    return out
+
+
+def assert_one_tree(net: SimNetwork, dead: frozenset[str] = frozenset()) -> None:
+    views = trees(net, dead)
+    live = sorted(views)
+    roots = {v[0] for v in views.values()}
+    assert roots == {min(live)}, roots
+    assert all(v[2] == live for v in views.values())
+    edges = {tuple(sorted((a, b))) for a, v in views.items() for b in v[1]}
+    assert len(edges) == len(live) - 1  # a spanning tree: n-1 edges, agreed at both ends
+    for a, b in edges:
+        assert a in views[b][1] and b in views[a][1]
+
+
+def test_a_sparse_ls_of_30_members_delivers_every_band_exactly_once() -> None:
+    net = network()
+    assert len(member_graph()) < N * (N - 1) // 2 // 10  # far from a mesh
+    net.run_until(3.0)
+    assert_one_tree(net)
+    subscribe(net)
+    net.run_until(6.0)
+    assert all(ep.is_joined(f) for ep in net.endpoints.values() for f in ep.wanted)
+    assert check_exact(net, 6.0) > 50
+    # every member holds each flow that has members anywhere (as with the mesh), and the
+    # masks crossed only the tree's 29 links, never the 7 links off the tree
+    for flow in FLOWS:
+        assert all(flow.key in r.flows for n, r in net.routers.items() if n.startswith("m"))
+    off = net.router_counters()["drop.off-tree"]
+    assert off == 0
+
+
+def test_a_member_failing_in_the_middle_is_healed() -> None:
+    net = network(seed=2)
+    net.run_until(3.0)
+    subscribe(net)
+    net.run_until(6.0)
+    views = trees(net)
+    # the member with the most tree links (a cut vertex of the tree): its subtrees are
+    # separated when it fails
+    victim = max(views, key=lambda n: (len(views[n][1]), n))
+    assert len(views[victim][1]) >= 2
+    for name, link in list(net.links.items()):
+        if victim in (link.a, link.b):
+            net.link_down(name)
+    dead = frozenset({victim})
+    t_fail = net.now
+    net.run_for(0.5)
+    assert_one_tree(net, dead)
+    assert check_exact(net, net.now, dead=dead) > 40
+    # and the tree healed fast: the members learnt of the failure within milliseconds
+    changed = [r.counters["ls.tree-changes"] for n, r in net.routers.items()
+               if n.startswith("m") and n != victim]
+    assert sum(changed) >= 1
+    assert net.now - t_fail < 2.0
+
+
+def tables(net: SimNetwork) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, r in sorted(net.routers.items()):
+        peer = {lid: lk.peer_name for lid, lk in r.links.items()}
+        out[name] = {
+            FlowID.from_key(k).local: (
+                peer.get(e.upstream) if e.upstream is not None else None, e.joined,
+                tuple(sorted((peer.get(lid, "?"), m) for lid, m in e.down.items())),
+                tuple(sorted((peer.get(lid, "?"), m) for lid, m in (e.sib or {}).items())))
+            for k, e in r.flows.items()}
+    return out
+
+
+def churn(net: SimNetwork, until: float) -> None:
+    rng = random.Random("ls-churn")
+    names = sorted(net.endpoints)
+    t = 4.0
+    while t < until:
+        t += rng.expovariate(4.0)
+        ep = net.endpoints[rng.choice(names)]
+        flow = rng.choice(FLOWS)
+        if rng.random() < 0.6:
+            net.schedule(t, ep.join, flow, sorted(rng.sample(BANDS, rng.randint(1, 3))))
+        else:
+            net.schedule(t, ep.leave, flow)
+
+
+def run(loss: float) -> SimNetwork:
+    net = network(seed=3)
+    churn(net, 60.0)
+    net.run_until(3.0)
+    if loss:
+        net.set_control_loss(loss)
+    net.run_until(64.0)
+    net.set_control_loss(0.0)
+    net.run_until(64.0 + 3 * REFRESH)
+    return net
+
+
+def test_lost_control_frames_converge_to_the_loss_free_tables() -> None:
+    clean = run(0.0)
+    lossy = run(0.1)
+    drops = sum(d.drops["control-loss"] for lk in lossy.links.values() for d in (lk.ab, lk.ba))
+    assert drops > 100
+    assert_one_tree(lossy)
+    want, got = tables(clean), tables(lossy)
+    diff = {r: (want[r], got[r]) for r in want if want[r] != got[r]}
+    assert not diff, f"{len(diff)} router tables differ: {sorted(diff)}"
+    assert check_exact(lossy, lossy.now) > 20

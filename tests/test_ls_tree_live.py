@@ -1,0 +1,144 @@
+"""A location service of four members that are not a full mesh (a ring: m1-m2-m3-m4-m1,
+no diagonals), on real loopback sockets: the members agree on one spanning tree, a flow
+whose members hang off opposite corners is delivered across it, and when the member a
+receiver's router was attached to dies, the stream resumes as with a full mesh (the
+longest silence and the messages lost are printed: the lead's failover numbers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import flowlib
+from flowls import LocationServiceConfig, member_config
+from flowrouter.net.config import NodeConfig, PeerConfig
+from flowrouter.net.runtime import RouterNode
+from flowrouter.wire.bands import BAND_FAULT
+
+from .rawep import addr, within
+
+LSID = 0x10
+NAMES = ("m1", "m2", "m3", "m4")
+RING = (("m2", "m1"), ("m3", "m2"), ("m4", "m3"), ("m4", "m1"))  #: (dialler, dialled)
+#: the same four as a full mesh (what a location service needed before): the baseline
+MESH = (*RING, ("m3", "m1"), ("m4", "m2"))
+
+
+async def _agreed(members: list[RouterNode]) -> None:
+    """Until every member sees all four and the same root with three tree links in all.
+    (The tree has no event of its own: a bounded poll of the members' tables.)"""
+    deadline = time.monotonic() + 10
+    while True:
+        views = [m.core.routing.trees[LSID] for m in members]
+        if (all(v.members() == list(NAMES) and v.root == "m1" for v in views)
+                and sum(len(v.tree) for v in views) == 6):
+            return
+        assert time.monotonic() < deadline, [v.status() for v in views]
+        await asyncio.sleep(0.01)
+
+
+async def _overlay(graph: tuple[tuple[str, str], ...]
+                   ) -> tuple[list[RouterNode], list[RouterNode]]:
+    accept = ["m1@127.0.0.1", "m2@127.0.0.1", "m3@127.0.0.1", "m4@127.0.0.1",
+              "r1@127.0.0.1", "r2@127.0.0.1"]
+    members: dict[str, RouterNode] = {}
+    for name in NAMES:
+        dials = [PeerConfig(addr(members[b]), b) for a, b in graph if a == name]
+        node = RouterNode(member_config(LocationServiceConfig(
+            name, frozenset({LSID}), listen="127.0.0.1:0", control="127.0.0.1:0", epoch=1.0,
+            members=dials, accept_routers=accept)))
+        await node.start()
+        members[name] = node
+    # r1 hangs off m1 and m3, r2 off m2 and m4: opposite corners of the ring
+    edges = []
+    for name, ups in (("r1", ("m1", "m3")), ("r2", ("m2", "m4"))):
+        node = RouterNode(NodeConfig(name, listen="127.0.0.1:0", control="127.0.0.1:0",
+                                     epoch=1.0, peers=[PeerConfig(addr(members[u]), u)
+                                                       for u in ups]))
+        await node.start()
+        edges.append(node)
+    ms = [members[n] for n in NAMES]
+    for node in (*ms, *edges):
+        degree = sum(node.config.name in pair for pair in graph)
+        await within(node.wait_peers_up(degree + 1 if node in ms else 2))
+        await within(node.wait_routes(LSID))
+    await _agreed(ms)
+    return ms, edges
+
+
+@pytest.mark.parametrize("graph", [RING, MESH], ids=["ring", "mesh"])
+def test_four_members_deliver_and_survive_a_member_failure(
+        graph: tuple[tuple[str, str], ...]) -> None:
+    shape = "ring" if graph is RING else "full mesh"
+
+    async def main() -> None:
+        members, (r1, r2) = await _overlay(graph)
+        by_name = {m.config.name: m for m in members}
+        try:
+            for m in members:  # in the ring no member is linked to all the others
+                peers = {lk.peer_name for lk in m.core.links.values()}
+                assert len(peers & set(NAMES)) == (2 if graph is RING else 3), peers
+            a = await flowlib.connect([addr(r1)], name="A")
+            s = await flowlib.connect([addr(r2)], name="S")
+            flow = await s.create()
+            la = await a.listen(flow, [32, BAND_FAULT])
+            await s.advertise(flow)
+            await s.send(flow, b"hello", band=32)
+            assert (await within(la.get())).payload == b"hello"
+
+            stop = asyncio.Event()
+            sent: list[int] = []
+
+            async def stream() -> None:
+                i = 0
+                while not stop.is_set():
+                    await s.send(flow, b"seq %d" % i, band=32)
+                    sent.append(i)
+                    i += 1
+                    await asyncio.sleep(0.002)
+            sender = asyncio.ensure_future(stream())
+            got: list[tuple[float, int]] = []
+
+            async def until(n: int) -> None:
+                while len(got) < n:
+                    msg = await within(la.get())
+                    if msg.band != BAND_FAULT and msg.payload.startswith(b"seq "):
+                        got.append((time.perf_counter(), int(msg.payload[4:])))
+            await until(20)
+            victim = by_name[r1.core.links[r1.core.flows[flow.key].upstream].peer_name]
+            t_kill = time.perf_counter()
+            await victim.stop()
+            before = len(got)
+            await until(before + 100)
+            stop.set()
+            await sender
+            after = [t for t, _ in got if t > t_kill]
+            gap = max(b - a for a, b in zip([t_kill, *after], after))
+            nums = [n for _, n in got]
+            lost = len(set(range(nums[0], nums[-1] + 1)) - set(nums))
+            print(f"\n{shape} of 4 members, {victim.config.name} killed: longest silence "
+                  f"{gap * 1000:.1f} ms, {lost} message(s) lost")
+            survivors = [m for m in members if m is not victim]
+            await _agreed_without(survivors, victim.config.name)
+            assert lost <= 5, lost
+            assert gap < 2.0, gap  # loopback: milliseconds; bounded for a loaded machine
+            assert nums[-20:] == list(range(nums[-20], nums[-20] + 20))
+            for c in (a, s):
+                await c.close()
+        finally:
+            for node in (r1, r2, *members):
+                await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def _agreed_without(members: list[RouterNode], gone: str) -> None:
+    deadline = time.monotonic() + 10
+    live = sorted(m.config.name for m in members)
+    while True:
+        views = [m.core.routing.trees[LSID] for m in members]
+        if all(v.members() == live for v in views) and sum(len(v.tree) for v in views) == 4:
+            return
+        assert time.monotonic() < deadline, (gone, [v.status() for v in views])
+        await asyncio.sleep(0.01)
