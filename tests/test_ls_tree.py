@@ -11,7 +11,10 @@ import random
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from flowrouter.testbed.sim import SimNetwork
+from flowrouter.testbed.topology import TopologyError, loads
 from flowrouter.wire.flowid import FlowID
 
 LSID = 0x10
@@ -196,3 +199,47 @@ def test_lost_control_frames_converge_to_the_loss_free_tables() -> None:
     diff = {r: (want[r], got[r]) for r in want if want[r] != got[r]}
     assert not diff, f"{len(diff)} router tables differ: {sorted(diff)}"
     assert check_exact(lossy, lossy.now) > 20
+
+
+RING_TOPOLOGY = """name = "ls-ring"
+[[routers]]
+name = "m1"
+[[routers]]
+name = "m2"
+[[routers]]
+name = "m3"
+[[routers]]
+name = "m4"
+[[routers]]
+name = "r"
+[[links]]
+a = "m1"
+b = "m2"
+[[links]]
+a = "m2"
+b = "m3"
+[[links]]
+a = "m3"
+b = "m4"
+[[links]]
+a = "r"
+b = "m4"
+[[endpoints]]
+name = "e"
+router = "r"
+[[location_services]]
+lsid = 0x10
+cores = ["m1", "m2", "m3", "m4"]
+"""
+
+
+def test_topology_files_take_members_that_are_not_a_mesh_but_not_a_partition() -> None:
+    topo = loads(RING_TOPOLOGY)  # a chain of four members: no mesh, but connected
+    assert topo.location_services[0].cores == ("m1", "m2", "m3", "m4")
+    cut = RING_TOPOLOGY.replace('a = "m2"\nb = "m3"', 'a = "r"\nb = "m2"')
+    with pytest.raises(TopologyError) as info:
+        loads(cut, "cut.toml")
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith("cut.toml:") and "location service 0x10: members m3, m4 have no " \
+        "path of member-to-member links to m1, m2" in text

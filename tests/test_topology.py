@@ -207,6 +207,9 @@ a = "b"
 b = "c"
 bandwidth = "1.5M"
 delay = "200us"
+[[links]]                # the two members of 0x10 must be linked (not necessarily a mesh)
+a = "a"
+b = "c"
 [[location_services]]
 lsid = 0x10
 name = "chat"

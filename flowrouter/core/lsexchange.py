@@ -185,7 +185,8 @@ class LsExchange:
         return self._rebuild(tree, key, now)
 
     def sibling_round_done(self, link: Link, started: float, now: float) -> list[Action]:
-        """A sibling's digest round completed: masks it no longer lists are gone."""
+        """A sibling's digest round completed: masks not refreshed since *started* (the
+        round before began) are gone."""
         out: list[Action] = []
         lid = link.link_id
         for tree in self.routing.trees.values():

@@ -139,6 +139,10 @@ class LsRouting:
         return {lsid: tuple((lid, self.names.get(lid, "")) for lid in self.siblings(lsid))
                 for lsid in self.core}
 
+    def sibling_link(self, link_id: int) -> bool:
+        """*link_id* leads to a fellow member of a location service we serve."""
+        return any(link_id in tree.names for tree in self.trees.values())
+
     def tree_links(self, lsid: int) -> frozenset[int]:
         """The sibling links on the members' spanning tree of *lsid* (empty elsewhere)."""
         tree = self.trees.get(lsid)

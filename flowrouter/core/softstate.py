@@ -351,7 +351,8 @@ class SoftState:
             out += self.trees.after_change(key, entry, now, "refresh")
         if removed:
             self.counters["refresh.links-removed"] += removed
-        if self.routing.trees:  # a fellow LS member: the masks it no longer lists
+        if started is not None and self.routing.sibling_link(lid):
+            # a fellow LS member: the masks neither this round nor the one before listed
             out += self.siblings.sibling_round_done(link, started, now)
         if self.tracing:
             self.tracer.refresh(now, lid, "received", rx.entries, rx.count, rx.repaired,
@@ -406,7 +407,7 @@ class SoftState:
                 # lost update cannot leave a neighbour with a stale route
                 vector = C.LsRoutes(self.routing.vector_for(lid))
                 out.append(link_message(lid, vector))
-                if self.routing.trees:  # and so is the members' graph, to a fellow member
+                if self.routing.sibling_link(lid):  # and so is the members' graph
                     out += self.siblings.topology_refresh(lid, now)
             else:
                 out += self._hold_sweep(link, gen, now)

@@ -68,6 +68,7 @@ class Parser(ScheduleParser):
         endpoints = self.endpoints(doc.get("endpoints", []), rnames, defaults)
         routers, lss = self.location_services(doc.get("location_services", []), routers)
         self.check_routes(routers, links)
+        self.check_members(doc.get("location_services", []), lss, links)
         link_ends = {lk.name: (lk.a, lk.b) for lk in links}
         faults = self.faults(doc.get("faults", []), ("faults",), link_ends)
         scenarios = self.scenarios(doc.get("scenarios", {}), link_ends)
@@ -356,6 +357,37 @@ class Parser(ScheduleParser):
                 raise self.fail(("routers", i, "default_route"),
                                 f"router {r.name!r}: default_route {r.default_route!r} is not "
                                 f"a neighbour (neighbours: {known_names(nbrs)})")
+
+    def check_members(self, tables: Any, lss: tuple[LocationService, ...],
+                      links: tuple[LinkSpec, ...]) -> None:
+        """A location service's members need not be a full mesh, but their own links must
+        connect them all: they pass its flows' traffic to each other along a spanning tree
+        of those links (flowrouter.core.lstree)."""
+        for ls in lss:
+            members = set(ls.cores)
+            adj: dict[str, set[str]] = {m: set() for m in members}
+            for lk in links:
+                if lk.a in members and lk.b in members:
+                    adj[lk.a].add(lk.b)
+                    adj[lk.b].add(lk.a)
+            seen, todo = {ls.cores[0]}, [ls.cores[0]]
+            while todo:
+                for n in adj[todo.pop()] - seen:
+                    seen.add(n)
+                    todo.append(n)
+            if seen == members:
+                continue
+            index = next((i for i, t in enumerate(tables if isinstance(tables, list) else [])
+                          if isinstance(t, dict) and t.get("lsid") in (ls.lsid, hex(ls.lsid))),
+                         None)
+            path: tuple[Any, ...] = ("location_services", index) if index is not None \
+                else ("routers",)
+            cut = [m for m in ls.cores if m not in seen]
+            raise self.fail(path, f"location service {ls.lsid:#x}: members {', '.join(cut)} "
+                                  f"have no path of member-to-member links to "
+                                  f"{', '.join(m for m in ls.cores if m in seen)} (a location "
+                                  "service's members must be connected by links among "
+                                  "themselves; a full mesh is not needed)")
 
     def check_ports(self, routers: tuple[RouterSpec, ...], defaults: Defaults) -> None:
         used: dict[tuple[str, int], str] = {}
