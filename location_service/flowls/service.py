@@ -90,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", help="run a location-service member (a core router for its LSIDs)",
         description="Run one member of a location service. Members of the same LSID must be "
-                    "linked in a full mesh (--member for each other member, on one side of "
-                    "each pair); other routers find the nearest member automatically.")
+                    "connected by links among themselves (--member for a fellow member, on "
+                    "one side of each link), but need not form a full mesh: a ring or any "
+                    "sparse connected graph will do; they agree on a spanning tree over "
+                    "those links and pass traffic along it. Other routers find the nearest "
+                    "member automatically.")
     run.add_argument("--name", required=True, help="member name (unique in the overlay)")
     console.add_logging_options(run, default_level="info", again=True)
     run.add_argument("--lsid", action="append", type=parse_int, required=True,
@@ -103,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="HTTP monitoring: /healthz, /status, /metrics (default: 127.0.0.1 on "
                           "the listen port + 1000; 'off' for none)")
     run.add_argument("--member", action="append", type=parse_peer, default=[],
-                     metavar="[NAME=]HOST:PORT", help="another member of this LS to link to")
+                     metavar="[NAME=]HOST:PORT",
+                     help="a fellow member of this LS to link to (repeatable; the members' "
+                          "links must connect them all, a full mesh is not needed)")
     run.add_argument("--peer", action="append", type=parse_peer, default=[],
                      metavar="[NAME=]HOST:PORT", help="an ordinary router to link to")
     run.add_argument("--accept-router", action="append", default=[], metavar="NAME@HOST",
@@ -118,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seal the member's TCP links (needs --link-key)")
     lk = sub.add_parser("lookup", help="how a router reaches an LSID's location service",
                         description="Ask a router (by its control address) for its route to "
-                                    "LSID: the link, distance and, at a member, its siblings. "
+                                    "LSID: the link, distance and, at a member, its siblings, "
+                                    "the members it reaches and its members' tree. "
                                     "Exit code 1 when the router knows no such LSID.")
     lk.add_argument("lsid", type=parse_int)
     lk.add_argument("--control", required=True, metavar="HOST:PORT")
@@ -167,6 +173,10 @@ def _main(argv: list[str] | None = None) -> int:
                 f"via link {row['link']} ({row['source']}, distance {row['distance']})")
             sib = f"; sibling members on links {row['siblings']}" if row.get(
                 "siblings") else ""
+            if row.get("members"):  # a member: the members' graph and its spanning tree
+                sib += (f"; {len(row['members'])} member(s) reachable, tree root "
+                        f"{row['root']}, tree neighbours "
+                        f"{', '.join(row['tree_members']) or 'none'}")
             print(f"LSID {row['lsid']} at router {row['router']}: {where}{sib}")
         return 0
     if args.command == "flows":
