@@ -115,8 +115,7 @@ class MemberTree:
         """The spanning tree from the database; True if our tree links changed. Members
         unreachable for *purge_after* seconds are forgotten."""
         db = self.db
-        adj = {a: sorted(b for b in nbrs if b in db and a in db[b][1])
-               for a, (_, nbrs) in db.items()}
+        adj = _adjacency(db)
         comp = _distances(adj, self.me)
         for name in list(db):
             if name in comp:
@@ -144,10 +143,8 @@ class MemberTree:
 
     def members(self) -> list[str]:
         """The members this one reaches over confirmed sibling links (itself included)."""
-        db = self.db
-        adj = {a: sorted(b for b in nbrs if b in db and a in db[b][1])
-               for a, (_, nbrs) in db.items()}
-        return sorted(_distances(adj, self.me)) if self.me in db else [self.me]
+        return sorted(_distances(_adjacency(self.db), self.me)) if self.me in self.db \
+            else [self.me]
 
     def off_tree(self, link_id: int) -> bool:
         """*link_id* leads to a fellow member that is not our tree neighbour."""
@@ -222,6 +219,12 @@ class MemberTree:
 def _newer(a: int, b: int) -> bool:
     """Sequence number *a* is after *b* (serial number arithmetic, 32 bits)."""
     return 0 < (a - b) & 0xFFFFFFFF < 0x80000000
+
+
+def _adjacency(db: dict[str, tuple[int, frozenset[str]]]) -> dict[str, list[str]]:
+    """The member graph's confirmed edges: each member's neighbours that list it too."""
+    return {a: sorted(b for b in nbrs if b in db and a in db[b][1])
+            for a, (_, nbrs) in db.items()}
 
 
 def _distances(adj: dict[str, list[str]], start: str) -> dict[str, int]:
