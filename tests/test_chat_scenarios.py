@@ -197,10 +197,10 @@ def test_three_way_partitions_and_mixed_loads(number: int) -> None:
 def test_eight_sites_partitioned_keep_the_ordering_properties(number: int) -> None:
     """Eight sites (topologies/chat-8sites.toml): two halves (hasten) or three groups
     (leader) apart 10 s in every 40. The ordering properties hold, latency stays within
-    the seed tests' bound, hasten leaves no gaps, and in leader mode a site of the group
-    with the leader misses nothing of its own side unless it declared the leader stalled
-    (working through the other groups' backlog after a merge, one site may: test 19 has
-    one such stall, at empire, which then skips what was ordered meanwhile)."""
+    the seed tests' bound, hasten leaves no gaps, and in leader mode the sites of the group
+    with the leader miss nothing: working through the other groups' backlog after a merge
+    is progress, not a stall (before, empire declared the leader stalled at 70 s, its own
+    messages queued on the way to the leader, and skipped 65 messages ordered meanwhile)."""
     exp = X.select(str(number))[0]
     res = X.run_sim(exp, duration=300.0, seed=1)
     r = X.analyse(res)
@@ -215,9 +215,10 @@ def test_eight_sites_partitioned_keep_the_ordering_properties(number: int) -> No
         with_leader = ("empire", "federat", "princip")
         stalled = {s for s, evs in res.events.items() for e in evs
                    if isinstance(e, X.StateChange) and e.reason == "stalled"}
-        assert len(stalled & set(with_leader)) <= 1
-        for site in set(with_leader) - stalled:
-            assert not any(r["gap_detail"][site].get(o) for o in with_leader), r["gap_detail"]
+        assert not stalled & set(with_leader), stalled
+        assert r["max_latency"] < BOUND
+        for site in with_leader:
+            assert not any(r["gap_detail"][site].values()), r["gap_detail"][site]
 
 
 def test_restart_scenarios_are_simulator_only(tmp_path) -> None:

@@ -644,3 +644,44 @@ def test_repair_is_paced_by_bytes_and_deduplicated() -> None:
     assert a.counters["repair.deduplicated"] > 0 and a.counters["repair.paced"] > 0
     for start in (3.0, 4.0, 5.0):  # after the first second's burst: ~4 x 2 KB a second
         assert sum(1 for x in sent if start <= x < start + 1.0) <= 5
+
+
+def test_a_backlog_that_drains_is_not_a_stall() -> None:
+    """The order stream after a merge: a hundred numbers known at once and worked through
+    at ten a second. The oldest waits longer than the time-out, but the stream advances
+    and its backlog shrinks: no stall. The same numbers with the stream stopped (a
+    flapping link's down window) or advancing slower than new numbers come are one."""
+    from flowchat.igo.stall import StallWatch
+
+    def run(rate: float, arrivals: float) -> float | None:
+        w = StallWatch(8.0)
+        known, done = 0.0, 0.0
+        for k in range(300):
+            now = k * 0.1
+            known += 100 if k == 10 else arrivals * 0.1
+            if now > 1.0:
+                done = min(known, done + rate * 0.1)
+            if w.backlog_stalled("order", int(known), int(done), now):
+                return now
+        return None
+
+    assert run(rate=10.0, arrivals=2.0) is None  # drains: ~12 s to clear, never stalled
+    stopped = run(rate=0.0, arrivals=2.0)  # stopped: 8 s after the first number was known
+    assert stopped is not None and 8.0 <= stopped <= 9.0
+    assert run(rate=1.5, arrivals=2.0) is not None  # advancing, but the backlog grows
+
+
+def test_acknowledgements_that_advance_are_not_a_stall() -> None:
+    """Our messages on a slow path to the leader: each waits longer than the time-out for
+    its acknowledgement, but the acknowledgements advance with every heartbeat (2 s): not
+    a stall; acknowledgements that stop for half the time-out are one."""
+    from flowchat.igo.stall import StallWatch
+
+    w = StallWatch(8.0)
+    for k in range(200):  # acked every 2 s, each message acknowledged 9 s after it was sent
+        now = k * 0.1
+        held = int(now // 2.0) * 4
+        assert not w.acks_stalled("own", now - 9.0, held, now)
+    w = StallWatch(8.0)
+    fired = [k * 0.1 for k in range(200) if w.acks_stalled("own", 0.0, 5, k * 0.1)]
+    assert fired and fired[0] == pytest.approx(8.0)

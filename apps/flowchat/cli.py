@@ -109,8 +109,9 @@ def _igo_options(p: argparse.ArgumentParser) -> None:
                         "bursts after reconciliation; default: no limit)")
     g.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                    help="a site heard, but one of whose messages (or, following a leader, an "
-                        "order number) has been known to exist and missing this long (a "
-                        "flapping link) counts as disconnected and is reconciled later "
+                        "order number, while the order stream does not drain) has been "
+                        "known to exist and missing this long (a flapping link) counts as "
+                        "disconnected and is reconciled later "
                         "(default: missed x heartbeat + 2, i.e. 8 s)")
     g.add_argument("--send-window", type=int, default=32768, metavar="BYTES",
                    help="own bytes in flight (not yet acknowledged by every connected site) "

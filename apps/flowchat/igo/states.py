@@ -186,22 +186,27 @@ class PeerStates:
             lp = self.core.peers[self.core.leader]  # type: ignore[index]
             if lp.state is not PeerState.S1 or not self.core.order_synced:
                 watch.reset("order")
+                watch.reset("own")
                 return
             # the order stream: an order number known to exist (from an ORDER record or
-            # the leader's heartbeat) and not delivered for the time-out (its entry or its
-            # data does not get through, or only a little in each up window)
-            known = max([self.core.g_high, *self.core.orders])
-            # our own messages the leader has not acknowledged (it lacks them: our data
-            # does not get through) count too; ones it holds merely wait their turn
+            # the leader's heartbeat) and not delivered for the time-out while the stream
+            # does not drain (its entries or their data do not get through, or only a
+            # little in each up window; a backlog worked through after a merge drains)
             core = self.core
+            known = max([core.g_high, *core.orders])
+            order = watch.backlog_stalled("order", known, core.next_g - 1, now)
+            # our own messages the leader has not acknowledged (it lacks them: our data
+            # does not get through) count too, while its acknowledgements do not advance;
+            # ones it holds merely wait their turn
             held = (lp.acks[core.me] if len(lp.acks) == core.n and len(lp.ack_incs) == core.n
                     and lp.ack_incs[core.me] == core.inc else 0)
-            oldest = min((m.rx for m in self.core.awaiting_order.values()
-                          if m.seq > held and m.seq not in self.core.local_delivered),
+            oldest = min((m.rx for m in core.awaiting_order.values()
+                          if m.seq > held and m.seq not in core.local_delivered),
                          default=now)
-            if (watch.missing_stalled("order", known, self.core.next_g - 1, now)
-                    or now - oldest >= watch.timeout):
+            own = watch.acks_stalled("own", oldest, held, now)
+            if order or own:
                 watch.reset("order")
+                watch.reset("own")
                 self.core.counters["stall.detected-order"] += 1
                 self.peer_event(lp, PeerEvent.STALLED, now)
 
