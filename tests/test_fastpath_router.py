@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flowrouter.core import fastpath_py
+from flowrouter.core import fastpath, fastpath_py
 from flowrouter.core.fastpath import STOP_END, STOP_SLOW, FastPath
 from flowrouter.core.quotas import host_of
 from flowrouter.core.router import Router, RouterParams, Send
@@ -268,3 +268,37 @@ def test_a_sender_that_is_not_a_member_is_forwarded_without_the_core(kind: str) 
     h.sent.clear()
     h.read(1, one)
     assert len(h.sent[4]) == len(one) and h.r.counters["forward.toward-core"] == 104
+
+
+@pytest.mark.parametrize("kind", _engines())
+def test_a_joined_flow_is_mirrored_before_its_first_frame(kind: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Entries the core changed are copied again at the next forward call, a bounded number
+    per call: the first frame of a flow joined before its traffic finds its copy in place,
+    and the engine's pass over a read is not cut at every new flow to copy one from Python."""
+    monkeypatch.setattr(fastpath, "REFILL_PER_CALL", 2)
+    h = Harness(_engine(kind), tracing=False)
+    h.open(1, C.Role.ENDPOINT, (0, 0, 0), 65536)
+    h.open(2, C.Role.ENDPOINT, (0, 0, 0), 65536)
+    keys = FLOWS[:3]
+    for key in keys:
+        for link in (1, 2):
+            body = C.Join(1, 1 << 40).encode()
+            h.frame(link, pack_header(key, len(body), 0) + body)
+    fast = h.fast
+    assert fast is not None and fast.engine.sizes()[0] == 0
+    fast.forward(1, b"", 0, MAX_IN)  # two of the three copied, before any frame
+    assert fast.engine.sizes()[0] == 2 and fast.stats["installs"] == 2
+    calls = fast.stats["calls"]
+    data = b"".join(k + struct.pack("!IBBBB", 5, 40, 0, 0, 9) + b"hello" for k in keys)
+    h.read(1, data)  # the third is copied before the engine starts: one pass, no miss
+    assert fast.stats["calls"] == calls + 1 and fast.stats["installs"] == 3
+    assert bytes(h.sent[2]).count(b"hello") == 3 and h.r.counters["forwarded"] == 3
+    # a change forgets the copy at once and copies the entry again at the next call
+    body = C.Leave().encode()
+    h.frame(2, pack_header(keys[0], len(body), 0) + body)
+    assert fast.engine.sizes()[0] == 2
+    h.read(1, data)
+    assert fast.stats["calls"] == calls + 2 and fast.engine.sizes()[0] == 3
+    assert bytes(h.sent[2]).count(b"hello") == 5 and h.r.counters["drop.no-receivers"] == 1

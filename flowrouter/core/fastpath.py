@@ -8,9 +8,14 @@ buffer in one call, with no Python object per message. The engine is the compile
 every frame to the core as before (the pure-Python twin, :mod:`flowrouter.core.fastpath_py`,
 is the compiled engine's specification and test oracle, and can be forced for tests).
 
-The mirror is filled lazily and emptied eagerly: a flow or link is copied from the core the
-first time a frame needs it, and the core calls :meth:`FastPath.flow_changed` /
-:meth:`FastPath.link_changed` on every change to an entry or link, which just forgets the copy.
+The mirror is emptied eagerly and filled ahead of the traffic: the core calls
+:meth:`FastPath.flow_changed` / :meth:`FastPath.link_changed` on every change to an entry or
+link, which forgets the copy at once; a changed entry is copied again at the next
+:meth:`FastPath.forward` call (at most ``REFILL_PER_CALL`` of them per call, so a change to a
+huge table does not hold up one read), so a flow joined before its first frame arrives is
+mirrored when that frame comes: a router with 10^5 flows does not stop its forwarding pass
+at every first frame to copy one entry from Python. Anything not copied yet (a link, an
+entry past the refill queue's ``MAX_REFILL``) is copied the first time a frame needs it.
 Flows the engine must not decide alone are never copied: entries of a core with LS siblings,
 and every flow while any flow policy is in force (senders' capabilities are checked per frame).
 
@@ -67,6 +72,10 @@ SHARE_MIN = 1024
 _NO_BUDGET = 1 << 62
 #: absent keys mirrored at most (then all are forgotten and mirrored again as needed)
 MAX_ABSENT = 1 << 16
+#: changed entries waiting to be copied again at most (past that, at their first frame),
+#: and how many of them one ``forward`` call copies before it forwards (a few ms at most)
+MAX_REFILL = 1 << 17
+REFILL_PER_CALL = 512
 #: (index in the engine's counts, counter name)
 _COUNTERS = tuple((i, name) for name, i in COUNT_AT.items())
 
@@ -108,7 +117,8 @@ def new_engine(kind: str = "auto") -> Any:
 class FastPath:
     """Forwards whole buffers for one :class:`Router` through an engine kept in step with it."""
 
-    __slots__ = ("router", "engine", "description", "stats", "_generation", "_absent")
+    __slots__ = ("router", "engine", "description", "stats", "_generation", "_absent",
+                 "_refill")
 
     def __init__(self, router: Router, engine: Any, description: str = "") -> None:
         self.router = router
@@ -120,6 +130,8 @@ class FastPath:
         #: last time they were all forgotten
         self._generation = router.state.generation
         self._absent = 0
+        #: keys of entries changed since their copy was forgotten, to copy again
+        self._refill: set[bytes] = set()
         router.fib = self
 
     # ------------------------------------------------------------------ mirror upkeep
@@ -129,6 +141,17 @@ class FastPath:
         got = self.engine.forget_flow(key)
         if got:
             self._keep_counts(key, got[0], got[1])
+        if len(self._refill) < MAX_REFILL:
+            self._refill.add(key)
+
+    def _copy_changed(self) -> None:
+        """Copy again (some of) the entries changed since the last call."""
+        refill = self._refill
+        flows = self.router.flows
+        for _ in range(min(len(refill), REFILL_PER_CALL)):
+            key = refill.pop()
+            if key in flows:
+                self._install_flow(key)
 
     def _keep_counts(self, key: bytes, frames: int, nbytes: int) -> None:
         entry = self.router.flows.get(key)
@@ -150,6 +173,7 @@ class FastPath:
             self._keep_counts(key, frames, nbytes)
         self.engine.clear()
         self._absent = 0
+        self._refill.clear()
 
     def _install_link(self, link_id: int) -> bool:
         from flowrouter.core.tables import LinkState
@@ -233,6 +257,8 @@ class FastPath:
         if r.state.generation != self._generation:  # links or LS routes changed
             eng.forget_routes()
             self._generation = r.state.generation
+        if self._refill:
+            self._copy_changed()
         tracing = r.state.tracing
         tr = r.tracer
         counters = r.counters
