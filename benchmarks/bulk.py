@@ -154,6 +154,30 @@ def join_many(sock: socket.socket, keys: list[bytes], mask: int) -> None:
                 left -= 1
 
 
+def refresh_all(sock: socket.socket, keys: list[bytes], mask: int) -> None:
+    """One complete refresh digest round of *keys*, as flowlib sends every refresh interval.
+
+    A subscriber that never refreshes loses its flows to the router's hold time (35 s by
+    default) from the moment its link has been up that long: with 10^5 flows the joins
+    alone take about that, and the router would spend the measured window expiring them (and
+    dropping their frames) instead of forwarding. A complete round resets the hold time of
+    every flow and of the link's own sweep, which covers any run shorter than it. Sent in
+    steps of 16 chunks a tick (the router works through 20,000 digest entries a tick and
+    drops what would queue past 65,536 of one application), the last step let by too."""
+    from flowrouter.wire import control as C
+    from flowrouter.wire.flowid import LINK_LOCAL_FLOW
+
+    per = C.refresh_capacity(64 * 1024)
+    count = max(1, -(-len(keys) // per))
+    period = C.refresh_period(len(keys), C.DEFAULT_REFRESH_INTERVAL)
+    hold_ms = int(period * C.DEFAULT_HOLD_FACTOR * 1000)
+    for at in range(0, count, 16):
+        sock.sendall(b"".join(_frame(LINK_LOCAL_FLOW.key, 0, C.Refresh(
+            1, i, count, hold_ms, tuple((k, mask, 0) for k in keys[i * per:(i + 1) * per])
+        ).encode()) for i in range(at, min(count, at + 16))))
+        time.sleep(0.3)  # past the router's tick (0.25 s)
+
+
 def _answer_in_background(sock: socket.socket, kind: str, lock: Any) -> None:
     """Read and discard what a router or server sends a publisher, answering what must be
     answered (NATS PING); keeps its socket buffer from filling. The answer is written under
@@ -251,6 +275,7 @@ def worker_subscriber(p: dict[str, Any]) -> None:
         keys = flow_keys(bytes.fromhex(p["key"]), p.get("flows", 1))
         sock = flownet_attach(p["addr"], "bulk-sub", keys[0], 1 | 1 << DATA_BAND)
         join_many(sock, keys[1:], 1 | 1 << DATA_BAND)
+        refresh_all(sock, keys, 1 | 1 << DATA_BAND)
         per_msg = HEADER_SIZE + size
     else:
         lsock = socket.socket()
