@@ -4,17 +4,23 @@
  * same arguments, same results, fewer system calls and no Python loop per datagram or frame.
  *
  *   recv(fd, count, slot) -> (bytes, [((host, port), length, frames), ...], drops)
- *       up to `count` waiting datagrams (MSG_DONTWAIT), their bytes back to back; `frames`
+ *       up to `count` waiting datagrams (MSG_DONTWAIT), their bytes back to back (a receive
+ *       that GRO coalesced counts once and gives the datagrams it joined, by the segment
+ *       size its UDP_GRO cmsg names); `frames`
  *       is how many whole frames the datagram holds (0: not whole frames, or truncated);
  *       `drops` the socket's count of dropped datagrams as of the newest datagram that
  *       reported it (SO_RXQ_OVFL), else 0; nothing waiting: (b"", [], 0); an error with
  *       nothing received raises OSError.
- *   send(fd, [(sockaddr, buffers[, bundle]), ...]) -> (sent, congested, failed, errno)
+ *   send(fd, [(sockaddr, buffers[, bundle]), ...][, gso])
+ *           -> (sent, congested, failed, errno, gso_errno)
  *       the frames in each item's buffers (whole frames back to back, a frame possibly
  *       spread over consecutive buffers), packed in order into datagrams of at most
  *       `bundle` bytes and MAX_SEGMENTS pieces (bundle_frames in udpio.py: a frame that
  *       does not fit closes the datagram; 0 or absent: one frame per datagram), sent to
  *       `sockaddr`; ValueError (before anything is sent) if the buffers end inside a frame.
+ *       With `gso`, runs of equal datagrams to one address leave in one message with
+ *       UDP_SEGMENT (gso_runs in udpio.py); if the kernel refuses that (gso_errno, else 0),
+ *       that run and the rest of the call go one datagram per message.
  *   sockaddr(host, port) -> bytes: a numeric IPv4/IPv6 address in the kernel's form
  *       (ValueError for anything else).
  *
@@ -42,6 +48,17 @@
 #ifndef SO_RXQ_OVFL
 #define SO_RXQ_OVFL 40
 #endif
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#define GSO_SEGMENTS 64     /* datagrams per GSO send (the kernel's UDP_MAX_SEGMENTS) */
+#define GSO_BYTES 65507     /* bytes per GSO send (an IPv4 datagram's payload limit) */
 
 static size_t frame_size(const unsigned char *h) {
     return ((size_t)h[16] << 24) | ((size_t)h[17] << 16) | ((size_t)h[18] << 8) | (size_t)h[19];
@@ -128,7 +145,7 @@ static PyObject *udpio_recv(PyObject *self, PyObject *args) {
     struct iovec iov[MAX_BATCH];
     struct sockaddr_storage from[MAX_BATCH];
     union {
-        char buf[CMSG_SPACE(sizeof(uint32_t))];
+        char buf[CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
     } ctrl[MAX_BATCH];
     memset(msgs, 0, sizeof(struct mmsghdr) * (size_t)count);
@@ -147,52 +164,65 @@ static PyObject *udpio_recv(PyObject *self, PyObject *args) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Py_BuildValue("(y#[]i)", "", 0, 0);
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    Py_ssize_t total = 0;
+    Py_ssize_t total = 0, entries = 0;
     unsigned long drops = 0;
+    size_t gro[MAX_BATCH]; /* per message: the segment size GRO coalesced it from, or 0 */
     for (int i = 0; i < got; i++) {
-        total += (Py_ssize_t)msgs[i].msg_len;
+        size_t n = msgs[i].msg_len;
+        total += (Py_ssize_t)n;
         struct msghdr *mh = &msgs[i].msg_hdr;
+        gro[i] = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL
                     && c->cmsg_len >= CMSG_LEN(sizeof(uint32_t))) {
                 uint32_t d;
                 memcpy(&d, CMSG_DATA(c), sizeof d);
                 if (d > drops) drops = d;
+            } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO
+                       && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int gs;
+                memcpy(&gs, CMSG_DATA(c), sizeof gs);
+                if (gs > 0 && !(mh->msg_flags & MSG_TRUNC)) gro[i] = (size_t)gs;
             }
         }
+        entries += gro[i] && n > gro[i] ? (Py_ssize_t)((n + gro[i] - 1) / gro[i]) : 1;
     }
     PyObject *blob = PyBytes_FromStringAndSize(NULL, total);
-    PyObject *grams = PyList_New(got);
-    PyObject *prev = NULL; /* the previous datagram's address, reused while it repeats */
+    PyObject *grams = PyList_New(entries);
+    PyObject *addr = NULL; /* the current datagram's address (owned), reused while it repeats */
     if (!blob || !grams) goto fail;
     char *dst = PyBytes_AS_STRING(blob);
+    Py_ssize_t e = 0;
     for (int i = 0; i < got; i++) {
         size_t n = msgs[i].msg_len;
         memcpy(dst, iov[i].iov_base, n);
-        long frames = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)
-                          ? 0 : frames_in((const unsigned char *)dst, n);
-        dst += n;
         socklen_t alen = msgs[i].msg_hdr.msg_namelen;
-        PyObject *addr;
-        if (prev && alen == msgs[i - 1].msg_hdr.msg_namelen
-                && memcmp(&from[i], &from[i - 1], alen) == 0) {
-            addr = prev;
-            Py_INCREF(addr);
-        } else {
+        if (!addr || alen != msgs[i - 1].msg_hdr.msg_namelen
+                || memcmp(&from[i], &from[i - 1], alen) != 0) {
+            Py_XDECREF(addr);
             addr = addr_tuple(&from[i], alen);
             if (!addr) goto fail;
         }
-        prev = addr;
-        PyObject *item = Py_BuildValue("(Onl)", addr, (Py_ssize_t)n, frames);
-        Py_DECREF(addr); /* the item holds it; prev stays valid while grams holds the item */
-        if (!item) goto fail;
-        PyList_SET_ITEM(grams, i, item);
+        size_t seg = gro[i] && n > gro[i] ? gro[i] : n; /* GRO: the datagrams it joined */
+        size_t off = 0;
+        do {
+            size_t len = n - off < seg ? n - off : seg;
+            long frames = (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)
+                              ? 0 : frames_in((const unsigned char *)dst + off, len);
+            PyObject *item = Py_BuildValue("(Onl)", addr, (Py_ssize_t)len, frames);
+            if (!item) goto fail;
+            PyList_SET_ITEM(grams, e++, item);
+            off += len;
+        } while (off < n);
+        dst += n;
     }
+    Py_XDECREF(addr);
     PyObject *res = Py_BuildValue("(OOk)", blob, grams, drops);
     Py_DECREF(blob);
     Py_DECREF(grams);
     return res;
 fail:
+    Py_XDECREF(addr);
     Py_XDECREF(blob);
     Py_XDECREF(grams);
     return NULL;
@@ -325,10 +355,70 @@ static int plan_item(Plan *p, Py_buffer *bufs, Py_ssize_t nbufs, Py_ssize_t item
     return 0;
 }
 
+typedef union {
+    char buf[CMSG_SPACE(sizeof(uint16_t))];
+    struct cmsghdr align;
+} Ctrl;
+
+static int same_dest(const Py_buffer *a, const Py_buffer *b) {
+    return a == b || (a->len == b->len && memcmp(a->buf, b->buf, (size_t)a->len) == 0);
+}
+
+/* The messages for datagrams from..n-1 (as gso_runs in udpio.py): with gso, a run of
+ * datagrams to one address, each as large as the first (the last may be smaller), the
+ * first no larger than its item's bundle, at most GSO_SEGMENTS of them, GSO_BYTES in all
+ * and MAX_SEGMENTS pieces, leaves in one message with UDP_SEGMENT; msg_first[m] is the
+ * first datagram of message m. Returns the number of messages. */
+static Py_ssize_t build_msgs(const Plan *p, const Py_buffer *dests, const Py_ssize_t *bundles,
+                             const size_t *sizes, Py_ssize_t from, int gso,
+                             struct mmsghdr *msgs, Ctrl *ctrl, Py_ssize_t *msg_first) {
+    Py_ssize_t n = p->ngrams, nm = 0;
+    for (Py_ssize_t g = from; g < n;) {
+        Py_ssize_t h = g + 1;
+        size_t seg = sizes[g];
+        Py_ssize_t bundle = bundles[p->dest[g]];
+        if (gso && bundle > 0 && seg <= (size_t)bundle && seg > 0) {
+            size_t total = seg;
+            Py_ssize_t pieces = (g + 1 < n ? p->first[g + 1] : p->niov) - p->first[g];
+            while (h < n && h - g < GSO_SEGMENTS && sizes[h] <= seg && sizes[h] > 0
+                   && total + sizes[h] <= GSO_BYTES
+                   && same_dest(&dests[p->dest[h]], &dests[p->dest[g]])) {
+                Py_ssize_t more = (h + 1 < n ? p->first[h + 1] : p->niov) - p->first[h];
+                if (pieces + more > MAX_SEGMENTS) break;
+                pieces += more;
+                total += sizes[h];
+                h++;
+                if (sizes[h - 1] < seg) break; /* a shorter datagram ends the run */
+            }
+        }
+        Py_ssize_t end = h < n ? p->first[h] : p->niov;
+        struct msghdr *mh = &msgs[nm].msg_hdr;
+        memset(&msgs[nm], 0, sizeof msgs[nm]);
+        mh->msg_iov = p->iov + p->first[g];
+        mh->msg_iovlen = (size_t)(end - p->first[g]);
+        mh->msg_name = dests[p->dest[g]].buf;
+        mh->msg_namelen = (socklen_t)dests[p->dest[g]].len;
+        if (h - g > 1) {
+            memset(&ctrl[nm], 0, sizeof ctrl[nm]);
+            mh->msg_control = ctrl[nm].buf;
+            mh->msg_controllen = sizeof ctrl[nm].buf;
+            struct cmsghdr *c = CMSG_FIRSTHDR(mh);
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t gs = (uint16_t)seg;
+            memcpy(CMSG_DATA(c), &gs, sizeof gs);
+        }
+        msg_first[nm++] = g;
+        g = h;
+    }
+    return nm;
+}
+
 static PyObject *udpio_send(PyObject *self, PyObject *args) {
-    int fd;
+    int fd, gso = 0;
     PyObject *items_in;
-    if (!PyArg_ParseTuple(args, "iO", &fd, &items_in)) return NULL;
+    if (!PyArg_ParseTuple(args, "iO|p", &fd, &items_in, &gso)) return NULL;
     PyObject *items = PySequence_Fast(items_in, "items must be a sequence");
     if (!items) return NULL;
     Py_ssize_t nitems = PySequence_Fast_GET_SIZE(items);
@@ -339,9 +429,13 @@ static PyObject *udpio_send(PyObject *self, PyObject *args) {
     PyObject **seqs = NULL; /* each item's buffers as a fast sequence (owned) */
     Py_ssize_t nseqs = 0;
     struct mmsghdr *msgs = NULL;
+    Ctrl *ctrl = NULL;
+    size_t *sizes = NULL;
+    Py_ssize_t *bundles = NULL, *msg_first = NULL;
     dests = PyMem_Calloc((size_t)(nitems ? nitems : 1), sizeof *dests);
     seqs = PyMem_Calloc((size_t)(nitems ? nitems : 1), sizeof *seqs);
-    if (!dests || !seqs) { PyErr_NoMemory(); goto done; }
+    bundles = PyMem_Calloc((size_t)(nitems ? nitems : 1), sizeof *bundles);
+    if (!dests || !seqs || !bundles) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < nitems; i++) {
         PyObject *it = PySequence_Fast_GET_ITEM(items, i);
         if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) < 2 || PyTuple_GET_SIZE(it) > 3) {
@@ -353,6 +447,7 @@ static PyObject *udpio_send(PyObject *self, PyObject *args) {
             bundle = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 2));
             if (bundle == -1 && PyErr_Occurred()) goto done;
         }
+        bundles[i] = bundle;
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 0), &dests[ndests], PyBUF_SIMPLE) < 0)
             goto done;
         ndests++;
@@ -378,37 +473,53 @@ static PyObject *udpio_send(PyObject *self, PyObject *args) {
     }
     Py_ssize_t n = plan.ngrams;
     msgs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *msgs);
-    if (!msgs) { PyErr_NoMemory(); goto done; }
+    ctrl = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ctrl);
+    sizes = PyMem_Calloc((size_t)(n ? n : 1), sizeof *sizes);
+    msg_first = PyMem_Calloc((size_t)(n ? n : 1), sizeof *msg_first);
+    if (!msgs || !ctrl || !sizes || !msg_first) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t g = 0; g < n; g++) {
         Py_ssize_t end = g + 1 < n ? plan.first[g + 1] : plan.niov;
-        msgs[g].msg_hdr.msg_iov = plan.iov + plan.first[g];
-        msgs[g].msg_hdr.msg_iovlen = (size_t)(end - plan.first[g]);
-        msgs[g].msg_hdr.msg_name = dests[plan.dest[g]].buf;
-        msgs[g].msg_hdr.msg_namelen = (socklen_t)dests[plan.dest[g]].len;
+        for (Py_ssize_t k = plan.first[g]; k < end; k++) sizes[g] += plan.iov[k].iov_len;
     }
     long sent = 0, congested = 0, failed = 0;
-    int err = 0;
-    Py_ssize_t g = 0;
-    while (g < n) {
-        Py_ssize_t chunk = n - g < SEND_CHUNK ? n - g : SEND_CHUNK;
-        int rc = sendmmsg(fd, msgs + g, (unsigned int)chunk, MSG_DONTWAIT);
+    int err = 0, gso_err = 0;
+    Py_ssize_t nm = build_msgs(&plan, dests, bundles, sizes, 0, gso, msgs, ctrl, msg_first);
+    Py_ssize_t m = 0;
+    while (m < nm) {
+        Py_ssize_t chunk = nm - m < SEND_CHUNK ? nm - m : SEND_CHUNK;
+        int rc = sendmmsg(fd, msgs + m, (unsigned int)chunk, MSG_DONTWAIT);
         if (rc < 0) {
             if (errno == EINTR) continue;
+            Py_ssize_t segs = (m + 1 < nm ? msg_first[m + 1] : n) - msg_first[m];
+            if (segs > 1 && !gso_err && (errno == EIO || errno == EINVAL
+                    || errno == EOPNOTSUPP || errno == ENOPROTOOPT)) {
+                /* no GSO here after all: the rest, this message's datagrams included,
+                 * one by one */
+                gso_err = errno;
+                nm = build_msgs(&plan, dests, bundles, sizes, msg_first[m], 0, msgs, ctrl,
+                                msg_first);
+                m = 0;
+                continue;
+            }
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                congested++;
+                congested += segs;
             } else {
-                failed++;
+                failed += segs;
                 err = errno;
             }
-            g++; /* that datagram is lost; go on with the next */
+            m++; /* those datagrams are lost; go on with the next */
         } else {
-            sent += rc;
-            g += rc;
+            for (int k = 0; k < rc; k++, m++)
+                sent += (m + 1 < nm ? msg_first[m + 1] : n) - msg_first[m];
         }
     }
-    res = Py_BuildValue("(lllI)", sent, congested, failed, (unsigned int)err);
+    res = Py_BuildValue("(lllIi)", sent, congested, failed, (unsigned int)err, gso_err);
 done:
     PyMem_Free(msgs);
+    PyMem_Free(ctrl);
+    PyMem_Free(sizes);
+    PyMem_Free(bundles);
+    PyMem_Free(msg_first);
     for (Py_ssize_t i = 0; i < nbufs; i++) PyBuffer_Release(&bufs[i]);
     for (Py_ssize_t i = 0; i < ndests; i++) PyBuffer_Release(&dests[i]);
     for (Py_ssize_t i = 0; i < nseqs; i++) Py_DECREF(seqs[i]);

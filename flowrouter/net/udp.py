@@ -156,10 +156,13 @@ class UdpLinks:
 
     def start(self) -> None:
         self.node.loop.add_reader(self.sock.fileno(), self.readable)
+        off = self.io.offloads
         log.info("router %s listening for UDP links on %s:%d (%s; receive buffer %d "
-                 "bytes; bundles of up to %s bytes)", self.node.config.name, *self.address,
-                 self.io_info, self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
-                 self.node.config.udp_bundle)
+                 "bytes; bundles of up to %s bytes; GSO %s, GRO %s)", self.node.config.name,
+                 *self.address, self.io_info,
+                 self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
+                 self.node.config.udp_bundle, "on" if off.gso else "off",
+                 "on" if off.gro else "off")
 
     def stop(self) -> None:
         self.node.loop.remove_reader(self.sock.fileno())
@@ -176,6 +179,8 @@ class UdpLinks:
                 "buffers_capped": self.buffers_capped,
                 "kernel_drops_visible": bool(self.io.drops_visible),
                 "kernel_drops": self.kernel_drops, "bundle": self.node.config.udp_bundle,
+                "gso": self.io.offloads.gso, "gro": self.io.offloads.gro,
+                "gso_refused": self.io.offloads.gso_refused,
                 "datagrams_in": self.datagrams_in, "datagrams_out": self.datagrams_out,
                 "links_bundling": sum(1 for lk in self.links.values() if lk.bundle)}
 

@@ -19,6 +19,15 @@ frame as its own datagram, for peers that did not announce
 each datagram holds (:func:`frames_in`; 0: it is not whole frames, or was truncated), so the
 node walks headers only where the forwarding engine stops.
 
+**Offloads.** Where the kernel has them, ``send`` hands each run of equal datagrams to one
+address (:func:`gso_runs`) to the kernel in one message with ``UDP_SEGMENT`` (GSO: the
+stack is walked once per run, and the wire still sees the same datagrams), and ``recv``
+takes what ``UDP_GRO`` coalesced apart again (:func:`gro_split`). That matters for bundles
+sized to an MTU (1472 bytes); toward loopback a bundle is already as large as a datagram
+gets. A GSO send the kernel refuses (no support, a device without checksum offload, a
+segment over the MTU) turns GSO off for the socket, logged once and counted
+(``offloads.gso_refused``); ``FLOWNET_UDP_GSO=0`` keeps it off.
+
 Two implementations with the same interface and results:
 
 * :class:`PyDatagramIO` — ``recvmsg_into`` / ``sendmsg`` in a loop; the reference;
@@ -44,6 +53,7 @@ May import the standard library only (the socket is the node's).
 from __future__ import annotations
 
 import errno as _errno
+import logging
 import os
 import socket
 import sys
@@ -51,7 +61,8 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["PyDatagramIO", "NativeDatagramIO", "io_choice", "split_frames", "bundle_frames",
-           "frames_in", "enable_drop_count", "set_buffers", "BATCH", "MAX_DATAGRAM", "MAX_SEGMENTS"]
+           "frames_in", "enable_drop_count", "set_buffers", "gso_runs", "gro_split",
+           "enable_offloads", "BATCH", "MAX_DATAGRAM", "MAX_SEGMENTS"]
 
 ENV = "FLOWNET_NATIVE"
 IO_ENV = "FLOWNET_UDP_IO"
@@ -66,7 +77,19 @@ _HEADER = 24  # flowrouter.wire.header.HEADER_SIZE (not imported: this module is
 _CONGESTED = (_errno.EAGAIN, _errno.EWOULDBLOCK)
 #: Linux's SO_RXQ_OVFL (a cmsg with the socket's drop count on each datagram read)
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
-_ANC_SPACE = socket.CMSG_SPACE(4)
+#: Linux's UDP segmentation offload (send) and receive coalescing options (SOL_UDP)
+SOL_UDP = getattr(socket, "SOL_UDP", 17)
+UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
+UDP_GRO = getattr(socket, "UDP_GRO", 104)
+#: datagrams one GSO send carries at most (the kernel's UDP_MAX_SEGMENTS), and bytes
+GSO_SEGMENTS = 64
+GSO_BYTES = 65507
+GSO_ENV = "FLOWNET_UDP_GSO"
+_ANC_SPACE = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(4)
+#: errors of a GSO send that mean "not here" (no kernel support, a device without checksum
+#: offload, a segment over the path's MTU): its datagrams go one by one from then on
+_NO_GSO = (_errno.EIO, _errno.EINVAL, _errno.EOPNOTSUPP, _errno.ENOPROTOOPT)
+log = logging.getLogger("flowrouter.net.runtime")
 
 SendResult = tuple[int, int, int, int]
 Gram = tuple[tuple[str, int], int, int]
@@ -185,26 +208,108 @@ def bundle_frames(frames: list[list[memoryview]], bundle: int) -> list[list[memo
     return grams
 
 
-def _drop_count(ancdata: list[tuple[int, int, bytes]]) -> int:
+def gso_runs(grams: Sequence[tuple[Any, int, int, int]]) -> list[int]:
+    """How many datagrams each send carries with GSO, for *grams* ``(dest, size, pieces,
+    bundle)`` in order: a run of datagrams to one destination, each as large as the first
+    (the last may be smaller; a smaller one ends the run), the first no larger than its
+    *bundle* (bundles are sized for the path, so segments fit its MTU), at most
+    :data:`GSO_SEGMENTS` datagrams, :data:`GSO_BYTES` bytes and :data:`MAX_SEGMENTS` pieces.
+    A run of one is a plain datagram. The compiled send groups by the same rule."""
+    runs: list[int] = []
+    n = len(grams)
+    g = 0
+    while g < n:
+        dest, seg, pieces, bundle = grams[g]
+        h = g + 1
+        if 0 < seg <= bundle:
+            total = seg
+            while h < n and h - g < GSO_SEGMENTS:
+                d2, size, more, _b = grams[h]
+                if (not 0 < size <= seg or total + size > GSO_BYTES or d2 != dest
+                        or pieces + more > MAX_SEGMENTS):
+                    break
+                pieces += more
+                total += size
+                h += 1
+                if size < seg:
+                    break
+        runs.append(h - g)
+        g = h
+    return runs
+
+
+def gro_split(size: int, gro: int) -> list[int]:
+    """The datagrams a receive of *size* bytes coalesced by GRO from *gro*-byte segments
+    holds (the last may be smaller); ``[size]`` without GRO."""
+    if gro <= 0 or size <= gro:
+        return [size]
+    return [min(gro, size - off) for off in range(0, size, gro)]
+
+
+def enable_offloads(sock: socket.socket, gso: bool | None = None) -> tuple[bool, bool]:
+    """Turn on receive coalescing (``UDP_GRO``) on *sock* and check that segmentation
+    offload (``UDP_SEGMENT``) is there: ``(gso, gro)``, each False where the kernel lacks it.
+    *gso* None follows ``FLOWNET_UDP_GSO`` (``0``: off), else on where supported."""
+    if gso is None:
+        gso = os.environ.get(GSO_ENV, "").strip().lower() not in ("0", "off", "no", "false")
+    if gso:
+        try:
+            sock.setsockopt(SOL_UDP, UDP_SEGMENT, 0)  # 0: no default segment size
+        except OSError:
+            gso = False
+    try:
+        sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+        gro = True
+    except OSError:
+        gro = False
+    return gso, gro
+
+
+def _ancillary(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int]:
+    """(the socket's drop count, the GRO segment size) a datagram read carried, 0 if not."""
+    drops = gro = 0
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
-            return int.from_bytes(data[:4], sys.byteorder)  # a host-order uint32
-    return 0
+            drops = int.from_bytes(data[:4], sys.byteorder)  # a host-order uint32
+        elif level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
+            gro = int.from_bytes(data[:4], sys.byteorder, signed=True)
+    return drops, gro
+
+
+class _Offloads:
+    """GSO and GRO on one socket, shared by both twins: what the kernel offers, and GSO
+    turned off for good (counted, logged once) when a send shows it does not work here."""
+
+    __slots__ = ("gso", "gro", "gso_refused")
+
+    def __init__(self, sock: socket.socket, gso: bool | None) -> None:
+        self.gso, self.gro = enable_offloads(sock, gso)
+        #: GSO sends the kernel refused (then GSO is off for this socket)
+        self.gso_refused = 0
+
+    def refused(self, err: int) -> None:
+        self.gso_refused += 1
+        if self.gso:
+            self.gso = False
+            log.warning("UDP segmentation offload refused by the kernel (%s): sending "
+                        "datagrams one by one from now on", os.strerror(err))
 
 
 class PyDatagramIO:
-    """The reference: one ``recvmsg_into`` / ``sendmsg`` per datagram."""
+    """The reference: one ``recvmsg_into`` / ``sendmsg`` per datagram (or per GSO run)."""
 
     native = False
     description = "Python datagram loop (recvmsg_into / sendmsg per datagram)"
 
-    __slots__ = ("sock", "batch", "drops_visible", "_buf", "_view")
+    __slots__ = ("sock", "batch", "drops_visible", "offloads", "_buf", "_view")
 
-    def __init__(self, sock: socket.socket, batch: int = BATCH) -> None:
+    def __init__(self, sock: socket.socket, batch: int = BATCH, gso: bool | None = None
+                 ) -> None:
         self.sock = sock
         self.batch = max(1, batch)
         #: whether the kernel reports receive-buffer drops on this socket (SO_RXQ_OVFL)
         self.drops_visible = enable_drop_count(sock)
+        self.offloads = _Offloads(sock, gso)
         self._buf = bytearray(MAX_DATAGRAM * self.batch)
         self._view = memoryview(self._buf)
 
@@ -213,10 +318,10 @@ class PyDatagramIO:
         return addr
 
     def recv(self) -> RecvResult:
-        """Up to ``batch`` waiting datagrams: (their bytes back to back, [(from, length,
-        whole frames)], the socket's drop count as of the newest datagram, 0 if not
-        reported). Nothing waiting: ``(b"", [], 0)``. An error with nothing received
-        raises OSError."""
+        """Up to ``batch`` waiting datagrams (a GRO receive counts once and gives the
+        datagrams it joined): (their bytes back to back, [(from, length, whole frames)],
+        the socket's drop count as of the newest datagram, 0 if not reported). Nothing
+        waiting: ``(b"", [], 0)``. An error with nothing received raises OSError."""
         sock, view = self.sock, self._view
         grams: list[Gram] = []
         pos = drops = 0
@@ -230,30 +335,52 @@ class PyDatagramIO:
                 if grams:
                     break  # reported by the next call
                 raise
-            if anc:
-                drops = max(drops, _drop_count(anc))
-            frames = 0 if flags & socket.MSG_TRUNC else frames_in(view[pos:pos + n])
-            pos += n
-            grams.append(((addr[0], addr[1]), n, frames))
+            dropped, gro = _ancillary(anc) if anc else (0, 0)
+            drops = max(drops, dropped)
+            src = (addr[0], addr[1])
+            truncated = bool(flags & socket.MSG_TRUNC)
+            for size in gro_split(n, 0 if truncated else gro):
+                grams.append((src, size, 0 if truncated else frames_in(view[pos:pos + size])))
+                pos += size
         return bytes(view[:pos]), grams, drops
 
     def send(self, items: Sequence[tuple[Any, ...]]) -> SendResult:
         """Send the frames of *items* (``(dest, buffers[, bundle])``) in datagrams packed
-        by :func:`bundle_frames` (a frame per datagram without *bundle*)."""
-        plan = [(it[0], bundle_frames(split_frames(it[1]), it[2] if len(it) > 2 else 0))
-                for it in items]
-        sock = self.sock
+        by :func:`bundle_frames` (a frame per datagram without *bundle*); with GSO, runs of
+        them (:func:`gso_runs`) leave in one send each."""
+        flat: list[tuple[Any, list[memoryview], int]] = []
+        for it in items:
+            bundle = it[2] if len(it) > 2 else 0
+            flat += [(it[0], g, bundle)
+                     for g in bundle_frames(split_frames(it[1]), bundle)]
+        sock, off = self.sock, self.offloads
         sent = congested = failed = err = 0
-        for dest, grams in plan:
-            for segs in grams:
-                try:
-                    sock.sendmsg(segs, (), 0, dest)
-                    sent += 1
-                except BlockingIOError:
-                    congested += 1
-                except OSError as exc:
-                    failed += 1
-                    err = exc.errno or 0
+        i = 0
+        runs = gso_runs([(d, sum(map(len, g)), len(g), b) for d, g, b in flat]) \
+            if off.gso else [1] * len(flat)
+        k = 0
+        while k < len(runs):
+            run = runs[k]
+            dest, segs, _b = flat[i]
+            anc = []
+            if run > 1:
+                segs = [s for _d, g, _b2 in flat[i:i + run] for s in g]
+                size = sum(map(len, flat[i][1]))
+                anc = [(SOL_UDP, UDP_SEGMENT, size.to_bytes(2, sys.byteorder))]
+            try:
+                sock.sendmsg(segs, anc, 0, dest)
+                sent += run
+            except BlockingIOError:
+                congested += run
+            except OSError as exc:
+                if run > 1 and exc.errno in _NO_GSO and off.gso:
+                    off.refused(exc.errno or 0)  # this run and the rest, one by one
+                    runs = runs[:k] + [1] * (len(flat) - i)
+                    continue
+                failed += run
+                err = exc.errno or 0
+            i += run
+            k += 1
         return sent, congested, failed, err
 
 
@@ -263,9 +390,10 @@ class NativeDatagramIO:
     native = True
     description = "compiled datagram batches (recvmmsg / sendmmsg, flowrouter.net._udpio)"
 
-    __slots__ = ("sock", "batch", "fd", "drops_visible", "_mod")
+    __slots__ = ("sock", "batch", "fd", "drops_visible", "offloads", "_mod")
 
-    def __init__(self, sock: socket.socket, batch: int = BATCH) -> None:
+    def __init__(self, sock: socket.socket, batch: int = BATCH, gso: bool | None = None
+                 ) -> None:
         from flowrouter.net import _udpio  # type: ignore[attr-defined]
 
         self._mod = _udpio
@@ -273,6 +401,7 @@ class NativeDatagramIO:
         self.batch = max(1, min(batch, _udpio.MAX_BATCH))
         self.fd = sock.fileno()
         self.drops_visible = enable_drop_count(sock)
+        self.offloads = _Offloads(sock, gso)
 
     def dest(self, addr: tuple[str, int]) -> Any:
         """The socket address of *addr* in the kernel's form (names resolved once here)."""
@@ -287,7 +416,11 @@ class NativeDatagramIO:
         return self._mod.recv(self.fd, self.batch, MAX_DATAGRAM)  # type: ignore[no-any-return]
 
     def send(self, items: Sequence[tuple[Any, ...]]) -> SendResult:
-        return self._mod.send(self.fd, items)  # type: ignore[no-any-return]
+        off = self.offloads
+        sent, congested, failed, err, gso_err = self._mod.send(self.fd, items, off.gso)
+        if gso_err:
+            off.refused(gso_err)
+        return sent, congested, failed, err
 
 
 def _native() -> tuple[Any, str]:
