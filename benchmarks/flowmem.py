@@ -11,6 +11,8 @@ flow as traffic would. ``tracemalloc`` counts both: the engine allocates with
 bytes are the traced growth while the mirror fills.
 
     python3 benchmarks/flowmem.py --flows 1000000
+
+``--quick`` is a seconds-long smoke run (10^4 flows); ``--flows`` still overrides it.
 """
 
 from __future__ import annotations
@@ -67,18 +69,24 @@ def measure(n: int, build: str, engine: str) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--flows", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--flows", type=int, nargs="+",
+                    help="table sizes (default: 100000 1000000, or 10000 with --quick)")
     ap.add_argument("--build", choices=("join", "direct"), default="direct")
     ap.add_argument("--engine", choices=("native", "twin"), default="native")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 10^4 flows, a second or two")
     ap.add_argument("--out", help="write the JSON result here")
     args = ap.parse_args()
+    if not args.flows:
+        args.flows = [10_000] if args.quick else [100_000, 1_000_000]
     rows = [measure(n, args.build, args.engine) for n in args.flows]
     common.say(common.table(rows, [
         ("flows", "flows", ">,d"), ("engine", "engine", "<"),
         ("core_bytes_per_flow", "core B/flow", ">.0f"),
         ("engine_bytes_per_flow", "engine B/flow", ">.0f"),
         ("total_bytes_per_flow", "total B/flow", ">.0f")]))
-    result = {"machine": common.machine_info(), "command": " ".join(sys.argv), "rows": rows}
+    result = {"machine": common.machine_info(), "command": " ".join(sys.argv),
+              "quick": args.quick, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
