@@ -187,6 +187,45 @@ def test_frames_in_an_emulated_delay_line_go_on_when_emulation_ends(make_node: M
     assert src.reading and node.flow.control.pending(1) == 0
 
 
+def test_a_brief_push_back_keeps_whole_batches_and_writes_them_at_once(
+        make_node: MakeNode) -> None:
+    """A receiver behind for a moment: what the fast path gathered for it waits whole (no
+    queue, no work per frame) holding its input's credit, and goes in one gathered write
+    when the transport resumes; past ``hold_max`` it moves into the fair queue, in order,
+    and a queue drains in gathered writes too."""
+    node = make_node(link_credit=64 * 1024)
+    fc = node.flow.control
+    src, x = _Link(node, 1), _Link(node, 2)
+    writes: list[bytes] = []
+    x.out.write_many = lambda bufs: writes.append(b"".join(bytes(b) for b in bufs))
+    x.out.pause()
+
+    def batch(n: int, tag: int) -> bytes:
+        return b"".join(pack_header(FLOW.key, 16, 40) + bytes([tag, i % 256]) * 8 for i in range(n))
+
+    small = [batch(100, 1), batch(100, 2)]
+    for b in small:
+        reads = node.begin_read(1)
+        x.out.send_frames(b, 100)
+        reads.end()
+    assert x.out.queue is None and x.out.held_bytes == 8000 and not writes
+    assert fc.pending(1) == 8000 and src.reading  # credit held, under the limit
+    x.out.resume()
+    assert writes == [b"".join(small)] and x.out.held_bytes == 0 and fc.pending(1) == 0
+    writes.clear()
+    x.out.pause()
+    big = [batch(1000, 3), batch(1000, 4)]  # 40 KB each: the second overflows hold_max
+    for b in big:
+        reads = node.begin_read(1)
+        x.out.send_frames(b, 1000)
+        reads.end()
+    assert x.out.queue is not None and x.out.held_bytes == 0 and fc.pending(1) == 80_000
+    assert not src.reading  # over its credit
+    x.out.resume()
+    assert b"".join(writes) == b"".join(big) and len(writes) == 1
+    assert src.reading and fc.pending(1) == 0 and x.out.queue is None
+
+
 def test_fed_follows_the_frames_written_not_the_routers_own(make_node: MakeNode) -> None:
     """What an output was last fed by decides holds: frames drained from its queue count,
     the router's own notices (no input) do not."""
