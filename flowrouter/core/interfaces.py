@@ -12,10 +12,11 @@ The calls form no cycle, so the Router builds the parts bottom up::
     membership   <- admission (JoinAdmission), appmembers (MemberLog)
     lsexchange   <- membership (TreeRepair), admission (Alerts)
     softstate    <- membership (TreeUpkeep), lsexchange (SiblingMasks), locality (RttSink)
-    links        <- admission (LinkAdmission), lsexchange (RouteAdvertiser),
-                    membership (LinkLoss), softstate (LinkLiveness), locality (LinkMeters)
     forwarding   <- admission (SendCheck)
     regionedge   <- membership (RegionTrees), forwarding (FrameForwarder)   (edges only)
+    links        <- admission (LinkAdmission), lsexchange (RouteAdvertiser),
+                    membership or, at an edge, regionedge (LinkLoss),
+                    softstate (LinkLiveness), locality (LinkMeters)
 
 Two calls would close a cycle and are returned to the Router instead: a peer the soft state
 finds dead (``SoftState.tick`` returns it; the Router closes the link), and the members a new
@@ -149,7 +150,9 @@ class LinkMeters(Protocol):
 
 class RegionTrees(Protocol):
     """Membership, for a region edge: the region, as one neighbour, joins, changes its
-    mask, leaves, and answers our joins."""
+    mask, leaves, and answers our joins; entries move when the region's exit for their
+    location service moves; and (the edge stands between the links part and membership)
+    a closed link's repair."""
 
     def on_join(self, link: Link, key: bytes, msg: C.Join, now: float) -> list[Action]: ...
 
@@ -159,6 +162,10 @@ class RegionTrees(Protocol):
     def on_mask(self, link: Link, key: bytes, msg: C.Mask, now: float) -> list[Action]: ...
 
     def on_leave(self, link: Link, key: bytes, now: float) -> list[Action]: ...
+
+    def regraft(self, key: bytes, now: float) -> list[Action]: ...
+
+    def link_down(self, link: Link, reason: str, now: float) -> list[Action]: ...
 
 
 class FrameForwarder(Protocol):

@@ -114,6 +114,14 @@ class LsRouting:
         """Route *lsid* through *link_id* whatever the vectors say."""
         self.pinned[lsid] = link_id
 
+    def unpin(self, lsid: int) -> None:
+        self.pinned.pop(lsid, None)
+
+    def best(self, lsid: int) -> tuple[int, int | None] | None:
+        """(distance, link) of the best route the vectors give (pins aside; link None: we
+        are a core), or None: what a region edge offers as an exit."""
+        return self._best.get(lsid)
+
     def link_for(self, lsid: int) -> int | None:
         pinned = self.pinned.get(lsid)
         if pinned is not None:

@@ -328,6 +328,33 @@ class Membership:
         self.state.notices.prune(link.link_id, key)
         return self.after_change(key, entry, now, "refused")
 
+    def regraft(self, key: bytes, now: float) -> list[Action]:
+        """The route toward the flow's core changed under a live entry (a backbone
+        region's exit moved, flowrouter.core.regionedge): leave the old upstream and join
+        by the new route. Members keep their local delivery meanwhile; no route: an
+        orphan, retried like any other."""
+        entry = self.flows.get(key)
+        if entry is None:
+            return []
+        lsid = key_lsid(key)
+        up = None if lsid in self.p.core_lsids else self.routing.link_for(lsid)
+        old = entry.upstream
+        if up == old:
+            return []
+        out: list[Action] = []
+        if old is not None and old in self.links:
+            self.links[old].dependent.discard(key)
+            out.append(control_frame(old, key, C.Leave()))
+        entry.upstream = None
+        entry.joined = False
+        entry.up_req = None
+        self.state.entry_changed(key)
+        out += self._rejoin(key, entry, now)
+        if entry.upstream is None and not entry.joined:
+            self.counters["flows.orphaned"] += 1
+            self._orphans.add(key)
+        return out
+
     def retry_orphans(self, now: float) -> list[Action]:
         """Routes changed: graft cut-off subtrees back now rather than at the next tick's
         retry."""
