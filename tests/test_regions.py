@@ -81,12 +81,15 @@ def test_region_messages_round_trip() -> None:
     key = F10.key
     for msg in (R.Join(key, 3, 77, 1 << 40), R.Ack(key, 77, 2, "no"), R.Mask(key, 1, 5),
                 R.Leave(key, 9), R.Bind(key, 4, ((0, 1 << 100), (3, 6))),
-                R.Digest(2, ((key, 1 << 33, 7), (key, 2, 0))), R.Data(5, bytes(24) + b"x")):
+                R.Digest(2, ((key, 1 << 33, 7), (key, 2, 0))), R.Data(5, bytes(24) + b"x"),
+                R.Exits(3, ((0x10, 0), (0x7E00_0001, 7))), R.Exits(1, ())):
         assert R.decode(R.encode(msg)) == msg
     with pytest.raises(R.BadRegionMessage):
         R.decode(b"\x09")
     with pytest.raises(R.BadRegionMessage):
         R.decode(bytes([R.BIND]) + bytes(10))
+    with pytest.raises(R.BadRegionMessage):
+        R.decode(R.encode(R.Exits(3, ((0x10, 0),)))[:-1])
 
 
 # ---------------------------------------------------------------- the topology
@@ -265,9 +268,13 @@ def test_the_exit_forgets_an_edge_that_stops_refreshing() -> None:
     join_three(net)
     e0 = net.routers["e0"]
     assert e0.status()["region"]["flows_as_exit"] == 1
-    # e1 and e2 go silent for the region (their region messages are lost)
-    net.set_control_loss(1.0, ["e2-c1", "e1-c0", "e1-c1"])
+    # e1 and e2 go silent for the region (cut off from it: their digests stop arriving;
+    # a loss of control frames alone no longer silences them, as the edges' exit offers,
+    # on a data band, keep their links alive)
+    for name in ("e2-c1", "e1-c0", "e1-c1"):
+        net.link_down(name)
     net.run_for(8.0)
+    assert e0.counters["region.expired"] == 2
     entry = e0.flows[F10.key]
     assert R.REGION_LINK not in entry.down
 

@@ -16,8 +16,14 @@ state ever takes them for sockets) stand for it.
   forwarded to it is unwrapped and forwarded again, as the end flow's frame arriving from
   ``REGION_LINK``, with the end flow's own masks, TTL and locality.
 
-The exit of an end flow keeps the flow's edges and their masks (refreshed by the edges'
-digests, held for the hold time) and tells each of them the set (BIND). An edge sending
+An end flow's exit is the edge through which the region reaches the flow's location
+service, learned from the LS routes (:mod:`flowrouter.core.regionexits`); when it moves,
+every edge moves the flows of that LSID (:meth:`RegionEdge.sync`): a member edge leaves the
+old exit and refreshes its joins at the new one at once, the old exit forgets the flows'
+edges and re-grafts what it still needs through the region, the new one re-grafts outside
+and takes the edges' joins. The exit of an end flow keeps the flow's edges and their
+masks (refreshed by the edges' digests, held for the hold time) and tells each of them the
+set (BIND). An edge sending
 into the region picks, for each group of edges the set touches, the aggregate the
 catalogue's policy gives (:class:`~flowrouter.core.aggregates.Catalogue`) for the edges
 that want the frame's band: masks filter at the ingress edge, and a copy reaches at most
@@ -26,7 +32,7 @@ under a policy is never padded: a copy whose aggregate would reach an edge witho
 goes to each member edge's inbox instead, so no edge a policy excludes receives it.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
-tables, regions, aggregates); never another part.
+tables, regions, regionexits, aggregates); never another part.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from flowrouter.core import regions as R
 from flowrouter.core.actions import Action, Send
 from flowrouter.core.aggregates import Catalogue
 from flowrouter.core.interfaces import FrameForwarder, RegionTrees
-from flowrouter.core.state import ZERO_LSID, RouterState
+from flowrouter.core.regionexits import ExitTable
+from flowrouter.core.state import ZERO_LSID, RouterState, log
 from flowrouter.core.tables import Link, LinkState
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import ALL_BANDS, BAND_REGION, ROUTER_BANDS_END
@@ -72,8 +79,11 @@ class RegionEdge:
         self.inbox = rp.inbox_key(self.me)
         state.local_keys.add(self.inbox)  # the fast path leaves our inbox to us
         self.creator = rp.creator.to_bytes(8, "big")
-        self.exits = {lsid: rp.edges.index(name) for lsid, name in rp.exits
-                      if name in rp.edges}
+        #: which edge is each LSID's exit (learned; the operator's override first)
+        self.exit_table = ExitTable(rp)
+        self.exits = dict(self.exit_table.exits)
+        #: the routing generation the exits were last elected at
+        self._generation = -1
         mp = state.p.max_payload - HEADER_SIZE - 8
         self.region = Link(R.REGION_LINK, "region", f"region {rp.name}",
                            rp.modifiers.as_tuple(), state=LinkState.REGION,
@@ -122,6 +132,133 @@ class RegionEdge:
     def owns(self, header: memoryview | bytes) -> bool:
         """A frame of this edge's inbox flow: a message from another edge."""
         return header[:16] == self.inbox
+
+    # ------------------------------------------------------------------ exits
+    def sync(self, now: float) -> list[Action]:
+        """Links or LS routes changed since we last looked: offer, elect, move the flows of
+        every LSID whose exit moved (cheap when nothing changed: one comparison)."""
+        if self.state.generation == self._generation:
+            return []
+        out, moves = self._elect(now)
+        return out + self._move(moves, now)
+
+    def link_down(self, link: Link, reason: str, now: float) -> list[Action]:
+        """A link closed (the links part calls this in membership's place): elect first,
+        so no flow re-grafts by a route the new exit makes wrong; then membership's repair,
+        while the old exits still carry its faults to the region's edges (ahead of our new
+        offer, which makes the edges move); then the moves."""
+        told, moves = self._elect(now)
+        out = self.outbound(self.trees.link_down(link, reason, now), now)
+        return out + told + self._move(moves, now)
+
+    def _reaches(self, edge: int) -> bool:
+        return self.state.routing.link_for(self.rp.inbox_lsid(edge)) is not None
+
+    def _elect(self, now: float) -> tuple[list[Action], dict[int, tuple[int | None, int | None]]]:
+        """Tell the edges our offer when it changed (or they newly reach us), elect, and
+        pin the routes of the LSIDs whose exit moved: {LSID: (old exit, new exit)}."""
+        st = self.state
+        self._generation = st.generation
+        table = self.exit_table
+        reach = {e for e in range(len(self.rp.edges)) if e != self.me and self._reaches(e)}
+        offer = table.offer(st.routing, st.links)
+        if offer != table.mine:
+            table.mine = offer
+            targets = reach
+        else:
+            targets = reach - table.told if offer else set()
+        table.told = reach if offer else set()
+        out: list[Action] = []
+        if targets:
+            msg = R.Exits(self.me, tuple(sorted(offer.items())))
+            for edge in sorted(targets):
+                out += self._to_edge(edge, msg, now)
+        new = table.elect(reach.__contains__)
+        moves = {lsid: (self.exits.get(lsid), new.get(lsid))
+                 for lsid in set(self.exits) | set(new)
+                 if self.exits.get(lsid) != new.get(lsid)}
+        for lsid, (_, to) in moves.items():
+            if to is not None and to != self.me:
+                st.routing.pin(lsid, R.REGION_LINK)
+            else:
+                st.routing.unpin(lsid)
+        if moves:
+            st.generation += 1  # routes changed: the fast path forgets its mirrored ones
+            self._generation = st.generation
+        return out, moves
+
+    def _move(self, moves: dict[int, tuple[int | None, int | None]], now: float
+              ) -> list[Action]:
+        """The exits moved: every flow of those LSIDs follows (see the module docs)."""
+        if not moves:
+            return []
+        names = self.rp.edges
+        for lsid, (old, new) in moves.items():
+            if new is None:
+                self.exits.pop(lsid, None)
+            else:
+                self.exits[lsid] = new
+            self.counters["region.exit-moves"] += 1
+            log.info("region %s: the exit for location service %#x is now %s (was %s)",
+                     self.rp.name, lsid, "none" if new is None else names[new],
+                     "none" if old is None else names[old])
+        by_lsid: dict[int, list[bytes]] = {}
+        for key in self.flows:
+            lsid = key_lsid(key)
+            if lsid in moves:
+                by_lsid.setdefault(lsid, []).append(key)
+        for key in self.members:
+            lsid = key_lsid(key)
+            if lsid in moves and key not in self.flows:
+                by_lsid.setdefault(lsid, []).append(key)
+        out: list[Action] = []
+        for lsid, (old, new) in sorted(moves.items()):
+            out += self._move_flows(sorted(by_lsid.get(lsid, ())), old, new, now)
+        return out
+
+    def _move_flows(self, keys: list[bytes], old: int | None, new: int | None, now: float
+                    ) -> list[Action]:
+        me = self.me
+        out: list[Action] = []
+        refresh: list[bytes] = []
+        for key in keys:
+            self._plans.pop(key, None)  # planned by what the old exit knew
+            if old == me:  # the edges join the new exit (or cross unwrapped): forget them
+                self.members.pop(key, None)
+                self.versions.pop(key, None)
+                self.waiting.pop(key, None)
+                entry = self.flows.get(key)
+                if entry is not None and entry.has_down(R.REGION_LINK):
+                    out += self.outbound(self.trees.on_leave(self.region, key, now), now)
+            entry = self.flows.get(key)
+            if entry is None:
+                continue
+            if entry.upstream == R.REGION_LINK:
+                if old is not None and old != me and self._reaches(old):
+                    out += self._to_edge(old, R.Leave(key, me), now)
+                held = self.bound.pop(key, None)
+                if new is not None and new != me:
+                    if held is not None:  # the same edges until the new exit binds
+                        self.bound[key] = (0, held[1])
+                    refresh.append(key)
+            out += self.outbound(self.trees.regraft(key, now), now)
+        if refresh:  # our joins, at the new exit now rather than at the next interval
+            out += self._digests(now, refresh)
+        if new == me:  # joins the edges sent us before we knew we were the exit
+            for key in keys:
+                if self.members.get(key):
+                    out += self._adopt(key, now)
+        return out
+
+    def _adopt(self, key: bytes, now: float) -> list[Action]:
+        held = self.members[key]
+        union = 0
+        for m, _ in held.values():
+            union |= m
+        req = self._next_req
+        self._next_req = (req + 1) & 0xFFFFFFFF or 1
+        acts = self.trees.on_join(self.region, key, C.Join(req, union), now)
+        return self._rebind(key, now) + self.outbound(acts, now)
 
     # ------------------------------------------------------------------ actions out
     def outbound(self, actions: list[Action], now: float) -> list[Action]:
@@ -242,7 +379,7 @@ class RegionEdge:
         per_band = self._plans.get(key)
         if skip is None and not exact and per_band is not None and band in per_band:
             return per_band[band]
-        held = self.members.get(key)
+        held = self.members.get(key) if self.exit_of(key) == self.me else None
         if held:
             masks = {e: m for e, (m, _) in held.items()}
         else:
@@ -289,6 +426,10 @@ class RegionEdge:
                                                  msg.reason), now), now)
         if isinstance(msg, R.Bind):
             return self._on_bind(msg)
+        if isinstance(msg, R.Exits):
+            self.exit_table.heard(msg.edge, msg.items, now)
+            out, moves = self._elect(now)
+            return out + self._move(moves, now)
         return self._on_digest(msg, now)
 
     def _on_data(self, msg: R.Data, now: float) -> list[Action]:
@@ -302,7 +443,8 @@ class RegionEdge:
         self.counters["region.unwrapped"] += 1
         hdr, payload = frame[:HEADER_SIZE], frame[HEADER_SIZE:]
         out = self.forward(R.REGION_LINK, self.region, hdr, payload, band, now)
-        if self.members.get(key) and msg.edge not in self.members[key]:
+        if (self.members.get(key) and msg.edge not in self.members[key]
+                and self.exit_of(key) == self.me):
             # a non-member's frame met the tree here: on to the flow's other edges
             out += self._wrap(key, hdr, payload, band, now, skip=msg.edge)
         return out
@@ -311,7 +453,9 @@ class RegionEdge:
         entry = self.flows.get(msg.flow)
         held = self.bound.get(msg.flow)
         if entry is None or entry.upstream != R.REGION_LINK or (
-                held is not None and held[0] >= msg.version):
+                held is not None and held[0] >= msg.version) or (
+                not msg.members or msg.members[0][0] != self.exit_of(msg.flow)):
+            # (a BIND lists its exit first: one from an exit that is one no more is stale)
             self.counters["region.stale-bind"] += 1
             return []
         self.bound[msg.flow] = (msg.version, dict(msg.members))
@@ -324,11 +468,20 @@ class RegionEdge:
         held = self.members.setdefault(key, {})
         old = held.get(edge)
         if mask is None:
-            if old is None:
-                return []
-            del held[edge]
+            held.pop(edge, None)
         else:
             held[edge] = (mask, now)
+        if self.exit_of(key) != self.me:
+            # not the exit in our view (yet): kept for when we are (_adopt), else expired
+            self.counters["region.not-exit"] += 1
+            if not held:
+                del self.members[key]
+                self.waiting.pop(key, None)
+            return []
+        if mask is None and old is None:
+            if not held:
+                del self.members[key]
+            return []
         self._plans.pop(key, None)
         union = 0
         for m, _ in held.values():
@@ -371,7 +524,8 @@ class RegionEdge:
                 out += self._member(key, msg.edge, mask, now)
             else:
                 self.members[key][msg.edge] = (mask, now)
-            if key in self.members and self.versions.get(key) != version:
+            if (key in self.members and self.versions.get(key) != version
+                    and self.exit_of(key) == self.me):
                 cur = self.versions.get(key, 0)
                 held_all = self.members[key]
                 members = ((self.me, AGGREGATE_MASK),
@@ -381,7 +535,7 @@ class RegionEdge:
 
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> list[Action]:
-        out: list[Action] = []
+        out = self.sync(now)
         if now >= self._join_at:
             self._join_at = now + JOIN_RETRY
             for agg in self.aggregates:
@@ -395,13 +549,28 @@ class RegionEdge:
             self._digest_at = now + self.state.p.refresh_interval
             out += self._digests(now)
             out += self._expire(now)
+            out += self._repeat_offer(now)
         return out
 
-    def _digests(self, now: float) -> list[Action]:
-        """Refresh our joins at their exits (a lost JOIN, MASK, LEAVE or BIND is repaired
-        within one interval)."""
+    def _repeat_offer(self, now: float) -> list[Action]:
+        """Soft state: our offer again to every edge we reach; offers not repeated for the
+        hold time are forgotten (and the exits elected again)."""
+        table = self.exit_table
+        table.expire(now, self.state.p.hold)
+        out: list[Action] = []
+        if table.mine:
+            msg = R.Exits(self.me, tuple(sorted(table.mine.items())))
+            for edge in range(len(self.rp.edges)):
+                if edge != self.me and self._reaches(edge):
+                    out += self._to_edge(edge, msg, now)
+        acts, moves = self._elect(now)
+        return out + acts + self._move(moves, now)
+
+    def _digests(self, now: float, keys: list[bytes] | None = None) -> list[Action]:
+        """Refresh our joins (or those of *keys*) at their exits (a lost JOIN, MASK, LEAVE
+        or BIND is repaired within one interval)."""
         per_exit: dict[int, list[tuple[bytes, int, int]]] = {}
-        for key in sorted(self.region.dependent):
+        for key in sorted(self.region.dependent) if keys is None else keys:
             entry = self.flows.get(key)
             exit_edge = self.exit_of(key)
             if entry is None or entry.upstream != R.REGION_LINK or exit_edge is None:
@@ -435,4 +604,8 @@ class RegionEdge:
                 joined += 1
         return {"region": self.rp.name, "edge": self.rp.me, "index": self.me,
                 "aggregates": len(self.aggregates), "aggregates_joined": joined,
-                "flows_as_exit": len(self.members), "flows_bound": len(self.bound)}
+                "flows_as_exit": sum(1 for k in self.members if self.exit_of(k) == self.me),
+                "flows_bound": len(self.bound),
+                "exits": {f"{lsid:#x}": self.rp.edges[e] for lsid, e in sorted(self.exits.items())},
+                "exit_offers": {self.rp.edges[e]: len(items) for e, (items, _) in
+                                sorted(self.exit_table.offers.items())}}

@@ -21,6 +21,8 @@ LEAVE     flow, edge: the edge wants the flow no more
 BIND      flow, version, (edge, mask)*: the flow's edges, from its exit to them
 DIGEST    edge, (flow, mask, bind version)*: the edge's refresh of its joins
 DATA      edge, an end flow's whole frame: toward its exit, or to one member edge
+EXITS     edge, (LSID, distance)*: the location services the edge reaches without
+          crossing the region (its best LS route leaves it), so it may be their exit
 ========  ===================================================================
 
 May import :mod:`flowrouter.wire` and :mod:`flowrouter.core.tables`.
@@ -35,7 +37,7 @@ from typing import NamedTuple
 
 from flowrouter.core.tables import Modifiers
 
-JOIN, ACK, MASK, LEAVE, BIND, DIGEST, DATA = range(1, 8)
+JOIN, ACK, MASK, LEAVE, BIND, DIGEST, DATA, EXITS = range(1, 9)
 #: link ids of an edge's two sides of its region (never a real link's: shells number links
 #: from 1 and upward, far below these): the region as one neighbour, and the aggregates'
 #: local member (where aggregate frames are unwrapped)
@@ -55,6 +57,7 @@ _BIND_ITEM = struct.Struct("!H16s")
 _DIGEST_HEAD = struct.Struct("!HH")
 _DIGEST_ITEM = struct.Struct("!16s16sI")
 DIGEST_ITEM_SIZE = _DIGEST_ITEM.size
+_EXITS_ITEM = struct.Struct("!IB")
 
 
 def region_creator(name: str) -> int:
@@ -74,7 +77,9 @@ class RegionParams:
     lsid_base: int = DEFAULT_LSID_BASE
     group_size: int = 5
     max_extra: int = 1
-    #: LSID -> the edge through which the region reaches that location service
+    #: LSID -> the edge through which the region reaches that location service, fixed by
+    #: the operator (an override: without one, the edges learn each LSID's exit from their
+    #: LS routes, flowrouter.core.regionexits)
     exits: tuple[tuple[int, str], ...] = ()
     #: what crossing the region costs a frame's locality budget
     modifiers: Modifiers = Modifiers()
@@ -158,7 +163,12 @@ class Data(NamedTuple):
     frame: bytes  #: the end flow's 24-byte header and payload
 
 
-RegionMessage = Join | Ack | Mask | Leave | Bind | Digest | Data
+class Exits(NamedTuple):
+    edge: int
+    items: tuple[tuple[int, int], ...]  #: (LSID, distance in hops)
+
+
+RegionMessage = Join | Ack | Mask | Leave | Bind | Digest | Data | Exits
 
 
 class BadRegionMessage(ValueError):
@@ -180,6 +190,9 @@ def encode(msg: RegionMessage) -> bytes:
     if isinstance(msg, Digest):
         return (bytes([DIGEST]) + _DIGEST_HEAD.pack(msg.edge, len(msg.items))
                 + b"".join(_DIGEST_ITEM.pack(f, _mask(m), v) for f, m, v in msg.items))
+    if isinstance(msg, Exits):
+        return (bytes([EXITS]) + _DIGEST_HEAD.pack(msg.edge, len(msg.items))
+                + b"".join(_EXITS_ITEM.pack(lsid, min(d, 255)) for lsid, d in msg.items))
     return bytes([DATA]) + _U16.pack(msg.edge) + msg.frame
 
 
@@ -216,6 +229,12 @@ def decode(body: bytes | memoryview) -> RegionMessage:
             if len(rest) < 2 + 24:
                 raise BadRegionMessage("DATA shorter than a frame header")
             return Data(_U16.unpack_from(rest)[0], rest[2:])
+        if kind == EXITS:
+            e, n = _DIGEST_HEAD.unpack_from(rest)
+            xitems = tuple(_EXITS_ITEM.iter_unpack(rest[_DIGEST_HEAD.size:]))
+            if len(xitems) != n:
+                raise BadRegionMessage("EXITS count does not match")
+            return Exits(e, xitems)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise BadRegionMessage(str(exc)) from None
     raise BadRegionMessage(f"unknown region message type {raw[0] if raw else None}")

@@ -120,12 +120,14 @@ class Router:
         trees = self._trees = Membership(st, admission, members, now)
         ls = self._ls = LsExchange(st, trees, admission)
         soft = self._soft = SoftState(st, trees, ls, locality, admission)
-        self._link_life = Links(st, admission=admission, routes=ls, trees=trees,
-                                liveness=soft, meters=locality)
         forwarding = Forwarding(st, admission)
-        #: a region edge's part (None on every other router: one test per frame)
+        #: a region edge's part (None on every other router: one test per frame); it stands
+        #: between the links part and membership for a closed link (exits move first)
         self._region = (RegionEdge(st, trees, forwarding, now) if params.region is not None
                         else None)
+        self._link_life = Links(st, admission=admission, routes=ls,
+                                trees=trees if self._region is None else self._region,
+                                liveness=soft, meters=locality)
         #: recent tripped limits, newest last (admission's; shown by the status query)
         self.alerts = admission.alerts
         # the per-frame path calls bound methods kept here: no attribute hop per frame
@@ -193,11 +195,14 @@ class Router:
             out = self._admin(link, header, payload, band, now)
         else:
             out = self._forward(link_id, link, header, payload, band, now)
-        return region.outbound(out, now)
+        return region.outbound(out, now) + region.sync(now)
 
     def _out(self, actions: list[Action], now: float) -> list[Action]:
-        """At a region edge, what the parts sent to the region's pseudo links, carried."""
-        return actions if self._region is None else self._region.outbound(actions, now)
+        """At a region edge, what the parts sent to the region's pseudo links, carried (and
+        the region's exits followed, if links or routes changed)."""
+        if self._region is None:
+            return actions
+        return self._region.outbound(actions, now) + self._region.sync(now)
 
     def _admin(self, link: Link, header: memoryview | bytes, payload: memoryview | bytes,
                band: int, now: float) -> list[Action]:

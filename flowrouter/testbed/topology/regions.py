@@ -17,6 +17,10 @@ attached; the others are its core routers, which never hold an end flow's entry.
 is its core, else the edge nearest (in hops, ties by name) to one of its cores. An LSID
 whose core is one of the region's core routers has no exit: its flows cross the region
 unwrapped, as if there were no region (the core routers on their way hold their entries).
+The routers learn the exits at run time from their LS routes
+(:mod:`flowrouter.core.regionexits`), so they follow link failures and moves; what
+:func:`exits` computes from the topology is what they learn while every link is up (the
+tests compare the two), never a router's configuration.
 
 May import the topology model, :mod:`flowrouter.core.tables` and
 :mod:`flowrouter.core.regions` (:func:`region_params` builds what an edge router is given).
@@ -169,12 +173,11 @@ def region_params(topo: Topology) -> dict[str, RegionParams]:
     out: dict[str, RegionParams] = {}
     for region in topo.regions:
         names = edges(topo, region)
-        ex = exits(topo, region)
         for router in names:
             out[router] = RegionParams(region.name, names, router,
                                        lsid_base=region.lsid_base,
                                        group_size=region.group_size,
-                                       max_extra=region.max_extra, exits=ex,
+                                       max_extra=region.max_extra,
                                        modifiers=region.modifiers,
                                        routers=tuple(sorted(region.routers)))
     return out
@@ -186,11 +189,10 @@ def config_lines(topo: Topology, router: str) -> list[str]:
     if params is None:
         return []
     m = params.modifiers
-    exits_toml = ", ".join(f'"{lsid:#x}" = "{edge}"' for lsid, edge in params.exits)
     return ["", "[region]", f'name = "{params.name}"',
             "edges = [" + ", ".join(f'"{e}"' for e in params.edges) + "]",
             f"group_size = {params.group_size}", f"max_extra = {params.max_extra}",
-            f"lsid_base = {params.lsid_base:#x}", f"exits = {{ {exits_toml} }}",
+            f"lsid_base = {params.lsid_base:#x}",
             f"locality = {{ bandwidth = {m.bandwidth}, delay = {m.delay}, "
             f"geography = {m.geography} }}",
             "routers = [" + ", ".join(f'"{r}"' for r in params.routers) + "]"]
