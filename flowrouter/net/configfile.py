@@ -83,7 +83,8 @@ Example (every key optional except ``router.name``)::
     name = "backbone"             #   cross it inside aggregate flows (README, "Backbone
     edges = ["e00", "e01"]        #   regions"); every edge of the region, this one included
     group_size = 5                # edges per aggregate group; max_extra = 1: edges without
-    exits = { "0x10" = "e00" }    #   members one copy may reach; LSID -> the edge toward it
+    exits = { "0x10" = "e00" }    #   members one copy may reach; optional: LSID -> its exit
+                                  #   edge, fixed by hand (else learned from LS routes)
     routers = ["c00", "e00", "e01"]  # the region's routers: its own flows come only from them
 
     [trace]                       # trace records for `flowtrace analyze` (optional)
