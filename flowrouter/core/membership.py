@@ -289,13 +289,7 @@ class Membership:
                             f"{link.describe()} went down: {reason}",
                             {"peer": link.peer_name, "flow": flow_text(key)})
             if entry.upstream == link_id:
-                entry.upstream = None
-                entry.joined = False
-                self.state.entry_changed(key)
-                out += self._rejoin(key, entry, now)
-                if entry.upstream is None and not entry.joined:
-                    self.counters["flows.orphaned"] += 1
-                    self._orphans.add(key)
+                out += self._graft_again(key, entry, now)
             else:
                 if entry.sib:
                     entry.sib.pop(link_id, None)
@@ -345,11 +339,16 @@ class Membership:
         if old is not None and old in self.links:
             self.links[old].dependent.discard(key)
             out.append(control_frame(old, key, C.Leave()))
+        entry.up_req = None
+        return out + self._graft_again(key, entry, now)
+
+    def _graft_again(self, key: bytes, entry: FlowEntry, now: float) -> list[Action]:
+        """Cut the entry from its upstream and join by the route there is now (none: an
+        orphan, retried)."""
         entry.upstream = None
         entry.joined = False
-        entry.up_req = None
         self.state.entry_changed(key)
-        out += self._rejoin(key, entry, now)
+        out = self._rejoin(key, entry, now)
         if entry.upstream is None and not entry.joined:
             self.counters["flows.orphaned"] += 1
             self._orphans.add(key)
