@@ -66,6 +66,8 @@ DATA_BAND = 32
 HEADER_SIZE = 24
 #: the largest payload a datagram carries (IPv4: 65507 bytes of UDP payload, less a header)
 MAX_SIZE = 65507 - HEADER_SIZE
+#: the endpoints' socket buffers: the counter must not be where datagrams are lost
+ENDPOINT_BUFFER = 64 << 20
 
 
 def _frame(key: bytes, band: int, payload: bytes, ttl: int = 32) -> bytes:
@@ -77,11 +79,12 @@ def udp_attach(addr: str, name: str, key: bytes, mask: int,
     """A UDP socket connected to a router's UDP address, attached as an application that
     joined *key* with *mask* (HELLO and JOIN repeated until answered: datagrams get lost).
     *features*: what the HELLO announces (FEATURE_DGRAM_BUNDLE: send us bundles)."""
+    from flowrouter.net.udpio import set_buffers
     from flowrouter.wire import control as C
 
     host, port = addr.rsplit(":", 1)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    set_buffers(sock, ENDPOINT_BUFFER)  # beyond rmem_max where allowed, as the routers
     sock.bind((HOST, 0))
     sock.connect((host, int(port)))
     sock.settimeout(0.5)

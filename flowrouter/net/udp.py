@@ -260,7 +260,7 @@ class UdpLinks:
         self.datagrams_in += len(grams)
         reads = node.begin_read(0)
         try:
-            self.datagrams(memoryview(blob), grams)
+            self.datagrams(blob, grams)  # a view into the I/O's reused buffer
         finally:
             reads.end()
 

@@ -4,10 +4,10 @@ frames per datagram.
 A UDP link pays per datagram (a system call, socket-buffer accounting, a loopback delivery),
 so the number of datagrams decides its message rate. Here the node's shared, non-blocking UDP
 socket is drained a bounded batch at a time (``recv``: up to ``batch`` datagrams, returned as
-one buffer of their bytes back to back, ``(address, length, frames)`` per datagram, and the
-kernel's count of datagrams it dropped for a full receive buffer), and everything the node
-sends in one wake-up leaves in one call (``send``: a list of ``(destination, buffers,
-bundle)`` whose buffers hold whole frames back to back).
+a view of their bytes back to back in a reused buffer, ``(address, length, frames)`` per
+datagram, and the kernel's count of datagrams it dropped for a full receive buffer), and
+everything the node sends in one wake-up leaves in one call (``send``: a list of
+``(destination, buffers, bundle)`` whose buffers hold whole frames back to back).
 
 **Bundles.** A datagram of a router UDP link holds one or more whole frames back to back
 (never part of one). ``send`` packs the frames of each item into datagrams of at most
@@ -93,7 +93,7 @@ log = logging.getLogger("flowrouter.net.runtime")
 
 SendResult = tuple[int, int, int, int]
 Gram = tuple[tuple[str, int], int, int]
-RecvResult = tuple[bytes, list[Gram], int]
+RecvResult = tuple[memoryview, list[Gram], int]
 
 
 def frames_in(data: Any) -> int:
@@ -319,9 +319,12 @@ class PyDatagramIO:
 
     def recv(self) -> RecvResult:
         """Up to ``batch`` waiting datagrams (a GRO receive counts once and gives the
-        datagrams it joined): (their bytes back to back, [(from, length, whole frames)],
-        the socket's drop count as of the newest datagram, 0 if not reported). Nothing
-        waiting: ``(b"", [], 0)``. An error with nothing received raises OSError."""
+        datagrams it joined): (a view of their bytes back to back, [(from, length, whole
+        frames)], the socket's drop count as of the newest datagram, 0 if not reported).
+        Nothing waiting: an empty view, ``[]``, 0. An error with nothing received raises
+        OSError. The view is into a buffer the next call reuses (no allocation, no fresh
+        pages per batch): nothing may point into it past the batch's handling, as with a
+        TCP link's receive buffer (:mod:`flowrouter.net.streamio`)."""
         sock, view = self.sock, self._view
         grams: list[Gram] = []
         pos = drops = 0
@@ -342,7 +345,7 @@ class PyDatagramIO:
             for size in gro_split(n, 0 if truncated else gro):
                 grams.append((src, size, 0 if truncated else frames_in(view[pos:pos + size])))
                 pos += size
-        return bytes(view[:pos]), grams, drops
+        return view[:pos], grams, drops
 
     def send(self, items: Sequence[tuple[Any, ...]]) -> SendResult:
         """Send the frames of *items* (``(dest, buffers[, bundle])``) in datagrams packed
@@ -390,7 +393,8 @@ class NativeDatagramIO:
     native = True
     description = "compiled datagram batches (recvmmsg / sendmmsg, flowrouter.net._udpio)"
 
-    __slots__ = ("sock", "batch", "fd", "drops_visible", "offloads", "_mod")
+    __slots__ = ("sock", "batch", "fd", "drops_visible", "offloads", "_mod", "_buf",
+                 "_view")
 
     def __init__(self, sock: socket.socket, batch: int = BATCH, gso: bool | None = None
                  ) -> None:
@@ -402,6 +406,8 @@ class NativeDatagramIO:
         self.fd = sock.fileno()
         self.drops_visible = enable_drop_count(sock)
         self.offloads = _Offloads(sock, gso)
+        self._buf = bytearray(MAX_DATAGRAM * self.batch)
+        self._view = memoryview(self._buf)
 
     def dest(self, addr: tuple[str, int]) -> Any:
         """The socket address of *addr* in the kernel's form (names resolved once here)."""
@@ -413,7 +419,8 @@ class NativeDatagramIO:
             return self._mod.sockaddr(host, port)
 
     def recv(self) -> RecvResult:
-        return self._mod.recv(self.fd, self.batch, MAX_DATAGRAM)  # type: ignore[no-any-return]
+        total, grams, drops = self._mod.recv_into(self.fd, self._buf, self.batch, MAX_DATAGRAM)
+        return self._view[:total], grams, drops
 
     def send(self, items: Sequence[tuple[Any, ...]]) -> SendResult:
         off = self.offloads
