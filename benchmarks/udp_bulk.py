@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -278,18 +279,18 @@ def _argv(role: str, **params: Any) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--worker", role, json.dumps(params)]
 
 
-async def _one_rate(chain: UdpChain, size: int, args: argparse.Namespace,
-                    log_dir: Path) -> dict[str, Any]:
+async def _one_rate(chain: UdpChain, size: int, rate: int, args: argparse.Namespace,
+                    log_dir: Path, endpoint_bundle: int) -> dict[str, Any]:
     key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
     seconds = args.warmup + args.duration + 1.0
     sub = await Child.start("sub-udp", _argv(
         "subscriber", addr=chain.udp[-1], key=key, warmup=args.warmup,
-        duration=args.duration, idle=1.0, bundle=args.endpoint_bundle), log_dir)
+        duration=args.duration, idle=1.0, bundle=endpoint_bundle), log_dir)
     try:
         await sub.expect("ready", 30)
         pub = await Child.start("pub-udp", _argv(
             "publisher", addr=chain.udp[0], size=size, key=key, seconds=seconds,
-            rate=args.rate, bundle=args.endpoint_bundle), log_dir, stdin=True)
+            rate=rate, bundle=endpoint_bundle), log_dir, stdin=True)
         try:
             await pub.expect("ready", 30)
             await asyncio.sleep(0.2)  # the publisher's JOIN reaching the core
@@ -317,12 +318,13 @@ async def _one_rate(chain: UdpChain, size: int, args: argparse.Namespace,
     drops = {k: [c.get(k, 0) - b.get(k, 0) for b, c in zip(c0, c1)]
              for k in ("drop.link-congested", "drop.udp-error", "drop.udp-rcvbuf")}
     snmp = {k: snmp1[k] - snmp0[k] for k in snmp0 if k in snmp1}
-    row = {"hops": chain.n, "size": size, "rate_offered": args.rate or None,
+    row = {"hops": chain.n, "size": size, "rate_offered": rate or None,
            "msg_rate": got["msg_rate"], "mb_s": got["msg_rate"] * size / 1e6,
            "sent_msgs": sent["sent"], "recv_msgs": got["msgs"], "loss": loss,
            "router_drops": drops, "udp_snmp": snmp, "cpu_s_per_M": cpu, "cpu_s_per_M_max": max(cpu),
            "user_s_per_M": user, "sys_s_per_M": system}
-    say(f"  udp hops={chain.n} {size:>6} B: {got['msg_rate']:>10,.0f} msg/s delivered, "
+    say(f"  udp hops={chain.n} {size:>6} B @{rate or 'max'}, bundle {endpoint_bundle}: "
+        f"{got['msg_rate']:>10,.0f} msg/s delivered, "
         f"loss {loss:6.1%}, cpu s/M msgs (user+sys) "
         f"{['%.2f+%.2f' % us for us in zip(user, system)]}, router drops {drops}, "
         f"snmp {snmp}")
@@ -359,27 +361,45 @@ async def _profile(chain: UdpChain, size: int, args: argparse.Namespace) -> None
             say(f"  profile: {out}")
 
 
+#: --modes: the routers' udp_bundle and the endpoints' bundle size (None: the options')
+MODES = {"bundled": (None, None), "single": (0, 0)}
+
+
+def _router_args(log_dir: Path, mode: str, args: argparse.Namespace) -> list[str]:
+    """``--config FILE`` with the [router] keys this mode and the options ask for."""
+    keys = []
+    if args.udp_buffer is not None:
+        keys.append(f"udp_socket_buffer = {args.udp_buffer}")
+    bundle = MODES[mode][0] if MODES[mode][0] is not None else args.udp_bundle
+    if bundle is not None:
+        keys.append(f"udp_bundle = {bundle}")
+    if not keys:
+        return []
+    conf = log_dir / f"udp-router-{mode}.toml"
+    conf.write_text("[router]\nname = \"r\"\n" + "\n".join(keys) + "\n")
+    return ["--config", str(conf)]
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     async with log_directory(args.keep_logs) as log_dir:
-        extra: list[str] = []
-        keys = []  # [router] keys, through a config file
-        if args.udp_buffer is not None:
-            keys.append(f"udp_socket_buffer = {args.udp_buffer}")
-        if args.udp_bundle is not None:
-            keys.append(f"udp_bundle = {args.udp_bundle}")
-        if keys:
-            conf = log_dir / "udp-router.toml"
-            conf.write_text("[router]\nname = \"r\"\n" + "\n".join(keys) + "\n")
-            extra = ["--config", str(conf)]
         for hops in args.hops:
-            async with UdpChain(hops, log_dir, extra) as chain:
-                for size in args.sizes:
-                    rows.append(await _one_rate(chain, size, args, log_dir))
+            async with contextlib.AsyncExitStack() as stack:
+                chains = {mode: await stack.enter_async_context(
+                    UdpChain(hops, log_dir, _router_args(log_dir, mode, args)))
+                    for mode in args.modes}
+                for size in args.sizes:  # the modes take turns, size by size and rate by rate
+                    for rate in args.rate:
+                        for mode, chain in chains.items():
+                            ep = MODES[mode][1]
+                            row = await _one_rate(chain, size, rate, args, log_dir,
+                                                  args.endpoint_bundle if ep is None else ep)
+                            rows.append({"mode": mode, **row})
     return {"benchmark": "udp_bulk", "machine": machine_info(), "code": code_info(),
             "native": os.environ.get("FLOWNET_NATIVE", ""), "rate": args.rate,
             "udp_buffer": args.udp_buffer, "udp_bundle": args.udp_bundle,
-            "endpoint_bundle": args.endpoint_bundle,
+            "endpoint_bundle": args.endpoint_bundle, "modes": args.modes,
+            "gso": os.environ.get("FLOWNET_UDP_GSO", ""),
             "warmup": args.warmup, "duration": args.duration, "rows": rows}
 
 
@@ -387,12 +407,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256, 1024, 8192])
     ap.add_argument("--hops", type=int, nargs="+", default=[1, 3])
-    ap.add_argument("--rate", type=int, default=0,
-                    help="messages per second offered (0: as fast as the publisher can)")
+    ap.add_argument("--rate", type=int, nargs="+", default=[0],
+                    help="messages per second offered, one run each (0: as fast as the publisher "
+                         "can)")
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=["bundled"],
+                    help="bundled: routers and endpoints bundle (as the options say); single: "
+                         "a frame per datagram everywhere (udp_bundle 0), the way before "
+                         "bundles; several modes take turns on their own chains")
     ap.add_argument("--udp-bundle", type=int, metavar="BYTES",
                     help="the routers' [router] udp_bundle (default: theirs, auto; 0: a frame "
                          "per datagram)")
@@ -421,7 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     result = asyncio.run(main_async(args))
-    print(table(result["rows"], [("hops", "hops", "d"), ("size", "size", "d"),
+    print(table(result["rows"], [("mode", "mode", ""), ("hops", "hops", "d"),
+                                 ("size", "size", "d"),
+                                 ("rate_offered", "offered", ""),
                                  ("msg_rate", "msg/s", ",.0f"), ("loss", "loss", ".1%"),
                                  ("cpu_s_per_M_max", "cpu s/M (max router)", ".2f")]))
     write_json(result, args.out)

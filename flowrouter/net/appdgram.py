@@ -1,6 +1,6 @@
 """Datagram links for applications: the router's UDP listener for flowlib's ``udp://`` links.
 
-Router-to-router UDP is :mod:`flowrouter.net.udp` (one frame per datagram, batched I/O);
+Router-to-router UDP is :mod:`flowrouter.net.udp` (frames bundled per datagram, batched I/O);
 this is the application side, with the framing of :mod:`flowrouter.wire.appdgram`: each
 datagram is a numbered prefix and one or more whole frames. One :class:`AppDatagrams` owns
 the socket (an asyncio datagram endpoint on ``app_udp``); each remote address that opens
