@@ -10,6 +10,7 @@ client join and leave, with its name when its link is authenticated.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -226,3 +227,67 @@ def test_member_names_only_on_authenticated_links(tmp_path: Path) -> None:
         finally:
             await node.stop()
     run(main())
+
+
+class _CountingFlows(dict):  # type: ignore[type-arg]
+    """The flow table, counting the lookups a part makes in it."""
+
+    gets = 0
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def]
+        self.gets += 1
+        return super().get(key, default)
+
+
+def _many_members(n: int, upstream: int | None) -> tuple[Any, Any, _CountingFlows]:
+    from flowrouter.core.appmembers import AppMembership
+    from flowrouter.core.params import RouterParams
+    from flowrouter.core.state import RouterState
+    from flowrouter.core.tables import FlowEntry, Link, LinkState
+    from flowrouter.wire import control as C
+
+    state = RouterState(RouterParams("r", 1, member_notice_interval=1.0, member_refresh=30.0))
+    state.flows = flows = _CountingFlows()
+    for lid, role in ((1, C.Role.ROUTER), (2, C.Role.ENDPOINT)):
+        state.links[lid] = Link(lid, "sim", f"p{lid}", (0, 0, 0, 0), role=role,
+                                state=LinkState.UP, peer_node_id=100 + lid)
+    members = AppMembership(state, 0.0)
+    for i in range(n):
+        key = FlowID(0xABCD, 0x10, i).key
+        entry = flows[key] = FlowEntry(upstream, True, 0.0)
+        entry.set_down(2, 1 << 32, 0.0)
+        members.member_changed(key, state.links[2], MemberEvent.JOIN, 1 << 32)
+    return state, members, flows
+
+
+def test_an_interval_looks_at_a_bounded_number_of_flows(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """10^4 flows with local members: an interval's notices go up the tree 100 at a time
+    (the tick budget) and the rest wait in order, without the interval walking (and sorting)
+    every waiting flow again; at a core where nobody listens, the periodic snapshots are
+    bookkeeping only, an interval's worth at a time, until every flow had its turn."""
+    from flowrouter.core import appmembers
+
+    state, members, flows = _many_members(10_000, upstream=1)
+    sent = members.notices(1.0)
+    assert len(sent) == 100 and {s.link for s in sent} == {1}
+    assert state.counters["appmembers.deferred"] == 9_900
+    flows.gets = 0
+    assert len(members.notices(2.0)) == 100
+    assert flows.gets <= 100 and state.counters["appmembers.deferred"] == 9_900 + 9_800
+    seen = {decode_notice(s.payload).changes[0].member for s in sent}
+    assert seen == {102}  # the application's own joins, told upstream
+
+    monkeypatch.setattr(appmembers, "KEYS_PER_INTERVAL", 1_000)
+    state, members, flows = _many_members(10_000, upstream=None)  # a core: no one listens
+    assert members.notices(1.0) == [] and flows.gets == 1_000
+    for t in range(2, 11):
+        members.notices(float(t))
+    assert flows.gets == 10_000 and "appmembers.deferred" in state.counters
+    flows.gets = 0
+    assert members.notices(11.0) == [] and flows.gets == 0  # nothing owed until the refresh
+    for t in range(31, 41):  # the snapshots fall due at 31: an interval's worth at a time
+        flows.gets = 0
+        assert members.notices(float(t)) == [] and flows.gets == 1_000, t
+    flows.gets = 0
+    assert members.notices(41.0) == [] and flows.gets == 0
