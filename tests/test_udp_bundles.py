@@ -347,3 +347,19 @@ def test_udp_bundle_is_a_checked_config_key() -> None:
     for bad in (-1, 70000, "big"):
         with pytest.raises(ConfigError, match="udp_bundle"):
             config_from_dict({"router": {"name": "x", "udp_bundle": bad}})
+
+
+def test_status_shows_the_udp_side() -> None:
+    from flowrouter.tools.cli import format_status
+
+    async def main() -> None:
+        async with _chain("st", C.FEATURES, 0) as (edge, _core, pub, _sub):
+            pub.send(_frame(b"x" * 10) * 3)
+            st = edge.status()
+            io = st["udp_io"]
+            assert io["links_bundling"] >= 2 and io["datagrams_in"] > 0
+            text = format_status(st)
+            line = next(ln for ln in text.splitlines() if ln.startswith("udp: "))
+            assert "bundles up to auto bytes" in line and "dropped by the kernel" in line
+            assert ("GSO on" in line) is bool(io["gso"])
+    run(main())

@@ -289,6 +289,17 @@ def format_status(st: dict[str, Any]) -> str:
             lines.append(f"forwarding: {fast.get('why')}")
     if st.get("event_loop"):
         lines.append(f"event loop: {st['event_loop']}")
+    udp = st.get("udp_io")
+    if udp:
+        on = {True: "on", False: "off"}
+        lines.append(f"udp: {udp['io']}; bundles up to {udp.get('bundle')} bytes "
+                     f"({udp.get('links_bundling', 0)} links), GSO "
+                     f"{on[bool(udp.get('gso'))]}, GRO {on[bool(udp.get('gro'))]}; "
+                     f"datagrams in {udp.get('datagrams_in', 0)} out "
+                     f"{udp.get('datagrams_out', 0)}; dropped by the kernel (receive buffer "
+                     f"{udp['rcvbuf']} bytes) {udp.get('kernel_drops', 0)}"
+                     + (f"; buffers capped: {udp['buffers_capped']}"
+                        if udp.get("buffers_capped") else ""))
     lines.append("")
     lines.append("LINKS")
     lines.append(f"  {'id':>4} {'peer':<16} {'role':<9} {'state':<9} {'via':<4} "
