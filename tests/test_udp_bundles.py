@@ -363,3 +363,47 @@ def test_status_shows_the_udp_side() -> None:
             assert "bundles up to auto bytes" in line and "dropped by the kernel" in line
             assert ("GSO on" in line) is bool(io["gso"])
     run(main())
+
+
+garbage_st = st.lists(st.one_of(
+    st.binary(max_size=100),
+    st.tuples(frames_st, st.integers(0, 3), st.integers(0, 100_000)).map(
+        lambda t: _mangled(t[0][:5], t[1], t[2]))), min_size=1, max_size=25)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(garbage=garbage_st)
+def test_a_router_fed_any_datagrams_serves_on(garbage: list[bytes]) -> None:
+    """Fuzz: a peer that announced bundles sends anything at all: the router raises
+    nothing, counts every datagram that is not whole frames as malformed, and forwards a
+    good sender's frames sent after it, all of them, in order."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[Any] = []
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        core = RouterNode(NodeConfig("fz", listen="", udp="127.0.0.1:0",
+                                     core_lsids=frozenset({0x10})))
+        await core.start()
+        pub, sub = UdpEndpoint(core.udp_address, C.FEATURES), UdpEndpoint(core.udp_address)
+        bad = UdpEndpoint(core.udp_address, C.FEATURES)
+        try:
+            await sub.attach("sub", 1 | 1 << 40)
+            await pub.attach("pub", 1)
+            await bad.attach("bad", 1)
+            malformed = core.core.counters["malformed"]
+            for d in garbage:
+                bad.send(d[:60_000])
+            pub.send(b"".join(_frame(bytes([i]) * 8) for i in range(10)))
+            got: list[int] = []
+            while len(got) < 10:
+                got += [f[24] for f in await sub.frames()
+                        if f[20] == 40 and f[24:] == bytes([f[24]]) * 8]
+            assert got == list(range(10))
+            not_frames = sum(1 for d in garbage if not udpio.frames_in(d[:60_000]))
+            assert core.core.counters["malformed"] - malformed >= not_frames
+            assert not errors, errors
+        finally:
+            for ep in (pub, sub, bad):
+                ep.close()
+            await core.stop()
+    run(main())
