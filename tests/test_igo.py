@@ -331,6 +331,72 @@ def test_long_term_disconnect_skips_without_reconciliation_then_fetches_at_low_r
             assert net.sites["a"].counters["sent.nack-low"] > 0
 
 
+def _lose_first_low_answers(net: LoopNet, to: str, count: int) -> list[int]:
+    """Lose the first *count* low-priority answers (history, long-term fetches) to *to*."""
+    lost: list[int] = []
+
+    def drop(src: str, dst: str, send: Send) -> bool:
+        if dst == to and send.kind == "repair-low" and len(lost) < count:
+            lost.append(decode(send.payload, room_tag(net.cfg), len(net.cfg.sites))[2].seq)
+            return True
+        return False
+
+    net.drop = drop
+    return lost
+
+
+def test_a_lost_long_term_answer_is_asked_again() -> None:
+    """Long-term reconciliation: the answers to the first low-priority requests are lost.
+    Nothing newer asks for those numbers again, so they stayed gaps for good; now each
+    request is retried on its own timer (only the numbers still missing) and every
+    message b sent during the partition reaches a once."""
+    net = LoopNet(IGOConfig(sites=("a", "b"), long_term_reconcile=True, long_term_rate=5.0),
+                  delay=0.01)
+    chatter(net, ["a", "b"], stop=60)
+    net.at(10, net.partition, ["a"], ["b"])
+    net.at(35, net.heal)
+    lost = _lose_first_low_answers(net, "a", 6)
+    net.run_until(120)
+    assert len(lost) == 6
+    sent = sent_counts(net)
+    assert checks.gaps(net.log["a"], "b", sent["b"]) == []
+    ids = [(d.origin, d.seq) for d in net.log["a"]]
+    assert len(ids) == len(set(ids))
+    counters = net.sites["a"].counters
+    assert counters["history.retry"] >= 1 and not counters["history.given-up"]
+
+
+def test_a_restarted_site_asks_again_for_history_whose_answer_was_lost() -> None:
+    """A restarted site (display marks kept) fetches what it missed while down in the
+    background; the first answers are lost. It asks again, paced, and shows every
+    message once, the history flagged late."""
+    cfg = IGOConfig(sites=ABC, mode="hasten", long_term_rate=5.0)
+    net = LoopNet(cfg, delay=0.01)
+    chatter(net, ABC, stop=60)
+    net.run_until(20)
+    old = net.sites["b"]
+    marks = old.display_marks()
+    shown = {(d.origin, d.seq) for d in net.log["b"]}
+    net.partition(["a", "c"], ["b"])  # b is down from 20 s to 30 s
+    net.run_until(30)
+    new = SiteOrdering(cfg, "b", net.now, incarnation=old.inc + 10_000, shown=marks)
+    net.sites["b"] = new
+    net.heal()
+    lost = _lose_first_low_answers(net, "b", 4)
+    net.run_until(120)
+    assert len(lost) == 4 and new.counters["history.wanted"] > 10
+    after = [d for d in net.log["b"] if d.delivery_time >= 30 and d.origin != "b"]
+    ids = [(d.origin, d.seq) for d in after]
+    assert len(ids) == len(set(ids)) and not set(ids) & shown
+    for o in ("a", "c"):
+        said = {q for s, t, q in net.send_log if s == o}
+        seen = {q for x, q in shown | set(ids) if x == o}
+        assert said - seen == set(), o
+    history = [d for d in after if d.send_time < 30]
+    assert history and all(d.late for d in history)
+    assert new.counters["history.retry"] >= 1
+
+
 def test_display_rate_limit_spreads_a_reconciliation_burst() -> None:
     net = LoopNet(IGOConfig(sites=("a", "b"), mode="all-to-all", display_rate=5.0,
                             display_burst=1), delay=0.01)

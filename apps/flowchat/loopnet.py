@@ -61,6 +61,8 @@ class LoopNet:
         self.sent: dict[str, int] = defaultdict(int)
         self.frames = 0
         self.dropped = 0
+        #: a fault to inject: frames (src, dst, send) for which it returns True are lost
+        self.drop: Callable[[str, str, Send], bool] | None = None
         self.send_log: list[tuple[str, float, int]] = []  #: (site, time, seq) of submits
         self.delivered_at_send: dict[tuple[str, int], set[tuple[str, int]]] = {}
         for s, o in self.sites.items():
@@ -121,7 +123,8 @@ class LoopNet:
             if dst == src or a.band not in self.bands[dst]:
                 continue
             self.frames += 1
-            if frozenset((src, dst)) in self.cut or (self.loss and self.rng.random() < self.loss):
+            if (frozenset((src, dst)) in self.cut or (self.loss and self.rng.random() < self.loss)
+                    or self.drop is not None and self.drop(src, dst, a)):
                 self.dropped += 1
                 continue
             d = self.delay_fn(src, dst, self.now) if self.delay_fn else self.delay

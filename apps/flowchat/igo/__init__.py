@@ -130,6 +130,7 @@ Beyond the seed (its chapter 7):
 * **long-term reconciliation** (``long_term_reconcile=True``): after an S3 reconnect, skipped
   messages are requested with a LOW-PRIORITY flag, at most ``long_term_rate`` per second, and
   answered only when no ordinary repair is waiting; they are delivered flagged ``late``;
+  a request whose answer does not come is retried on its own timer (:mod:`.history`);
 * **sender flow control** (``send_window``, default 32 KiB): own messages in flight are
   bounded by the acknowledgements in heartbeats; beyond it messages wait in an outbox and
   the site is congested (:class:`Congestion`; :class:`OutboxFull` when the outbox is full),

@@ -130,6 +130,6 @@ class Incarnations:
                     self._transport.skip(st.origin, st, st.known_high, now, reason="restart-lost")
                     changed = True
                 st.nack_due = None
-                st.lt_wanted = []
+                st.stop_low_fetch()
         if changed:
             self._ordering.deliverable(now)

@@ -153,7 +153,8 @@ class LamportOrdering:
                 continue
             if s <= st.settled:
                 if late and st.awaiting_history(s) and (
-                        st.lt_wanted or now - st.rx_at < self.core.cfg.disconnect_interval):
+                        st.lt_wanted or st.lt_asked
+                        or now - st.rx_at < self.core.cfg.disconnect_interval):
                     ok = False  # history fetched in the background: its causes first
                 continue
             if s > st.contiguous and timed_out:

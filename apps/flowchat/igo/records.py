@@ -39,7 +39,8 @@ class Stream:
     __slots__ = ("origin", "retired_at", "successor", "inc", "contiguous", "pending",
                  "known_high", "bound", "hb_high", "hb_clock", "delivered", "settled", "skipped",
                  "store", "store_order", "nack_due", "nack_tries", "lt_wanted", "synced",
-                 "asked_high", "asked_at", "progress_at", "rx_at", "history")
+                 "asked_high", "asked_at", "progress_at", "rx_at", "history", "lt_asked",
+                 "lt_rx_at")
 
     def __init__(self, origin: int, inc: int = 0) -> None:
         self.origin = origin
@@ -68,14 +69,49 @@ class Stream:
         self.rx_at = float("-inf")  #: when a message of the stream last arrived (any seq)
         #: [lo, hi] ranges skipped at a restart and fetched in the background (history)
         self.history: list[list[int]] = []
-
         self.lt_wanted: list[list[int]] = []  #: skipped ranges still to fetch (long-term)
+        #: low-priority requests sent and not answered yet (retried, see history.py)
+        self.lt_asked: list[LowAsk] = []
+        self.lt_rx_at = float("-inf")  #: when a low-priority answer last filled a gap here
         self.synced = False  #: the stream's position is established (first contact done)
 
     def awaiting_history(self, seq: int) -> bool:
         """*seq* is history still being fetched (skipped for now, not given up)."""
         return (any(lo <= seq <= hi for lo, hi in self.history)
                 and any(lo <= seq <= hi for lo, hi in self.skipped))
+
+    def still_skipped(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The parts of [*lo*, *hi*] that are still gaps here (not received since)."""
+        out = [(max(lo, a), min(hi, b)) for a, b in self.skipped if a <= hi and b >= lo]
+        return sorted(out)
+
+    def stop_low_fetch(self, below: int | None = None) -> None:
+        """Stop fetching (in the background) what lies below *below* (None: all of it):
+        it cannot be had. It is no longer history being fetched either, so late messages
+        do not wait for it."""
+        cut = below if below is not None else 1 << 62
+        for ranges in (self.lt_wanted, self.history):
+            for r in ranges:
+                if r[0] < cut:
+                    r[0] = min(cut, r[1] + 1)
+        self.lt_wanted = [r for r in self.lt_wanted if r[0] <= r[1]]
+        self.history = [r for r in self.history if r[0] <= r[1]]
+        self.lt_asked = [a for a in self.lt_asked if a.hi >= cut]
+        for a in self.lt_asked:
+            a.lo = max(a.lo, cut)
+
+
+class LowAsk:
+    """One low-priority request (history, long-term reconciliation) awaiting its answer:
+    the numbers [lo, hi] of a stream, when it was (last) sent and how often."""
+
+    __slots__ = ("lo", "hi", "asked_at", "tries")
+
+    def __init__(self, lo: int, hi: int, asked_at: float) -> None:
+        self.lo = lo
+        self.hi = hi
+        self.asked_at = asked_at
+        self.tries = 0
 
 
 class PeerRecord:

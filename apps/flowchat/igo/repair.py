@@ -1,6 +1,7 @@
 """Repairs: asking for missing messages (NACK, one named site), answering them point to
-point or multicast at a bounded rate, GONE answers, and long-term reconciliation at a low
-rate. Sans-I/O: imports only the standard library, flowrouter.wire and the other IGO modules."""
+point or multicast at a bounded rate, GONE answers, and answering low-priority requests
+(history, long-term reconciliation; asking for those is :mod:`.history`). Sans-I/O: imports
+only the standard library, flowrouter.wire and the other IGO modules."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ class Repairs:
         #: (origin, incarnation, seq, requester) -> when it was last resent to it
         self._resent: dict[tuple[int, int, int, int], float] = {}
         self._low_bucket = TokenBucket(cfg.long_term_rate, 1.0, now)
-        self._lt_bucket = TokenBucket(cfg.long_term_rate, 1.0, now)
-        self._lt_turn = 0  #: the stream whose low-priority fetch goes next (round robin)
+        #: the same keys, to drop a low-priority request queued already (a retry)
+        self._low_queued: set[tuple[int, int, int, int]] = set()
 
     def connect(self, *, liveness: Liveness, transport: StreamTransport, ordering: OrderingRule,
                 leader: LeaderOrder) -> None:
@@ -193,8 +194,12 @@ class Repairs:
                     gone = True
                     continue
                 if low_priority:
-                    if len(self._low_repairs) < self.core.cfg.max_lag:
-                        self._low_repairs.append((o, st.inc, s, tx))
+                    key = (o, st.inc, s, tx)
+                    if key in self._low_queued:
+                        self.core.counters["repair.low-deduplicated"] += 1
+                    elif len(self._low_repairs) < self.core.cfg.max_lag:
+                        self._low_repairs.append(key)
+                        self._low_queued.add(key)
                 else:
                     self._repairs.setdefault((o, st.inc, s), set()).add(tx)
                 queued += 1
@@ -240,7 +245,9 @@ class Repairs:
             self._repair_due = now if self._repairs else None
         if not self._repairs:
             while self._low_repairs and self._low_bucket.take(now):
-                o, inc, s, requester = self._low_repairs.popleft()
+                low = self._low_repairs.popleft()
+                self._low_queued.discard(low)
+                o, inc, s, requester = low
                 st = self.core.stream(o, inc)
                 msg = st.store.get(s) if st is not None else None
                 if msg is not None:
@@ -286,34 +293,5 @@ class Repairs:
             # from the origin about its earlier run: its restart lost these (declared lost)
             self._transport.skip(g.stream, st, g.low - 1, now,
                        reason="restart-lost" if retired else "gone")
-        for r in st.lt_wanted:  # a low-priority fetch it cannot serve: stop asking
-            if r[0] < g.low:
-                r[0] = min(g.low, r[1] + 1)
-        st.lt_wanted = [r for r in st.lt_wanted if r[0] <= r[1]]
+        st.stop_low_fetch(g.low)  # a low-priority fetch it cannot serve: stop asking
         self._ordering.deliverable(now)
-
-    def long_term(self, now: float) -> None:
-        """Low-priority fetches (history after a restart, long-term reconciliation), a few
-        messages per request at ``long_term_rate`` requests a second, the streams in turn
-        (so every stream's history advances together and causes fetched from one stream
-        are not stuck behind all of another's)."""
-        streams = self.core.all_streams()
-        turn = self._lt_turn % len(streams)
-        for k, st in enumerate(streams[turn:] + streams[:turn]):
-            o = st.origin
-            if st is self.core.streams[self.core.me] or not st.lt_wanted:
-                continue
-            r = st.lt_wanted[0]
-            target = self.choose_target(st, r[0], now, 0)
-            if target is None or not self._lt_bucket.take(now):
-                continue
-            hi = min(r[1], r[0] + 4)
-            self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me,
-                                                     Nack(target, o, F_LOW, ((r[0], hi),),
-                                                          st.inc)),
-                            "nack-low"))
-            self.core.counters["sent.nack-low"] += 1
-            self._lt_turn = turn + k + 1
-            r[0] = hi + 1
-            if r[0] > r[1]:
-                st.lt_wanted.pop(0)

@@ -18,6 +18,7 @@ from .auth import data_signature_ok, split_trailer
 from .config import IGOConfig
 from .core import SiteCore
 from .flowcontrol import SendWindow
+from .history import HistoryFetch
 from .incarnations import Incarnations
 from .lamport import LamportOrdering
 from .leader import LeaderOrdering
@@ -91,6 +92,7 @@ class SiteOrdering:
         self._ordering = ordering = LamportOrdering(core, now)
         self._stability = stability = StabilityTracking(core)
         self._leading = leading = LeaderOrdering(core)
+        self._history = history = HistoryFetch(core, now)
         liveness.connect(incarnations=incs, transport=transport, repairs=repair,
                          ordering=ordering, leader=leading)
         incs.connect(liveness=liveness, transport=transport, repairs=repair,
@@ -103,6 +105,7 @@ class SiteOrdering:
                          stability=stability, leader=leading)
         stability.connect(liveness=liveness, repairs=repair)
         leading.connect(liveness=liveness, repairs=repair, ordering=ordering)
+        history.connect(repairs=repair)
         liveness.update_membership(now)
 
     @property
@@ -321,7 +324,7 @@ class SiteOrdering:
             self._liveness.send_heartbeat(now, F_STABLE_ACK)
         self._repair.nacks(now)
         self._repair.serve_repairs(now)
-        self._repair.long_term(now)
+        self._history.fetch(now)
         self._ordering.deliverable(now)
         self._leading.prune_ready(now)
         self._pump(now)

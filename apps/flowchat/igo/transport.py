@@ -122,6 +122,7 @@ class FifoTransport:
                 # long-term reconciliation or background history filling a gap (flagged
                 # late; the only deliveries that may follow messages that depend on them)
                 self.core.counters["long-term.fetched"] += 1
+                st.lt_rx_at = now
                 self.keep(st, msg)
                 self._ordering.accept(msg, now, refill=True)
             elif any(r[0] <= d.seq <= r[1] for r in st.skipped):
