@@ -12,7 +12,8 @@ import time
 import pytest
 
 import flowlib
-from flowls import LocationServiceConfig, member_config
+from flowls import LocationServiceConfig, member_config, members_of
+from flowls.service import main as flowls_main
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.bands import BAND_FAULT
@@ -70,7 +71,7 @@ async def _overlay(graph: tuple[tuple[str, str], ...]
 
 @pytest.mark.parametrize("graph", [RING, MESH], ids=["ring", "mesh"])
 def test_four_members_deliver_and_survive_a_member_failure(
-        graph: tuple[tuple[str, str], ...]) -> None:
+        graph: tuple[tuple[str, str], ...], capsys: pytest.CaptureFixture[str]) -> None:
     shape = "ring" if graph is RING else "full mesh"
 
     async def main() -> None:
@@ -118,10 +119,21 @@ def test_four_members_deliver_and_survive_a_member_failure(
             gap = max(b - a for a, b in zip([t_kill, *after], after))
             nums = [n for _, n in got]
             lost = len(set(range(nums[0], nums[-1] + 1)) - set(nums))
-            print(f"\n{shape} of 4 members, {victim.config.name} killed: longest silence "
-                  f"{gap * 1000:.1f} ms, {lost} message(s) lost")
+            with capsys.disabled():
+                print(f"\n{shape} of 4 members, {victim.config.name} killed: longest "
+                      f"silence {gap * 1000:.1f} ms, {lost} message(s) lost")
             survivors = [m for m in members if m is not victim]
             await _agreed_without(survivors, victim.config.name)
+            # flowls members: a survivor's view, and a one-line error for the lost member
+            ctl = "%s:%d" % survivors[0].control_address
+            row = await members_of(ctl, LSID, [m.config.name for m in survivors])
+            assert row["members"] == sorted(m.config.name for m in survivors)
+            capsys.readouterr()
+            rc = await asyncio.to_thread(flowls_main, ["members", "0x10", "--control", ctl,
+                                                       "--expect", ",".join(NAMES)])
+            err = capsys.readouterr().err.strip()
+            assert rc == 1 and "\n" not in err, err
+            assert f"member(s) {victim.config.name} not reachable" in err
             assert lost <= 5, lost
             assert gap < 2.0, gap  # loopback: milliseconds; bounded for a loaded machine
             assert nums[-20:] == list(range(nums[-20], nums[-20] + 20))

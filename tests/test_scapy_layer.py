@@ -56,6 +56,7 @@ CONTROL_SAMPLES: list[C.ControlMessage] = [
     C.Refresh(3, 1, 2, 35_000, ((FLOW.key, 1 << 32, 0), (b"k" * 16, 0, C.REFRESH_ADVERTISE))),
     C.Prune((FLOW.key,)),
     C.NotOnTree((FLOW.key, b"n" * 16)),
+    C.LsTopology(0x10, (("m1", 7, ("m2", "m8")), ("m2", 1, ()))),
     C.Fault(C.FaultKind.LINK_DOWN, "r2", "link to r3 down", {"peer": "r3", "flow": "a1:10:1"}),
 ]
 
@@ -94,6 +95,10 @@ def control_fields(pkt: Any) -> tuple[Any, ...]:
                 tuple((e.key, e.mask, int(e.flags)) for e in layer.entries))
     if t in (C.MsgType.PRUNE, C.MsgType.NOT_ON_TREE):
         return tuple(k.key for k in layer.keys)
+    if t is C.MsgType.LS_TOPOLOGY:
+        return (layer.lsid, tuple((e.member.decode(), e.seq,
+                                   tuple(n.member.decode() for n in e.neighbours))
+                                  for e in layer.entries))
     return (layer.kind, layer.origin.decode(), layer.detail.decode(),
             {e.key.decode(): e.value.decode() for e in layer.extra})
 
@@ -122,6 +127,8 @@ def message_fields(msg: C.ControlMessage) -> tuple[Any, ...]:
         return (msg.round, msg.index, msg.count, msg.hold_ms, msg.entries)
     if isinstance(msg, (C.Prune, C.NotOnTree)):
         return msg.keys
+    if isinstance(msg, C.LsTopology):
+        return (msg.lsid, msg.entries)
     assert isinstance(msg, C.Fault)
     return (msg.kind, msg.origin, msg.detail, dict(msg.extra))
 
@@ -147,7 +154,8 @@ def check_frame(pkt: Any, raw: bytes) -> None:
 # ---------------------------------------------------------------------------------- unit
 @pytest.mark.parametrize("msg", CONTROL_SAMPLES, ids=lambda m: type(m).__name__)
 def test_every_control_message_dissects_like_control_decode(msg: C.ControlMessage) -> None:
-    key = LINK_LOCAL_FLOW.key if isinstance(msg, (C.Hello, C.Error, C.LsRoutes)) else FLOW.key
+    key = LINK_LOCAL_FLOW.key if isinstance(msg, (C.Hello, C.Error, C.LsRoutes, C.LsTopology)) \
+        else FLOW.key
     band = 17 if isinstance(msg, C.Fault) else 0
     raw = frame_of(msg, key, band)
     pkt = FlowHeader(raw)

@@ -153,7 +153,15 @@ class LsExchange:
     def _retree(self, tree: MemberTree, now: float) -> list[Action]:
         """Recompute the spanning tree; where its links changed, every flow of the LSID
         takes its tree masks from what the new tree links said."""
-        if not tree.compute(now, self.p.hold):
+        before = tree.reach
+        changed = tree.compute(now, self.p.hold)
+        lost = before - tree.reach
+        if lost:  # a partition of the members' graph (or members that died)
+            self.counters["ls.members-unreachable"] += len(lost)
+            log.warning("location service %#x: member(s) %s no longer reachable over "
+                        "member-to-member links (%d reachable)", tree.lsid,
+                        ", ".join(sorted(lost)), len(tree.reach))
+        if not changed:
             return []
         self.counters["ls.tree-changes"] += 1
         log.info("location service %#x: tree links %s (members %s, root %s)", tree.lsid,

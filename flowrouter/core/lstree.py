@@ -56,6 +56,8 @@ class MemberTree:
         self.tree_names: frozenset[str] = frozenset()
         self.tree: frozenset[int] = frozenset()
         self.root = ""
+        #: the members reachable over confirmed sibling links (this one included)
+        self.reach: frozenset[str] = frozenset()
         #: per sibling link: flow key -> (mask, when last heard) / mask last told
         self.heard: dict[int, dict[bytes, tuple[int, float]]] = {}
         self.told: dict[int, dict[bytes, int]] = {}
@@ -123,6 +125,7 @@ class MemberTree:
             elif now - self.seen.get(name, now) > purge_after:
                 del db[name]
                 self.seen.pop(name, None)
+        self.reach = frozenset(comp)
         root = min(comp)
         dist = _distances(adj, root)
         tree: set[str] = set()

@@ -432,6 +432,38 @@ class FlowNotOnTree(Packet):
     ]
 
 
+class FlowLsName(_Sub):
+    name = "FlowLsName"
+    fields_desc: ClassVar[list[AnyField]] = [
+        FieldLenField("name_len", None, length_of="member", fmt="B"),
+        StrLenField("member", b"", length_from=lambda p: p.name_len, max_length=255),
+    ]
+
+
+class FlowLsMember(_Sub):
+    """One member's advertisement: its name, sequence number and fellow members."""
+
+    name = "FlowLsMember"
+    fields_desc: ClassVar[list[AnyField]] = [
+        FieldLenField("name_len", None, length_of="member", fmt="B"),
+        StrLenField("member", b"", length_from=lambda p: p.name_len, max_length=255),
+        IntField("seq", 0),
+        FieldLenField("n_neighbours", None, count_of="neighbours", fmt="!H"),
+        PacketListField("neighbours", [], FlowLsName, count_from=lambda p: p.n_neighbours),
+    ]
+
+
+class FlowLsTopology(Packet):
+    """Members of a location service: who links to whom (flowrouter.core.lstree)."""
+
+    name = "FlowLsTopology"
+    fields_desc: ClassVar[list[AnyField]] = [
+        XIntField("lsid", 0),
+        FieldLenField("n_entries", None, count_of="entries", fmt="!H"),
+        PacketListField("entries", [], FlowLsMember, count_from=lambda p: p.n_entries),
+    ]
+
+
 CONTROL_LAYERS: dict[C.MsgType, type[Packet]] = {
     C.MsgType.HELLO: FlowHello, C.MsgType.ERROR: FlowError, C.MsgType.LS_ROUTES: FlowLsRoutes,
     C.MsgType.JOIN: FlowJoin, C.MsgType.JOIN_ACK: FlowJoinAck, C.MsgType.LEAVE: FlowLeave,
@@ -439,7 +471,7 @@ CONTROL_LAYERS: dict[C.MsgType, type[Packet]] = {
     C.MsgType.FAULT: FlowFault, C.MsgType.AUTH: FlowAuth, C.MsgType.POLICY: FlowPolicy,
     C.MsgType.ECHO: FlowEcho, C.MsgType.ECHO_REPLY: FlowEchoReply,
     C.MsgType.REFRESH: FlowRefresh, C.MsgType.PRUNE: FlowPrune,
-    C.MsgType.NOT_ON_TREE: FlowNotOnTree,
+    C.MsgType.NOT_ON_TREE: FlowNotOnTree, C.MsgType.LS_TOPOLOGY: FlowLsTopology,
 }
 for _t, _cls in CONTROL_LAYERS.items():
     bind_layers(FlowControl, _cls, type=int(_t))

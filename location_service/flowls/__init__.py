@@ -14,9 +14,10 @@ member dies, the routers below it re-graft their subtrees onto the next nearest 
 recompute the tree around it.
 
 :mod:`flowls.service` runs a member (``flowls run``) and answers lookups
-(``flowls lookup``, ``flowls flows``) through a router's control interface.
+(``flowls lookup``, ``flowls members``, ``flowls flows``) through a router's control interface.
 """
 
-from .service import LocationServiceConfig, flows_of, lookup, main, member_config
+from .service import LocationServiceConfig, flows_of, lookup, main, member_config, members_of
 
-__all__ = ["LocationServiceConfig", "member_config", "lookup", "flows_of", "main"]
+__all__ = ["LocationServiceConfig", "member_config", "lookup", "members_of", "flows_of",
+           "main"]

@@ -1,4 +1,5 @@
-"""``flowls``: run a location-service member, look up LSIDs, list an LSID's active flows."""
+"""``flowls``: run a location-service member, look up LSIDs, show a member's view of the
+members' graph and tree, list an LSID's active flows."""
 
 from __future__ import annotations
 
@@ -57,6 +58,25 @@ async def lookup(control: str, lsid: int) -> dict[str, Any]:
         if row["lsid"] == f"{lsid:#x}":
             return dict(row, router=status["name"])
     raise LookupError(f"router {status['name']} knows no location service {lsid:#x}")
+
+
+async def members_of(control: str, lsid: int, expect: list[str] | None = None
+                     ) -> dict[str, Any]:
+    """The members' graph as the member at *control* sees it: the members it reaches over
+    member-to-member links, the tree's root and its tree neighbours. Raises LookupError
+    when that router is no member of *lsid*, or when an *expect*ed member is not reachable
+    (the members' links do not connect them all: a partition)."""
+    row = await lookup(control, lsid)
+    if not row.get("core"):
+        raise LookupError(f"router {row['router']} is no member of location service "
+                          f"{lsid:#x}")
+    missing = sorted(set(expect or ()) - set(row.get("members", ())))
+    if missing:
+        raise LookupError(f"location service {lsid:#x}: member(s) {', '.join(missing)} not "
+                          f"reachable from {row['router']} over member-to-member links (it "
+                          f"reaches {', '.join(row.get('members', ()))}): down, or the "
+                          "members' graph is partitioned")
+    return row
 
 
 async def flows_of(control: str, lsid: int | None = None,
@@ -129,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("lsid", type=parse_int)
     lk.add_argument("--control", required=True, metavar="HOST:PORT")
     lk.add_argument("--json", action="store_true")
+    mb = sub.add_parser("members", help="the members' graph and tree a member sees",
+                        description="Ask a member of LSID (by its control address) which "
+                                    "fellow members it reaches over member-to-member links, "
+                                    "the members' tree root and its tree neighbours. With "
+                                    "--expect, exit code 1 and a one-line error when an "
+                                    "expected member is not reachable (a partitioned member "
+                                    "graph).")
+    mb.add_argument("lsid", type=parse_int)
+    mb.add_argument("--control", required=True, metavar="HOST:PORT")
+    mb.add_argument("--expect", action="append", default=[], metavar="NAME",
+                    help="a member that must be reachable (repeatable, or comma-separated)")
+    mb.add_argument("--json", action="store_true")
     fl = sub.add_parser("flows", help="list active flows at a router / LS member",
                         description="List flows in a router's table, filtered by LSID and/or "
                                     "creator (a creator's name space).")
@@ -178,6 +210,16 @@ def _main(argv: list[str] | None = None) -> int:
                         f"{row['root']}, tree neighbours "
                         f"{', '.join(row['tree_members']) or 'none'}")
             print(f"LSID {row['lsid']} at router {row['router']}: {where}{sib}")
+        return 0
+    if args.command == "members":
+        expect = [n for item in args.expect for n in item.split(",") if n]
+        row = asyncio.run(members_of(args.control, args.lsid, expect))
+        if args.json:
+            print(json.dumps(row))
+        else:
+            print(f"LSID {row['lsid']} at member {row['router']}: {len(row['members'])} "
+                  f"member(s) reachable ({', '.join(row['members'])}); tree root "
+                  f"{row['root']}; tree neighbours {', '.join(row['tree_members']) or 'none'}")
         return 0
     if args.command == "flows":
         rows = asyncio.run(flows_of(args.control, args.lsid, args.creator))
