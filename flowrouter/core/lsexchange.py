@@ -91,9 +91,10 @@ class LsExchange:
                 out += self._topology(tree, [own], [lid for lid in tree.names
                                                     if lid not in new])
             out += self._topology(tree, tree.entries(), new)
-            for key in self._lsid_keys(tree):
-                out += self._frames(key, self.routing.sibling_masks(key, self.flows.get(key)))
             out += self._retree(tree, now)
+            if new:  # a new sibling (on the tree or off it) learns our masks
+                for key in sorted(self._lsid_keys(tree)):
+                    out += self._frames(key, tree.masks_for(key, self.flows.get(key)))
         return out
 
     def on_topology(self, link: Link, msg: C.LsTopology, now: float) -> list[Action]:
