@@ -27,30 +27,39 @@ BANDS = (32, 33, 40, 41)
 FLOWS = [FlowID(0xC0FFEE, LSID, i) for i in range(1, 6)]
 
 
-def member_graph() -> list[tuple[str, str]]:
-    """A ring of N members with a chord every fifth member: 36 links (a mesh has 435)."""
-    names = [f"m{i:02d}" for i in range(N)]
-    edges = [(names[i], names[(i + 1) % N]) for i in range(N)]
-    edges += [(names[i], names[(i + N // 2) % N]) for i in range(0, N // 2, 5)]
-    edges += [(names[i], names[(i + 7) % N]) for i in range(2, N, 10)]
+def member_graph(n: int = N, kind: str = "ring") -> list[tuple[str, str]]:
+    """*ring*: a ring of n members with a few chords (36 links for 30; a mesh has 435).
+    *random*: a random tree of n members plus n/4 random extra links (seeded)."""
+    names = [f"m{i:02d}" for i in range(n)]
+    if kind == "random":
+        rng = random.Random(f"members/{n}")
+        edges = {(names[rng.randrange(i)], names[i]) for i in range(1, n)}
+        while len(edges) < n - 1 + n // 4:
+            a, b = sorted(rng.sample(names, 2))
+            if (b, a) not in edges:
+                edges.add((a, b))
+        return sorted(edges)
+    edges = [(names[i], names[(i + 1) % n]) for i in range(n)]
+    edges += [(names[i], names[(i + n // 2) % n]) for i in range(0, n // 2, 5)]
+    edges += [(names[i], names[(i + 7) % n]) for i in range(2, n, 10)]
     return edges
 
 
-def network(seed: int = 1) -> SimNetwork:
+def network(seed: int = 1, n: int = N, kind: str = "ring") -> SimNetwork:
     """The members, one endpoint on each, and 6 edge routers each linked to two members
     far apart on the ring (with two endpoints each)."""
     net = SimNetwork(seed=seed)
-    for i in range(N):
+    for i in range(n):
         net.add_router(f"m{i:02d}", core_lsids=[LSID], **SOFT)
-    for a, b in member_graph():
+    for a, b in member_graph(n, kind):
         net.add_link(a, b, delay=0.001)
     for i in range(6):
         net.add_router(f"r{i}", **SOFT)
-        net.add_link(f"r{i}", f"m{(5 * i) % N:02d}", delay=0.001)
-        net.add_link(f"r{i}", f"m{(5 * i + 13) % N:02d}", delay=0.002)
+        net.add_link(f"r{i}", f"m{(5 * i) % n:02d}", delay=0.001)
+        net.add_link(f"r{i}", f"m{(5 * i + 13) % n:02d}", delay=0.002)
         for k in range(2):
             net.add_endpoint(f"e{i}{k}", f"r{i}", **EP)
-    for i in range(N):
+    for i in range(n):
         net.add_endpoint(f"x{i:02d}", f"m{i:02d}", **EP)
     return net
 
@@ -108,9 +117,10 @@ def assert_one_tree(net: SimNetwork, dead: frozenset[str] = frozenset()) -> None
         assert a in views[b][1] and b in views[a][1]
 
 
-def test_a_sparse_ls_of_30_members_delivers_every_band_exactly_once() -> None:
-    net = network()
-    assert len(member_graph()) < N * (N - 1) // 2 // 10  # far from a mesh
+@pytest.mark.parametrize("n,kind", [(30, "ring"), (20, "random"), (40, "random")])
+def test_a_sparse_ls_delivers_every_band_exactly_once(n: int, kind: str) -> None:
+    net = network(n=n, kind=kind)
+    assert len(member_graph(n, kind)) < n * (n - 1) // 2 // 5  # far from a mesh
     net.run_until(3.0)
     assert_one_tree(net)
     subscribe(net)
@@ -123,6 +133,7 @@ def test_a_sparse_ls_of_30_members_delivers_every_band_exactly_once() -> None:
         assert all(flow.key in r.flows for n, r in net.routers.items() if n.startswith("m"))
     off = net.router_counters()["drop.off-tree"]
     assert off == 0
+    assert_one_tree(net)
 
 
 def test_a_member_failing_in_the_middle_is_healed() -> None:
@@ -148,6 +159,13 @@ def test_a_member_failing_in_the_middle_is_healed() -> None:
                if n.startswith("m") and n != victim]
     assert sum(changed) >= 1
     assert net.now - t_fail < 2.0
+    # it comes back: the members take it into their tree again, and it gets its bands
+    for name, link in list(net.links.items()):
+        if victim in (link.a, link.b):
+            net.link_up(name)
+    net.run_for(3.0)
+    assert_one_tree(net)
+    assert check_exact(net, net.now) > 50
 
 
 @pytest.mark.parametrize("which", ["hub", "root"])
@@ -292,3 +310,42 @@ def test_topology_files_take_members_that_are_not_a_mesh_but_not_a_partition() -
     assert "\n" not in text
     assert text.startswith("cut.toml:") and "location service 0x10: members m3, m4 have no " \
         "path of member-to-member links to m1, m2" in text
+
+
+def test_a_partition_of_the_members_delivers_within_each_piece_and_heals() -> None:
+    """A chain of 8 members cut in the middle: each half agrees on a tree of its own and
+    delivers among itself (counted ls.members-unreachable); healed, one tree again, and
+    every band reaches every member exactly once."""
+    net = SimNetwork(seed=5)
+    names = [f"m{i:02d}" for i in range(8)]
+    for name in names:
+        net.add_router(name, core_lsids=[LSID], **SOFT)
+        net.add_endpoint(f"x{name[1:]}", name, **EP)
+    for a, b in zip(names, names[1:]):
+        net.add_link(a, b, delay=0.001)
+    net.run_until(3.0)
+    assert_one_tree(net)
+    flow = FLOWS[0]
+    for ep in net.endpoints.values():
+        ep.join(flow, [32])
+    net.run_until(4.0)
+    net.link_down("m03-m04")
+    net.run_for(0.5)
+    left, right = names[:4], names[4:]
+    for half in (left, right):
+        for name in half:
+            assert net.routers[name].routing.trees[LSID].members() == half
+    assert net.router_counters()["ls.members-unreachable"] == 8 * 4
+    net.endpoints["x00"].send(flow, 32, b"left only")
+    net.run_for(0.5)
+    got = {ep.name for ep in net.endpoints.values()
+           if any(d.payload == b"left only" for d in ep.received(flow))}
+    assert got == {"x01", "x02", "x03"}
+    net.link_up("m03-m04")
+    net.run_for(1.0)
+    assert_one_tree(net)
+    net.endpoints["x00"].send(flow, 32, b"everyone")
+    net.run_for(0.5)
+    for ep in net.endpoints.values():
+        if ep.name != "x00":
+            assert [d.payload for d in ep.received(flow)].count(b"everyone") == 1, ep.name
