@@ -546,6 +546,29 @@ done:
     return result;
 }
 
+/* one_flow(buf) -> bool: buf holds whole frames back to back, every one data (band 32 or
+ * more) of the first one's flow: an output queue may keep them as one entry of that flow
+ * (linkqueue.OutputQueue.push_run) */
+static PyObject *Engine_one_flow(Engine *e, PyObject *arg) {
+    (void)e;
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *d = v.buf;
+    Py_ssize_t n = v.len, pos = 0;
+    int ok = n >= HEADER;
+    while (ok && pos < n) {
+        const uint8_t *h = d + pos;
+        if (n - pos < HEADER || h[20] < 32 || memcmp(h, d, 16) != 0) {
+            ok = 0;
+            break;
+        }
+        pos += HEADER + (Py_ssize_t)(((uint32_t)h[16] << 24) | ((uint32_t)h[17] << 16)
+                                     | ((uint32_t)h[18] << 8) | h[19]);
+    }
+    PyBuffer_Release(&v);
+    return PyBool_FromLong(ok && pos == n);
+}
+
 /* ------------------------------------------------------------------ type */
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {NULL};
@@ -587,6 +610,8 @@ static PyMethodDef Engine_methods[] = {
     {"has_route", (PyCFunction)Engine_has_route, METH_O, "has_route(lsid) -> bool"},
     {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow, link and route"},
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
+    {"one_flow", (PyCFunction)Engine_one_flow, METH_O,
+     "one_flow(buf) -> bool: whole data frames of one flow, back to back"},
     {"forward", (PyCFunction)Engine_forward, METH_VARARGS,
      "forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min, share_min) -> "
      "(pos, stop, outputs, counts)"},

@@ -299,6 +299,11 @@ class FastPath:
                 stats["slow"] += 1
             return pos, stop, outputs
 
+    def one_flow(self, frames: Any) -> bool:
+        """Whether *frames* (an output batch) are whole data frames of one flow, back to
+        back: an output queue may keep them as one entry (``OutputQueue.push_run``)."""
+        return bool(self.engine.one_flow(frames))
+
     def status(self) -> dict[str, Any]:
         flows, links = self.engine.sizes()
         return {"engine": self.description, "native": bool(self.engine.native),

@@ -202,6 +202,19 @@ class Engine:
         return len(self._flows), len(self._links)
 
     # ------------------------------------------------------------------ forwarding
+    def one_flow(self, buf: bytes | bytearray | memoryview) -> bool:
+        """Whether *buf* holds whole frames back to back, every one data (band 32 or
+        more) of the first one's flow (an output queue may keep them as one entry)."""
+        data = bytes(buf)
+        n, pos = len(data), 0
+        if n < _HEADER:
+            return False
+        while pos < n:
+            if n - pos < _HEADER or data[pos + 20] < 32 or data[pos:pos + 16] != data[:16]:
+                return False
+            pos += _HEADER + int.from_bytes(data[pos + 16:pos + 20], "big")
+        return pos == n
+
     def forward(self, link: int, data: bytes | bytearray | memoryview, pos: int,
                 fwd_budget: int, drop_budget: int, max_payload: int, ref_min: int = 1 << 62,
                 share_min: int = 1 << 62

@@ -8,7 +8,11 @@ A link's output normally goes straight to the transport. Only when the transport
   with a byte quantum, so a flow that floods the link gets its share and no more: a
   well-behaved flow on the same link keeps its rate (seed 000 ch. 4, seed 001's fairness);
 * **bounded memory** — when the total would exceed ``max_bytes``, frames are dropped from the
-  *longest* flow queue (the flooder pays for its own excess), and every drop is counted;
+  *longest* flow queue, in frames (the flooder pays for its own excess), and every drop is
+  counted;
+* **runs** — a fast-path batch of one flow's data frames (a fan-out's, to a receiver that fell
+  behind) may wait as one entry (:meth:`OutputQueue.push_run`): no work per frame to queue
+  or serve it; it counts as its frames, and is dropped whole;
 * **shaping** — an optional token bucket (``rate`` bytes/s) emulates a slow link (the 56 kbit/s
   links of the seed 003 test-bed) and an optional fixed delay emulates propagation; loss is
   applied by the caller before queueing.
@@ -30,7 +34,10 @@ import struct
 from collections import deque
 from typing import Any
 
-Frame = tuple[bytes, Any, int]  #: (header, payload, origin: the input link it came from, 0 local)
+#: (header, payload, origin: the input link it came from, 0 local); a run of one flow's
+#: frames queued whole (:meth:`OutputQueue.push_run`) is (first header, the rest, origin,
+#: frames in it)
+Frame = tuple[Any, ...]
 
 _LENGTH = struct.Struct(">I")  #: a frame header's payload length, at offset 16 (wire.header)
 #: payloads of a batch larger than this wait as views of it, not copies (push_frames)
@@ -69,7 +76,8 @@ class TokenBucket:
 class OutputQueue:
     """Waiting frames of one link: control FIFO first, then DRR over per-flow FIFOs."""
 
-    __slots__ = ("max_bytes", "quantum", "bytes", "ctl", "adm", "flows", "active", "deficit",
+    __slots__ = ("max_bytes", "quantum", "bytes", "ctl", "adm", "flows", "frames", "active",
+                 "deficit",
                  "dropped", "dropped_bytes", "bucket", "delay", "_delayed")
 
     def __init__(self, max_bytes: int, quantum: int = 16 * 1024,
@@ -80,6 +88,8 @@ class OutputQueue:
         self.ctl: deque[Frame] = deque()
         self.adm: deque[tuple[bytes, Frame]] = deque()  #: (flow key, frame), bands 16..31
         self.flows: dict[bytes, deque[Frame]] = {}
+        #: frames waiting per flow (a run counts all of its own): the longest-queue rule
+        self.frames: dict[bytes, int] = {}
         self.active: deque[bytes] = deque()  #: flows with frames, in service order
         self.deficit: dict[bytes, int] = {}
         self.dropped = 0
@@ -101,7 +111,7 @@ class OutputQueue:
         return bool(self.ctl or self.adm or self.active)
 
     def __len__(self) -> int:
-        return (len(self.ctl) + len(self.adm) + sum(len(q) for q in self.flows.values())
+        return (len(self.ctl) + len(self.adm) + sum(self.frames.values())
                 + len(self._delayed))
 
     def empty(self) -> bool:
@@ -161,15 +171,44 @@ class OutputQueue:
                 q = flows.get(key)
                 if q is None:
                     q = flows[key] = deque()
+                    self.frames[key] = 0
                 if not q:
                     active.append(key)
                     deficit.setdefault(key, 0)
                 q.append(frame)
+                self.frames[key] += 1
             self.bytes += end - pos
             if self.bytes > self.max_bytes:
                 dropped += self._trim(key, end - pos)
             pos = end
         return dropped
+
+    def push_run(self, frames: bytes, count: int, now: float, origin: int = 0
+                 ) -> list[tuple[bytes, int, int]]:
+        """Queue *count* whole data frames (band 32 or more) of one flow, laid back to back
+        (a fast-path batch the caller checked), as one entry: no work per frame. It is
+        served in its flow's order and counts *count* frames and all its bytes for the fair
+        share and the longest-queue rule; when that rule drops it, it goes whole (every
+        frame reported). Under an emulated delay it is :meth:`push_frames`."""
+        if self.delay > 0:
+            return self.push_frames(frames, now, origin)
+        key = bytes(frames[:16])
+        self._flow_append(key, (bytes(frames[:24]), memoryview(frames)[24:], origin, count),
+                          count)
+        self.bytes += len(frames)
+        return self._trim(key, len(frames))
+
+    def _flow_append(self, key: bytes, frame: Frame, count: int) -> None:
+        """Append to *key*'s FIFO (a run: *count* frames), activating the flow."""
+        q = self.flows.get(key)
+        if q is None:
+            q = self.flows[key] = deque()
+            self.frames[key] = 0
+        if not q:
+            self.active.append(key)
+            self.deficit.setdefault(key, 0)
+        q.append(frame)
+        self.frames[key] += count
 
     def _enqueue(self, key: bytes, frame: Frame, control: bool) -> None:
         if control:
@@ -178,13 +217,7 @@ class OutputQueue:
         if frame[0][20] < 32:
             self.adm.append((key, frame))
             return
-        q = self.flows.get(key)
-        if q is None:
-            q = self.flows[key] = deque()
-        if not q:
-            self.active.append(key)
-            self.deficit.setdefault(key, 0)
-        q.append(frame)
+        self._flow_append(key, frame, 1)
 
     def _trim(self, key: bytes, size: int) -> list[tuple[bytes, int, int]]:
         if self.bytes <= self.max_bytes:
@@ -207,10 +240,15 @@ class OutputQueue:
                     continue
                 break
             q = self.flows[victim]
-            hdr, pl, origin = q.pop()  # newest of the longest queue
-            n = len(hdr) + len(pl)
+            fr = q.pop()  # newest of the longest queue
+            n = len(fr[0]) + len(fr[1])
             self.bytes -= n
-            dropped.append((victim, n, origin))
+            if len(fr) > 3:  # a run: every frame in it
+                self.frames[victim] -= fr[3]
+                dropped += _frames_of(victim, fr, n)
+            else:
+                self.frames[victim] -= 1
+                dropped.append((victim, n, fr[2]))
             if not q:
                 self.active.remove(victim)
         self.dropped += len(dropped)
@@ -220,8 +258,9 @@ class OutputQueue:
     def _longest(self) -> bytes | None:
         """The flow with the longest queue; None when the admin FIFO is longer still."""
         best, best_len = None, len(self.adm)
+        frames = self.frames
         for key in self.active:
-            n = len(self.flows[key])
+            n = frames[key]
             if n > best_len:
                 best, best_len = key, n
         return best
@@ -283,12 +322,14 @@ class OutputQueue:
     def _take_drr(self, size: int) -> None:
         key = self.active[0]
         q = self.flows[key]
-        q.popleft()
+        fr = q.popleft()
+        self.frames[key] -= fr[3] if len(fr) > 3 else 1
         self.deficit[key] -= size
         if not q:
             self.active.popleft()
             self.deficit[key] = 0
             del self.flows[key]
+            del self.frames[key]
 
     def next_ready(self, now: float) -> float | None:
         """Seconds until :meth:`pop` may return a frame (None: nothing waiting)."""
@@ -306,6 +347,18 @@ class OutputQueue:
         return {"queued_frames": len(self), "queued_bytes": self.bytes,
                 "flows_waiting": len(self.active), "dropped": self.dropped,
                 "dropped_bytes": self.dropped_bytes}
+
+
+def _frames_of(key: bytes, run: Frame, size: int) -> list[tuple[bytes, int, int]]:
+    """(key, bytes, origin) of every frame in a run entry of *size* bytes."""
+    whole = bytes(run[0]) + bytes(run[1])
+    out = []
+    pos = 0
+    while pos < size:
+        n = 24 + _LENGTH.unpack_from(whole, pos + 16)[0]
+        out.append((key, n, run[2]))
+        pos += n
+    return out
 
 
 class SlowConsumerPolicy:

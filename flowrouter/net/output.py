@@ -85,7 +85,7 @@ class LinkOutput:
         #: to ``hold_max`` bytes; past that they move into the fair queue. A receiver behind
         #: for a moment costs the router no work per frame, and is written with one
         #: gathered write on resume.
-        self.held: list[tuple[Any, int]] = []
+        self.held: list[tuple[Any, int, int]] = []
         self.held_bytes = 0
         self.held_from: dict[int, int] = {}
         lim = self.flow.limits
@@ -164,7 +164,7 @@ class LinkOutput:
             return
         elif (self.queue is None and self.write_many is not None
               and self.held_bytes + len(header) + len(payload) <= self.hold_max):
-            self._hold(header + bytes(payload), self.node.now())
+            self._hold(header + bytes(payload), self.node.now(), 1)
             return
         if self.held:
             self._spill(self.node.now())
@@ -231,11 +231,11 @@ class LinkOutput:
             now = self.node.now()
             if (self.queue is None and self.write_many is not None
                     and self.held_bytes + len(frames) <= self.hold_max):
-                self._hold(frames, now)
+                self._hold(frames, now, count)
                 return
             if self.held:
                 self._spill(now)
-            self._queue_frames(frames, self.reads.link)
+            self._queue_frames(frames, self.reads.link, count)
             return
         # emulated loss or shaping, or a datagram link: the frames take the ordinary way
         # one by one (credits, fairness, drops all apply)
@@ -246,19 +246,19 @@ class LinkOutput:
             self.send(bytes(view[pos:pos + HEADER_SIZE]), view[pos + HEADER_SIZE:end])
             pos = end
 
-    def _hold(self, frames: bytes, now: float) -> None:
-        """Keep whole frames for the transport's resume (:attr:`held`); they hold their
-        input's credit as queued frames do, and the stall clock runs."""
+    def _hold(self, frames: bytes, now: float, count: int) -> None:
+        """Keep *count* whole frames for the transport's resume (:attr:`held`); they hold
+        their input's credit as queued frames do, and the stall clock runs."""
         if not self.held:
             self.flow.queue_started(self.link_id, now)
         origin = self.reads.link
-        self.held.append((frames, origin))
+        self.held.append((frames, origin, count))
         self.held_bytes += len(frames)
         if origin:
             self.held_from[origin] = self.held_from.get(origin, 0) + len(frames)
         self.flow.queued(self.link_id, origin, len(frames), now)
 
-    def _take_held(self) -> tuple[list[tuple[Any, int]], dict[int, int]]:
+    def _take_held(self) -> tuple[list[tuple[Any, int, int]], dict[int, int]]:
         held, gone = self.held, self.held_from
         self.held, self.held_from, self.held_bytes = [], {}, 0
         return held, gone
@@ -268,8 +268,8 @@ class LinkOutput:
         (its credit given back here and taken again there)."""
         held, gone = self._take_held()
         self.flow.written(self.link_id, gone, 0, now, moved=False, backlog=True)
-        for frames, origin in held:
-            self._queue_frames(frames, origin, drain=False)
+        for frames, origin, count in held:
+            self._queue_frames(frames, origin, count, drain=False)
             if self.queue is None:  # closed as a slow consumer
                 return
 
@@ -277,24 +277,30 @@ class LinkOutput:
         """The transport takes frames again: everything held goes in one gathered write
         (the transport keeps what the socket does not take at once)."""
         held, gone = self._take_held()
-        buffers = [frames for frames, _origin in held]
+        buffers = [frames for frames, _origin, _count in held]
         flow = self.flow
-        for frames, origin in held:  # what feeds it now, as a queue's drain says
+        for frames, origin, _count in held:  # what feeds it now, as a queue's drain says
             if origin and (frames[20] >= 16 or flow.waits_for_credit(origin)):
                 self.track.fed = origin
         self.rate.wrote(sum(map(len, buffers)))
         self.write_many(buffers)  # type: ignore[misc]
         self.flow.written(self.link_id, gone, 0, now, moved=True, backlog=False)
 
-    def _queue_frames(self, frames: bytes, origin: int, drain: bool = True) -> None:
-        """A forwarding batch for a queue (or a transport that pushed back): queued in one
-        pass (:meth:`OutputQueue.push_frames`), credit taken as :meth:`_queue_frame` does,
-        then one drain."""
+    def _queue_frames(self, frames: bytes, origin: int, count: int,
+                      drain: bool = True) -> None:
+        """A forwarding batch of *count* frames for a queue (or a transport that pushed
+        back): queued in one pass (:meth:`OutputQueue.push_frames`; as one entry when they
+        are all one flow's data, :meth:`OutputQueue.push_run`: no work per frame), credit
+        taken as :meth:`_queue_frame` does, then one drain."""
         now = self.node.now()
         q = self.queue
         if q is None:
             q = self.queue = self._new_queue(now)
-        dropped = q.push_frames(frames, now, origin)
+        fast = self.node.fast
+        if count > 1 and fast is not None and fast.one_flow(frames):
+            dropped = q.push_run(frames, count, now, origin)
+        else:
+            dropped = q.push_frames(frames, now, origin)
         self.flow.queued(self.link_id, origin, len(frames), now)
         if dropped:
             self._dropped(dropped, now)
