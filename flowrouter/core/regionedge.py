@@ -18,18 +18,18 @@ state ever takes them for sockets) stand for it.
 
 An end flow's exit is the edge through which the region reaches the flow's location
 service, learned from the LS routes (:mod:`flowrouter.core.regionexits`); when it moves,
-every edge moves the flows of that LSID (:meth:`RegionEdge.sync`): a member edge leaves the
-old exit and refreshes its joins at the new one at once, the old exit forgets the flows'
-edges and re-grafts what it still needs through the region, the new one re-grafts outside
-and takes the edges' joins. The exit of an end flow keeps the flow's edges and their
-masks (refreshed by the edges' digests, held for the hold time) and tells each of them the
-set (BIND). An edge sending
-into the region picks, for each group of edges the set touches, the aggregate the
-catalogue's policy gives (:class:`~flowrouter.core.aggregates.Catalogue`) for the edges
-that want the frame's band: masks filter at the ingress edge, and a copy reaches at most
-``max_extra`` edges that do not want it. A flow
-under a policy is never padded: a copy whose aggregate would reach an edge without members
-goes to each member edge's inbox instead, so no edge a policy excludes receives it.
+every edge moves the flows of that LSID (:meth:`RegionEdge.sync`): a member edge refreshes
+its joins at the new exit at once (a digest, not a message per flow), the old exit forgets
+the flows' edges and re-grafts what it still needs through the region, the new one
+re-grafts outside and takes the edges' joins. The exit of an end flow keeps the flow's
+edges and their masks (refreshed by the edges' digests, held for the hold time) and tells
+each of them the set (BIND). An edge sending into the region picks, for each group of
+edges the set touches, the aggregate the catalogue's policy gives
+(:class:`~flowrouter.core.aggregates.Catalogue`) for the edges that want the frame's band:
+masks filter at the ingress edge, and a copy reaches at most ``max_extra`` edges that do
+not want it. A flow under a policy is never padded: a copy whose aggregate would reach an
+edge without members goes to each member edge's inbox instead, so no edge a policy
+excludes receives it.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
 tables, regions, regionexits, aggregates); never another part.
@@ -234,8 +234,8 @@ class RegionEdge:
             if entry is None:
                 continue
             if entry.upstream == R.REGION_LINK:
-                if old is not None and old != me and self._reaches(old):
-                    out += self._to_edge(old, R.Leave(key, me), now)
+                # no LEAVE to the old exit: it elects from the same offers and forgets the
+                # flows' edges itself (one that does not expires them after the hold time)
                 held = self.bound.pop(key, None)
                 if new is not None and new != me:
                     if held is not None:  # the same edges until the new exit binds
@@ -521,11 +521,10 @@ class RegionEdge:
         for key, mask, version in msg.items:
             held = self.members.get(key, {}).get(msg.edge)
             if held is None or held[0] != mask:
-                out += self._member(key, msg.edge, mask, now)
-            else:
-                self.members[key][msg.edge] = (mask, now)
-            if (key in self.members and self.versions.get(key) != version
-                    and self.exit_of(key) == self.me):
+                out += self._member(key, msg.edge, mask, now)  # a change: BIND to all
+                continue
+            self.members[key][msg.edge] = (mask, now)
+            if self.versions.get(key) != version and self.exit_of(key) == self.me:
                 cur = self.versions.get(key, 0)
                 held_all = self.members[key]
                 members = ((self.me, AGGREGATE_MASK),

@@ -15,7 +15,13 @@ compare. The run, all in virtual time:
 4. **quiet** (one refresh interval): control frames per second on router links;
 5. **failure**: the core link on most edge-to-edge paths goes down for good; a sample of
    flows is probed every 100 ms, and the recovery time is how long after the failure the
-   last incomplete probe round was sent.
+   last incomplete probe round was sent;
+6. **exit failure** (a topology whose region reaches an outside location service through
+   two or more edges): the link from that service's core to the edge that is its exit
+   goes down for good, so another edge becomes the exit (learned from the LS routes,
+   :mod:`flowrouter.core.regionexits`; without aggregation the trees re-graft hop by hop);
+   flows of that LSID are probed the same way, and the region messages and exit moves the
+   change cost are counted.
 
 Per router: its role (``edge``, ``core`` or ``router``, from the topology's regions) and
 the peak of its flow table, sampled every virtual second.
@@ -39,7 +45,7 @@ from flowrouter.testbed.sim.endpoint import Delivery, SimEndpoint
 from flowrouter.testbed.sim.network import SimNetwork
 from flowrouter.testbed.topology import Topology
 from flowrouter.testbed.topology.regions import edges as region_edges
-from flowrouter.testbed.topology.regions import roles
+from flowrouter.testbed.topology.regions import exits, roles
 from flowrouter.wire.bands import BandMask
 from flowrouter.wire.flowid import FlowID
 
@@ -199,11 +205,14 @@ def run_flows(topo: Topology, flows: int, *, aggregate: bool = True, seed: int =
     control_rate = (sum(lk.ab.frames + lk.ba.frames for lk in router_links)
                     - frames_before) / quiet
     recovery = _failure(net, mix, topo, role) if failure else None
+    exit_recovery = _exit_failure(net, mix, topo) if failure else None
     wall = time.perf_counter() - t0
     for w in writers:
         w.close()
-    return _summary(net, mix, topo, role, peak, aggregate, expected, received, got_data,
-                    core_bytes, control_rate, recovery, wall)
+    summary = _summary(net, mix, topo, role, peak, aggregate, expected, received, got_data,
+                       core_bytes, control_rate, recovery, wall)
+    summary["exit_recovery"] = exit_recovery
+    return summary
 
 
 def _send_into(mix: FlowMix, expected: set[Any], i: int, band: int, rnd: int) -> None:
@@ -241,14 +250,56 @@ def busiest_core_link(topo: Topology, role: dict[str, str]) -> str | None:
     return min(use, key=lambda n: (-use[n], n))
 
 
+def exit_link(topo: Topology) -> tuple[str, int] | None:
+    """(link, LSID): the link between an outside location service's core and the edge
+    that is its exit while every link is up, for the first such service that another edge
+    of the region links to as well (so the region has a second way out); None if none."""
+    for region in topo.regions:
+        edge_set = set(region_edges(topo, region))
+        for lsid, edge in exits(topo, region):
+            ls = next(x for x in topo.location_services if x.lsid == lsid)
+            if any(c in region.routers for c in ls.cores):
+                continue
+            ways = sorted((lk.name, lk.a if lk.a in edge_set else lk.b) for lk in topo.links
+                          if {lk.a, lk.b} & set(ls.cores) and {lk.a, lk.b} & edge_set)
+            if len({e for _, e in ways}) >= 2:
+                for name, e in ways:
+                    if e == edge:
+                        return name, lsid
+    return None
+
+
 def _failure(net: SimNetwork, mix: FlowMix, topo: Topology, role: dict[str, str]
              ) -> dict[str, Any] | None:
     name = busiest_core_link(topo, role)
     if name is None:
         return None
+    return _probe_failure(net, mix, name, range(len(mix.flows)))
+
+
+def _exit_failure(net: SimNetwork, mix: FlowMix, topo: Topology) -> dict[str, Any] | None:
+    found = exit_link(topo)
+    if found is None:
+        return None
+    name, lsid = found
+    before = net.router_counters()
+    got = _probe_failure(net, mix, name, [i for i, f in enumerate(mix.flows)
+                                          if f.lsid == lsid])
+    after = net.router_counters()
+    if got is not None:
+        got["lsid"] = f"{lsid:#x}"
+        for key in ("region.messages-sent", "region.exit-moves"):
+            got[key.split(".")[1].replace("-", "_")] = after.get(key, 0) - before.get(key, 0)
+    return got
+
+
+def _probe_failure(net: SimNetwork, mix: FlowMix, name: str, pool: Any
+                   ) -> dict[str, Any] | None:
+    """Fail link *name* for good and probe a sample of the flows of *pool*."""
     rng = random.Random(f"probe/{net.seed}")
-    sample = [i for i in range(len(mix.flows))
-              if any(n != mix.senders[i] for n, _ in mix.members[i])]
+    sample = [i for i in pool if any(n != mix.senders[i] for n, _ in mix.members[i])]
+    if not sample:
+        return None
     sample = sorted(rng.sample(sample, min(PROBE_SAMPLE, len(sample))))
     bands = {}
     for i in sample:
@@ -361,10 +412,11 @@ def format_summary(s: dict[str, Any]) -> str:
                  f"p95 {j['latency_s']['p95']} s")
     lines.append(f"  control frames/s {s['control_frames_per_second']}, core-link bytes "
                  f"{s['core_link_bytes']}, wasted deliveries {s['wasted_deliveries']}")
-    if s["recovery"]:
-        rv = s["recovery"]
-        lines.append(f"  recovery after {rv['link']} failed: {rv['seconds']} s "
-                     f"({rv['probes_lost']} probes lost)")
+    for what in ("recovery", "exit_recovery"):
+        rv = s.get(what)
+        if rv:
+            lines.append(f"  {what.replace('_', ' ')} after {rv['link']} failed: "
+                         f"{rv['seconds']} s ({rv['probes_lost']} probes lost)")
     return "\n".join(lines)
 
 

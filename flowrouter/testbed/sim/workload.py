@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-rate", type=float, default=50_000.0,
                    help="with --flows: joins a virtual second (default 50000)")
     p.add_argument("--no-failure", action="store_true",
-                   help="with --flows: skip the core link failure")
+                   help="with --flows: skip the link failures (the busiest core link; an "
+                        "exit's outside link)")
     return p
 
 
