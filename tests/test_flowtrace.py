@@ -163,19 +163,22 @@ def spark():
     session.stop()
 
 
-@pytest.fixture(scope="module")
-def analysis(spark, tmp_path_factory):
-    """Run `flowtrace analyze` once over the hand-written traces (through the CLI)."""
-    base = tmp_path_factory.mktemp("flowtrace")
+@pytest.fixture(scope="module", params=["spark", "local"])
+def analysis(request, spark, tmp_path_factory):
+    """Run `flowtrace analyze` once over the hand-written traces (through the CLI), with
+    each engine: every known answer below holds for both."""
+    base = tmp_path_factory.mktemp(f"flowtrace-{request.param}")
     traces = write_traces(base / "traces")
     out_dir = base / "report"
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = cli.main(["analyze", str(traces), "--out", str(out_dir), "--bucket",
                          str(BUCKET), "--master", "local[2]", "--shuffle-partitions", "2",
-                         "--progress", "--json", "--max-bad-fraction", "0.5"])
+                         "--progress", "--json", "--max-bad-fraction", "0.5",
+                         "--engine", request.param])
     assert code == 0, stderr.getvalue()
     summary = json.loads(stdout.getvalue())
+    assert summary["engine"] == request.param
 
     def table(name):
         rows = spark.read.parquet(str(out_dir / "tables" / name)).collect()
@@ -383,6 +386,7 @@ def test_report_and_progress(analysis):
         pngs = sorted(os.listdir(out / "plots"))
         assert {"entries.png", "gc_lag.png", "savings.png", "fanout.png"} <= set(pngs)
         assert "![entries](plots/entries.png)" in md
+    assert f"by the {analysis['summary']['engine']} engine." in md
     assert "stage 1/10: read and validate" in analysis["stderr"]
     assert "stage 10/10: report" in analysis["stderr"]
 
@@ -397,7 +401,8 @@ def test_help_explains_every_option(capsys):
         cli.main(["analyze", "--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for opt in ("--out", "--master", "--bucket", "--progress", "--driver-memory",
+    for opt in ("--out", "--engine", "--local-limit", "--master", "--bucket", "--progress",
+                "--driver-memory",
                 "--shuffle-partitions", "--conf", "--tables-uri", "--top", "--no-report",
                 "--json", "Hadoop-compatible", "--max-bad-fraction", "--clock-fence",
                 "--driver-host", "--ui", "hadoop-aws"):

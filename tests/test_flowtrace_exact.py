@@ -156,7 +156,8 @@ def analysis(spark, trace_dir, tmp_path_factory):  # noqa: F811
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = cli.main(["analyze", str(trace_dir), "--out", str(out), "--bucket",
-                             str(BUCKET), "--master", "local[2]", "--json"])
+                             str(BUCKET), "--master", "local[2]", "--json", "--engine",
+                             "spark"])
     finally:
         jobs = len(sc.statusTracker().getJobIdsForGroup("flowtrace-exact"))
         sc.setLocalProperty("spark.jobGroup.id", None)

@@ -184,7 +184,8 @@ def _flowtrace_interrupted(env: dict[str, str], tmp_path: Path, after: str) -> t
                 "--router-traces", str(traces)], env, tmp_path, timeout=120)
     assert sim.returncode == 0, sim.stderr
     proc = subprocess.Popen(["flowtrace", "analyze", str(traces), "--out",
-                             str(tmp_path / "report"), "--progress"], env=env, cwd=tmp_path,
+                             str(tmp_path / "report"), "--progress", "--engine", "spark"],
+                            env=env, cwd=tmp_path,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
     seen = []

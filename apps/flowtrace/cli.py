@@ -1,6 +1,8 @@
-"""``flowtrace``: analyse router traces with Spark, validate them, or synthesise some.
+"""``flowtrace``: analyse router traces (Spark or plain Python), validate them, or synthesise
+some.
 
-    flowtrace analyze TRACES... --out REPORT_DIR [--master local[*]] [--bucket SECONDS]
+    flowtrace analyze TRACES... --out REPORT_DIR [--engine auto|spark|local]
+                      [--master local[*]] [--bucket SECONDS]
                       [--max-bad-fraction F] [--progress] [...]
     flowtrace validate TRACES... [--max-bad-fraction F]
     flowtrace study --out DIR [--routers 20,40,80] [--flows ...] [--predict ...]
@@ -39,9 +41,16 @@ load_by_role, load_summary, fanout, flows, tree_size, run_points, fit), partitio
 (one file per run for the large ones, sorted by router). On a cluster, give --tables-uri on a
 shared file system; the report itself is always written on the driver.
 
-Local inputs of at most 8 MiB run with Spark's adaptive execution and whole-stage code
-generation off and one shuffle partition (their fixed costs dominate a small job); larger
-inputs use the session's settings.
+Engines: --engine auto (the default) analyses local inputs of at most --local-limit bytes
+(64 MiB, about 450,000 lines) in plain Python, with no JVM (a small trace takes about a
+second instead of a minute), and everything else with Spark; --engine local / spark choose
+outright. Both write the same tables, summary and report (tests/test_flowtrace_engines.py
+compares them), which name the engine that ran; the local engine holds the whole trace in
+memory, writes Parquet with pyarrow and ignores the Spark-only options (--master,
+--driver-memory, --shuffle-partitions, --conf, --ui). With Spark, local inputs of at most
+8 MiB run with adaptive execution and whole-stage code generation off and one shuffle
+partition (their fixed costs dominate a small job); larger inputs use the session's
+settings.
 """
 
 
@@ -76,14 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     a = sub.add_parser(
-        "analyze", help="run the Spark job and write the report",
-        description="Run the PySpark job over TRACES and write tables, report and plots.",
+        "analyze", help="analyse traces and write tables and the report",
+        description="Analyse TRACES (with Spark, or in plain Python for a small local "
+                    "input: --engine) and write tables, report and plots.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("traces", nargs="+", metavar="TRACES",
                    help="trace files, directories, globs or Hadoop-compatible URIs")
     a.add_argument("--out", "-o", required=True, metavar="REPORT_DIR",
                    help="directory for report.md/report.html, plots/, summary.json and "
                         "tables/ (created; existing tables are overwritten)")
+    a.add_argument("--engine", choices=("auto", "spark", "local"), default="auto",
+                   help="auto (default): the local engine for local inputs of at most "
+                        "--local-limit bytes (with a local master, local tables and pyarrow "
+                        "installed), else Spark; spark: the PySpark job; local: the same "
+                        "tables and report in plain Python, no JVM (the whole trace is held "
+                        "in memory). The report and summary.json say which ran")
+    a.add_argument("--local-limit", type=_size, default=None, metavar="SIZE",
+                   help="the largest input (bytes; k, M, G suffixes) --engine auto runs "
+                        "locally (default 64M, about 450,000 lines; the local engine holds "
+                        "about 1.5 KB a line in memory; 0: always Spark)")
     a.add_argument("--master", default="local[*]", metavar="URL",
                    help="Spark master: local[*] (default: embedded, all cores), local[N], "
                         "spark://host:7077, yarn, k8s://...")
@@ -208,26 +228,60 @@ def _eprint(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def cmd_analyze(args: argparse.Namespace) -> int:
-    import json
+def _size(text: str) -> int:
+    """A byte count: 4096, 512k, 32M, 1G (powers of 1024)."""
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    unit = t[-1:] if t[-1:] in units else ""
+    try:
+        value = float(t[:len(t) - len(unit)]) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return int(value)
 
-    from . import job, report, session
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from . import job, session
 
     try:
-        session.resolve_inputs(args.traces)
+        paths = session.resolve_inputs(args.traces)
     except FileNotFoundError as exc:
         _eprint(f"flowtrace: {exc}")
         return 2
     if not 0 <= args.max_bad_fraction <= 1:
         _eprint("flowtrace: --max-bad-fraction must be between 0 and 1")
         return 2
+    engine, why = job.choose_engine(args.engine, paths, master=args.master,
+                                    tables_uri=args.tables_uri,
+                                    limit=job.LOCAL_LIMIT if args.local_limit is None
+                                    else args.local_limit)
+    emit = _eprint if args.progress else None
+    if emit:
+        emit(f"[flowtrace] engine {engine} ({why})")
+    progress = job.Progress(emit)
+    config = {"engine_choice": why, "master": args.master,
+              "shuffle_partitions": args.shuffle_partitions,
+              "driver_memory": args.driver_memory}
+    kwargs = dict(bucket=args.bucket, progress=progress, tables_uri=args.tables_uri,
+                  top_routers=args.top, make_report=not args.no_report,
+                  max_bad_fraction=args.max_bad_fraction, clock_fence=args.clock_fence,
+                  clock_tolerance=args.clock_tolerance, config=config, engine=engine)
+    if engine == "local":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            _eprint("flowtrace: the local engine writes Parquet with pyarrow, which is not "
+                    "installed (pip install pyarrow), or use --engine spark")
+            return 1
+        return _run_job(args, None, kwargs)
     try:
         from pyspark.sql import SparkSession
     except ImportError:
         _eprint("flowtrace: pyspark is not installed (pip install pyspark; Java 17+ needed)")
         return 1
     had_session = SparkSession.getActiveSession() is not None
-    emit = _eprint if args.progress else None
     if emit:
         emit(f"[flowtrace] starting Spark ({args.master})")
     try:
@@ -238,35 +292,36 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, not a JVM trace
         _eprint(f"flowtrace: {session.one_line_error(exc)}")
         return 1
-    progress = job.Progress(emit)
-    config = {"master": args.master, "shuffle_partitions": args.shuffle_partitions,
-              "driver_memory": args.driver_memory}
-    kwargs = dict(bucket=args.bucket, progress=progress, tables_uri=args.tables_uri,
-                  top_routers=args.top, make_report=not args.no_report,
-                  max_bad_fraction=args.max_bad_fraction, clock_fence=args.clock_fence,
-                  clock_tolerance=args.clock_tolerance,
-                  config=config)
     try:
-        with session.noting_interrupts() as interrupted:
-            try:
-                if args.progress:
-                    with _StatusPoller(spark, _eprint):
-                        result = job.analyze(spark, args.traces, args.out,
-                                             **kwargs)  # type: ignore[arg-type]
-                else:
-                    result = job.analyze(spark, args.traces, args.out,
-                                         **kwargs)  # type: ignore[arg-type]
-            except job.BadInput as exc:
-                _eprint(f"flowtrace: bad input: {exc}")
-                return 1
-            except Exception as exc:  # noqa: BLE001 - report, don't dump a JVM trace on users
-                if interrupted:  # a Ctrl-C that py4j reported as a gateway error
-                    raise KeyboardInterrupt from None
-                _eprint(f"flowtrace: the analysis failed: {session.one_line_error(exc)}")
-                return 1
+        return _run_job(args, spark, kwargs)
     finally:
         if not had_session:
             spark.stop()
+
+
+def _run_job(args: argparse.Namespace, spark: Any, kwargs: dict[str, Any]) -> int:
+    """Run the analysis on *spark* (None: the local engine) and print its summary."""
+    import json
+
+    from . import job, report, session
+
+    with session.noting_interrupts() as interrupted:
+        try:
+            if spark is not None and args.progress:
+                with _StatusPoller(spark, _eprint):
+                    result = job.analyze(spark, args.traces, args.out,
+                                         **kwargs)  # type: ignore[arg-type]
+            else:
+                result = job.analyze(spark, args.traces, args.out,
+                                     **kwargs)  # type: ignore[arg-type]
+        except job.BadInput as exc:
+            _eprint(f"flowtrace: bad input: {exc}")
+            return 1
+        except Exception as exc:  # noqa: BLE001 - report, don't dump a JVM trace on users
+            if interrupted:  # a Ctrl-C that py4j reported as a gateway error
+                raise KeyboardInterrupt from None
+            _eprint(f"flowtrace: the analysis failed: {session.one_line_error(exc)}")
+            return 1
     if args.json:
         print(json.dumps(result.summary, indent=2, sort_keys=True, default=str))
     else:

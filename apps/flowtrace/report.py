@@ -38,7 +38,8 @@ def build_blocks(summary: dict[str, Any], data: dict[str, Any], images: dict[str
                    f"{fmt(summary.get('routers'))} routers ({roles}), "
                    f"{fmt(summary.get('flows'))} flows, time bucket "
                    f"{fmt(summary['bucket_seconds'])} s. Analysed in "
-                   f"{fmt(summary.get('wall_seconds'))} s."))
+                   f"{fmt(summary.get('wall_seconds'))} s by the "
+                   f"{summary.get('engine', 'spark')} engine."))
     notes = list(summary.get("notes", []))
     if plot_error:
         notes.append(plot_error)
@@ -284,7 +285,7 @@ def console_summary(summary: dict[str, Any]) -> str:
         f"flowtrace: {fmt(summary['lines'])} lines, {fmt(summary['records'])} records, "
         f"{fmt(summary['corrupt'])} corrupt, {fmt(summary['invalid'])} invalid "
         f"({fmt(summary.get('wall_seconds'))} s, {fmt(summary.get('lines_per_second'))} "
-        "lines/s)",
+        f"lines/s, engine {summary.get('engine', 'spark')})",
         f"  routers: {fmt(summary.get('routers'))} "
         f"{summary.get('routers_by_role', {})}; flows: {fmt(summary.get('flows'))}; "
         f"buckets of {fmt(summary['bucket_seconds'])} s: {fmt(summary.get('buckets'))}",

@@ -96,6 +96,11 @@ _SPARK_TYPE = {"int": "long", "pos": "long", "band": "long", "num": "double", "s
                "bool": "boolean", "fanout": "map<string,bigint>", "ints": "array<bigint>"}
 
 
+def spark_type(typ: str) -> str:
+    """The Spark SQL type of a trace field type (``num`` -> ``double``, ...)."""
+    return _SPARK_TYPE[typ]
+
+
 def all_fields() -> dict[str, str]:
     """Every field of every supported version -> its type (one type per name)."""
     fields: dict[str, str] = {"v": "int"}
