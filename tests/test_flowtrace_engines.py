@@ -159,3 +159,8 @@ def test_auto_picks_spark_above_the_limit_or_for_uris(tmp_path):
     assert job.choose_engine("auto", ["hdfs://nn/traces"])[0] == "spark"
     assert job.choose_engine("auto", paths, tables_uri="s3a://b/t")[0] == "spark"
     assert job.choose_engine("spark", paths) == ("spark", "--engine spark")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["analyze", "hdfs://nn/traces", "--out", str(tmp_path / "r"),
+                         "--engine", "local"])
+    assert code == 2 and "local files only" in err.getvalue()

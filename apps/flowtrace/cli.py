@@ -269,6 +269,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                   max_bad_fraction=args.max_bad_fraction, clock_fence=args.clock_fence,
                   clock_tolerance=args.clock_tolerance, config=config, engine=engine)
     if engine == "local":
+        if any(session.is_uri(p) for p in paths):
+            _eprint("flowtrace: the local engine reads local files only; use --engine spark "
+                    "for URIs")
+            return 2
         try:
             import pyarrow  # noqa: F401
         except ImportError:
