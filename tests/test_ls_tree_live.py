@@ -7,6 +7,7 @@ longest silence and the messages lost are printed: the lead's failover numbers).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -129,8 +130,12 @@ def test_four_members_deliver_and_survive_a_member_failure(
             row = await members_of(ctl, LSID, [m.config.name for m in survivors])
             assert row["members"] == sorted(m.config.name for m in survivors)
             capsys.readouterr()
-            rc = await asyncio.to_thread(flowls_main, ["members", "0x10", "--control", ctl,
-                                                       "--expect", ",".join(NAMES)])
+            handlers, level = logging.root.handlers[:], logging.root.level
+            try:  # the command sets up logging on the captured stderr: undone after it
+                rc = await asyncio.to_thread(flowls_main, ["members", "0x10", "--control",
+                                                           ctl, "--expect", ",".join(NAMES)])
+            finally:
+                logging.root.handlers[:], logging.root.level = handlers, level
             err = capsys.readouterr().err.strip()
             assert rc == 1 and "\n" not in err, err
             assert f"member(s) {victim.config.name} not reachable" in err
@@ -154,3 +159,59 @@ async def _agreed_without(members: list[RouterNode], gone: str) -> None:
             return
         assert time.monotonic() < deadline, (gone, [v.status() for v in views])
         await asyncio.sleep(0.01)
+
+
+def test_traffic_crosses_a_member_in_the_middle_and_goes_round_when_it_dies(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A on member m1, S on m3 (opposite corners: no link between them). S's stream crosses
+    the tree's middle member, m2 (m3's parent toward the root m1); m2 dies and the members'
+    tree takes the other way round (m3-m4-m1). Before the tree, members passed a sibling's
+    traffic only to their own subtrees: A got nothing at all."""
+    async def main() -> None:
+        members, edges = await _overlay(RING)
+        by_name = {m.config.name: m for m in members}
+        try:
+            assert by_name["m1"].core.routing.trees[LSID].tree_names == {"m2", "m4"}
+            a = await flowlib.connect([addr(by_name["m1"])], name="A")
+            s = await flowlib.connect([addr(by_name["m3"])], name="S")
+            flow = await s.create()
+            la = await a.listen(flow, [32])
+            await s.advertise(flow)
+            stop = asyncio.Event()
+
+            async def stream() -> None:
+                i = 0
+                while not stop.is_set():
+                    await s.send(flow, b"seq %d" % i, band=32)
+                    i += 1
+                    await asyncio.sleep(0.002)
+            sender = asyncio.ensure_future(stream())
+            got: list[tuple[float, int]] = []
+
+            async def until(n: int) -> None:
+                while len(got) < n:
+                    msg = await within(la.get())
+                    got.append((time.perf_counter(), int(msg.payload[4:])))
+            await until(20)
+            t_kill = time.perf_counter()
+            await by_name["m2"].stop()
+            await until(len(got) + 100)
+            stop.set()
+            await sender
+            after = [t for t, _ in got if t > t_kill]
+            gap = max(b - a for a, b in zip([t_kill, *after], after))
+            nums = [n for _, n in got]
+            lost = len(set(range(nums[0], nums[-1] + 1)) - set(nums))
+            with capsys.disabled():
+                print(f"\nring of 4 members, the middle member m2 killed: longest silence "
+                      f"{gap * 1000:.1f} ms, {lost} message(s) lost")
+            assert len(nums) == len(set(nums))  # nothing twice
+            assert lost <= 5, lost
+            assert gap < 2.0, gap
+            assert by_name["m1"].core.routing.trees[LSID].tree_names == {"m4"}
+            for c in (a, s):
+                await c.close()
+        finally:
+            for node in (*edges, *members):
+                await node.stop()
+    asyncio.run(asyncio.wait_for(main(), 60))
