@@ -366,6 +366,41 @@ def test_mirror_refuses_bad_entries_alike() -> None:
         assert eng.sizes() == (0, 0) and not eng.has_flow(_key(1)) and not eng.has_link(1)
 
 
+#: flows beyond what the engine scouts ahead for (SCOUT_MIN_FLOWS in _fastpath_tables.h)
+BIG_TABLE = 4200
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.lists(st.integers(0, BIG_TABLE - 1), max_size=60),
+       st.lists(st.integers(0, 60), max_size=12), st.sampled_from([NO_BUDGET, 0, 1000]))
+def test_a_large_table_forwards_like_the_twin(sc, picks: list[int], mix: list[int],
+                                              ref_min: int) -> None:
+    """With a table large enough for the compiled engine's look-ahead over a read (the
+    lookups of the frames ahead prefetched), reads mixing frames of many flows, runs of
+    one flow, frames the core must take, absent keys and an incomplete last frame are
+    forwarded exactly as the twin forwards them."""
+    links, flows, frames, (cut, fb, db), absent, routes = sc
+    native, twin = native_engine(), fastpath_py.Engine()
+    big = [(_key(1000 + i), -1, [(lk, 1 << 40 | 1 << (i % 128))], 1 << 40 | 1 << (i % 128))
+           for i, lk in zip(range(BIG_TABLE), [lk for lk, *_ in links] * BIG_TABLE)]
+    for eng in (native, twin):
+        _load(eng, links, big + flows, absent, routes)
+    ours = [_key(1000 + i) + struct.pack("!IBBBB", i % 50, 40, 0, 0, 3) + b"q" * (i % 50)
+            for i in picks]
+    for at in sorted(mix, reverse=True):  # the scenario's frames among ours
+        ours[at:at] = frames[:1]
+        frames = frames[1:]
+    data = b"".join(ours + frames)
+    if cut and data:
+        data = data[:-min(cut, len(data))]
+    for in_link in {lk for lk, *_ in links} | {5}:
+        got = _run(native, in_link, data, fb, db, ref_min)
+        assert got == _run(twin, in_link, data, fb, db, ref_min)
+    assert native.sizes() == twin.sizes()
+    _same_flow_counts(native, twin, [key for key, *_ in flows]
+                      + [_key(1000 + i) for i in sorted(set(picks))])
+
+
 def test_many_flows_survive_growth_and_removal() -> None:
     native = native_engine()
     twin = fastpath_py.Engine()

@@ -198,6 +198,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     Py_ssize_t in_slot = fp_link_find(e, in_id);
     if (in_slot < 0) { stop = STOP_MISS_LINK; goto done; }
     int in_router = e->links[in_slot].router;
+    Scout scout; /* prefetches the lookups of the frames ahead (_fastpath_tables.h) */
+    const int scouting = scout_start(&scout, e, pos);
     for (;;) {
         if (n - pos < HEADER) { stop = pos == n ? STOP_END : STOP_PARTIAL; break; }
         const uint8_t *h = d + pos;
@@ -212,6 +214,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             stop = STOP_SLOW;
             break;
         }
+        if (scouting) fp_scout_step(&scout, e, d, n);
         if (ttl == 0) {
             if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
             counts[1]++;

@@ -410,6 +410,39 @@ PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
     return PyBool_FromLong(found);
 }
 
+/* ------------------------------------------------------------------ look-ahead */
+/* See Scout in _fastpath_tables.h. */
+void fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n) {
+    Py_ssize_t m = e->index_cap - 1;
+    while (s->passed < s->done + SCOUT_FAR && n - s->at >= HEADER) {
+        const uint8_t *h = d + s->at;
+        uint32_t size = ((uint32_t)h[16] << 24) | ((uint32_t)h[17] << 16)
+                        | ((uint32_t)h[18] << 8) | h[19];
+        if ((Py_ssize_t)size > n - s->at - HEADER) break; /* not whole yet */
+        uint32_t slot = UINT32_MAX;
+        if (s->prev < 0 || memcmp(d + s->prev, h, 16) != 0) {
+            slot = (uint32_t)(hash_key(h) & (uint64_t)m);
+            __builtin_prefetch(&e->index[slot]);
+        }
+        s->slot[s->passed % SCOUT_RING] = slot;
+        s->prev = s->at;
+        s->at += HEADER + (Py_ssize_t)size;
+        s->passed++;
+    }
+    uint64_t near = s->done + SCOUT_NEAR;
+    if (near < s->passed) {
+        uint32_t slot = s->slot[near % SCOUT_RING];
+        if (slot != UINT32_MAX) {
+            uint32_t v = e->index[slot];
+            if (v != 0 && v != IDX_GONE) {
+                __builtin_prefetch(&e->flows[v - 1]);
+                __builtin_prefetch(&e->counts[v - 1]);
+            }
+        }
+    }
+    s->done++;
+}
+
 /* ------------------------------------------------------------------ routes */
 static inline uint64_t hash_lsid(uint32_t v) { return hash_long((long)v); }
 
