@@ -341,3 +341,62 @@ def test_incarnations_grow_with_start_time() -> None:
     assert new_incarnation(5.0, 7) != new_incarnation(5.0, 8)
     with pytest.raises(ValueError):
         SiteOrdering(IGOConfig(sites=("a",)), "a", 0.0, incarnation=0)
+
+
+@pytest.mark.parametrize("keep_sent", [True, False])
+def test_a_restarted_site_shows_its_own_last_unshown_messages_once(keep_sent: bool) -> None:
+    """b sends two messages and stops at once, before it has shown them itself (in hasten
+    mode its own messages wait for the others' clocks too); they reached a and c. With
+    its display marks and its sent mark the new run fetches them from a peer and shows them
+    once, flagged late, and shows nothing of its own again that it showed before. Without
+    the sent mark (an older marks file) they are never shown at b: the gap this fixes."""
+    cfg = IGOConfig(sites=("a", "b", "c"), mode="hasten")
+    net = LoopNet(cfg, seed=2, delay=0.05)
+    for k in range(20):
+        net.at(1.0 + k, net.submit, "a")
+        net.at(1.5 + k, net.submit, "c")
+    for t in (3.2, 4.2):
+        net.at(t, net.submit, "b")
+    state: dict[str, object] = {}
+
+    def crash() -> None:
+        net.submit("b")
+        net.submit("b")  # the last two: sent, not shown here yet
+        old = net.sites["b"]
+        shown_own = {d.seq for d in net.log["b"] if d.origin == "b"}
+        assert shown_own == {1, 2} and old.seq == 4
+        state.update(old=old, shown=list(net.log["b"]))
+        net.sites["b"] = SiteOrdering(cfg, "b", net.now, incarnation=old.inc + 10_000,
+                                      shown=old.display_marks(),
+                                      sent=old.sent_mark() if keep_sent else None)
+        net.log["b"] = []
+
+    net.at(8.0, crash)
+    net.run_until(60.0)
+    old = state["old"]
+    assert isinstance(old, SiteOrdering)
+    for s in ("a", "c"):  # the two reached the others
+        assert {("b", 3), ("b", 4)} <= {(d.origin, d.seq) for d in net.log[s]}, s
+    own_old = [d for d in net.log["b"] if d.origin == "b" and d.incarnation == old.inc]
+    if keep_sent:
+        assert [(d.seq, d.late) for d in own_old] == [(3, True), (4, True)]
+        assert net.sites["b"].counters["history.own-tail"] == 2
+    else:
+        assert own_old == []
+    again = {(d.origin, d.incarnation, d.seq) for d in net.log["b"]} & {
+        (d.origin, d.incarnation, d.seq) for d in state["shown"]}  # type: ignore[attr-defined]
+    assert not again
+
+
+def test_the_marks_file_keeps_the_sent_mark(tmp_path) -> None:
+    """The sent mark is saved with the display marks; a file without it (written before)
+    still loads its marks, and has no sent mark."""
+    from flowchat.marks import load_marks, load_sent, save_marks
+
+    path = tmp_path / "m.json"
+    save_marks(path, [("a", 7, 12), ("b", 9, 30)], (9, 33))
+    assert load_marks(path) == [("a", 7, 12), ("b", 9, 30)] and load_sent(path) == (9, 33)
+    save_marks(path, [("a", 7, 12)])
+    assert load_marks(path) == [("a", 7, 12)] and load_sent(path) is None
+    path.write_text('{"version": 1, "marks": [], "sent": [1, -2]}')
+    assert load_sent(path) is None

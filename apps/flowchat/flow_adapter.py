@@ -53,7 +53,8 @@ class FlowSite:
                  on_event: Callable[[Any], Any] | None = None,
                  on_lost: Callable[[Exception], Any] | None = None,
                  auth: FrameAuth | None = None,
-                 shown: Iterable[tuple[str, int, int]] = ()) -> None:
+                 shown: Iterable[tuple[str, int, int]] = (),
+                 sent: tuple[int, int] | None = None) -> None:
         self.client = client
         self.flow = flow if isinstance(flow, FlowID) else FlowID.parse(flow)
         self.site = site
@@ -64,7 +65,7 @@ class FlowSite:
         self.ordering = SiteOrdering(config, site, self.now(),
                                      incarnation=incarnation if incarnation is not None
                                      else new_incarnation(time.time()), auth=auth,
-                                     shown=shown)
+                                     shown=shown, sent=sent)
         #: every delivery (keep=None) or the last *keep* ones
         self.deliveries: deque[Delivery] | list[Delivery] = \
             [] if keep is None else deque(maxlen=keep)

@@ -1,9 +1,11 @@
-"""Display marks on disk: what a site server has shown, per peer stream, kept beside the
-site's state so that a restarted server shows live traffic first, fetches only what it did
-not show (in the background, flagged late) and never shows a message twice.
+"""Display marks on disk: what a site server has shown, per stream, and the last message it
+sent, kept beside the site's state so that a restarted server shows live traffic first,
+fetches only what it did not show (in the background, flagged late; its own last messages,
+sent but not shown yet when it stopped, included) and never shows a message twice.
 
-The ordering core computes the marks (:meth:`flowchat.igo.SiteOrdering.display_marks`) and
-takes them back at start-up (``shown=``); this module only reads and writes the file (JSON,
+The ordering core computes the marks (:meth:`flowchat.igo.SiteOrdering.display_marks` and
+:meth:`~flowchat.igo.SiteOrdering.sent_mark`) and takes them back at start-up (``shown=``,
+``sent=``); this module only reads and writes the file (JSON,
 written to a temporary file and renamed, so a crash leaves the old marks or the new ones,
 never half a file). Imports only the standard library."""
 
@@ -51,10 +53,28 @@ def load_marks(path: str | os.PathLike[str]) -> list[tuple[str, int, int]]:
     return out
 
 
-def save_marks(path: str | os.PathLike[str], marks: Iterable[tuple[str, int, int]]) -> None:
+def load_sent(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """The sent mark saved at *path*, ``(incarnation, seq)`` of the last run's last own
+    message (None if there is none)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sent = data.get("sent") if isinstance(data, dict) and data.get("version") == VERSION \
+        else None
+    if (isinstance(sent, list) and len(sent) == 2
+            and all(isinstance(x, int) and x >= 0 for x in sent)):
+        return (sent[0], sent[1])
+    return None
+
+
+def save_marks(path: str | os.PathLike[str], marks: Iterable[tuple[str, int, int]],
+               sent: tuple[int, int] | None = None) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"version": VERSION, "marks": [list(m) for m in marks]}),
-                   encoding="utf-8")
+    data: dict[str, object] = {"version": VERSION, "marks": [list(m) for m in marks]}
+    if sent is not None:
+        data["sent"] = list(sent)
+    tmp.write_text(json.dumps(data), encoding="utf-8")
     os.replace(tmp, p)

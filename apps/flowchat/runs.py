@@ -91,11 +91,13 @@ def run_sim(exp: Experiment, *, topology: str | Path = DEFAULT_TOPOLOGY, duratio
         before[name] = old
         old.stop()
         net.after(exp.restart_down, come_up, name,
-                  old.ordering.display_marks() if keep_marks else [])
+                  old.ordering.display_marks() if keep_marks else [],
+                  old.ordering.sent_mark() if keep_marks else None)
 
-    def come_up(name: str, marks: list[tuple[str, int, int]]) -> None:
+    def come_up(name: str, marks: list[tuple[str, int, int]],
+                sent: tuple[int, int] | None) -> None:
         ep = net.endpoints[LEADER_ENDPOINT if name == LEADER_SITE else f"{name}-client"]
-        new = SimSite(net, ep, flow, cfg, name, tick=tick, shown=marks)
+        new = SimSite(net, ep, flow, cfg, name, tick=tick, shown=marks, sent=sent)
         if name in chatting:
             new.on_deliver = track(name)
         sites[name] = new

@@ -44,7 +44,7 @@ from .igo import (
     OutboxFull,
     StateChange,
 )
-from .marks import load_marks, marks_path, save_marks
+from .marks import load_marks, load_sent, marks_path, save_marks
 from .protocol import (
     JOIN,
     KINDS,
@@ -150,7 +150,7 @@ class ChatServer:
         self.address: tuple[str, int] | None = None
         self._closed = asyncio.Event()
         self.marks_file: Path | None = None  #: the display marks (set at start)
-        self._marks_saved: list[tuple[str, int, int]] = []
+        self._marks_saved: tuple[list[tuple[str, int, int]], tuple[int, int]] | None = None
         self._marks_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -175,7 +175,8 @@ class ChatServer:
         self.igo = FlowSite(self.client, self.flow, self.config, self.site, tick=self.tick,
                             keep=1000, on_deliver=self._on_deliver, on_event=self._on_event,
                             on_lost=self._on_lost, auth=self.auth,
-                            shown=load_marks(self.marks_file))
+                            shown=load_marks(self.marks_file),
+                            sent=load_sent(self.marks_file))
         await self.igo.start()
         self._marks_task = asyncio.ensure_future(self._keep_marks())
         if self.listen:
@@ -196,11 +197,11 @@ class ChatServer:
     def _save_marks(self) -> None:
         if self.igo is None or self.marks_file is None:
             return
-        marks = self.igo.ordering.display_marks()
+        marks = (self.igo.ordering.display_marks(), self.igo.ordering.sent_mark())
         if marks == self._marks_saved:
             return
         try:
-            save_marks(self.marks_file, marks)
+            save_marks(self.marks_file, *marks)
             self._marks_saved = marks
         except OSError as exc:
             log.warning("site %s: cannot write the display marks %s: %s", self.site,

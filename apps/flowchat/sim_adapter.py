@@ -40,6 +40,7 @@ class SimSite:
                  config: IGOConfig, site: str, *, tick: float = 0.1,
                  incarnation: int | None = None,
                  shown: Iterable[tuple[str, int, int]] = (),
+                 sent: tuple[int, int] | None = None,
                  on_deliver: Callable[[Delivery], Any] | None = None,
                  on_event: Callable[[Any], Any] | None = None) -> None:
         self.net = net
@@ -53,7 +54,7 @@ class SimSite:
         self.ordering = SiteOrdering(config, site, net.now,
                                      incarnation=incarnation if incarnation is not None
                                      else new_incarnation(net.now, zlib.crc32(site.encode())),
-                                     shown=shown)
+                                     shown=shown, sent=sent)
         self.deliveries: list[Delivery] = []
         self.events: list[MembershipChange | StateChange] = []
         self.on_deliver = on_deliver

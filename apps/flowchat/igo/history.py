@@ -16,7 +16,13 @@ still missing only, of the next holder. Retries share the requests' pace (one to
 bucket), come before new requests of their stream, and at most ``WINDOW`` requests per
 stream are out at once, so a slow answerer is not buried under requests (the answerer
 also drops a request it has queued already). After ``MAX_TRIES`` the numbers are given up
-(``history.given-up``): they stay gaps, and late messages no longer wait for them."""
+(``history.given-up``): they stay gaps, and late messages no longer wait for them.
+
+**Our own tail.** A site keeps no message of its earlier runs, but the messages it had sent
+and not shown itself when it stopped (still waiting for the ordering) reached the others.
+With the last run's sent mark (:meth:`~flowchat.igo.site.SiteOrdering.sent_mark`, kept
+beside the display marks) the next run fetches them like history (:meth:`HistoryFetch.
+own_tail`) and shows them once, flagged late."""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from flowrouter.wire.bands import BAND_REPAIR
 
 from .actions import Send
 from .core import SiteCore
-from .parts import RepairRequests
+from .parts import RepairRequests, StreamTransport
 from .records import LowAsk, Stream, TokenBucket
 from .wire import F_LOW, MAX_RANGES, Nack, encode_nack
 
@@ -41,15 +47,36 @@ class HistoryFetch:
     SiteCore."""
 
     _repair: RepairRequests
+    _transport: StreamTransport
 
     def __init__(self, core: SiteCore, now: float) -> None:
         self.core = core
         self._bucket = TokenBucket(core.cfg.long_term_rate, 1.0, now)
         self._turn = 0  #: the stream whose low-priority fetch goes next (round robin)
 
-    def connect(self, *, repairs: RepairRequests) -> None:
+    def connect(self, *, repairs: RepairRequests, transport: StreamTransport) -> None:
         """The other parts this one asks (set once, by the coordinator)."""
         self._repair = repairs
+        self._transport = transport
+
+    def own_tail(self, inc: int, sent: int, now: float) -> None:
+        """This site's previous run (incarnation *inc*) had sent up to *sent* when it
+        stopped, and shown its own messages up to its display mark: the rest reached the
+        others but was never shown here. Fetched from them in the background, like the
+        peers' history, and shown once, flagged late. (Not in leader mode: there the
+        leader's order decides, and a restarted site resumes it at its current number.)"""
+        core = self.core
+        mark = core.shown_before.get((core.me, inc), 0)
+        if core.mode == "leader" or not 0 < inc < core.inc or sent <= mark:
+            return
+        st = Stream(core.me, inc)
+        st.synced = True
+        core.retired.setdefault(core.me, []).append(st)
+        self._transport.skip(core.me, st, mark, now, reason="history")
+        st.lt_wanted.append([mark + 1, sent])
+        st.history.append([mark + 1, sent])
+        core.counters["history.own-tail"] += sent - mark
+        self._transport.skip(core.me, st, sent, now, reason="history")
 
     def retry_after(self, tries: int) -> float:
         """How long a request waits for its answer before it is asked again."""

@@ -65,7 +65,8 @@ class SiteOrdering:
 
     def __init__(self, config: IGOConfig, site: str, now: float = 0.0,
                  incarnation: int | None = None, auth: FrameAuth | None = None,
-                 shown: Iterable[tuple[str, int, int]] = ()) -> None:
+                 shown: Iterable[tuple[str, int, int]] = (),
+                 sent: tuple[int, int] | None = None) -> None:
         core = self.core = SiteCore(config, site, now, incarnation, auth, shown)
         # what never changes after construction, for short names (and the public API)
         self.cfg = core.cfg
@@ -105,8 +106,10 @@ class SiteOrdering:
                          stability=stability, leader=leading)
         stability.connect(liveness=liveness, repairs=repair)
         leading.connect(liveness=liveness, repairs=repair, ordering=ordering)
-        history.connect(repairs=repair)
+        history.connect(repairs=repair, transport=transport)
         liveness.update_membership(now)
+        if sent is not None:
+            history.own_tail(sent[0], sent[1], now)
 
     @property
     def seq(self) -> int:
@@ -355,19 +358,25 @@ class SiteOrdering:
         }
 
     def display_marks(self) -> list[tuple[str, int, int]]:
-        """What this site has shown, per peer stream: ``(origin, incarnation, seq)``, every
-        message of that run up to *seq* delivered or given up. An application keeps it on
-        disk beside the site's state and passes it as ``shown=`` to the next run, which then
-        fetches only what it did not show (in the background, flagged late) and never shows
-        a message twice."""
+        """What this site has shown, per stream: ``(origin, incarnation, seq)``, every
+        message of that run up to *seq* delivered or given up (its own streams included).
+        An application keeps it on disk beside the site's state, with :meth:`sent_mark`,
+        and passes them as ``shown=`` and ``sent=`` to the next run, which then fetches
+        only what it did not show (in the background, flagged late), its own last
+        messages included, and never shows a message twice."""
         out = []
         for st in self.core.all_streams():
-            if st.origin != self.me and st.inc and st.settled:
+            if st.inc and st.settled:
                 out.append((self.cfg.sites[st.origin], st.inc, st.settled))
         for (o, inc), seq in self.core.shown_before.items():  # not heard of again yet: keep
-            if self.core.stream(o, inc) is None:
+            if o != self.me and self.core.stream(o, inc) is None:
                 out.append((self.cfg.sites[o], inc, seq))
         return out
+
+    def sent_mark(self) -> tuple[int, int]:
+        """``(incarnation, seq)`` of this run's last own message: kept with the display
+        marks, so the next run fetches what this one sent but had not shown yet."""
+        return (self.inc, self.core.seq)
 
     def peer_state(self, site: str) -> PeerState:
         return self.peers[self.cfg.index(site)].state

@@ -53,9 +53,11 @@ class FifoTransport:
 
     def on_data(self, tx: int, d: DataMsg, now: float) -> None:
         o = d.origin
-        if o == self.core.me:
+        if o == self.core.me and (d.inc == self.core.inc or tx == o
+                                  or self.core.stream(o, d.inc) is None):
             # our own message returned, or one of an earlier run of ours (we keep nothing of
-            # it: what we said before the restart is history to us)
+            # it: what we said before the restart is history to us, but for the tail we had
+            # not shown, fetched in the background, see history.py)
             self.core.counters["data.own-returned" if d.inc == self.core.inc
                           else "data.own-earlier-run"] += 1
             self.own_conflict(tx, d, now)
