@@ -35,9 +35,11 @@ static int mark_dirty(Engine *e, Py_ssize_t slot) {
     return 0;
 }
 
-static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, int lt,
-                     int left, int ttl, int ref) {
-    if (grow((void **)&e->copies, &e->copies_cap, e->ncopies + 1, sizeof(Copy), 1024) < 0)
+/* (inline, with the common cases tested here: one call per copy of a unicast stream) */
+static inline int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size,
+                            int lt, int left, int ttl, int ref) {
+    if (e->ncopies == e->copies_cap
+            && grow((void **)&e->copies, &e->copies_cap, e->ncopies + 1, sizeof(Copy), 1024) < 0)
         return -1;
     e->copies[e->ncopies++] = (Copy){slot, src, size, (uint8_t)lt, (uint8_t)left,
                                      (uint8_t)ttl, (uint8_t)ref};
@@ -45,7 +47,7 @@ static int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t size, 
     l->len += HEADER + (ref ? 0 : (Py_ssize_t)size);
     l->nrefs += ref;
     l->frames++;
-    return mark_dirty(e, slot);
+    return l->dirty ? 0 : mark_dirty(e, slot);
 }
 
 /* End the run being gathered (*open: its index, or -1): shared by its links if it holds
@@ -389,7 +391,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             break;
         }
         if (shared && nsend) {
-            if (close_run(e, &open, share_min) < 0) {
+            if (open >= 0 && close_run(e, &open, share_min) < 0) {
                 failed = 1;
                 break;
             }
