@@ -407,3 +407,30 @@ def test_a_router_fed_any_datagrams_serves_on(garbage: list[bytes]) -> None:
                 ep.close()
             await core.stop()
     run(main())
+
+
+def test_what_a_tick_sends_over_a_udp_link_leaves_bundled() -> None:
+    """Frames the core emits on a timer tick (soft-state digests, echoes) toward a UDP peer
+    are gathered like a read's and leave in one datagram, not one each."""
+    from flowrouter.core.actions import Send
+
+    async def main() -> None:
+        async with _chain("tk", 0, 0, tick_interval=0.05) as (edge, core, _pub, _sub):
+            link_id = next(lid for lid, lk in edge.core.links.items() if lk.peer_name == "tk2")
+            tick = edge.core.tick
+            frames = [_frame(bytes([i]) * 20, band=16) for i in range(6)]
+            sent = asyncio.Event()
+            grams0 = edge.udp.datagrams_out  # type: ignore[union-attr]
+
+            def one_tick(now: float) -> list[Any]:
+                if sent.is_set():
+                    return tick(now)
+                sent.set()
+                extra = [Send(link_id, f[:24], f[24:]) for f in frames]
+                return extra + tick(now)
+
+            edge.core.tick = one_tick  # type: ignore[method-assign]
+            await within(sent.wait())
+            out = edge.udp.datagrams_out - grams0  # type: ignore[union-attr]
+            assert out <= 2, out  # the six frames and whatever the tick sent: bundled
+    run(main())

@@ -123,6 +123,9 @@ class UdpLinks:
         #: seen, and why the socket buffers are smaller than asked ("" if they are not)
         self.kernel_drops = 0
         self.buffers_capped = ""
+        #: a flush is due at the end of the read in progress / of this event-loop turn
+        self.after_read = False
+        self.soon = False
         #: datagrams read and sent (status: with the frames forwarded, the bundling factor)
         self.datagrams_in = 0
         self.datagrams_out = 0
@@ -166,6 +169,7 @@ class UdpLinks:
 
     def stop(self) -> None:
         self.node.loop.remove_reader(self.sock.fileno())
+        self.flush()  # what waits for the end of this turn of the loop still leaves
         self.io, self.out = None, []
         self.sock.close()
 
@@ -360,21 +364,25 @@ class UdpLinks:
     def gather(self, dest: Any, buffers: list[Any], bundle: int = 0) -> None:
         """Whole frames for *dest*, in datagrams of up to *bundle* bytes (0: a frame per
         datagram): while the node handles a read they wait for its end and leave in one
-        batch; otherwise they leave now."""
+        batch; otherwise (a timer's sends) at the end of this turn of the event loop, so
+        what one tick sends shares datagrams too."""
         if self.io is None:
             return  # stopped
-        out = self.out
-        out.append((dest, buffers, bundle))
+        self.out.append((dest, buffers, bundle))
         reads = self.node.reads
-        if not reads.open:
-            self.flush()
-        elif len(out) == 1:
-            reads.after.append(self)
+        if reads.open:
+            if not self.after_read:
+                self.after_read = True
+                reads.after.append(self)
+        elif not self.soon:
+            self.soon = True
+            self.node.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Send the gathered frames in one batch (the frames of consecutive gathers for one
         address share datagrams); a full socket buffer (``drop.link-congested``) or an
         error (``drop.udp-error``) loses a datagram, counted."""
+        self.after_read = self.soon = False
         items, self.out = self.out, []
         if self.io is None or not items:
             return
