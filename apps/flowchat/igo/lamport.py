@@ -276,7 +276,7 @@ class LamportOrdering:
             self.deliver(msg, now, late=True, gseq=None, local=False)
 
     def deliver(self, msg: Msg, now: float, *, late: bool, gseq: int | None,
-                 local: bool) -> None:
+                local: bool) -> None:
         st = self.core.stream(msg.origin, msg.inc)
         if st is not None and msg.seq > st.settled:
             st.delivered.add(msg.seq)

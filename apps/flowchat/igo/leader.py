@@ -210,7 +210,7 @@ class LeaderOrdering:
             self.core.order_nack_due = now + self.core.cfg.nack_delay
 
     def leader_state_changed(self, old: PeerState, new: PeerState,
-                              now: float) -> None:
+                             now: float) -> None:
         if new in (PeerState.S2, PeerState.S3) and old in (PeerState.S1, PeerState.UNKNOWN):
             # cut off from the leader: intra-site chat; our waiting messages go out now
             for seq in sorted(self.core.awaiting_order):

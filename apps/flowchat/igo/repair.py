@@ -64,7 +64,7 @@ class Repairs:
         return self.core.mode != "leader" or self.core.is_leader
 
     def want_nack(self, st: Stream, now: float, immediate: bool = False,
-                   hint: bool = False) -> None:
+                  hint: bool = False) -> None:
         cfg = self.core.cfg
         due = now if immediate else now + (cfg.hint_delay if hint else cfg.nack_delay)
         if st.nack_due is None or st.nack_due > due:
@@ -88,7 +88,7 @@ class Repairs:
         return out
 
     def choose_target(self, st: Stream, first: int, now: float,
-                       tries: int) -> int | None:
+                      tries: int) -> int | None:
         """Whom to ask for *st*'s message *first*: its origin while reachable (for its
         current run only: a restarted origin keeps nothing of its earlier run), else a
         reachable holder (by its acknowledgements of that very run); for a retired run no
@@ -150,9 +150,9 @@ class Repairs:
                 st.nack_due = now + cfg.nack_retry
                 continue
             self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me,
-                                                     Nack(target, o, 0, tuple(ranges),
-                                                          st.inc)),
-                            "nack"))
+                                                         Nack(target, o, 0, tuple(ranges),
+                                                              st.inc)),
+                                "nack"))
             self.core.counters["sent.nack"] += 1
             st.asked_high = max(st.asked_high, ranges[-1][1])
             if stale:
@@ -240,7 +240,7 @@ class Repairs:
                     self._resent[(o, inc, s, r)] = now
                 band = cfg.inbox_band(next(iter(who))) if len(who) == 1 else cfg.data_band
                 self.core.emit(Send(band, self.core.encode_msg(msg, F_RESEND),
-                                "repair" if len(who) == 1 else "repair-multicast"))
+                                    "repair" if len(who) == 1 else "repair-multicast"))
                 self.core.counters["repair.sent"] += 1
             self._repair_due = now if self._repairs else None
         if not self._repairs:
@@ -252,8 +252,8 @@ class Repairs:
                 msg = st.store.get(s) if st is not None else None
                 if msg is not None:
                     self.core.emit(Send(cfg.inbox_band(requester),
-                                    self.core.encode_msg(msg, F_RESEND | F_LOW),
-                                    "repair-low"))
+                                        self.core.encode_msg(msg, F_RESEND | F_LOW),
+                                        "repair-low"))
                     self.core.counters["repair.low-sent"] += 1
 
     def _forget_resent(self, now: float) -> None:
@@ -292,6 +292,6 @@ class Repairs:
         if g.low - 1 > st.contiguous:
             # from the origin about its earlier run: its restart lost these (declared lost)
             self._transport.skip(g.stream, st, g.low - 1, now,
-                       reason="restart-lost" if retired else "gone")
+                                 reason="restart-lost" if retired else "gone")
         st.stop_low_fetch(g.low)  # a low-priority fetch it cannot serve: stop asking
         self._ordering.deliverable(now)

@@ -66,7 +66,7 @@ class PeerStates:
             self.check_caught_up(p, now)
 
     def first_contact(self, p: PeerRecord, st: Stream, upto: int,
-                       now: float) -> None:
+                      now: float) -> None:
         """Unknown / long-term disconnected peer heard: resume its stream at *upto*.
 
         A *successor* stream (the peer restarted: a new incarnation) is not resumed but
@@ -259,7 +259,7 @@ class PeerStates:
         if self.core.mode == "leader":
             if self.core.is_leader:
                 idx = [self.core.me] + [p.idx for p in self.core.peers.values()
-                                   if p.state is PeerState.S1]
+                                        if p.state is PeerState.S1]
             else:
                 lp = self.core.peers[self.core.leader]  # type: ignore[index]
                 if lp.state is PeerState.S1:

@@ -59,7 +59,7 @@ class FifoTransport:
             # it: what we said before the restart is history to us, but for the tail we had
             # not shown, fetched in the background, see history.py)
             self.core.counters["data.own-returned" if d.inc == self.core.inc
-                          else "data.own-earlier-run"] += 1
+                               else "data.own-earlier-run"] += 1
             self.own_conflict(tx, d, now)
             if tx != self.core.me:
                 self._liveness.heard(tx, now)
@@ -162,7 +162,7 @@ class FifoTransport:
             return
         self.core.counters["conflict.data"] += 1
         self.core.emit(Conflict(now, self.core.cfg.sites[msg.origin], msg.inc, msg.seq,
-                            self.core.cfg.sites[tx], held.payload, msg.payload))
+                                self.core.cfg.sites[tx], held.payload, msg.payload))
 
     def advance(self, o: int, st: Stream, now: float) -> None:
         """Move contiguous messages out of the gap buffer into ordering."""
@@ -184,7 +184,7 @@ class FifoTransport:
                 st.nack_tries = 0
 
     def skip(self, o: int, st: Stream, upto: int, now: float, *,
-              reason: str) -> None:
+             reason: str) -> None:
         """Give up on every message of origin *o* up to *upto* that has not arrived (a gap).
 
         Messages already buffered beyond the gap are kept and ordered."""
