@@ -413,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 KB, 1 hop, 20,000 msg/s, half a second")
     ap.add_argument("--keep-logs", action="store_true")
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=["bundled"],
                     help="bundled: routers and endpoints bundle (as the options say); single: "
@@ -435,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.quick:
+        args.sizes, args.hops, args.rate = [1024], [1], [20000]
+        args.warmup, args.duration = 0.2, 0.5
     if args.worker:
         role, params = args.worker
         {"publisher": worker_publisher,
