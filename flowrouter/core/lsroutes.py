@@ -170,12 +170,14 @@ class LsRouting:
         return [] if tree is None else tree.masks_for(key, entry)
 
     def told_to(self, link_id: int) -> dict[bytes, int]:
-        """The masks this member last told a sibling link (what its digests repeat)."""
+        """The masks this member last told a sibling link (what its digests repeat); the
+        caller only reads it."""
+        found = [told for tree in self.trees.values() if (told := tree.told.get(link_id))]
+        if len(found) == 1:  # nearly always: one LSID per member link (read, not copied)
+            return found[0]
         out: dict[bytes, int] = {}
-        for tree in self.trees.values():
-            told = tree.told.get(link_id)
-            if told:
-                out.update(told)
+        for told in found:
+            out.update(told)
         return out
 
     def known_lsids(self) -> set[int]:
