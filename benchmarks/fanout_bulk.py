@@ -268,20 +268,30 @@ def print_table(result: dict[str, Any]) -> None:
           for r in result["rows"]}
     lines = []
     for hops, n, size in sorted({k[:3] for k in by}):
-        f, nt = by.get((hops, n, size, "flownet")), by.get((hops, n, size, "nats"))
-        fr = f["deliveries_per_s"] if f else None
-        nr = nt["deliveries_per_s"] if nt else None
-        lines.append({"routers": hops, "receivers": n, "size": size, "flownet": fr,
-                      "nats": nr, "x": fr / nr if fr and nr else None,
-                      "fs": f["span_rate"] if f else None,
-                      "ns": nt["span_rate"] if nt else None})
-    say(table(lines, [("routers", "routers", ">d"), ("receivers", "receivers", ">d"),
-                      ("size", "payload", ">d"), ("flownet", "flownet deliveries/s", ">,.0f"),
-                      ("nats", "NATS deliveries/s", ">,.0f"), ("x", "flownet/NATS", ">.2f"),
-                      ("fs", "flownet first-last", ">,.0f"),
-                      ("ns", "NATS first-last", ">,.0f")]))
+        line: dict[str, Any] = {"routers": hops, "receivers": n, "size": size}
+        for kind in ("base", "flownet", "nats"):
+            r = by.get((hops, n, size, kind))
+            line[kind] = r["deliveries_per_s"] if r else None
+            line[f"{kind}_span"] = r["span_rate"] if r else None
+            line[f"{kind}_cpu"] = r.get("cpu_us_per_delivery") if r else None
+            line[f"{kind}_got"] = r.get("delivered_share") if r else None
+        fr, nr = line["flownet"], line["nats"]
+        line["x"] = fr / nr if fr and nr else None
+        lines.append(line)
+    kinds = ("base", "flownet", "nats") if any(ln["base"] for ln in lines) else ("flownet",
+                                                                                  "nats")
+    cols = [("routers", "routers", ">d"), ("receivers", "receivers", ">d"),
+            ("size", "payload", ">d")]
+    for kind in kinds:
+        cols += [(kind, f"{kind} deliveries/s", ">,.0f"),
+                 (f"{kind}_span", f"{kind} first-last", ">,.0f"),
+                 (f"{kind}_cpu", f"{kind} cpu us/dlv", ">.3f"),
+                 (f"{kind}_got", f"{kind} delivered", ">.1%")]
+    cols.append(("x", "flownet/NATS", ">.2f"))
+    say(table(lines, cols))
     say("deliveries/s: over the window; first-last: every delivery over the time from the "
-        "first byte to the last")
+        "first byte to the last; cpu us/dlv: the servers' CPU per delivery (/proc); "
+        "delivered: deliveries / (frames sent x receivers)")
     say(f"load average at the start {result['machine'].get('loadavg')}, at the end "
         f"{result.get('loadavg_end')}")
 
