@@ -434,3 +434,27 @@ def test_what_a_tick_sends_over_a_udp_link_leaves_bundled() -> None:
             out = edge.udp.datagrams_out - grams0  # type: ignore[union-attr]
             assert out <= 2, out  # the six frames and whatever the tick sent: bundled
     run(main())
+
+
+def test_bundle_sizes_follow_the_peer_and_the_path() -> None:
+    from types import SimpleNamespace
+
+    async def main() -> None:
+        for conf, expect in (("auto", {"127.0.0.1": 65507, "::1": 65507, "10.1.2.3": 1472,
+                                       "2001:db8::1": 1452, "fe80::1%eth0": 1452}),
+                             (9000, {"127.0.0.1": 9000, "10.1.2.3": 9000}),
+                             (0, {"127.0.0.1": 0, "10.1.2.3": 0})):
+            node = RouterNode(NodeConfig("bs", listen="", udp="127.0.0.1:0", udp_bundle=conf))
+            await node.start()
+            try:
+                udp = node.udp
+                assert udp is not None
+                for host, size in expect.items():
+                    link: Any = SimpleNamespace(link_id=-1, addr=(host, 7000))
+                    udp.peer_features = lambda _lk: C.FEATURE_DGRAM_BUNDLE  # type: ignore
+                    assert udp.bundle_for(link) == size, (conf, host)
+                    udp.peer_features = lambda _lk: C.FEATURE_SOFT_STATE  # type: ignore
+                    assert udp.bundle_for(link) == 0  # the peer did not announce bundles
+            finally:
+                await node.stop()
+    run(main())

@@ -189,7 +189,7 @@ class NodeConfig:
     #: fit, or the kernel drops it (counted, drop.udp-rcvbuf)
     udp_socket_buffer: int = 32 << 20
     #: bytes of frames a UDP datagram to a peer announcing bundles carries at most ("auto":
-    #: 65507 to loopback addresses, 1472 otherwise; 0: one frame per datagram)
+    #: 65507 to loopback addresses, 1472 otherwise, 1452 over IPv6; 0: one frame per datagram)
     udp_bundle: int | str = "auto"
     #: the largest a TCP link's read buffer grows while reads fill it (it starts at 64 KiB
     #: and shrinks back when reads stay small; a frame larger than this still fits): larger

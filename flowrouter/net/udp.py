@@ -52,6 +52,7 @@ log = logging.getLogger("flowrouter.net.runtime")
 #: the largest UDP datagram over IPv4: a bundle toward a loopback address
 UDP_MAX_DATAGRAM = 65507
 #: a bundle toward any other address: an Ethernet frame (1500) less the IPv4 and UDP headers
+#: (IPv6: 20 bytes less)
 UDP_MTU_DATAGRAM = 1472
 
 
@@ -191,18 +192,20 @@ class UdpLinks:
     def bundle_for(self, link: UdpLink) -> int:
         """The largest datagram *link*'s frames are bundled into: 0 (a frame per datagram)
         unless its peer announced ``FEATURE_DGRAM_BUNDLE``; else ``udp_bundle`` bytes, or
-        with ``"auto"`` 65507 toward a loopback address (no wire to fragment on) and 1472
-        (an Ethernet frame) otherwise."""
-        if not self._features(link) & FEATURE_DGRAM_BUNDLE:
+        with ``"auto"`` 65507 toward a loopback address (no wire to fragment on) and an
+        Ethernet frame's worth otherwise (1472 bytes over IPv4, 1452 over IPv6)."""
+        if not self.peer_features(link) & FEATURE_DGRAM_BUNDLE:
             return 0
         conf = self.node.config.udp_bundle
         if conf != "auto":
             return int(conf)
         try:
-            loopback = ipaddress.ip_address(link.addr[0].split("%")[0]).is_loopback
+            ip = ipaddress.ip_address(link.addr[0].split("%")[0])
         except ValueError:
-            loopback = False
-        return UDP_MAX_DATAGRAM if loopback else UDP_MTU_DATAGRAM
+            return UDP_MTU_DATAGRAM
+        if ip.is_loopback:
+            return UDP_MAX_DATAGRAM
+        return UDP_MTU_DATAGRAM if ip.version == 4 else UDP_MTU_DATAGRAM - 20
 
     # links ------------------------------------------------------------------------------------
     def link(self, addr: tuple[str, int], peer: PeerConfig | None) -> UdpLink:
@@ -282,7 +285,7 @@ class UdpLinks:
         n = len(grams)
         i = pos = 0
         while i < n:
-            addr, size, count = grams[i]
+            addr, size, _count = grams[i]
             link = links.get(addr)
             if link is None:
                 link = self.link(addr, None)
@@ -344,7 +347,8 @@ class UdpLinks:
                 return pos  # closed by the core
         return end
 
-    def _features(self, link: UdpLink) -> int:
+    def peer_features(self, link: UdpLink) -> int:
+        """The feature bits *link*'s peer announced in its HELLO (0 before it)."""
         lk = self.node.core.links.get(link.link_id)
         return lk.features if lk is not None else 0
 
