@@ -28,6 +28,7 @@ import logging
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from flowrouter.core.fastpath import STOP_END
 from flowrouter.core.tables import LinkState
 from flowrouter.net.config import parse_address
 from flowrouter.net.output import LinkOutput
@@ -176,10 +177,19 @@ class AppDatagrams(asyncio.DatagramProtocol):
         if lost:
             core.counters["appdgram.lost"] += lost
         link_id = link.link_id
+        fast = node.fast if link.keyed else None  # the handshake's frames: the core's
         reads = node.begin_read(link_id)
         try:
             pos, n = 0, len(frames)
             while pos < n and link_id in core.links:
+                if fast is not None:  # what the engine may decide alone, in one pass
+                    pos, stop, outs = fast.forward(link_id, frames, pos, max_payload)
+                    for out_id, out_frames, count in outs:
+                        out_link = node.links.get(out_id)
+                        if out_link is not None and out_link.out is not None:
+                            out_link.out.send_frames(out_frames, count)
+                    if stop == STOP_END:
+                        break
                 end = pos + HEADER_SIZE + int.from_bytes(frames[pos + 16:pos + 20], "big")
                 header, payload = bytes(frames[pos:pos + HEADER_SIZE]), bytes(
                     frames[pos + HEADER_SIZE:end])
