@@ -7,10 +7,12 @@ behind, and the loss is counted. Real sockets on loopback; the framing alone san
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import struct
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,15 @@ def test_router_addresses_name_their_transport() -> None:
 
 
 # ---------------------------------------------------------------- real sockets
+@contextlib.asynccontextmanager
+async def _clients(node: RouterNode, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
+    """A datagram client and a TCP client of *node*."""
+    sd = str(tmp_path)
+    async with (await flowlib.connect(udp(node), name="dg", state_dir=sd) as dg,
+                await flowlib.connect(addr(node), name="tcp", state_dir=sd) as tc):
+        yield dg, tc
+
+
 def test_a_datagram_client_has_the_tcp_api(tmp_path: Path) -> None:
     """Listen, send, large messages (fragments in datagrams), both directions, with a TCP
     client on the same flow."""
@@ -123,9 +134,7 @@ def test_a_datagram_client_has_the_tcp_api(tmp_path: Path) -> None:
         node = one_router()
         await node.start()
         try:
-            sd = str(tmp_path)
-            async with (await flowlib.connect(udp(node), name="dg", state_dir=sd) as dg,
-                        await flowlib.connect(addr(node), name="tcp", state_dir=sd) as tc):
+            async with _clients(node, tmp_path) as (dg, tc):
                 assert dg.connected and dg.address == udp(node)
                 assert dg.max_payload <= MAX_PAYLOAD
                 flow = await tc.create()
@@ -159,9 +168,7 @@ def test_a_datagram_clients_frames_go_through_the_forwarding_engine(tmp_path: Pa
         node = one_router()
         await node.start()
         try:
-            sd = str(tmp_path)
-            async with (await flowlib.connect(udp(node), name="dg", state_dir=sd) as dg,
-                        await flowlib.connect(addr(node), name="tcp", state_dir=sd) as tc):
+            async with _clients(node, tmp_path) as (dg, tc):
                 flow = await tc.create()
                 rx_tc = await tc.listen(flow, "data")
                 await dg.send(flow, b"warm")  # the flow's first frame may be the core's
