@@ -167,6 +167,8 @@ def spark():
 def analysis(request, spark, tmp_path_factory):
     """Run `flowtrace analyze` once over the hand-written traces (through the CLI), with
     each engine: every known answer below holds for both."""
+    if request.param == "local":
+        pytest.importorskip("pyarrow", reason="the local engine writes Parquet with pyarrow")
     base = tmp_path_factory.mktemp(f"flowtrace-{request.param}")
     traces = write_traces(base / "traces")
     out_dir = base / "report"
