@@ -376,8 +376,8 @@ def test_a_receiver_that_stops_reading_holds_the_sender_and_loses_nothing() -> N
             sending = asyncio.ensure_future(send())
             await _until(lambda: node.flow.control.held_inputs())
             assert not sending.done(), "the sender should be pushed back"
-            queued = sum(link.out.queue.bytes for link in node.links.values()
-                         if link.out is not None and link.out.queue is not None)
+            queued = sum(link.out.waiting for link in node.links.values()
+                         if link.out is not None)
             assert queued < 4 * 1024 * 1024, f"{queued} bytes queued: the input was not held"
             seqs = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 5.0)
             await sending

@@ -92,6 +92,11 @@ class LinkOutput:
         self.hold_max = min(lim.link_credit, lim.queue_bound)
 
     @property
+    def waiting(self) -> int:
+        """Bytes waiting here for the transport: held whole, or in the fair queue."""
+        return self.held_bytes + (self.queue.bytes if self.queue is not None else 0)
+
+    @property
     def stuck(self) -> bool:
         """It stopped moving: its waiting frames hold no credit (flow control says)."""
         return self.track.stuck
