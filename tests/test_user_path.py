@@ -237,6 +237,34 @@ def _into_head(argv: list[str], env: dict[str, str], cwd: Path, timeout: float =
     return code, err_path.read_text()
 
 
+def test_py4j_logger_records_stay_off_the_terminal(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """What made the Ctrl-C test above fail once: py4j reports the gateway call a Ctrl-C cut
+    short on its own logger (``py4j.clientserver``), whose records reach the root's handlers
+    without passing the root logger's filters. After ``quiet_py4j`` they stay off stderr;
+    other loggers still print."""
+    import logging
+
+    from flowtrace.session import quiet_py4j
+
+    monkeypatch.delenv("FLOWNET_TRACEBACK", raising=False)
+    root = logging.getLogger()
+    handler = logging.StreamHandler()  # stderr, as basicConfig would give
+    root.addHandler(handler)
+    py4j = logging.getLogger("py4j")
+    monkeypatch.setattr(py4j, "level", py4j.level)
+    monkeypatch.setattr(py4j, "propagate", py4j.propagate)
+    try:
+        quiet_py4j()
+        logging.getLogger("py4j.clientserver").error("Exception while shutting down")
+        logging.getLogger("flowtrace.test").error("still shown")
+    finally:
+        root.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "shutting down" not in err
+    assert "still shown" in err
+
+
 def test_flowchat_experiment_into_head(env: dict[str, str], tmp_path: Path) -> None:
     code, err = _into_head(["flowchat", "experiment", "--only", "A1,A2,L1,L2", "--duration",
                             "30", "--no-plots", "--out", str(tmp_path / "out")], env, tmp_path)

@@ -88,9 +88,16 @@ _PY4J_FILTER = _NotFromPy4J()
 
 
 def quiet_py4j() -> None:
-    """Keep py4j's tracebacks off the terminal (``FLOWNET_TRACEBACK=1`` keeps them)."""
+    """Keep py4j's tracebacks off the terminal (``FLOWNET_TRACEBACK=1`` keeps them).
+
+    Two doors: records py4j logs on the root logger (the filter), and records of its own
+    loggers (``py4j.clientserver``, ``py4j.java_gateway``), which propagate to the root's
+    handlers without passing the root logger's filters: the ``py4j`` logger stops them."""
     if os.environ.get("FLOWNET_TRACEBACK") != "1":
         logging.getLogger().addFilter(_PY4J_FILTER)  # the same filter once, however often
+        py4j = logging.getLogger("py4j")
+        py4j.setLevel(logging.CRITICAL + 1)
+        py4j.propagate = False
 
 
 def _start_quietly(builder: Any) -> Any:
