@@ -144,11 +144,22 @@ class AppMembership:
             key = due.popleft()
             queued.discard(key)
             entry = self.state.flows.get(key)
-            changes = self._changes.pop(key, {})
+            changes = self._changes.pop(key, None) or {}
             snapshot = key in self._snapshot_due
             self._snapshot_due.discard(key)
             if entry is None:
                 self._refresh_at.pop(key, None)
+                continue
+            targets = self._targets(entry)
+            if not targets:
+                # nobody would get it: the snapshot clock is all it costs (a listener
+                # may appear, and hear of these members at the next refresh)
+                if snapshot or changes:
+                    self._seq = (self._seq + 1) & 0xFFFFFFFF
+                if not self._has_local(entry):
+                    self._refresh_at.pop(key, None)
+                elif snapshot:
+                    self._refresh_from(key, now)
                 continue
             local = self._local_members(entry)
             if snapshot:
@@ -159,10 +170,6 @@ class AppMembership:
             if not local:
                 self._refresh_at.pop(key, None)
             if not items and not snapshot:
-                continue
-            targets = self._targets(entry)
-            if not targets:  # nobody would get it: its bookkeeping is all it costs
-                self._seq = (self._seq + 1) & 0xFFFFFFFF
                 continue
             # one batch per interval; a batch larger than a notice goes as several notices
             # (a snapshot's first part replaces, the rest add), as many as the tick allows
@@ -197,6 +204,12 @@ class AppMembership:
         if due:
             self.counters["appmembers.deferred"] += len(due)
         return out
+
+    def _has_local(self, entry: FlowEntry) -> bool:
+        """Whether an application of this router is a member of the flow."""
+        links = self.state.links
+        return any((lk := links.get(lid)) is not None and lk.role is C.Role.ENDPOINT
+                   for lid in entry.down_links())
 
     def _local_members(self, entry: FlowEntry) -> list[MemberChange]:
         out = []
