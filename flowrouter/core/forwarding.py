@@ -107,10 +107,10 @@ class Forwarding:
                 targets = entry.targets(bit, link_id)
                 if up is not None:
                     targets.append(up)
-                elif self.routing.trees and link.role is C.Role.ROUTER and \
-                        self.routing.off_tree(key_lsid(key), link_id):
+                elif self.routing.trees and not self.routing.admit(
+                        key_lsid(key), link_id, (key, band, bytes(payload)), now):
                     # from a fellow member that is no tree neighbour of ours (our views of
-                    # the members' tree differ for a moment): passing it on could loop
+                    # the members' tree differ), or a copy gone round while they settle
                     return self._dropped("off-tree", key, band, link_id, len(payload), now)
                 elif entry.sib:
                     # At a core: the other members' sides of the tree, filtered by their

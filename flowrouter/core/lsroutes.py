@@ -156,12 +156,11 @@ class LsRouting:
         tree = self.trees.get(lsid)
         return frozenset() if tree is None else tree.tree
 
-    def off_tree(self, lsid: int, link_id: int) -> bool:
-        """*link_id* leads to a fellow member of *lsid* that is not our tree neighbour:
-        its traffic of the LSID's flows is not ours to pass on (a view of the tree not yet
-        agreed)."""
+    def admit(self, lsid: int, link_id: int, frame: object, now: float) -> bool:
+        """At a member of *lsid*: whether a frame of its flows from *link_id* is passed
+        on (:meth:`MemberTree.admit`); elsewhere always."""
         tree = self.trees.get(lsid)
-        return tree is not None and tree.off_tree(link_id)
+        return tree is None or tree.admit(link_id, frame, now)
 
     def sibling_masks(self, key: bytes, entry: FlowEntry | None) -> list[tuple[int, int]]:
         """At a member: (sibling link, mask) for each sibling that must be told a new mask

@@ -28,13 +28,21 @@ May import :mod:`flowrouter.wire` and the core's data modules (tables); never a 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
+from typing import Any
 
 from flowrouter.core.tables import FlowEntry
 
 #: members one location service's graph holds at most (more are refused and counted)
 MAX_MEMBERS = 1024
+#: seconds after the member graph changed during which a member passes on traffic from
+#: any sibling link, dropping copies (see :meth:`MemberTree.admit`): long enough for a
+#: graph change to flood across the members, short enough that an application repeating
+#: the very same bytes on a band is rarely mistaken for a copy
+SETTLE = 0.25
+#: frames remembered for copy detection at most (the oldest are forgotten first)
+MAX_REMEMBERED = 65536
 
 
 class MemberTree:
@@ -62,6 +70,11 @@ class MemberTree:
         self.heard: dict[int, dict[bytes, tuple[int, float]]] = {}
         self.told: dict[int, dict[bytes, int]] = {}
         self.refused = 0  #: advertisements refused by the member limit
+        #: until when the graph is settling (views of the tree may differ between members)
+        self.settling_until = 0.0
+        self._graph: object = None
+        #: what passed through lately (frame digest -> when), oldest first, for copies
+        self._seen_frames: OrderedDict[int, float] = OrderedDict()
 
     # ------------------------------------------------------------------ the graph
     def set_siblings(self, links: Iterable[tuple[int, str]]) -> bool:
@@ -126,6 +139,10 @@ class MemberTree:
                 del db[name]
                 self.seen.pop(name, None)
         self.reach = frozenset(comp)
+        graph = (self.reach, tuple(sorted((a, tuple(b)) for a, b in adj.items())))
+        if graph != self._graph:  # the views of the tree may differ for a while
+            self._graph = graph
+            self.settling_until = now + SETTLE
         root = min(comp)
         dist = _distances(adj, root)
         tree: set[str] = set()
@@ -153,6 +170,31 @@ class MemberTree:
         """*link_id* leads to a fellow member that is not our tree neighbour."""
         name = self.names.get(link_id)
         return name is not None and name not in self.tree_names
+
+    def admit(self, link_id: int, frame: Any, now: float) -> bool:
+        """Whether a data frame of this LSID's flows, arriving on *link_id* at this member
+        (which roots its subtree) is to be passed on.
+
+        While the graph is settled: not from a fellow member off the tree (our views of the
+        tree differ for a moment; passing it on could loop). While it settles (a member
+        died or came, and the news floods hop by hop): from any sibling, so that no frame
+        is lost to views not yet agreed, but a frame seen before (flow, band and bytes
+        alike, within the settling time) is a copy that went round: dropped, so nothing is
+        delivered twice and nothing loops. What passes is remembered always (the copy of a
+        frame passed before the news arrived may come back after it)."""
+        seen = self._seen_frames
+        digest = hash(frame)
+        settling = now < self.settling_until
+        if settling and link_id in self.names and digest in seen and \
+                now - seen[digest] < SETTLE:
+            return False
+        if not settling and self.off_tree(link_id):
+            return False
+        seen[digest] = now
+        seen.move_to_end(digest)
+        while len(seen) > MAX_REMEMBERED or next(iter(seen.values())) < now - SETTLE:
+            seen.popitem(last=False)
+        return True
 
     # ------------------------------------------------------------------ masks
     def hear(self, link_id: int, key: bytes, mask: int, now: float) -> None:
