@@ -151,6 +151,8 @@ def test_a_new_way_out_makes_its_edge_the_exit(late: str) -> None:
 
 
 def test_the_election_nearest_offer_lowest_edge_and_the_operators_override() -> None:
+    every = {1, 2, 3}
+
     def table(exits: tuple[tuple[int, str], ...] = ()) -> ExitTable:
         t = ExitTable(R.RegionParams("bb", EDGES, "e0", exits=exits, routers=EDGES))
         t.heard(3, ((0x20, 1), (0x30, 2)), now=0.0)
@@ -159,16 +161,39 @@ def test_the_election_nearest_offer_lowest_edge_and_the_operators_override() -> 
         return t
 
     t = table()
-    assert t.elect(lambda e: True) == {0x20: 2, 0x30: 3}  # nearest; a tie to the lower
-    assert t.elect(lambda e: e != 3) == {0x20: 2, 0x30: 2}  # e3 unreachable: not offered
+    assert t.elect({1, 2}) == {0x20: 2, 0x30: 2}  # e3 not reachable yet: passed over
+    assert t.elect(every) == {0x20: 2, 0x30: 3}  # nearest; a tie to the lower edge
+    assert t.elect({1, 2}) == {0x20: 2, 0x30: 2}  # e3 lost: its offer is forgotten,
+    assert t.elect(every) == {0x20: 2, 0x30: 2}  # even if a stale route comes back,
+    t.heard(3, ((0x20, 1), (0x30, 2)), now=0.0)  # until it offers again
+    assert t.elect(every) == {0x20: 2, 0x30: 3}
     t.mine = {0x30: 2}
-    assert t.elect(lambda e: True)[0x30] == 0  # e0 itself, as near as e3 and lower
+    assert t.elect(every)[0x30] == 0  # e0 itself, as near as e3 and lower
     t.heard(2, (), now=3.0)  # e2 withdraws its offer
-    assert t.elect(lambda e: True) == {0x20: 3, 0x30: 0}
+    assert t.elect(every) == {0x20: 3, 0x30: 0}
     t.expire(now=2.5 + 1.0, hold=2.0)  # e3's offer (heard at 0) not repeated: forgotten
-    assert t.elect(lambda e: True) == {0x30: 0}
-    assert table(((0x20, "e3"), (0x40, "e1"))).elect(lambda e: True) == {
+    assert t.elect(every) == {0x30: 0}
+    assert table(((0x20, "e3"), (0x40, "e1"))).elect(every) == {
         0x20: 3, 0x30: 3, 0x40: 1}  # the operator's exits win, even unoffered ones
     t.heard(0, ((0x50, 1),), now=4.0)  # our own number, or no edge of ours: ignored
     t.heard(9, ((0x50, 1),), now=4.0)
-    assert 0x50 not in t.elect(lambda e: True)
+    assert 0x50 not in t.elect(every)
+
+
+def test_the_exit_edge_dies_and_the_others_move_once() -> None:
+    """e2 (the exit) goes away whole: the others elect e3 once, however long the routes
+    to e2's inbox take to count to infinity (its offer is forgotten when it is lost)."""
+    net = build()
+    moves = {e: net.routers[e].counters["region.exit-moves"] for e in ("e0", "e1", "e3")}
+    for name in ("e2-x0", "e2-c1", "app2@e2"):
+        net.link_down(name)
+    net.run_for(6.0)
+    assert {net.routers[e].status()["region"]["exits"]["0x20"] for e in moves} == {"e3"}
+    for e, before in moves.items():
+        assert net.routers[e].counters["region.exit-moves"] - before == 1, e
+    eps = net.endpoints
+    eps["app4"].send(F20, 32, b"after")
+    eps["app1"].send(F20, 33, b"after")
+    net.run_for(0.5)
+    assert [d.payload for d in eps["app0"].received(F20)] == [b"after", b"after"]
+    assert core_end_flows(net) == 0

@@ -173,7 +173,7 @@ class RegionEdge:
             msg = R.Exits(self.me, tuple(sorted(offer.items())))
             for edge in sorted(targets):
                 out += self._to_edge(edge, msg, now)
-        new = table.elect(reach.__contains__)
+        new = table.elect(reach)
         moves = {lsid: (self.exits.get(lsid), new.get(lsid))
                  for lsid in set(self.exits) | set(new)
                  if self.exits.get(lsid) != new.get(lsid)}

@@ -29,7 +29,7 @@ regions); imported by regionedge only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from flowrouter.core.lsroutes import LsRouting
 from flowrouter.core.regions import RegionParams
@@ -54,6 +54,8 @@ class ExitTable:
         self.offers: dict[int, tuple[dict[int, int], float]] = {}
         #: the edges that have our current offer (told, and reachable since)
         self.told: set[int] = set()
+        #: the edges the region's routes reached at the last election
+        self.reach: set[int] = set()
         #: the election's outcome: LSID -> exit edge
         self.exits: dict[int, int] = dict(self.static)
 
@@ -88,12 +90,20 @@ class ExitTable:
         for edge in [e for e, (_, at) in self.offers.items() if now - at > hold]:
             del self.offers[edge]
 
-    def elect(self, reachable: Callable[[int], bool]) -> dict[int, int]:
-        """LSID -> exit edge: the operator's, else the nearest offer of a reachable edge
-        (ties: the lowest edge number). Every edge with the same offers elects the same."""
+    def elect(self, reach: set[int]) -> dict[int, int]:
+        """LSID -> exit edge: the operator's, else the nearest offer of an edge in *reach*
+        (those the region's routes reach now; ties: the lowest edge number). Every edge
+        with the same offers elects the same. The offer of an edge that was reachable and
+        is no more is forgotten, not only passed over: a dead edge's route counting to
+        infinity comes and goes and must not bring its old offer back (a live edge that is
+        reachable again tells its offer again). An offer from an edge not reachable yet
+        (routes still spreading) is kept for when it is."""
+        for edge in [e for e in self.offers if e in self.reach and e not in reach]:
+            del self.offers[edge]
+        self.reach = set(reach)
         best: dict[int, tuple[int, int]] = {lsid: (d, self.me) for lsid, d in self.mine.items()}
         for edge, (items, _) in self.offers.items():
-            if not reachable(edge):
+            if edge not in reach:
                 continue
             for lsid, d in items.items():
                 cur = best.get(lsid)
