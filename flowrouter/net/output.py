@@ -1,9 +1,7 @@
 """LinkOutput: the sending side of one link, whatever its transport.
 
-A copy-free fast path straight to the transport (batched per read); while the transport
-pushes back only briefly, what comes next waits whole, as it came (a receiver descheduled
-for a moment costs no work per frame; :attr:`LinkOutput.held`); and the slow path once it
-stays behind or the link is shaped: a fair, bounded
+A copy-free fast path straight to the transport (batched per read), and the slow path once
+the transport pushes back or the link is shaped: a fair, bounded
 :class:`~flowrouter.core.linkqueue.OutputQueue` (control first, deficit round robin between
 flows, drops from the longest flow queue, announced on the flows' fault band), and link
 emulation (bandwidth, delay, loss, administrative down). What flow control decides (which
@@ -49,8 +47,7 @@ class LinkOutput:
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
     __slots__ = ("node", "reads", "flow", "link_id", "write", "write_many", "queue", "paused",
-                 "timer", "emu", "rng", "batch", "track", "fed_read", "rate", "held",
-                 "held_bytes", "held_from", "hold_max")
+                 "timer", "emu", "rng", "batch", "track", "fed_read", "rate")
 
     def __init__(self, node: Node, link_id: int, write: Callable[[bytes, Any], None],
                  write_many: Callable[[list[Any]], None] | None = None) -> None:
@@ -79,22 +76,11 @@ class LinkOutput:
         #: measured locality: the send rate while backlogged (capacity, not utilisation);
         #: the node's tick turns it into Router.measure_throughput samples
         self.rate = BusyRate()
-        #: while the transport pushes back with no queue: what comes next, whole frames in
-        #: owned buffers in arrival order (the engine's batches as they are, shared ones
-        #: too) with the input each came from, and their bytes per input (their credit), up
-        #: to ``hold_max`` bytes; past that they move into the fair queue. A receiver behind
-        #: for a moment costs the router no work per frame, and is written with one
-        #: gathered write on resume.
-        self.held: list[tuple[Any, int, int]] = []
-        self.held_bytes = 0
-        self.held_from: dict[int, int] = {}
-        lim = self.flow.limits
-        self.hold_max = min(lim.link_credit, lim.queue_bound)
 
     @property
     def waiting(self) -> int:
-        """Bytes waiting here for the transport: held whole, or in the fair queue."""
-        return self.held_bytes + (self.queue.bytes if self.queue is not None else 0)
+        """Bytes waiting here for the transport (in the fair queue)."""
+        return self.queue.bytes if self.queue is not None else 0
 
     @property
     def stuck(self) -> bool:
@@ -108,8 +94,6 @@ class LinkOutput:
     def emulate(self, emu: Emulation | None) -> None:
         """(Re)configure emulation; frames already waiting keep their order."""
         self.emu = emu if emu is not None and emu.active else None
-        if self.held:  # what waits for the transport takes the queue's way from here
-            self._spill(self.node.now())
         old = self.queue
         if self.emu is not None:
             self.rng = random.Random(f"{self.node.config.name}:{self.link_id}")
@@ -167,12 +151,6 @@ class LinkOutput:
                     self.flush()  # keep the link's order
                 self.write(header, payload)
             return
-        elif (self.queue is None and self.write_many is not None
-              and self.held_bytes + len(header) + len(payload) <= self.hold_max):
-            self._hold(header + bytes(payload), self.node.now(), 1)
-            return
-        if self.held:
-            self._spill(self.node.now())
         if self._queue_frame(header, payload, self.node.now()):
             self._drain()
 
@@ -233,13 +211,6 @@ class LinkOutput:
         if self.track.stuck and self._shed(count, len(frames), self.node.now()):
             return
         if self.emu is None and (self.queue is not None or self.paused):
-            now = self.node.now()
-            if (self.queue is None and self.write_many is not None
-                    and self.held_bytes + len(frames) <= self.hold_max):
-                self._hold(frames, now, count)
-                return
-            if self.held:
-                self._spill(now)
             self._queue_frames(frames, self.reads.link, count)
             return
         # emulated loss or shaping, or a datagram link: the frames take the ordinary way
@@ -251,48 +222,7 @@ class LinkOutput:
             self.send(bytes(view[pos:pos + HEADER_SIZE]), view[pos + HEADER_SIZE:end])
             pos = end
 
-    def _hold(self, frames: bytes, now: float, count: int) -> None:
-        """Keep *count* whole frames for the transport's resume (:attr:`held`); they hold
-        their input's credit as queued frames do, and the stall clock runs."""
-        if not self.held:
-            self.flow.queue_started(self.link_id, now)
-        origin = self.reads.link
-        self.held.append((frames, origin, count))
-        self.held_bytes += len(frames)
-        if origin:
-            self.held_from[origin] = self.held_from.get(origin, 0) + len(frames)
-        self.flow.queued(self.link_id, origin, len(frames), now)
-
-    def _take_held(self) -> tuple[list[tuple[Any, int, int]], dict[int, int]]:
-        held, gone = self.held, self.held_from
-        self.held, self.held_from, self.held_bytes = [], {}, 0
-        return held, gone
-
-    def _spill(self, now: float) -> None:
-        """The transport stays behind: what is held moves into the fair queue, in order
-        (its credit given back here and taken again there)."""
-        held, gone = self._take_held()
-        self.flow.written(self.link_id, gone, 0, now, moved=False, backlog=True)
-        for frames, origin, count in held:
-            self._queue_frames(frames, origin, count, drain=False)
-            if self.queue is None:  # closed as a slow consumer
-                return
-
-    def _write_held(self, now: float) -> None:
-        """The transport takes frames again: everything held goes in one gathered write
-        (the transport keeps what the socket does not take at once)."""
-        held, gone = self._take_held()
-        buffers = [frames for frames, _origin, _count in held]
-        flow = self.flow
-        for frames, origin, _count in held:  # what feeds it now, as a queue's drain says
-            if origin and (frames[20] >= 16 or flow.waits_for_credit(origin)):
-                self.track.fed = origin
-        self.rate.wrote(sum(map(len, buffers)))
-        self.write_many(buffers)  # type: ignore[misc]
-        self.flow.written(self.link_id, gone, 0, now, moved=True, backlog=False)
-
-    def _queue_frames(self, frames: bytes, origin: int, count: int,
-                      drain: bool = True) -> None:
+    def _queue_frames(self, frames: bytes, origin: int, count: int) -> None:
         """A forwarding batch of *count* frames for a queue (or a transport that pushed
         back): queued in one pass (:meth:`OutputQueue.push_frames`; as one entry when they
         are all one flow's data, :meth:`OutputQueue.push_run`: no work per frame), credit
@@ -311,8 +241,7 @@ class LinkOutput:
             self._dropped(dropped, now)
             if self.queue is None:  # closed as a slow consumer
                 return
-        if drain:
-            self._drain()
+        self._drain()
 
     def _dropped(self, dropped: list[tuple[bytes, int, int]], now: float) -> None:
         """Frames dropped to keep the queue bounded: alert their flows, and tell flow
@@ -354,8 +283,6 @@ class LinkOutput:
         read again), then what waits here goes."""
         self.paused = False
         self.flow.resumed(self.link_id)
-        if self.held:
-            self._write_held(self.node.now())
         self._drain()
 
     def _drain(self) -> None:
@@ -421,14 +348,11 @@ class LinkOutput:
             self.timer.cancel()
             self.timer = None
         self.queue = None
-        self._take_held()
         self.flow.forget(self.link_id)  # what waited here holds no credit any more
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = self.track.stats()
         out["paused"] = self.paused
-        if self.held:
-            out["held_bytes"] = self.held_bytes
         if self.queue is not None:
             out.update(self.queue.stats())
         if self.emu is not None:
