@@ -8,9 +8,9 @@
  * and takes no locks; the GIL is held throughout.
  *
  * The tables it forwards from are in _fastpath_tables.c (declarations in
- * _fastpath_tables.h).
+ * _fastpath_tables.h); the Python objects its plan becomes are built in _fastpath_out.c.
  */
-#include "_fastpath_tables.h"
+#include "_fastpath_out.h"
 
 /* ------------------------------------------------------------------ forwarding */
 /* Make *arr (items of isz bytes) hold at least need items (doubling, from first). */
@@ -129,28 +129,7 @@ static int plan_shared(Engine *e, Py_ssize_t *open, Py_ssize_t share_min,
     return 0;
 }
 
-/* Write one planned frame at *w (its header rewritten; its payload too unless passed by
- * reference); returns where the next goes. */
-static inline char *put_frame(char *w, const uint8_t *d, const Copy *c) {
-    memcpy(w, d + c->src, 21);
-    w[21] = (char)c->lt;
-    w[22] = (char)c->left;
-    w[23] = (char)c->ttl;
-    if (c->ref) return w + HEADER;
-    memcpy(w + HEADER, d + c->src + HEADER, c->size);
-    return w + HEADER + c->size;
-}
-
 #define MAX_TARGETS_STACK 64
-
-/* Append data[lo:hi] (a memoryview slice) to list; 0 or -1 */
-static int append_slice(PyObject *list, PyObject *mv, Py_ssize_t lo, Py_ssize_t hi) {
-    PyObject *piece = PySequence_GetSlice(mv, lo, hi);
-    if (!piece) return -1;
-    int rc = PyList_Append(list, piece);
-    Py_DECREF(piece);
-    return rc;
-}
 
 static PyObject *Engine_forward(Engine *e, PyObject *args) {
     long in_id;
@@ -165,7 +144,6 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
                           &max_in, &ref_min, &share_min))
         return NULL;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *inview = NULL; /* a memoryview of data, made for the first reference */
     const uint8_t *d = view.buf;
     Py_ssize_t n = view.len;
     long long counts[NCOUNTS] = {0};
@@ -408,143 +386,9 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
 done:
     if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(sends); PyMem_Free(lefts); }
     if (!failed && close_run(e, &open, share_min) < 0) failed = 1;
-    /* Make each shared run's bytes object, and each link's at its final size, then copy
-     * every planned frame into them in arrival order (and forget the plan even on
-     * failure). A link's output is its bytes object; or the one shared run it gets, when
-     * that is all it gets and is bytes; else a list of pieces: views of its bytes object
-     * (the copied frames and headers) between views of the input (payloads passed by
-     * reference) and the pieces of the shared runs it gets. */
-    if (!failed) outputs = PyList_New(e->ndirty);
-    for (Py_ssize_t i = 0; i < e->nruns && outputs; i++) {
-        Run *r = &e->runs[i];
-        PyObject *b = PyBytes_FromStringAndSize(NULL, r->own);
-        if (!b) { Py_CLEAR(outputs); break; }
-        char *w = PyBytes_AS_STRING(b);
-        const Copy *fr = &e->rframes[r->first];
-        if (!r->nrefs) {
-            for (Py_ssize_t j = 0; j < r->nframes; j++) w = put_frame(w, d, &fr[j]);
-            r->obj = b;
-            continue;
-        }
-        PyObject *bv = PyMemoryView_FromObject(b);
-        Py_DECREF(b); /* the view holds it */
-        r->obj = bv ? PyList_New(0) : NULL;
-        if (!inview && bv) inview = PyMemoryView_FromObject(data);
-        Py_ssize_t prev = 0;
-        for (Py_ssize_t j = 0; j < r->nframes && r->obj; j++) {
-            w = put_frame(w, d, &fr[j]);
-            if (!fr[j].ref) continue;
-            Py_ssize_t at = w - PyBytes_AS_STRING(b);
-            if (!inview || append_slice(r->obj, bv, prev, at) < 0
-                    || append_slice(r->obj, inview, fr[j].src + HEADER,
-                                    fr[j].src + HEADER + (Py_ssize_t)fr[j].size) < 0)
-                Py_CLEAR(r->obj);
-            prev = at;
-        }
-        if (r->obj && prev < r->own && append_slice(r->obj, bv, prev, r->own) < 0)
-            Py_CLEAR(r->obj);
-        Py_XDECREF(bv);
-        if (!r->obj) Py_CLEAR(outputs);
-    }
-    for (Py_ssize_t i = 0; i < e->ndirty && outputs; i++) {
-        Link *l = &e->links[e->dirty[i]];
-        int list = l->nrefs || l->nshared > 1 || (l->nshared && l->len);
-        if (l->nshared && !list) continue; /* its run's bytes, found below */
-        if (l->len || !list) {
-            l->bytes = PyBytes_FromStringAndSize(NULL, l->len);
-            if (!l->bytes) { Py_CLEAR(outputs); break; }
-            l->wp = PyBytes_AS_STRING(l->bytes);
-        }
-        if (list) {
-            l->pieces = PyList_New(0);
-            if (!l->pieces || (l->bytes && !(l->bview = PyMemoryView_FromObject(l->bytes)))) {
-                Py_CLEAR(outputs);
-                break;
-            }
-        }
-        l->prev = 0;
-    }
-    for (Py_ssize_t i = 0; i < e->ncopies && outputs; i++) {
-        Copy *c = &e->copies[i];
-        if (c->slot < 0) { /* a shared run: each of its links takes its pieces */
-            Run *r = &e->runs[-1 - c->slot];
-            const Py_ssize_t *tg = &e->rtargets[r->tgt];
-            for (Py_ssize_t k = 0; k < r->nt; k++) {
-                Link *l = &e->links[tg[k]];
-                if (!l->pieces) { /* it is all the link gets */
-                    Py_INCREF(r->obj);
-                    l->bytes = r->obj;
-                    continue;
-                }
-                Py_ssize_t at = l->bytes ? l->wp - PyBytes_AS_STRING(l->bytes) : 0;
-                int rc = at > l->prev ? append_slice(l->pieces, l->bview, l->prev, at) : 0;
-                if (rc == 0)
-                    rc = PyList_CheckExact(r->obj)
-                        ? PyList_SetSlice(l->pieces, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, r->obj)
-                        : PyList_Append(l->pieces, r->obj);
-                if (rc < 0) {
-                    Py_CLEAR(outputs);
-                    break;
-                }
-                l->prev = at;
-            }
-            continue;
-        }
-        Link *l = &e->links[c->slot];
-        l->wp = put_frame(l->wp, d, c);
-        if (!c->ref) continue;
-        Py_ssize_t at = l->wp - PyBytes_AS_STRING(l->bytes);
-        if (!inview) inview = PyMemoryView_FromObject(data);
-        if (!inview || append_slice(l->pieces, l->bview, l->prev, at) < 0
-                || append_slice(l->pieces, inview, c->src + HEADER,
-                                c->src + HEADER + (Py_ssize_t)c->size) < 0) {
-            Py_CLEAR(outputs);
-            break;
-        }
-        l->prev = at;
-    }
-    for (Py_ssize_t i = 0; i < e->ndirty; i++) {
-        Link *l = &e->links[e->dirty[i]];
-        if (outputs && l->pieces && l->prev < l->len
-                && append_slice(l->pieces, l->bview, l->prev, l->len) < 0)
-            Py_CLEAR(outputs);
-        if (outputs) {
-            PyObject *t = Py_BuildValue("(lOl)", l->id, l->pieces ? l->pieces : l->bytes,
-                                        l->frames);
-            if (!t) Py_CLEAR(outputs);
-            else PyList_SET_ITEM(outputs, i, t);
-        }
-        Py_CLEAR(l->pieces);
-        Py_CLEAR(l->bview);
-        Py_CLEAR(l->bytes);
-        l->len = 0;
-        l->frames = 0;
-        l->dirty = 0;
-        l->nrefs = 0;
-        l->nshared = 0;
-        l->wp = NULL;
-    }
-    for (Py_ssize_t i = 0; i < e->nruns; i++) Py_CLEAR(e->runs[i].obj);
-    e->nruns = e->nrframes = e->nrtargets = 0;
-    if (!outputs) failed = 1;
-    Py_XDECREF(inview);
-    e->ncopies = 0;
-    if (e->copies_cap > 65536) { /* do not keep a huge plan after a burst */
-        PyMem_Free(e->copies);
-        e->copies = NULL;
-        e->copies_cap = 0;
-    }
-    if (e->rframes_cap > 65536) {
-        PyMem_Free(e->rframes);
-        e->rframes = NULL;
-        e->rframes_cap = 0;
-    }
-    e->ndirty = 0;
+    outputs = fp_build_outputs(e, d, data, failed);
     PyBuffer_Release(&view);
-    if (failed || !outputs) {
-        Py_XDECREF(outputs);
-        return NULL;
-    }
+    if (!outputs) return NULL;
     result = Py_BuildValue("(niN(LLLLLLLLLLLL))", pos, stop, outputs, counts[0],
                            counts[1], counts[2], counts[3], counts[4], counts[5], counts[6],
                            counts[7], counts[8], counts[9], counts[10], counts[11]);
