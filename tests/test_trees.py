@@ -93,3 +93,33 @@ def test_vanished_member_branch_is_collected_within_the_hold_time() -> None:
     assert sorted(net.has_state(F)) == ["a", "a1", "core"]
 
 
+
+
+def test_a_branch_whose_new_way_to_the_core_runs_through_its_own_subtree_turns_around():
+    r"""core - b - c - d - core (a ring). b's link to the core fails; b's new way runs
+    through c, its downstream on the flow's tree, whose own way now goes round by d. b
+    drops c, joins through it, and c turns the branch around (grafts by d and takes b as
+    downstream). Before, c refused a JOIN from its upstream and b's members stayed cut off
+    for good (the simulator's backbone without aggregation, when the LS's link to an edge
+    failed)."""
+    net = CoreNet()
+    for name in ("core", "b", "c", "d"):
+        net.router(name, core_lsids=frozenset({LSID}) if name == "core" else frozenset())
+    for a, b in (("core", "b"), ("b", "c"), ("c", "d"), ("d", "core")):
+        net.connect(a, b)
+    net.tick(1.0)
+    eb = net.endpoint("eb", "b")
+    ec = net.endpoint("ec", "c")
+    eb.join(F, [32])
+    ec.join(F, [33])
+    assert net.entry("c", F).upstream == net.link("c", "b")  # the tree: core - b - c
+    net.cut("core", "b")
+    net.tick(2.0)
+    assert net.entry("b", F).upstream == net.link("b", "c")
+    assert net.entry("c", F).upstream == net.link("c", "d")
+    assert net.routers["c"].counters["join.turned"] == 1
+    e0 = net.endpoint("e0", "core")
+    e0.send(F, 32, b"to b")
+    e0.send(F, 33, b"to c")
+    assert eb.payloads(F) == [b"to b"]
+    assert ec.payloads(F) == [b"to c"]

@@ -88,8 +88,18 @@ class Membership:
             if self.tracing:
                 self.tracer.entry_add(now, key, entry.upstream)
         elif lid == entry.upstream:
-            return [control_frame(lid, key, C.JoinAck(msg.req_id, C.JoinStatus.REFUSED,
-                                                      "join arrived from the upstream side"))]
+            lsid = key_lsid(key)
+            route = None if lsid in self.p.core_lsids else self.routing.link_for(lsid)
+            if link.role is not C.Role.ROUTER or route is None or route == lid:
+                return [control_frame(lid, key, C.JoinAck(
+                    msg.req_id, C.JoinStatus.REFUSED, "join arrived from the upstream side"))]
+            # our upstream lost its way to the core, and its new way runs through us while
+            # ours no longer runs through it: turn the branch around (graft by our route,
+            # then take the old upstream as a downstream like any joiner)
+            self.counters["join.turned"] += 1
+            self.links[lid].dependent.discard(key)
+            turned = self._graft_again(key, entry, now)
+            return turned + self.on_join(link, key, msg, now)
         if (link.role is C.Role.ENDPOINT and key not in link.dependent
                 and len(link.dependent) >= self.p.max_flows_per_endpoint):
             self.counters["refused.endpoint-quota"] += 1
@@ -211,8 +221,13 @@ class Membership:
             entry.joined = True
             return []
         up = self.routing.link_for(lsid)
-        if up is None or entry.has_down(up):
+        if up is None:
             return []
+        if entry.has_down(up):
+            # the new way to the core runs through one of our downstream neighbours (whose
+            # own way no longer runs through us): it stops being downstream, and turns
+            # the branch around when our JOIN reaches it (on_join)
+            self.drop_down(entry, key, up, "turned", now)
         entry.upstream = up
         self.state.entry_changed(key)
         self.links[up].dependent.add(key)
