@@ -9,7 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from . import checks
-from .igo import Delivery, StateChange
+from .igo import Delivery, StateChange, ViewInstalled
 from .scenarios import LEADER_SITE, RunResult
 
 
@@ -150,12 +150,21 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
                 splits[f"{sa}/{sb}"] = checks.late_splits(logs[sa], logs[sb])
     out["late_splits"] = splits
     out["late_splits_total"] = sum(splits.values())
+    # agreed views (all-to-all modes): connected sites go through the same views, and sites
+    # that move on together showed the same messages in order in the view they left
+    views = view_runs(res)
+    side = {s: res.groups.get(s.removesuffix(RESTARTED), ()) for s in views}
+    v_views = checks.view_disagreements(views, side) + checks.view_delivery_violations(
+        logs, views)
+    out["views"] = {s: len(v) for s, v in views.items()}
+    out["view_changes"] = max(out["views"].values(), default=0)
     out["late_order"] = {k: {"common": c, "disagree": d} for k, (c, d) in late_pairs.items()}
     out["late_disagree"] = sum(d for _, d in late_pairs.values())
     out["violations"] = {"fifo": len(v_fifo), "order": len(v_order),
                          "agreement": len(v_agree), "global": len(v_global),
-                         "causal": len(v_causal)}
-    out["violation_examples"] = (v_fifo + v_order + v_agree + v_global + v_causal)[:10]
+                         "causal": len(v_causal), "views": len(v_views)}
+    out["violation_examples"] = (v_fifo + v_order + v_agree + v_global + v_causal
+                                 + v_views)[:10]
     out["delivered"] = {s: len(log) for s, log in logs.items()}
     out["sent"] = dict(res.sent)
     return out
@@ -198,6 +207,21 @@ def run_logs(res: RunResult) -> dict[str, list[Delivery]]:
         else:
             out[site] = list(log[:k])
             out[site + RESTARTED] = list(log[k:])
+    return out
+
+
+def view_runs(res: RunResult) -> dict[str, list[ViewInstalled]]:
+    """Per site (per run, as :func:`run_logs`) the views it installed."""
+    restart = res.extra.get("restart") or {}
+    split = res.extra.get("runs") or {}
+    out: dict[str, list[ViewInstalled]] = {}
+    for site, evs in res.events.items():
+        views = [e for e in evs if isinstance(e, ViewInstalled)]
+        if site in split and restart.get("up") is not None:
+            out[site] = [e for e in views if e.time < restart["up"]]
+            out[site + RESTARTED] = [e for e in views if e.time >= restart["up"]]
+        else:
+            out[site] = views
     return out
 
 

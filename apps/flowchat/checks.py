@@ -19,7 +19,13 @@ tests can ``assert not violations`` and the experiment summary can count them.
   at a different place in the two sites' late sequences (zero: the same late order);
 * :func:`late_splits` — messages two sites both delivered, in order at one and late at the
   other (not excluded in hasten mode: see :data:`PROPERTIES`);
-* :func:`gaps` — sequence numbers of an origin a site never delivered.
+* :func:`gaps` — sequence numbers of an origin a site never delivered;
+* :func:`view_disagreements` — views (agreed, numbered: :mod:`flowchat.igo.views`) a site
+  installed naming a peer as a member, which that peer never installed (zero: connected
+  sites go through the same views);
+* :func:`view_delivery_violations` — two sites that moved from one view to the next
+  together (each in the other's transitional set) but showed different messages in order
+  in the first, or in a different order (zero: Extended Virtual Synchrony's agreement).
 
 :data:`PROPERTIES` states what holds in which mode; the experiment summary prints it.
 """
@@ -117,21 +123,80 @@ def late_splits(a: Sequence[Any], b: Sequence[Any]) -> int:
                and la[_key(d)] != bool(d.late))
 
 
-#: what the checks establish, stated for the summary (hasten and leader modes do not give
-#: Extended Virtual Synchrony: these are the properties that do hold)
+#: what the checks establish, stated for the summary (all-to-all modes: agreed views, the
+#: Extended Virtual Synchrony shape; leader mode: the leader's view)
 PROPERTIES = (
     "FIFO per origin run, and causal order, at every site, always (late messages included).",
-    "Messages a site shows in order follow one rule (Lamport order, or the leader's numbers), "
-    "so any two sites agree on the relative order of the messages both show in order.",
+    "Messages a site shows in order follow one rule (views in their order, then Lamport "
+    "order, or the leader's numbers), so any two sites agree on the relative order of the "
+    "messages both show in order.",
+    "All-to-all modes (hasten and delay): membership is an agreed, numbered view; sites "
+    "that move from one view to the next together (the transitional notice names them) "
+    "showed the same messages in order in it, in the same order (view agreement checks), "
+    "and a message is late at one of them exactly when it is late at the others, so "
+    "connected sites show no in-order/late splits. A site that leaves or joins a view "
+    "during a change, or links without transitive connectivity (views keep changing, "
+    "backing off), can still split; the checks count it.",
     "Sites on one side of a partition agree on the relative order of the messages both show "
     "late (one late order per partition).",
-    "Not guaranteed in hasten mode: that sites connected to each other show the same set in "
-    "order. Each site decides alone when a peer leaves or rejoins its ordering set, so a "
-    "message shown in order at one site can be shown late at a connected peer "
-    "(counted as in-order/late splits). Delay-delivery (all-to-all) with short outages gives "
-    "one global order of everything; leader mode gives one order per leader view among the "
-    "sites connected to the leader.",
+    "Delay-delivery (all-to-all) with short outages gives one global order of everything. "
+    "Leader mode gives one order per leader view among the sites connected to the leader "
+    "(no agreed views: a site cut from the leader chats locally).",
 )
+
+
+def view_disagreements(views: Mapping[str, Sequence[Any]],
+                       groups: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+    """*views*: per site the :class:`~flowchat.igo.ViewInstalled` events it emitted (or
+    anything with ``view`` and ``members``). A view a site installed that names a peer
+    (of its side, if *groups* says which sites are connected) which never installed it."""
+    had = {s: {v.view for v in evs} for s, evs in views.items()}
+    out = []
+    for site, evs in views.items():
+        for v in evs:
+            for peer in v.members:
+                if peer == site or peer not in had:
+                    continue
+                if groups is not None and peer not in set(groups.get(site, ())):
+                    continue
+                if v.view not in had[peer]:
+                    out.append(f"{site} installed view {v.number} with {peer}, "
+                               f"which never installed it")
+    return out
+
+
+def view_delivery_violations(logs: Mapping[str, Sequence[Any]],
+                             views: Mapping[str, Sequence[Any]]) -> list[str]:
+    """Per pair of sites and view they both left for the same next view with each other in
+    its transitional set: the messages shown in order in the view (``Delivery.view``) must
+    be the same, in the same order."""
+    nxt: dict[str, dict[int, Any]] = {}
+    for site, evs in views.items():
+        nxt[site] = {v.previous: v for v in evs}
+    shown: dict[str, dict[int, list[Key]]] = {}
+    for site, log in logs.items():
+        per: dict[int, list[Key]] = {}
+        for d in log:
+            if not d.late and not getattr(d, "local", False):
+                per.setdefault(getattr(d, "view", 0), []).append(_key(d))
+        shown[site] = per
+    out = []
+    names = [s for s in logs if s in nxt]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for vid, va in nxt[a].items():
+                vb = nxt[b].get(vid)
+                if vb is None or va.view != vb.view or b not in va.transitional \
+                        or a not in vb.transitional:
+                    continue
+                sa, sb = shown[a].get(vid, []), shown[b].get(vid, [])
+                if sa != sb:
+                    diff = len(set(sa) ^ set(sb))
+                    out.append(f"{a} and {b} moved from view {vid >> 8} to {va.number} "
+                               f"together but showed {len(sa)} and {len(sb)} messages in "
+                               f"order in it ({diff} not in both"
+                               f"{', or in another order' if not diff else ''})")
+    return out
 
 
 def causal_violations(logs: Mapping[str, Sequence[Any]],

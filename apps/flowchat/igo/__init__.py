@@ -153,6 +153,8 @@ from .actions import (
     PeerState,
     Send,
     StateChange,
+    ViewChange,
+    ViewInstalled,
 )
 from .auth import FrameAuth
 from .config import MODES, IGOConfig, default_config, room_tag
@@ -180,5 +182,5 @@ __all__ = [
     "DataMsg", "Heartbeat", "Nack", "Gone", "Order", "room_tag", "Action", "default_config",
     "encode_gone", "encode_heartbeat", "encode_nack", "encode_order", "BAND_HEARTBEAT",
     "BAND_ORDER", "BAND_REPAIR", "new_incarnation", "Conflict", "FrameAuth", "Congestion",
-    "OutboxFull",
+    "OutboxFull", "ViewChange", "ViewInstalled",
 ]

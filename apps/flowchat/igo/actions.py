@@ -24,6 +24,7 @@ class Delivery:
     payload: bytes
     incarnation: int = 0  #: the origin's run the message belongs to: (origin, incarnation,
     #: seq) names a message; seq alone does not once a site has restarted
+    view: int = 0  #: the view (vid, see views.py) this site was in when it showed it
 
     @property
     def latency(self) -> float:
@@ -79,7 +80,31 @@ class Congestion(NamedTuple):
     in_flight: int  #: bytes sent and not yet acknowledged by every connected peer
 
 
-Action = Send | Deliver | MembershipChange | StateChange | Conflict | Congestion
+class ViewChange(NamedTuple):
+    """A view change began here (this site adopted a proposal): own messages wait until
+    the new view is installed (all-to-all modes, see :mod:`~flowchat.igo.views`)."""
+
+    time: float
+    proposal: int  #: the proposed view's id (vid)
+    number: int  #: its number (the counter part of the vid)
+    members: tuple[str, ...]
+
+
+class ViewInstalled(NamedTuple):
+    """An agreed view was installed, after every message of the previous one up to the
+    agreed cut. *transitional* is the transitional notice: the members that came from
+    the same previous view (they showed the same messages in it, in the same order)."""
+
+    time: float
+    view: int  #: vid
+    number: int
+    members: tuple[str, ...]
+    transitional: tuple[str, ...]
+    previous: int  #: the vid of the view left
+
+
+Action = (Send | Deliver | MembershipChange | StateChange | Conflict | Congestion | ViewChange
+          | ViewInstalled)
 
 
 class PeerState(enum.StrEnum):

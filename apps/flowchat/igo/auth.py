@@ -44,4 +44,5 @@ def data_signature_ok(auth: FrameAuth, tag: int, origin_name: str, d: DataMsg) -
     if len(d.sig) != SIG_LEN:
         return False
     return auth.verify(origin_name, data_signed_bytes(tag, d.origin, d.inc, d.seq, d.lamport,
-                                                      d.send_time, d.deps, d.payload), d.sig)
+                                                      d.send_time, d.deps, d.payload,
+                                                      d.view), d.sig)

@@ -27,7 +27,7 @@ class SendWindow:
     """The bytes of own messages in flight and the outbox of messages waiting to go."""
 
     __slots__ = ("window", "limit", "_inflight", "_inflight_bytes", "_outbox", "_acked",
-                 "waited")
+                 "waited", "paused")
 
     def __init__(self, window: int | None, outbox_limit: int) -> None:
         self.window = window  #: bytes in flight at most (None: no flow control)
@@ -37,11 +37,14 @@ class SendWindow:
         self._outbox: deque[tuple[bytes, float]] = deque()  #: (payload, submitted at)
         self._acked = 0
         self.waited = 0.0  #: the longest a released message waited in the outbox (s)
+        #: a view change is under way: messages wait in the outbox (not congestion: they go
+        #: as soon as the new view is installed)
+        self.paused = False
 
     @property
     def congested(self) -> bool:
         """More is offered than the network takes: messages wait, or the window is full."""
-        return bool(self._outbox) or self._full()
+        return bool(self._outbox) and not self.paused or self._full()
 
     @property
     def queued(self) -> int:
@@ -57,7 +60,7 @@ class SendWindow:
     def offer(self, payload: bytes, now: float) -> bool:
         """A new message: True if it may go now; False if it was queued (congested).
         Raises :class:`OutboxFull` when it can be neither sent nor queued."""
-        if not self._outbox and not self._full():
+        if not self._outbox and not self._full() and not self.paused:
             return True
         if len(self._outbox) >= self.limit:
             raise OutboxFull(f"congested: {len(self._outbox)} messages already wait")
@@ -84,7 +87,7 @@ class SendWindow:
     def next_ready(self, now: float) -> bytes | None:
         """The oldest queued message if the window lets it go now (the caller sends it and
         reports it with :meth:`sent`), else None."""
-        if not self._outbox or self._full():
+        if not self._outbox or self._full() or self.paused:
             return None
         payload, t = self._outbox.popleft()
         self.waited = max(self.waited, now - t)

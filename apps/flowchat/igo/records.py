@@ -10,11 +10,12 @@ from .actions import PeerState
 
 
 class Msg:
-    __slots__ = ("origin", "inc", "seq", "lamport", "send_time", "deps", "payload", "rx", "sig")
+    __slots__ = ("origin", "inc", "seq", "lamport", "send_time", "deps", "payload", "rx", "sig",
+                 "view")
 
     def __init__(self, origin: int, inc: int, seq: int, lamport: int, send_time: float,
                  deps: tuple[tuple[int, int, int], ...], payload: bytes, rx: float,
-                 sig: bytes = b"") -> None:
+                 sig: bytes = b"", view: int = 0) -> None:
         self.origin = origin
         self.inc = inc
         self.seq = seq
@@ -24,12 +25,14 @@ class Msg:
         self.payload = payload
         self.rx = rx
         self.sig = sig  #: the origin's signature (keyed rooms; resent unchanged)
+        self.view = view  #: the view (vid) its origin sent it in
 
     def same_content(self, other: Msg) -> bool:
         """Whether *other* (same origin, incarnation and seq) says the same thing: two
         frames that differ here are a conflict (a forgery, or an origin equivocating)."""
         return (self.lamport == other.lamport and self.send_time == other.send_time
-                and self.deps == other.deps and self.payload == other.payload)
+                and self.deps == other.deps and self.payload == other.payload
+                and self.view == other.view)
 
 
 class Stream:

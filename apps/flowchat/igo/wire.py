@@ -1,12 +1,12 @@
 """IGO frames: encoding and parsing (sans-I/O; imports only the standard library and
 flowrouter.wire).
 
-Wire format (version 2, network byte order)
+Wire format (version 3, network byte order)
 ===========================================
 
 Every payload starts with a 9-byte prefix::
 
-    "IG" | version (1) = 2 | kind (1) | room tag (4) | transmitter (1)
+    "IG" | version (1) = 3 | kind (1) | room tag (4) | transmitter (1)
 
 The *room tag* is CRC-32 of ``room|site,site,...|leader``: frames of another room or of a site
 configured with another site list are counted (``foreign``) and ignored. *transmitter* is the
@@ -25,8 +25,9 @@ of an earlier run (smaller). Kinds:
 kind        code  body after the prefix                                               band
 ==========  ====  ==================================================================  =======
 DATA        1     origin (1) | incarnation (8) | seq (4) | lamport (8) | send time    data /
-                  (float64, s) | flags (1: 1 RESEND, 2 LOW-PRIORITY) | ndeps (1, <=   inbox
-                  2 x sites) | deps (origin (1) | incarnation (8) | seq (4)) x ndeps |
+                  (float64, s) | view (8: the vid its origin sent it in, views.py)  inbox
+                  | flags (1: 1 RESEND, 2 LOW-PRIORITY) | ndeps (1, <= 2 x sites) |
+                  deps (origin (1) | incarnation (8) | seq (4)) x ndeps |
                   application payload. A dependency names, for a stream of an origin,
                   the highest seq its sender had delivered of it; one origin may have
                   two entries (its current and its previous incarnation, while the
@@ -41,7 +42,8 @@ HEARTBEAT   2     incarnation (8) | lamport (8) | highest own seq (4) | view bit
                   contiguous seq received or skipped) | held from (4: the lowest seq
                   the sender holds and can resend, up to its ack). The *frontier* is
                   the smallest (lamport, origin) key a message from the sender's
-                  ordering set could still have.
+                  ordering set could still have. Then view (8): the vid of the sender's
+                  installed view.
 NACK        3     target (1) | stream (1: origin index, 254 = the leader's order       20 /
                   stream) | incarnation (8: of that stream) | flags (1: 2              inbox
                   LOW-PRIORITY) | nranges (1, <= 64) | ranges (first (4), last (4)) x
@@ -51,6 +53,10 @@ GONE        4     requester (1) | stream (1) | incarnation (8) | low (4): "of th
 ORDER       5     leader incarnation (8) | view bitmap (4) | first order number (4) |   21 /
                   count (2, <= 1024) | entries (origin (1) | incarnation (8) | seq (4)  inbox
                   | flags (1: 1 LATE)) x count
+VIEW        6     op (1: 1 PROPOSE, 2 FLUSH) | proposed vid (8) | members bitmap (4) |  16
+                  sender's current vid (8) | clock (8) | nsites (1) | per origin:
+                  incarnation (8) | highest contiguous seq held (4). A proposal is its
+                  initiator's flush record; see :mod:`~flowchat.igo.views`.
 ==========  ====  ==================================================================  =======
 
 *Bands*: DATA goes multicast on ``data_band`` (32); anything addressed to a single site (point
@@ -65,7 +71,9 @@ fatal.
 signature by its transmitter's key over the bytes before it, and every DATA frame carries its
 origin's signature (flag SIGNED), which a site resending the message copies unchanged.
 
-*Version 1* (until this version; 4-byte incarnations, dependency vectors and acknowledgements
+*Version 2* (until this version; no views: DATA did not say which view it was sent in, so
+receivers could not agree on which messages were late) is refused the same way, and so is
+*version 1* ( 4-byte incarnations, dependency vectors and acknowledgements
 of bare sequence numbers) is **refused**, not read: its dependencies cannot say which run of
 a site they mean, and guessing is exactly the defect version 2 removes (a dependency on an
 old run matched against the new run's numbers, skipping real messages). A version-1 frame is
@@ -81,17 +89,20 @@ from typing import NamedTuple
 MAGIC = b"IG"
 
 
-VERSION = 2
+VERSION = 3
 
 
-OLD_VERSIONS = (1,)  #: earlier formats, refused with their own counter (see above)
+OLD_VERSIONS = (1, 2)  #: earlier formats, refused with their own counter (see above)
 
 
-K_DATA, K_HEARTBEAT, K_NACK, K_GONE, K_ORDER = 1, 2, 3, 4, 5
+K_DATA, K_HEARTBEAT, K_NACK, K_GONE, K_ORDER, K_VIEW = 1, 2, 3, 4, 5, 6
 
 
 KIND_NAMES = {K_DATA: "data", K_HEARTBEAT: "heartbeat", K_NACK: "nack", K_GONE: "gone",
-              K_ORDER: "order"}
+              K_ORDER: "order", K_VIEW: "view"}
+
+
+V_PROPOSE, V_FLUSH = 1, 2  #: VIEW record ops
 
 
 STREAM_ORDER = 254  #: NACK/GONE stream number of the leader's order stream
@@ -133,13 +144,22 @@ F_STABLE_ACK = 0x01  #: heartbeat sent to carry acknowledgements (stability trac
 _PREFIX = struct.Struct("!2sBBIB")
 
 
-_DATA = struct.Struct("!BQIQdBB")
+_DATA = struct.Struct("!BQIQdQBB")
 
 
 _DEP = struct.Struct("!BQI")
 
 
 _HB = struct.Struct("!QQIIIQBBB")
+
+
+_VID = struct.Struct("!Q")
+
+
+_VIEW = struct.Struct("!BQIQQB")
+
+
+_POS = struct.Struct("!QI")
 
 
 _ACK = struct.Struct("!QII")
@@ -189,6 +209,7 @@ class DataMsg(NamedTuple):
     deps: tuple[Dep, ...]
     payload: bytes
     sig: bytes = b""  #: the origin's signature over :func:`data_signed_bytes` (keyed rooms)
+    view: int = 0  #: the vid of the view its origin sent it in
 
 
 class Heartbeat(NamedTuple):
@@ -202,6 +223,7 @@ class Heartbeat(NamedTuple):
     frontier: tuple[int, int] = (0, 0)  #: (lamport, origin): nothing below it is missing
     held_from: tuple[int, ...] = ()  #: per origin: lowest seq held (and servable) up to acks
     ack_incs: tuple[int, ...] = ()  #: per origin: the incarnation acks/held_from are about
+    vid: int = 0  #: the sender's installed view
 
 
 class Nack(NamedTuple):
@@ -219,6 +241,17 @@ class Gone(NamedTuple):
     inc: int = 0  #: the incarnation of the stream the answer is about
 
 
+class ViewRecord(NamedTuple):
+    """A view proposal or flush record (see :mod:`~flowchat.igo.views`)."""
+
+    op: int  #: V_PROPOSE or V_FLUSH
+    proposal: int  #: the vid proposed
+    members: int  #: its member bitmap
+    old: int  #: the vid of the sender's current (installed) view
+    clock: int  #: the sender's Lamport clock
+    positions: tuple[tuple[int, int], ...]  #: per origin (incarnation, highest contiguous)
+
+
 class Order(NamedTuple):
     inc: int
     view: int
@@ -233,18 +266,19 @@ def _prefix(kind: int, tag: int, tx: int) -> bytes:
 def encode_data(tag: int, tx: int, m: DataMsg) -> bytes:
     flags = (m.flags | F_SIGNED) if m.sig else (m.flags & ~F_SIGNED)
     return b"".join([_prefix(K_DATA, tag, tx),
-                     _DATA.pack(m.origin, m.inc, m.seq, m.lamport, m.send_time, flags,
-                                len(m.deps))]
+                     _DATA.pack(m.origin, m.inc, m.seq, m.lamport, m.send_time, m.view,
+                                flags, len(m.deps))]
                     + [_DEP.pack(*d) for d in m.deps] + [m.sig, m.payload])
 
 
 def data_signed_bytes(tag: int, origin: int, inc: int, seq: int, lamport: int,
-                      send_time: float, deps: tuple[Dep, ...], payload: bytes) -> bytes:
+                      send_time: float, deps: tuple[Dep, ...], payload: bytes,
+                      view: int = 0) -> bytes:
     """What an origin signs for one of its messages: everything that names it or that a
     receiver shows or orders by, in the room *tag*, never the flags or the transmitter (a
     resend by another site carries the origin's signature unchanged)."""
-    return b"".join([b"IGO-DATA-2", _PREFIX.pack(MAGIC, VERSION, K_DATA, tag, 0),
-                     _DATA.pack(origin, inc, seq, lamport, send_time, 0, len(deps))]
+    return b"".join([b"IGO-DATA-3", _PREFIX.pack(MAGIC, VERSION, K_DATA, tag, 0),
+                     _DATA.pack(origin, inc, seq, lamport, send_time, view, 0, len(deps))]
                     + [_DEP.pack(*d) for d in deps] + [payload])
 
 
@@ -255,7 +289,15 @@ def encode_heartbeat(tag: int, tx: int, h: Heartbeat) -> bytes:
     return b"".join([_prefix(K_HEARTBEAT, tag, tx),
                      _HB.pack(h.inc, h.lamport, h.high, h.view, h.g, h.frontier[0],
                               h.frontier[1], h.flags, n)]
-                    + [_ACK.pack(incs[i], h.acks[i], held[i]) for i in range(n)])
+                    + [_ACK.pack(incs[i], h.acks[i], held[i]) for i in range(n)]
+                    + [_VID.pack(h.vid)])
+
+
+def encode_view(tag: int, tx: int, v: ViewRecord) -> bytes:
+    return b"".join([_prefix(K_VIEW, tag, tx),
+                     _VIEW.pack(v.op, v.proposal, v.members, v.old, v.clock,
+                                len(v.positions))]
+                    + [_POS.pack(i, s) for i, s in v.positions])
 
 
 def encode_nack(tag: int, tx: int, n: Nack) -> bytes:
@@ -275,7 +317,7 @@ def encode_order(tag: int, tx: int, o: Order) -> bytes:
 
 
 def decode(payload: bytes | memoryview, tag: int, nsites: int
-           ) -> tuple[int, int, DataMsg | Heartbeat | Nack | Gone | Order]:
+           ) -> tuple[int, int, DataMsg | Heartbeat | Nack | Gone | Order | ViewRecord]:
     """Parse one frame: ``(kind, transmitter, message)``; raises :class:`ProtocolError`."""
     b = bytes(payload)
     if len(b) < _PREFIX.size:
@@ -285,7 +327,7 @@ def decode(payload: bytes | memoryview, tag: int, nsites: int
         raise ProtocolError("magic", repr(magic))
     if version in OLD_VERSIONS:
         raise OldVersion("old-version", f"IGO wire version {version} (this site speaks "
-                         f"{VERSION}: streams carry incarnations); upgrade that site")
+                         f"{VERSION}: messages carry views); upgrade that site")
     if version != VERSION:
         raise ProtocolError("version", str(version))
     if kind not in KIND_NAMES:
@@ -297,7 +339,7 @@ def decode(payload: bytes | memoryview, tag: int, nsites: int
     off = _PREFIX.size
     try:
         if kind == K_DATA:
-            origin, inc, seq, lamport, sent, flags, nd = _DATA.unpack_from(b, off)
+            origin, inc, seq, lamport, sent, view, flags, nd = _DATA.unpack_from(b, off)
             off += _DATA.size
             if origin >= nsites:
                 raise ProtocolError("index", f"origin {origin}")
@@ -323,7 +365,7 @@ def decode(payload: bytes | memoryview, tag: int, nsites: int
             if off > len(b):
                 raise ProtocolError("truncated", "dependencies")
             return kind, tx, DataMsg(origin, inc, seq, lamport, sent, flags, tuple(deps),
-                                     b[off:], sig)
+                                     b[off:], sig, view)
         if kind == K_HEARTBEAT:
             inc, lamport, high, view, g, fl_t, fl_o, flags, n = _HB.unpack_from(b, off)
             off += _HB.size
@@ -333,12 +375,25 @@ def decode(payload: bytes | memoryview, tag: int, nsites: int
                 raise ProtocolError("index", f"frontier origin {fl_o}")
             if n != nsites:
                 raise ProtocolError("acks", f"{n} acknowledgements for {nsites} sites")
-            if off + n * _ACK.size != len(b):
+            if off + n * _ACK.size + _VID.size != len(b):
                 raise ProtocolError("length", "acknowledgements")
             rows = [_ACK.unpack_from(b, off + i * _ACK.size) for i in range(n)]
+            (vid,) = _VID.unpack_from(b, off + n * _ACK.size)
             return kind, tx, Heartbeat(inc, lamport, high, view, g, flags,
                                        tuple(r[1] for r in rows), (fl_t, fl_o),
-                                       tuple(r[2] for r in rows), tuple(r[0] for r in rows))
+                                       tuple(r[2] for r in rows), tuple(r[0] for r in rows),
+                                       vid)
+        if kind == K_VIEW:
+            op, proposal, members, old, clock, n = _VIEW.unpack_from(b, off)
+            off += _VIEW.size
+            if op not in (V_PROPOSE, V_FLUSH):
+                raise ProtocolError("view", f"op {op}")
+            if n != nsites or members >> nsites or not members >> (proposal & 0xFF) & 1:
+                raise ProtocolError("view", f"{n} positions, members {members:#x}")
+            if off + n * _POS.size != len(b):
+                raise ProtocolError("length", "view positions")
+            pos = tuple(_POS.unpack_from(b, off + i * _POS.size) for i in range(n))
+            return kind, tx, ViewRecord(op, proposal, members, old, clock, pos)
         if kind == K_NACK:
             target, stream, inc, flags, nr = _NACK.unpack_from(b, off)
             off += _NACK.size
