@@ -179,7 +179,7 @@ def test_plain_client_and_bot(tmp_path) -> None:
                 assert summary["mean_latency"] is not None and summary["mean_latency"] < 5
                 await eventually(lambda: out.getvalue().count("[commonwe:bot1] bot1 #") == 5,
                                  what="plain client to show the bot's messages")
-                assert "* members (S1):" in out.getvalue()
+                assert "* members (S1, view 0):" in out.getvalue()  # the agreed view
                 assert not any(e["text"].startswith("/") for e in seen)  # no command was sent
                 os.write(w_fd, b"/quit\n")
                 assert await asyncio.wait_for(plain, 10) == 0
@@ -285,7 +285,7 @@ def test_cli_experiment_real_runs_router_processes(tmp_path, capsys) -> None:
     row = json.loads((tmp_path / "test1-all-to-all-A1" / "result.json").read_text())
     assert row["run"] == "real"
     assert row["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
-                                 "causal": 0}
+                                 "causal": 0, "views": 0}
     assert set(row["delivered"]) == set(SITES)
     for site, n in row["delivered"].items():
         assert n >= 4 * 2, site  # every site heard from every site

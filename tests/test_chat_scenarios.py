@@ -28,7 +28,7 @@ def _flapping(mode: str, seed: int, **config: object) -> tuple[X.RunResult, dict
 def test_flapping_links_keep_delivery_timely(mode: str, seed: int) -> None:
     res, r = _flapping(mode, seed)
     assert r["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
-                               "causal": 0}, r["violation_examples"]
+                               "causal": 0, "views": 0}, r["violation_examples"]
     late = [(s, d.origin, d.seq, round(d.latency, 1)) for s, log in res.deliveries.items()
             for d in log if d.latency > BOUND]
     assert late == []
@@ -77,7 +77,7 @@ def test_saturation_is_a_state_not_a_collapse(mode: str) -> None:
     res = X.run_sim(exp, duration=180.0, seed=1)
     r = X.analyse(res)
     assert r["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
-                               "causal": 0}, r["violation_examples"]
+                               "causal": 0, "views": 0}, r["violation_examples"]
     assert r["congested"] > 0 and all(v > 0 for v in r["slowed"].values()), r["slowed"]
     assert r["max_latency"] < 8.0
     assert r["repair_fraction"] < 0.05
@@ -93,10 +93,13 @@ def test_saturation_is_a_state_not_a_collapse(mode: str) -> None:
 
 def test_saturation_without_flow_control_grows_latency() -> None:
     """The same load without the send window (``send_window=None``): the queues, and the
-    latency with them, grow for as long as the overload lasts."""
+    latency with them, grow until connected sites are taken for stalled (about 15 s here:
+    the view changes that follow hold the senders back while they last; with the window,
+    4.4 s and no stall)."""
     exp = next(e for e in X.select("saturation") if e.mode == "hasten")
     res = X.run_sim(exp, duration=180.0, seed=1, config={"send_window": None})
-    assert max(d.latency for log in res.deliveries.values() for d in log) > 15.0
+    assert max(d.latency for log in res.deliveries.values() for d in log) > 12.0
+    assert sum(c.get("stall.detected", 0) for c in res.counters.values()) > 0
 
 
 def _restart(which: str, **config: object) -> tuple[X.RunResult, dict]:
@@ -113,7 +116,7 @@ def test_a_restart_catches_up_on_live_traffic_and_shows_nothing_twice(which: str
     hold (a restarted site's runs checked apart); nothing is lost at the others."""
     res, r = _restart(which)
     assert r["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
-                               "causal": 0}, r["violation_examples"]
+                               "causal": 0, "views": 0}, r["violation_examples"]
     rs = res.extra["restart"]
     up = rs["up"]
     for site, log in res.deliveries.items():
@@ -153,11 +156,11 @@ def test_a_restarted_site_without_its_marks_shows_history_late_after_live_traffi
     assert rs["counters"]["history.wanted"] > 1000
 
 
-def test_the_checker_says_what_hasten_delivery_does_not_give() -> None:
-    """Hasten mode is not Extended Virtual Synchrony: around a partition two sites of one
-    side may show a message in order at one and late at the other. The checker counts
-    these splits and the summary states which properties hold (flowchat.checks.PROPERTIES);
-    the properties that do hold are checked to hold."""
+def test_the_checker_says_which_properties_hold() -> None:
+    """The checker counts in-order/late splits (a message in order at one site and late at
+    a site of its side) and checks the agreed views; the summary states which properties
+    hold (flowchat.checks.PROPERTIES). With agreed views hasten mode has no splits in
+    test 5 (before: 76 in 300 s, 32 and 42 per pair)."""
     from flowchat import checks
     from flowchat.igo import Delivery
 
@@ -168,11 +171,12 @@ def test_the_checker_says_what_hasten_delivery_does_not_give() -> None:
                               [d("a", 1, True), d("a", 2, True), d("b", 1, False)]) == 1
     res = X.run_sim(X.select("5")[0], duration=120.0, seed=1)
     r = X.analyse(res)
-    assert not any(r["violations"].values())
+    assert not any(r["violations"].values()), r["violation_examples"]
     assert r["late_disagree"] == 0  # one late order per side
-    assert r["late_splits_total"] > 0  # but not one set of in-order messages per side
+    assert r["late_splits_total"] == 0, r["late_splits"]  # one set in order per side
+    assert r["view_changes"] >= 4  # a partition and a merge, twice
     md = X.summary_markdown([r], title="t")
-    assert "in-order/late splits" in md and "Not guaranteed in hasten mode" in md
+    assert "in-order/late splits" in md and "agreed, numbered view" in md
 
 
 @pytest.mark.parametrize("number", [15, 16, 17])
@@ -185,7 +189,7 @@ def test_three_way_partitions_and_mixed_loads(number: int) -> None:
     res = X.run_sim(exp, duration=300.0, seed=1)
     r = X.analyse(res)
     assert r["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
-                               "causal": 0}, r["violation_examples"]
+                               "causal": 0, "views": 0}, r["violation_examples"]
     assert r["late_disagree"] == 0
     assert r["max_latency"] < 15.0
     if exp.mode == "hasten":
@@ -211,7 +215,7 @@ def test_eight_sites_partitioned_keep_the_ordering_properties(number: int) -> No
     r = X.analyse(res)
     assert len(res.deliveries) == 8
     assert r["violations"] == {"fifo": 0, "order": 0, "agreement": 0, "global": 0,
-                               "causal": 0}, r["violation_examples"]
+                               "causal": 0, "views": 0}, r["violation_examples"]
     assert r["late_disagree"] == 0
     assert r["max_latency"] <= 6.0 + 15.0 + 6.0  # detection + disconnect interval + repair
     if exp.mode == "hasten":

@@ -46,7 +46,8 @@ def test_every_missing_dependency_is_settled_before_a_timed_out_message() -> Non
     *both* dependencies are skipped: c#1 turning up afterwards must not be shown after the
     reply a#1 (before the fix only the first missing dependency, b#1, was skipped, and c#1
     was later delivered as a late message after a#1)."""
-    cfg = IGOConfig(sites=SITES, mode="hasten", dependency_timeout=3.0)
+    # (agreed views off: the peers are frames made here, they answer no view record)
+    cfg = IGOConfig(sites=SITES, mode="hasten", dependency_timeout=3.0, agreed_views=False)
     tag = room_tag(cfg)
     d = SiteOrdering(cfg, "d", 0.0, incarnation=104)
     out: list[tuple[str, int, bool]] = []

@@ -153,8 +153,9 @@ def analyse(res: RunResult, *, settle: float = 20.0) -> dict[str, Any]:
     # agreed views (all-to-all modes): connected sites go through the same views, and sites
     # that move on together showed the same messages in order in the view they left
     views = view_runs(res)
-    side = {s: res.groups.get(s.removesuffix(RESTARTED), ()) for s in views}
-    v_views = checks.view_disagreements(views, side) + checks.view_delivery_violations(
+    whole = {s: [e for e in evs if isinstance(e, ViewInstalled)]
+             for s, evs in res.events.items() if s in res.groups}
+    v_views = checks.view_disagreements(whole, res.groups) + checks.view_delivery_violations(
         logs, views)
     out["views"] = {s: len(v) for s, v in views.items()}
     out["view_changes"] = max(out["views"].values(), default=0)
@@ -227,13 +228,18 @@ def view_runs(res: RunResult) -> dict[str, list[ViewInstalled]]:
 
 def causal_check(res: RunResult) -> list[str]:
     """No site delivers a message before one its sender had delivered before sending it.
-    A restarted site's new run shows history (fetched in the background, flagged late)
-    after the live messages that answer it: a late cause of an in-order message is not
-    counted there; among the history, and everywhere else, causal order holds."""
+    A restarted site's new run shows history (what was said before it came back, fetched
+    in the background, flagged late) after the live messages that answer it: a history
+    cause of a later message is not counted there; among the history, and everywhere
+    else, causal order holds."""
     out = []
+    up = (res.extra.get("restart") or {}).get("up", 0.0)
     for site, log in run_logs(res).items():
         restarted = site.endswith(RESTARTED)
-        late = {(d.origin, d.seq) for d in log if d.late}
+        # history: what the others said before the site came back, fetched in the
+        # background and shown late after the live messages (live messages of a view the
+        # site was not in are late too, with agreed views, and may answer history)
+        history = {(d.origin, d.seq) for d in log if d.late and d.send_time < up}
         pos = {(d.origin, d.seq): i for i, d in enumerate(log)}
         per_origin: dict[str, list[int]] = defaultdict(list)
         for d in log:
@@ -252,7 +258,7 @@ def causal_check(res: RunResult) -> list[str]:
                 if j < 0:
                     continue
                 pp = pos[(src, lst[j])]
-                if restarted and (src, lst[j]) in late and (o, seq) not in late:
+                if restarted and (src, lst[j]) in history and (o, seq) not in history:
                     continue
                 if pp > pm:
                     out.append(f"{site}: {o}#{seq} before its cause {src}#{lst[j]}")

@@ -14,8 +14,9 @@ Two front ends:
       [12:00:03.120] [commonwe:bob] hello                       an in-order message
       [12:00:09.870] [kingdom:carol] hi  (LATE +7.9s)           reconciled, out of order
       [12:00:04.000] [metropol:alice] ok  (local)               cut off from the leader
-      * members (S1): metropol[alice] commonwe[bob] kingdom[] republic[carol]
+      * members (S1, view 3): metropol[alice] commonwe[bob] kingdom[] republic[carol]
       ! disconnected from kingdom (short-term)
+      ! view 4: commonwe, metropol (came together from the last view: commonwe, metropol)
 
 * **curses** (default on a terminal): a conversation pane (late messages marked), a
   membership pane listing the sites of the ordering set with their users and states, and an
@@ -98,6 +99,14 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", lt) + f".{int((t % 1) * 1000):03d}"
 
 
+def _view_tag(ev: dict[str, Any]) -> str:
+    """``, view N`` (agreed views; ``changing`` while a change is under way)."""
+    view = ev.get("view") or {}
+    if not view.get("agreed"):
+        return ""
+    return f", view {view.get('number')}" + (" changing" if view.get("changing") else "")
+
+
 def format_event(ev: dict[str, Any]) -> str | None:
     kind = ev.get("ev")
     if kind == "msg":
@@ -110,9 +119,13 @@ def format_event(ev: dict[str, Any]) -> str | None:
     if kind == "members":
         parts = [f"{s['site']}[{','.join(s['users'])}]" for s in ev.get("sites", [])]
         state = f"{ev.get('state')}, congested" if ev.get("congested") else ev.get("state")
-        return f"* members ({state}): " + " ".join(parts)
+        return f"* members ({state}{_view_tag(ev)}): " + " ".join(parts)
     if kind == "who":
-        head = f"* who: site state {ev.get('state')}"
+        head = f"* who: site state {ev.get('state')}{_view_tag(ev)}"
+        view = ev.get("view") or {}
+        if view.get("agreed"):
+            head += (f"; view members {', '.join(view.get('members', []))}, came together: "
+                     f"{', '.join(view.get('transitional', []))}")
         rows = []
         for x in ev.get("sites", []):
             where = "" if x["site"] in ev.get("ordering", ()) else " (not in the ordering set)"
@@ -251,6 +264,7 @@ async def run_curses(server: str, user: str) -> int:  # pragma: no cover - inter
         state = members.get("state", "?")
         if members.get("congested"):
             state = f"{state}, congested"
+        state += _view_tag(members)
         scr.addnstr(0, main + 2, f"sites ({state})", side - 2,
                     curses.A_BOLD)
         y = 1

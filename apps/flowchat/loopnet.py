@@ -27,9 +27,12 @@ from .igo import (
     FrameAuth,
     IGOConfig,
     MembershipChange,
+    OutboxFull,
     Send,
     SiteOrdering,
     StateChange,
+    ViewChange,
+    ViewInstalled,
 )
 
 
@@ -57,6 +60,7 @@ class LoopNet:
         self._last_arrival: dict[tuple[str, str], float] = defaultdict(float)
         self.cut: set[frozenset[str]] = set()  #: pairs that cannot talk now
         self.log: dict[str, list[Delivery]] = {s: [] for s in self.sites}
+        self.refused: dict[str, int] = {s: 0 for s in self.sites}  #: submits not taken
         self.events: dict[str, list[Any]] = {s: [] for s in self.sites}
         self.sent: dict[str, int] = defaultdict(int)
         self.frames = 0
@@ -106,7 +110,11 @@ class LoopNet:
         seq = o.seq + 1
         self.send_log.append((site, self.now, seq))
         self.delivered_at_send[(site, seq)] = {(d.origin, d.seq) for d in self.log[site]}
-        self._apply(site, o.submit(payload or f"{site}#{seq}".encode(), self.now))
+        try:
+            self._apply(site, o.submit(payload or f"{site}#{seq}".encode(), self.now))
+        except OutboxFull:  # congested (or a long view change): the message was not taken
+            self.refused[site] += 1
+            self.send_log.pop()
 
     def _apply(self, site: str, actions: list[Any]) -> None:
         for a in actions:
@@ -114,7 +122,8 @@ class LoopNet:
                 self._multicast(site, a)
             elif isinstance(a, Deliver):
                 self.log[site].append(a.delivery)
-            elif isinstance(a, (MembershipChange, StateChange, Conflict)):
+            elif isinstance(a, (MembershipChange, StateChange, Conflict, ViewChange,
+                                ViewInstalled)):
                 self.events[site].append(a)
 
     def _multicast(self, src: str, a: Send) -> None:

@@ -43,6 +43,8 @@ from .igo import (
     MembershipChange,
     OutboxFull,
     StateChange,
+    ViewChange,
+    ViewInstalled,
 )
 from .marks import load_marks, load_sent, marks_path, save_marks
 from .protocol import (
@@ -362,6 +364,15 @@ class ChatServer:
                     else "no longer congested")
             self._broadcast({"ev": "notice", "text": text, "time": round(e.time, 3)})
             return
+        if isinstance(e, ViewInstalled):
+            # agreed views (all-to-all modes): the transitional notice, then the new view
+            self._broadcast(self.members_event())
+            self._broadcast({"ev": "notice", "time": round(e.time, 3), "text": (
+                f"view {e.number}: {', '.join(e.members)} (came together from the last "
+                f"view: {', '.join(e.transitional)})")})
+            return
+        if isinstance(e, ViewChange):
+            return  # short (a round trip and the repairs up to the cut): shown installed
         if isinstance(e, MembershipChange):
             self._broadcast(self.members_event())
             # sites that (re)joined may have missed our users' JOINs: announce them again
@@ -392,7 +403,10 @@ class ChatServer:
         o = self.igo.ordering
         states = {p.name: str(p.state) for p in o.peers.values()}
         states[self.site] = "self"
+        view = o.view
         return {"ev": "members", "state": str(o.state), "congested": o.congested,
+                "view": {k: view[k] for k in ("number", "members", "agreed", "changing")}
+                | {"transitional": view.get("transitional", view["members"])},
                 "sites": [{"site": s, "state": states.get(s, "?"),
                            "users": sorted(self.users.get(s, ()))} for s in o.members],
                 "all": states}

@@ -49,6 +49,9 @@ class IGOConfig:
     max_lag: int = 2000  #: a requester further behind than this is dropped from our duty
     dependency_timeout: float = 15.0  #: a missing causal dependency is skipped after this
     stability: bool = False  #: deliver only messages every ordering-set site acknowledged
+    #: all-to-all modes: the ordering set is an agreed, numbered view (views.py); False (and
+    #: with stability tracking) each site's failure detector alone decides it, as before
+    agreed_views: bool = True
     ack_interval: float = 0.25  #: stability: acknowledgement heartbeats at most this often
     long_term_reconcile: bool = False  #: fetch what an S3 reconnect skipped, at a low rate
     long_term_rate: float = 2.0  #: messages per second for long-term reconciliation

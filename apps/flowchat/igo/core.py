@@ -145,4 +145,4 @@ class SiteCore:
     def encode_msg(self, m: Msg, flags: int) -> bytes:
         return encode_data(self.tag, self.me, DataMsg(m.origin, m.inc, m.seq, m.lamport,
                                                       m.send_time, flags, m.deps, m.payload,
-                                                      m.sig))
+                                                      m.sig, m.view))

@@ -44,7 +44,9 @@ class SendWindow:
     @property
     def congested(self) -> bool:
         """More is offered than the network takes: messages wait, or the window is full."""
-        return bool(self._outbox) and not self.paused or self._full()
+        if self.paused:  # a view change: congested only if it lasts and the outbox fills
+            return len(self._outbox) >= self.limit // 2 or self._full()
+        return bool(self._outbox) or self._full()
 
     @property
     def queued(self) -> int:

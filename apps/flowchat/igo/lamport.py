@@ -22,8 +22,16 @@ from dataclasses import replace
 
 from .actions import Deliver, Delivery, PeerState
 from .core import SiteCore
-from .parts import LeaderOrder, Liveness, RepairRequests, StabilityRule, StreamTransport
+from .parts import (
+    LeaderOrder,
+    Liveness,
+    RepairRequests,
+    StabilityRule,
+    StreamTransport,
+    ViewMembership,
+)
 from .records import Msg, Stream, TokenBucket
+from .viewsync import IN_ORDER, LATE, UNVIEWED, WAIT
 
 
 class LamportOrdering:
@@ -39,6 +47,7 @@ class LamportOrdering:
     def __init__(self, core: SiteCore, now: float) -> None:
         self.core = core
         self._last_key: tuple[int, int] = (-1, -1)  #: last delivered (lamport, origin)
+        self._views: ViewMembership | None = None
         #: (origin, incarnation, seq) -> since when it waits for a dependency
         self._dep_wait: dict[tuple[int, int, int], float] = {}
         #: deliveries waiting for the display pace (``display_rate``)
@@ -54,6 +63,11 @@ class LamportOrdering:
         self._repair = repairs
         self._leading = leader
         self._stability = stability
+
+    def attach_views(self, views: ViewMembership) -> None:
+        """Agreed views decide which messages are in order (all-to-all modes: sent in the
+        view this site is in) and which are late (see viewsync.py)."""
+        self._views = views if views.enabled else None
 
     def accept(self, msg: Msg, now: float, refill: bool = False) -> None:
         """A message whose FIFO predecessors are all in: hand it to the ordering rule."""
@@ -193,13 +207,26 @@ class LamportOrdering:
             return
         heap = self.core.heap
         stability = self.core.cfg.stability
+        views = self._views
         while heap:
             t, o, inc, s = heap[0]
             msg = self.core.ready.get((o, inc, s))
             if msg is None:  # dropped (an incarnation forgotten)
                 heapq.heappop(heap)
                 continue
-            if (t, o) < self._last_key or self.core.late_waiting[o] or self._after_late(msg):
+            cls = views.classify(msg) if views is not None else UNVIEWED
+            if cls == WAIT:
+                break  # sent in a view this site is about to install
+            if views is not None and cls == IN_ORDER and (
+                    self.core.late_waiting[o] or self._after_late(msg)):
+                # in order in the view, but after late messages it must follow (FIFO,
+                # causal order): every member of the view holds it back alike, until those
+                # are shown (late), instead of some showing it late and others not
+                self._deliver_late(now)
+                if self.core.late_waiting[o] or self._after_late(msg):
+                    break
+            if (cls == LATE or (t, o) < self._last_key or self.core.late_waiting[o]
+                    or self._after_late(msg)):
                 # late, or after a late message it must follow (FIFO, causal order):
                 # released in key order by _deliver_late
                 heapq.heappop(heap)
@@ -222,6 +249,8 @@ class LamportOrdering:
             del self.core.ready[(o, inc, s)]
             self._last_key = (t, o)
             self.deliver(msg, now, late=False, gseq=None, local=False)
+        if views is not None and views.try_install(now):
+            return  # installing delivered what the new view allows (and the late ones)
         self._deliver_late(now)
         self._deliver_history(now)
 
@@ -289,7 +318,8 @@ class LamportOrdering:
         if local:
             self.core.counters["delivered.local"] += 1
         d = Delivery(self.core.site, self.core.cfg.sites[msg.origin], msg.seq, msg.lamport, gseq,
-                     msg.send_time, now, late, local, msg.payload, msg.inc)
+                     msg.send_time, now, late, local, msg.payload, msg.inc,
+                     self._views.vid if self._views is not None else 0)
         if self._display_bucket is not None:
             self._display.append(d)
         else:

@@ -28,6 +28,7 @@ from .stability import StabilityTracking
 from .stall import StallWatch
 from .states import PeerStates
 from .transport import FifoTransport
+from .viewsync import ViewSync
 from .wire import (
     F_STABLE_ACK,
     K_DATA,
@@ -35,6 +36,7 @@ from .wire import (
     K_HEARTBEAT,
     K_NACK,
     K_ORDER,
+    K_VIEW,
     KIND_NAMES,
     DataMsg,
     ForeignFrame,
@@ -107,6 +109,10 @@ class SiteOrdering:
         stability.connect(liveness=liveness, repairs=repair)
         leading.connect(liveness=liveness, repairs=repair, ordering=ordering)
         history.connect(repairs=repair, transport=transport)
+        self._views = views = ViewSync(core, now)
+        views.connect(liveness=liveness, repairs=repair, ordering=ordering)
+        liveness.attach_views(views)
+        ordering.attach_views(views)
         liveness.update_membership(now)
         if sent is not None:
             history.own_tail(sent[0], sent[1], now)
@@ -164,7 +170,8 @@ class SiteOrdering:
               K_HEARTBEAT: band == BAND_HEARTBEAT,
               K_NACK: band == BAND_REPAIR or inbox,
               K_GONE: band == BAND_REPAIR or inbox,
-              K_ORDER: band == BAND_ORDER or inbox}[kind]
+              K_ORDER: band == BAND_ORDER or inbox,
+              K_VIEW: band == BAND_HEARTBEAT}[kind]
         if not ok:
             raise ProtocolError("band", f"{KIND_NAMES[kind]} on band {band}")
 
@@ -176,6 +183,12 @@ class SiteOrdering:
     @property
     def members(self) -> tuple[str, ...]:
         return self.core.members
+
+    @property
+    def view(self) -> dict[str, Any]:
+        """The agreed view (all-to-all modes): its id and number, members, the last
+        transitional set and a change under way (see :mod:`.views`)."""
+        return self._views.status()
 
     @property
     def congested(self) -> bool:
@@ -211,6 +224,7 @@ class SiteOrdering:
             self.flow.acked(min(acks))
         elif not any(p.state is PeerState.S1 for p in judges):
             self.flow.restart_acks()  # nobody connected to wait for
+        self.flow.paused = self._views.flushing  # own messages wait for the new view
         while (payload := self.flow.next_ready(now)) is not None:
             self._send_own(payload, now)
         if self.flow.congested != self._congested:
@@ -227,8 +241,8 @@ class SiteOrdering:
         sig = b""
         if self.auth is not None:
             sig = self.auth.sign(data_signed_bytes(self.tag, self.me, self.inc, seq, t, now,
-                                                   deps, body))
-        msg = Msg(self.me, self.inc, seq, t, now, deps, body, now, sig)
+                                                   deps, body, self._views.vid))
+        msg = Msg(self.me, self.inc, seq, t, now, deps, body, now, sig, self._views.vid)
         own = self.streams[self.me]
         own.contiguous = own.known_high = seq
         own.bound = self.core.clock
@@ -291,6 +305,9 @@ class SiteOrdering:
             elif kind == K_GONE:
                 self._liveness.heard(tx, now)
                 self._repair.on_gone(tx, msg, now)  # type: ignore[arg-type]
+            elif kind == K_VIEW:
+                self._liveness.heard(tx, now)
+                self._views.on_record(tx, msg, now)  # type: ignore[arg-type]
             else:
                 self._leading.on_order(tx, msg, now)  # type: ignore[arg-type]
         except ProtocolError as exc:  # semantically invalid (e.g. ORDER from a non-leader)
@@ -319,6 +336,7 @@ class SiteOrdering:
         core = self.core
         self._liveness.detect_silence(now)
         self._liveness.detect_stalls(now)
+        self._views.tick(now)
         self._incs.expire_retired(now)
         # heartbeats (and acknowledgement beats for stability tracking)
         if now >= core.next_hb or core.urgent_hb and now - core.last_hb >= 0.25:
@@ -338,6 +356,7 @@ class SiteOrdering:
         return {
             "site": self.site, "mode": self.mode, "state": str(self.core.state),
             "members": list(self.core.members), "clock": self.core.clock, "seq": self.core.seq,
+            "view": self.view,
             "incarnation": self.inc,
             "peers": {p.name: {"state": str(p.state), "reconciling": p.reconciling,
                                "last_heard": p.last_heard,

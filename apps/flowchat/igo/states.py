@@ -12,7 +12,14 @@ from flowrouter.wire.bands import (
 
 from .actions import MembershipChange, PeerState, Send, StateChange
 from .core import SiteCore
-from .parts import IncarnationTracking, LeaderOrder, OrderingRule, RepairRequests, StreamTransport
+from .parts import (
+    IncarnationTracking,
+    LeaderOrder,
+    OrderingRule,
+    RepairRequests,
+    StreamTransport,
+    ViewMembership,
+)
 from .peerevents import TRANSITIONS, PeerEvent
 from .records import PeerRecord, Stream
 from .stall import StallWatch
@@ -31,6 +38,7 @@ class PeerStates:
 
     def __init__(self, core: SiteCore) -> None:
         self.core = core
+        self._views: ViewMembership | None = None
         #: head-of-line stalls of heard peers (flapping links), see stall.py
         self.stalls = StallWatch(core.cfg.stall_after)
 
@@ -42,6 +50,10 @@ class PeerStates:
         self._repair = repairs
         self._ordering = ordering
         self._leading = leader
+
+    def attach_views(self, views: ViewMembership) -> None:
+        """Agreed views decide the ordering set (all-to-all modes, see viewsync.py)."""
+        self._views = views if views.enabled else None
 
     def reachable(self, p: PeerRecord, now: float) -> bool:
         return (p.state is PeerState.S1 or p.state is PeerState.S2 and p.reconciling) \
@@ -244,6 +256,15 @@ class PeerStates:
             self.core.state = new
 
     def in_ordering(self, p: PeerRecord) -> bool:
+        """Whether the ordering rule waits for *p*: a member of the agreed view (all-to-all
+        modes), else what the failure detector says (:meth:`locally_connected`)."""
+        if self._views is not None:
+            return self._views.member(p)
+        return self.locally_connected(p)
+
+    def locally_connected(self, p: PeerRecord) -> bool:
+        """What this site's failure detector alone says: *p* belongs in the ordering set
+        (the set an agreed view change is proposed for)."""
         if p.state is PeerState.S1:
             return True
         if p.state is PeerState.UNKNOWN:
@@ -267,6 +288,8 @@ class PeerStates:
                     idx += [self.core.me, self.core.leader]  # type: ignore[list-item]
                 else:
                     idx = [self.core.me]
+        elif self._views is not None:
+            idx = list(self._views.members)
         else:
             idx = [self.core.me] + [p.idx for p in self.core.peers.values() if self.in_ordering(p)]
         members = tuple(cfg.sites[i] for i in sorted(set(idx)))
@@ -292,7 +315,8 @@ class PeerStates:
         held = tuple(self._transport.held_from(st) for st in self.core.streams)
         hb = Heartbeat(core.inc, core.clock, core.seq, self.view_bits(), g, flags, acks,
                        self._ordering.frontier(), held,
-                       tuple(st.inc for st in self.core.streams))
+                       tuple(st.inc for st in self.core.streams),
+                       self._views.vid if self._views is not None else 0)
         self.core.emit(Send(BAND_HEARTBEAT, encode_heartbeat(core.tag, core.me, hb), "heartbeat"))
         self.core.counters["sent.heartbeat"] += 1
         self.core.last_hb = now
@@ -313,6 +337,8 @@ class PeerStates:
         p.frontier = hb.frontier
         p.view = hb.view
         p.g = hb.g
+        if self._views is not None:
+            self._views.on_peer_view(tx, hb.vid, now)
         st.hb_high = max(st.hb_high, hb.high) if st.synced else hb.high
         st.hb_clock = hb.lamport
         if p.state in (PeerState.UNKNOWN, PeerState.S3) or not st.synced:

@@ -84,7 +84,7 @@ class FifoTransport:
                 if self.core.mode == "leader" and not self.core.is_leader:
                     # fetched for an ORDER entry: no stream position needed
                     fetched = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps),
-                                  d.payload, now, d.sig)
+                                  d.payload, now, d.sig, d.view)
                     self._check_conflict(self.core.ready.setdefault((o, d.inc, d.seq), fetched),
                                          fetched, tx, now)
                     self.core.counters["data.fetched-unsynced"] += 1
@@ -107,7 +107,7 @@ class FifoTransport:
             st = found
         self.core.clock = max(self.core.clock, d.lamport + 1)
         msg = Msg(o, d.inc, d.seq, d.lamport, d.send_time, tuple(d.deps), d.payload, now,
-                  d.sig)
+                  d.sig, d.view)
         if d.flags & F_RESEND:
             self.core.counters["received.resent"] += 1
         st.rx_at = now
@@ -153,7 +153,8 @@ class FifoTransport:
         if d.origin == self.core.me and d.inc == self.core.inc:
             self._check_conflict(self.core.streams[self.core.me].store.get(d.seq),
                                  Msg(d.origin, d.inc, d.seq, d.lamport, d.send_time,
-                                     tuple(d.deps), d.payload, self.core.now), tx, now)
+                                     tuple(d.deps), d.payload, self.core.now, b"", d.view),
+                                 tx, now)
 
     def _check_conflict(self, held: Msg | None, msg: Msg, tx: int, now: float) -> None:
         """A second frame for a message already held: the same content is a duplicate (a

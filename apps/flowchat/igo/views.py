@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .wire import V_FLUSH, V_PROPOSE, ViewRecord
+from .wire import V_FLUSH, V_PROPOSE, V_READY, ViewRecord
 
 Position = tuple[int, int]  #: (incarnation, seq) of one origin's stream
 
@@ -151,6 +151,7 @@ class _Pending:
     started: float
     answers: dict[int, ViewRecord] = field(default_factory=dict)
     sent_at: float = 0.0
+    ready: set[int] = field(default_factory=set)  #: members that hold every record
 
 
 class ViewAgreement:
@@ -172,6 +173,9 @@ class ViewAgreement:
         self._peer_vid: dict[int, tuple[int, float]] = {}
         self._excluded_at: dict[int, float] = {}
         self._deferred: tuple[int, ViewRecord, float] | None = None
+        #: records of larger proposals that came while ours was collecting: vid -> tx ->
+        #: record (used when we adopt that proposal)
+        self._early: dict[int, dict[int, ViewRecord]] = {}
         self._answer: ViewRecord | None = None  #: our record for the current view
         self._answer_sent = float("-inf")
         self._last_propose = float("-inf")
@@ -196,15 +200,18 @@ class ViewAgreement:
     # ------------------------------------------------------------------ events
 
     def tick(self, now: float, local: LocalState, desired: frozenset[int],
-             heard: frozenset[int]) -> list[ViewOutput]:
+             heard: frozenset[int], fresh: frozenset[int] = frozenset()) -> list[ViewOutput]:
         """Timers and the failure detector: *desired* is the set the failure detector
         counts as connected (ordering set, without agreement), *heard* the peers heard
-        recently (desired or reconciling)."""
+        recently (desired or reconciling), *fresh* those heard within the last heartbeat
+        interval."""
         out: list[ViewOutput] = []
         target = (desired | {self.me})
         p = self.pending
         if p is not None:
-            gone = p.members - target - {self.me}
+            # a proposal may name sites heard but not (yet) connected here (reconciling
+            # after a heal): only a member neither connected nor heard is gone
+            gone = p.members - target - heard - {self.me}
             silent = p.members - set(p.answers)
             if gone and self.cut is None:
                 # a member left while records were collected: change again without it
@@ -214,10 +221,16 @@ class ViewAgreement:
                 # heard, but not answering (it does not hear some member): without it
                 self._count("restart.no-answer")
                 self._propose(p.members - silent, now, local, out)
-            elif self.cut is None and now - p.sent_at >= self.timeout:
+            elif gone:
+                # a member left after we agreed: it cannot say READY; change without it
+                # (it may have installed the view, but it is not connected to us now)
+                self._count("restart.member-lost-ready")
+                self._propose(p.members - gone, now, local, out)
+            elif now - p.sent_at >= self.timeout:
                 p.sent_at = now
                 self._count("record.resent")
-                out.append(Broadcast(p.answers[self.me]))
+                rec = p.answers[self.me]
+                out.append(Broadcast(rec if self.cut is None else rec._replace(op=V_READY)))
             return out
         if self._deferred is not None:
             tx, rec, since = self._deferred
@@ -226,7 +239,7 @@ class ViewAgreement:
                 self._deferred = None
             elif members <= heard | target:
                 self._deferred = None
-                self._adopt(tx, rec, now, local, out)
+                self._consider(tx, rec, now, local, desired, fresh, out)
                 return out
             elif now - since >= self.timeout and now >= self._next_grow:
                 self._deferred = None
@@ -269,8 +282,10 @@ class ViewAgreement:
             self._peer_vid[tx] = (vid, now)
 
     def on_record(self, tx: int, rec: ViewRecord, now: float, local: LocalState,
-                  desired: frozenset[int], heard: frozenset[int]) -> list[ViewOutput]:
-        """A view record (proposal or flush answer) from peer *tx*."""
+                  desired: frozenset[int], heard: frozenset[int],
+                  fresh: frozenset[int] = frozenset()) -> list[ViewOutput]:
+        """A view record (proposal or flush answer) from peer *tx*. *fresh*: the peers
+        heard within the last heartbeat interval (surely alive)."""
         out: list[ViewOutput] = []
         self.high = max(self.high, vid_counter(rec.proposal))
         members = unbits(rec.members, self.n)
@@ -279,8 +294,10 @@ class ViewAgreement:
             return out
         p = self.pending
         if p is not None and rec.proposal == p.vid:
+            if rec.op == V_READY:
+                p.ready.add(tx)
             if tx not in p.answers:
-                p.answers[tx] = rec
+                p.answers[tx] = rec._replace(op=V_FLUSH)
                 self._check_agreed(out)
             return out
         current = p.vid if p is not None else self.view.vid
@@ -289,23 +306,52 @@ class ViewAgreement:
             if self._answer is not None and now - self._answer_sent >= self.timeout / 4:
                 self._answer_sent = now
                 self._count("record.repeated")
-                out.append(Broadcast(self._answer))
+                out.append(Broadcast(self._answer._replace(op=V_READY)))
             return out
         if rec.proposal < current:
             self._count("record.stale")
             return out
+        if p is not None and self.cut is not None:
+            # we hold every record of our proposal and said READY: the others may install
+            # it as soon as they hear our READY. Keep to it, unless a member of it moves on
+            # without having said READY (then nobody installs it)
+            if tx in p.members and tx not in p.ready:
+                self._count("proposal.given-up")
+                self.pending = None
+                self.cut = None
+            else:
+                self._count("proposal.held")
+                self._early.setdefault(rec.proposal, {})[tx] = rec
+                if self._deferred is None or self._deferred[1].proposal < rec.proposal:
+                    self._deferred = (tx, rec, now)
+                return out
         if members <= heard | desired | {self.me}:
-            self._adopt(tx, rec, now, local, out)
+            self._consider(tx, rec, now, local, desired, fresh, out)
         else:
             self._count("proposal.deferred")
             if self._deferred is None or self._deferred[1].proposal < rec.proposal:
                 self._deferred = (tx, rec, now)
         return out
 
+    def _consider(self, tx: int, rec: ViewRecord, now: float, local: LocalState,
+                  desired: frozenset[int], fresh: frozenset[int],
+                  out: list[ViewOutput]) -> None:
+        """A proposal naming only sites heard here: adopt it, unless it leaves out a member
+        of our view that we hear right now (the proposer does not hear it yet, after a
+        heal): then propose the union instead of splitting from that member."""
+        members = unbits(rec.members, self.n)
+        dropped = self.view.members & desired & fresh - members
+        if dropped:
+            self._count("proposal.widened")
+            self._propose(members | dropped, now, local, out)
+        else:
+            self._adopt(tx, rec, now, local, out)
+
     def complete(self, now: float) -> list[ViewOutput]:
-        """The coordinator showed the old view's messages up to the agreed cut: install."""
+        """The coordinator showed the old view's messages up to the agreed cut: install,
+        once every member said READY (else it is called again later)."""
         c = self.cut
-        if c is None:
+        if c is None or self.pending is None or not self.pending.ready >= c.new.members:
             return []
         previous = self.view
         self.view = c.new
@@ -349,6 +395,9 @@ class ViewAgreement:
         self._start(rec.proposal, members, mine, now, out)
         assert self.pending is not None
         self.pending.answers[tx] = rec
+        for q, early in self._early.get(rec.proposal, {}).items():
+            self.pending.answers.setdefault(q, early)
+        self._early = {v: r for v, r in self._early.items() if v > rec.proposal}
         self._check_agreed(out)
 
     def _start(self, vid: int, members: frozenset[int], mine: ViewRecord, now: float,
@@ -379,4 +428,6 @@ class ViewAgreement:
         clock = max(a.clock for a in p.answers.values())
         self.cut = Cut(old, View(p.vid, p.members), trans, tuple(positions), clock)
         self._count("agreed")
+        p.ready.add(self.me)
+        out.append(Broadcast(p.answers[self.me]._replace(op=V_READY)))
         out.append(CutAgreed(self.cut))

@@ -53,7 +53,7 @@ GONE        4     requester (1) | stream (1) | incarnation (8) | low (4): "of th
 ORDER       5     leader incarnation (8) | view bitmap (4) | first order number (4) |   21 /
                   count (2, <= 1024) | entries (origin (1) | incarnation (8) | seq (4)  inbox
                   | flags (1: 1 LATE)) x count
-VIEW        6     op (1: 1 PROPOSE, 2 FLUSH) | proposed vid (8) | members bitmap (4) |  16
+VIEW        6     op (1: 1 PROPOSE, 2 FLUSH, 3 READY) | proposed vid (8) | members bitmap (4) |  16
                   sender's current vid (8) | clock (8) | nsites (1) | per origin:
                   incarnation (8) | highest contiguous seq held (4). A proposal is its
                   initiator's flush record; see :mod:`~flowchat.igo.views`.
@@ -102,7 +102,7 @@ KIND_NAMES = {K_DATA: "data", K_HEARTBEAT: "heartbeat", K_NACK: "nack", K_GONE: 
               K_ORDER: "order", K_VIEW: "view"}
 
 
-V_PROPOSE, V_FLUSH = 1, 2  #: VIEW record ops
+V_PROPOSE, V_FLUSH, V_READY = 1, 2, 3  #: VIEW record ops
 
 
 STREAM_ORDER = 254  #: NACK/GONE stream number of the leader's order stream
@@ -386,7 +386,7 @@ def decode(payload: bytes | memoryview, tag: int, nsites: int
         if kind == K_VIEW:
             op, proposal, members, old, clock, n = _VIEW.unpack_from(b, off)
             off += _VIEW.size
-            if op not in (V_PROPOSE, V_FLUSH):
+            if op not in (V_PROPOSE, V_FLUSH, V_READY):
                 raise ProtocolError("view", f"op {op}")
             if n != nsites or members >> nsites or not members >> (proposal & 0xFF) & 1:
                 raise ProtocolError("view", f"{n} positions, members {members:#x}")
