@@ -18,7 +18,7 @@ tests can ``assert not violations`` and the experiment summary can count them.
 * :func:`late_disagreement` — of the messages two sites both delivered *late*, how many stand
   at a different place in the two sites' late sequences (zero: the same late order);
 * :func:`late_splits` — messages two sites both delivered, in order at one and late at the
-  other (not excluded in hasten mode: see :data:`PROPERTIES`);
+  other (none between sites that stay connected, with agreed views: see :data:`PROPERTIES`);
 * :func:`gaps` — sequence numbers of an origin a site never delivered;
 * :func:`view_disagreements` — views (agreed, numbered: :mod:`flowchat.igo.views`) a site
   installed naming a peer as a member, which that peer never installed (zero: connected
@@ -116,8 +116,10 @@ def late_disagreement(a: Sequence[Any], b: Sequence[Any]) -> tuple[int, int]:
 
 def late_splits(a: Sequence[Any], b: Sequence[Any]) -> int:
     """How many messages both *a* and *b* delivered, in order at one and flagged late at
-    the other (each site decides alone when a peer leaves its ordering set, so two sites
-    of one side may split a message this way around a partition or a merge)."""
+    the other. With agreed views sites that stay connected agree on it; without them (leader
+    mode's local chat, ``--stability``) each site decides alone when a peer leaves its
+    ordering set, and two sites of one side may split a message this way around a partition
+    or a merge."""
     la = {_key(d): bool(d.late) for d in a if not getattr(d, "local", False)}
     return sum(1 for d in b if not getattr(d, "local", False) and _key(d) in la
                and la[_key(d)] != bool(d.late))
