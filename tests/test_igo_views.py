@@ -284,3 +284,41 @@ def test_simulator_scenarios_have_no_in_order_late_splits(number: str) -> None:
     assert r["late_splits_total"] == 0, r["late_splits"]
     assert not any(r["violations"].values()), r["violation_examples"]
     assert r["max_latency"] < 15.0
+
+
+def test_a_site_that_said_ready_installs_before_it_follows_a_larger_proposal() -> None:
+    """Site 0 holds every record of view P = {0, 1} and says READY; site 1 may install P as
+    soon as it hears that. A larger proposal arriving now is held until P is installed (so
+    0 and 1 go through the same views); but if a member of P moves on to it without having
+    said READY, nobody can install P and site 0 gives P up for the larger one."""
+    from flowchat.igo.views import FlushStarted, make_vid
+    from flowchat.igo.wire import V_FLUSH, V_READY
+
+    local = LocalState(5, ((1, 0), (1, 0), (1, 0)))
+    both = frozenset({0, 1})
+
+    def record(op: int, vid: int, members: frozenset[int], old: int = 0) -> ViewRecord:
+        bits = sum(1 << m for m in members)
+        return ViewRecord(op, vid, bits, old, 5, ((1, 0), (1, 0), (1, 0)))
+
+    for ready_first, held in ((True, True), (False, False)):
+        a = ViewAgreement(0, 3, timeout=2.0, rejoin_after=6.0)
+        p = make_vid(1, 1)
+        out = a.on_record(1, record(V_PROPOSE, p, both), 1.0, local, both, both)
+        assert any(isinstance(o, CutAgreed) for o in out)  # both records: READY sent
+        assert any(isinstance(o, Broadcast) and o.record.op == V_READY for o in out)
+        if ready_first:
+            a.on_record(1, record(V_READY, p, both), 1.1, local, both, both)
+        bigger = make_vid(2, 1)
+        out = a.on_record(1, record(V_FLUSH if ready_first else V_PROPOSE, bigger,
+                                    frozenset({0, 1, 2})), 1.2, local, both | {2},
+                          both | {2})
+        if held:  # 1 said READY for P: it installs P; so does 0, then takes up the other
+            assert a.pending is not None and a.pending.vid == p
+            assert not any(isinstance(o, FlushStarted) for o in out)
+            assert [type(o) for o in a.complete(1.3)] == [Installed] and a.view.vid == p
+            out = a.tick(1.4, local, both | {2}, both | {2})
+            assert a.pending is not None and a.pending.vid == bigger
+        else:  # 1 moved on without READY: P cannot be installed anywhere
+            assert a.pending is not None and a.pending.vid == bigger
+            assert a.view.vid == 0 and a.counters["proposal.given-up"] == 1
