@@ -12,6 +12,12 @@ bytes are the traced growth while the mirror fills.
 
     python3 benchmarks/flowmem.py --flows 1000000
 
+``--forward 16 1024``: then, with every flow mirrored, the engine's CPU time per frame
+forwarding reads that cycle over all the flows (one frame each, as ``bulk.py --flows``'s
+publisher sends) against reads of one flow, per payload size: the lookup cost of a large
+table, taken in CPU time of this thread (``thread_time``), which load from elsewhere on
+the machine moves far less than a rate.
+
 ``--quick`` is a seconds-long smoke run (10^4 flows); ``--flows`` still overrides it.
 """
 
@@ -34,7 +40,26 @@ from flowrouter.core.fastpath import FastPath, new_engine  # noqa: E402
 from flowrouter.wire.header import pack_header  # noqa: E402
 
 
-def measure(n: int, build: str, engine: str) -> dict[str, Any]:
+def _forward_ns(fast: FastPath, keys: list[bytes], size: int, frames: int) -> float:
+    """CPU ns per frame forwarding *frames* frames cycling over *keys*, in 64 KiB reads
+    (the second of two passes: the first may still fill caches)."""
+    payload = b"p" * size
+    tail = pack_header(b"\0" * 16, size, flowtable.BAND)[16:] + payload
+    per_read = max(1, 65536 // (len(tail) + 16))
+    reads = [b"".join(keys[i % len(keys)] + tail for i in range(at, min(frames, at + per_read)))
+             for at in range(0, frames, per_read)]
+    took = 0.0
+    for _ in range(2):
+        t0 = time.thread_time()
+        for data in reads:
+            pos, _stop, _outs = fast.forward(flowtable.UP, data, 0, 65536)
+            assert pos == len(data), "the engine stopped before the end of a read"
+        took = time.thread_time() - t0
+    return took / frames * 1e9
+
+
+def measure(n: int, build: str, engine: str, sizes: list[int] | None = None
+            ) -> dict[str, Any]:
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -61,10 +86,17 @@ def measure(n: int, build: str, engine: str) -> dict[str, Any]:
     flows, _links = fast.engine.sizes()
     tracemalloc.stop()
     assert flows == n, (flows, n)
-    return {"flows": n, "build": build, "engine": engine, "build_s": built,
-            "core_bytes_per_flow": core / n, "engine_bytes_per_flow": mirror / n,
-            "total_bytes_per_flow": (core + mirror) / n,
-            "router_fixed_bytes": made - base}
+    row = {"flows": n, "build": build, "engine": engine, "build_s": built,
+           "core_bytes_per_flow": core / n, "engine_bytes_per_flow": mirror / n,
+           "total_bytes_per_flow": (core + mirror) / n,
+           "router_fixed_bytes": made - base}
+    if sizes:
+        keys = [flowtable.flow_key(i) for i in range(n)]
+        frames = max(n, 200_000)
+        row["forward_ns_per_frame"] = {str(size): {
+            "all_flows": _forward_ns(fast, keys, size, frames),
+            "one_flow": _forward_ns(fast, keys[:1], size, frames)} for size in sizes}
+    return row
 
 
 def main() -> int:
@@ -73,18 +105,27 @@ def main() -> int:
                     help="table sizes (default: 100000 1000000, or 10000 with --quick)")
     ap.add_argument("--build", choices=("join", "direct"), default="direct")
     ap.add_argument("--engine", choices=("native", "twin"), default="native")
+    ap.add_argument("--forward", type=int, nargs="*", metavar="SIZE",
+                    help="also time the engine forwarding reads that cycle over every flow "
+                         "against reads of one flow, per payload size (default 16 1024)")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 10^4 flows, a second or two")
     ap.add_argument("--out", help="write the JSON result here")
     args = ap.parse_args()
     if not args.flows:
         args.flows = [10_000] if args.quick else [100_000, 1_000_000]
-    rows = [measure(n, args.build, args.engine) for n in args.flows]
+    sizes = None if args.forward is None else (args.forward or [16, 1024])
+    rows = [measure(n, args.build, args.engine, sizes) for n in args.flows]
     common.say(common.table(rows, [
         ("flows", "flows", ">,d"), ("engine", "engine", "<"),
         ("core_bytes_per_flow", "core B/flow", ">.0f"),
         ("engine_bytes_per_flow", "engine B/flow", ">.0f"),
         ("total_bytes_per_flow", "total B/flow", ">.0f")]))
+    for row in rows:
+        for size, ns in row.get("forward_ns_per_frame", {}).items():
+            common.say(f"  {row['flows']:,} flows, {size} B: the engine forwards "
+                       f"{ns['all_flows']:.0f} ns/frame cycling over all of them, "
+                       f"{ns['one_flow']:.0f} ns/frame for one flow")
     result = {"machine": common.machine_info(), "command": " ".join(sys.argv),
               "quick": args.quick, "rows": rows}
     if args.out:
