@@ -246,6 +246,15 @@ def test_refresh_chunk_index_must_be_inside_its_round():
         C.decode(bytes(raw))
 
 
+def test_a_refresh_update_belongs_to_no_round_and_has_one_chunk():
+    update = C.Refresh(0, 0, C.REFRESH_UPDATE, 0, ((b"k" * 16, 0, C.REFRESH_SIBLING),))
+    assert C.decode(update.encode()) == update  # mask 0 too: a sibling's side left
+    raw = bytearray(update.encode())
+    raw[6:8] = (1).to_bytes(2, "big")
+    with pytest.raises(MalformedFrame, match="chunk 1 of 0"):
+        C.decode(bytes(raw))
+
+
 def test_refresh_capacity_fits_the_link():
     for max_payload in (200, 1400, 65536):
         n = C.refresh_capacity(max_payload)

@@ -120,6 +120,10 @@ class SiblingMasks(Protocol):
 
     def topology_refresh(self, link_id: int, now: float) -> list[Action]: ...
 
+    def hold_masks(self) -> None: ...
+
+    def release_masks(self) -> list[Action]: ...
+
 
 class RouteAdvertiser(Protocol):
     """The LS exchange, for the links part: routes changed (a router link came or went)."""

@@ -47,6 +47,10 @@ class LsExchange:
             tree.me = self.p.name
         #: the sibling links (and names) per LSID served, as last seen
         self._siblings: dict[int, tuple[tuple[int, str], ...]] = {}
+        #: masks to tell, per sibling link, held while a batch of changes is worked through
+        #: (a tree change, a fellow member's batch): sent as REFRESH_UPDATE chunks
+        self._held: dict[int, dict[bytes, int]] = {}
+        self._holding = 0
 
     def on_ls_routes(self, link: Link, msg: C.LsRoutes, now: float) -> list[Action]:
         """A router neighbour's LS route vector: update, re-advertise, sync new siblings."""
@@ -93,8 +97,10 @@ class LsExchange:
             out += self._topology(tree, tree.entries(), new)
             out += self._retree(tree, now)
             if new:  # a new sibling (on the tree or off it) learns our masks
+                self.hold_masks()
                 for key in sorted(self._lsid_keys(tree)):
                     out += self._frames(key, tree.masks_for(key, self.flows.get(key)))
+                out += self.release_masks()
         return out
 
     def on_topology(self, link: Link, msg: C.LsTopology, now: float) -> list[Action]:
@@ -168,10 +174,11 @@ class LsExchange:
         log.info("location service %#x: tree links %s (members %s, root %s)", tree.lsid,
                  sorted(tree.tree), ", ".join(tree.members()), tree.root)
         self.state.generation += 1
+        self.hold_masks()
         out: list[Action] = []
         for key in sorted(self._lsid_keys(tree)):
             out += self._rebuild(tree, key, now)
-        return out
+        return out + self.release_masks()
 
     def _lsid_keys(self, tree: MemberTree) -> set[bytes]:
         keys = tree.keys()
@@ -239,6 +246,41 @@ class LsExchange:
             self.trees.remove_entry(key, entry, "leave", now)
         return out
 
-    @staticmethod
-    def _frames(key: bytes, masks: list[tuple[int, int]]) -> list[Action]:
+    def _frames(self, key: bytes, masks: list[tuple[int, int]]) -> list[Action]:
+        if self._holding:
+            for lid, m in masks:
+                self._held.setdefault(lid, {})[key] = m
+            return []
         return [control_frame(lid, key, C.Mask(m), BAND_LS) for lid, m in masks]
+
+    # ------------------------------------------------------------------ batches
+    def hold_masks(self) -> None:
+        """Masks told from now until :meth:`release_masks` go out together."""
+        self._holding += 1
+
+    def release_masks(self) -> list[Action]:
+        """The held masks (the last one per flow and link): a lone change as a MASK, more
+        as REFRESH_UPDATE chunks of as many entries as the link's frames take. A tree
+        change tells every flow's new masks: one MASK per flow and link, passed on hop by
+        hop, cost a frame and a dispatch each (and thousands of frames per link); chunks
+        carry a thousand, and the receiver reconciles them within its work budget."""
+        self._holding -= 1
+        if self._holding or not self._held:
+            return []
+        held, self._held = self._held, {}
+        out: list[Action] = []
+        for lid, masks in sorted(held.items()):
+            link = self.links.get(lid)
+            if link is None or link.state is not LinkState.UP:
+                continue
+            if len(masks) == 1:
+                ((key, m),) = masks.items()
+                out.append(control_frame(lid, key, C.Mask(m), BAND_LS))
+                continue
+            entries = [(key, m, C.REFRESH_SIBLING) for key, m in sorted(masks.items())]
+            per = C.refresh_capacity(link.max_payload)
+            for i in range(0, len(entries), per):
+                out.append(link_message(lid, C.Refresh(0, 0, C.REFRESH_UPDATE, 0,
+                                                       tuple(entries[i:i + per]))))
+            self.counters["ls.mask-batches"] += (len(entries) + per - 1) // per
+        return out

@@ -268,6 +268,8 @@ class SoftState:
         of them completes the chunk."""
         lid = link.link_id
         counters = self.counters
+        if msg.count == C.REFRESH_UPDATE:  # a fellow member's batch of mask changes
+            return self._sibling_update(link, msg.entries[start:end], now)
         rx = self._rx.get(lid)
         if rx is None or rx.number != msg.round or rx.count != msg.count:
             rx = self._rx[lid] = RxRound(msg.round, msg.count, received)
@@ -324,6 +326,21 @@ class SoftState:
             del self._rx[lid]
             out += self._round_complete(link, rx, now)
         return out
+
+    def _sibling_update(self, link: Link, entries: tuple[tuple[bytes, int, int], ...],
+                        now: float) -> list[Action]:
+        """Sibling-mask changes outside any round (a member's tree changed): taken like
+        MASKs, and what they change in turn goes out batched too."""
+        self.counters["refresh.sibling-updates"] += len(entries)
+        if not self.routing.sibling_link(link.link_id):
+            self.counters["control.stale-sibling"] += len(entries)
+            return []
+        self.siblings.hold_masks()
+        out: list[Action] = []
+        for key, mask, flags in entries:
+            if flags & C.REFRESH_SIBLING:
+                out += self.siblings.on_sibling_mask(link, key, C.Mask(mask), now)
+        return out + self.siblings.release_masks()
 
     def _round_complete(self, link: Link, rx: RxRound, now: float) -> list[Action]:
         """Every chunk of a round arrived: what neither it nor the round before listed is

@@ -17,7 +17,9 @@ neighbour rather than per flow:
 * ``REFRESH(round, index, count, hold_ms, entries)``: one chunk of a downstream node's digest of
   the (flow, band mask) pairs it wants from this neighbour. ``count`` chunks make a round;
   ``hold_ms`` is how long the receiver may keep state the digest lists without hearing it
-  again (PIM's hold time). Each entry is ``flow key (16) | mask (16) | flags (1)``;
+  again (PIM's hold time). Each entry is ``flow key (16) | mask (16) | flags (1)``. A chunk
+  with ``count`` 0 (``REFRESH_UPDATE``, index 0) belongs to no round: a location-service
+  member's batch of sibling-mask changes after its members' tree changed;
 * ``PRUNE(keys)``: the sender dropped these flows' state for the receiver (expiry, limits);
 * ``NOT_ON_TREE(keys)``: the sender holds no state for these flows although the receiver
   refreshed them or sent their traffic from the tree's side; the receiver re-joins (if it
@@ -400,6 +402,9 @@ def refresh_period(entries: int, interval: float, max_rate: float = MAX_REFRESH_
     return max(interval, entries / max_rate) if max_rate > 0 else interval
 
 REFRESH_SIBLING = 0x01  #: the entry is a location-service member's subtree mask (core mesh)
+#: the chunk count of a REFRESH that belongs to no round: a batch of sibling-mask changes
+#: (REFRESH_SIBLING entries, mask 0 too) that a tree change makes members tell each other
+REFRESH_UPDATE = 0
 REFRESH_ADVERTISE = 0x02  #: the sender only sends on the flow (mask 0 is an advertisement)
 REFRESH_ENTRY = struct.Struct("!16s16sB")
 #: bytes of a REFRESH besides its entries (prefix, round, index, count, hold, entry count)
@@ -552,7 +557,7 @@ def decode(payload: bytes | memoryview) -> ControlMessage:
         msg = EchoReply(*r.unpack(_ECHO))
     elif t is MsgType.REFRESH:
         rnd, index, count, hold, n = r.unpack(_REFRESH)
-        if count == 0 or index >= count:
+        if index >= max(count, 1):  # count 0: an update outside any round (index 0)
             raise MalformedFrame("bad-control", f"REFRESH chunk {index} of {count}")
         raw = r.take(n * REFRESH_ENTRY.size)
         from_bytes = int.from_bytes
