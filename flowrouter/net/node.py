@@ -533,7 +533,7 @@ class RouterNode:
                     row["output"] = link.out.stats()
         fast = self.fast
         for row, (key, entry) in zip(st["flows"], self.core.flows.items(), strict=True):
-            row["members"] = len(entry.down)  # downstream links that joined it
+            row["members"] = entry.down_count()  # downstream links that joined it
             row["age"] = round(now - entry.created, 3)
             frames, nbytes = fast.flow_counts(key) if fast is not None else (0, 0)
             row["frames"], row["bytes"] = entry.frames + frames, entry.bytes + nbytes
