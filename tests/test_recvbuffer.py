@@ -173,6 +173,32 @@ def test_receive_buffer_grows_while_reads_fill_it_and_shrinks_when_they_stay_sma
     assert len(rx.buf) == 64  # never under its first size
 
 
+def test_the_tail_of_a_bytes_object_is_queued_without_a_copy() -> None:
+    """Bytes cannot change: what the socket did not take of one (a fan-out's shared run,
+    written to a hundred receivers) is queued as a view of it, not copied per receiver."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    queued: list[object] = []
+
+    class Transport:
+        def get_write_buffer_size(self) -> int:
+            return 0
+
+        def write(self, data: object) -> None:
+            queued.append(data)
+
+    try:
+        run_bytes = bytes(range(256)) * 4096
+        write_gathered(Transport(), a.fileno(), [run_bytes])
+        (tail,) = queued
+        assert type(tail) is memoryview and tail.obj is run_bytes
+        assert 0 < len(tail) < len(run_bytes) and bytes(tail) == run_bytes[-len(tail):]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_gathered_write_leaves_nothing_pointing_into_the_buffer() -> None:
     """A socket that takes only part of a write: the rest is queued as owned copies, so
     overwriting the source buffer afterwards changes nothing that is sent."""

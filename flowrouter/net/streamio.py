@@ -153,8 +153,10 @@ def write_gathered(transport: Any, fd: int, buffers: list[Any]) -> None:
                     sent -= size
                     i += 1
                     continue
-                if sent:  # the tail of a buffer the socket took in part
-                    transport.write(bytes(memoryview(b)[sent:]))
+                if sent:  # the tail of a buffer the socket took in part (a view of an
+                    # immutable bytes object, a fan-out's shared run say, may be kept as it is)
+                    tail = memoryview(b)[sent:]
+                    transport.write(tail if type(b) is bytes else bytes(tail))
                     i += 1
                 break
             else:
