@@ -379,3 +379,93 @@ def test_a_partition_of_the_members_delivers_within_each_piece_and_heals() -> No
     for ep in net.endpoints.values():
         if ep.name != "x00":
             assert [d.payload for d in ep.received(flow)].count(b"everyone") == 1, ep.name
+
+
+def test_members_that_are_a_full_mesh_send_directly_not_across_a_tree() -> None:
+    """A few members all linked to each other (chat's site routers serving one room) keep
+    the mesh's one-hop paths: a frame entering at one member goes straight to every other
+    member that wants it, and what a member gets from a fellow member goes only down. A
+    tree over the mesh would carry everything across the root's links (a star), which on
+    thin site links saturates them."""
+    names = [f"s{i}" for i in range(5)]
+    net = SimNetwork(seed=3, trace=True)
+    for name in names:
+        net.add_router(name, core_lsids=[LSID], **SOFT)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            net.add_link(a, b, delay=0.001)
+    for name in names:
+        net.add_endpoint(f"x{name}", name, **EP)
+    flow = FLOWS[0]
+    net.run_until(3.0)
+    assert all(net.routers[n].routing.trees[LSID].mesh for n in names)
+    for name in names:
+        net.endpoints[f"x{name}"].join(flow, [32])
+    net.run_until(6.0)
+    assert all(ep.is_joined(flow) for ep in net.endpoints.values())
+    start = len(net.trace or [])
+    for name in names:
+        net.endpoints[f"x{name}"].send(flow, 32, name.encode())
+    net.run_for(1.0)
+    for name in names:  # each gets every other member's message once
+        got = Counter(bytes(d.payload) for d in net.endpoints[f"x{name}"].received(flow)
+                      if d.time > 6.0)
+        assert got == Counter(n.encode() for n in names if n != name), (name, got)
+    sends = Counter(r.link for r in (net.trace or [])[start:]
+                    if r.event == "send" and r.band == 32 and not r.link.startswith("x"))
+    # 5 members x 4 others, one frame on each direct link each way: 20 member-link sends
+    # (a star would put 16 of them on the root's 4 links and none on the other 6)
+    pairs = {f"{a}-{b}" for i, a in enumerate(names) for b in names[i + 1:]}
+    assert set(sends) == pairs and all(c == 2 for c in sends.values()), sends
+    assert net.router_counters()["drop.off-tree"] == 0
+
+
+def test_a_direct_location_service_never_relays_around_a_broken_member_link() -> None:
+    """``direct = true`` (routers' ``direct_lsids``): the members are a mesh that never
+    relays. With the link s0-s1 down, s1's subscriber gets nothing from s0's sender (as seed
+    003's per-pair paths), where a relaying service would route it through s2."""
+    from flowrouter.net.config import ConfigError
+    from flowrouter.net.configfile import config_from_dict
+
+    doc = """
+name = "direct"
+[[routers]]
+name = "s0"
+[[routers]]
+name = "s1"
+[[routers]]
+name = "s2"
+[[links]]
+a = "s0"
+b = "s1"
+[[links]]
+a = "s1"
+b = "s2"
+[[links]]
+a = "s0"
+b = "s2"
+[[location_services]]
+lsid = 0x10
+cores = ["s0", "s1", "s2"]
+direct = %s
+"""
+    for direct in (True, False):
+        topo = loads(doc % str(direct).lower())
+        assert topo.direct_lsids("s1") == (frozenset({LSID}) if direct else frozenset())
+        net = SimNetwork.from_topology(topo, seed=1)
+        net.add_endpoint("a", "s0", **EP)
+        net.add_endpoint("b", "s1", **EP)
+        flow = FLOWS[0]
+        net.run_until(2.0)
+        net.endpoints["b"].join(flow, [32])
+        net.run_until(4.0)
+        net.link_down("s0-s1")
+        net.run_until(12.0)
+        net.endpoints["a"].send(flow, 32, b"x")
+        net.run_for(1.0)
+        got = [d for d in net.endpoints["b"].received(flow) if d.time > 12.0]
+        assert len(got) == (0 if direct else 1), (direct, got)
+    with pytest.raises(TopologyError, match="direct must be true or false"):
+        loads(doc % '"yes"')
+    with pytest.raises(ConfigError, match="direct_lsids must be among core_lsids"):
+        config_from_dict({"router": {"name": "r", "core_lsids": [1], "direct_lsids": [2]}})

@@ -28,14 +28,16 @@ RING = (("m2", "m1"), ("m3", "m2"), ("m4", "m3"), ("m4", "m1"))  #: (dialler, di
 MESH = (*RING, ("m3", "m1"), ("m4", "m2"))
 
 
-async def _agreed(members: list[RouterNode]) -> None:
-    """Until every member sees all four and the same root with three tree links in all.
+async def _agreed(members: list[RouterNode], mesh: bool) -> None:
+    """Until every member sees all four and the same root with three tree links in all
+    (a ring), or each the other three directly (a full mesh keeps its one-hop paths).
     (The tree has no event of its own: a bounded poll of the members' tables.)"""
     deadline = time.monotonic() + 10
     while True:
         views = [m.core.routing.trees[LSID] for m in members]
-        if (all(v.members() == list(NAMES) and v.root == "m1" for v in views)
-                and sum(len(v.tree) for v in views) == 6):
+        if (all(v.members() == list(NAMES) and v.root == "m1" and v.mesh is mesh
+                for v in views)
+                and sum(len(v.tree) for v in views) == (12 if mesh else 6)):
             return
         assert time.monotonic() < deadline, [v.status() for v in views]
         await asyncio.sleep(0.01)
@@ -66,7 +68,7 @@ async def _overlay(graph: tuple[tuple[str, str], ...]
         degree = sum(node.config.name in pair for pair in graph)
         await within(node.wait_peers_up(degree + 1 if node in ms else 2))
         await within(node.wait_routes(LSID))
-    await _agreed(ms)
+    await _agreed(ms, graph is MESH)
     return ms, edges
 
 
@@ -124,7 +126,7 @@ def test_four_members_deliver_and_survive_a_member_failure(
                 print(f"\n{shape} of 4 members, {victim.config.name} killed: longest "
                       f"silence {gap * 1000:.1f} ms, {lost} message(s) lost")
             survivors = [m for m in members if m is not victim]
-            await _agreed_without(survivors, victim.config.name)
+            await _agreed_without(survivors, victim.config.name, graph is MESH)
             # flowls members: a survivor's view, and a one-line error for the lost member
             ctl = "%s:%d" % survivors[0].control_address
             row = await members_of(ctl, LSID, [m.config.name for m in survivors])
@@ -150,12 +152,15 @@ def test_four_members_deliver_and_survive_a_member_failure(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-async def _agreed_without(members: list[RouterNode], gone: str) -> None:
+async def _agreed_without(members: list[RouterNode], gone: str, mesh: bool = False) -> None:
+    """Until the survivors agree: a tree of two links (a ring lost a member), or each the
+    other two directly (a full mesh lost one: still a mesh)."""
     deadline = time.monotonic() + 10
     live = sorted(m.config.name for m in members)
     while True:
         views = [m.core.routing.trees[LSID] for m in members]
-        if all(v.members() == live for v in views) and sum(len(v.tree) for v in views) == 4:
+        if all(v.members() == live and v.mesh is mesh for v in views) and \
+                sum(len(v.tree) for v in views) == (6 if mesh else 4):
             return
         assert time.monotonic() < deadline, (gone, [v.status() for v in views])
         await asyncio.sleep(0.01)

@@ -153,10 +153,14 @@ def select(only: str | None) -> list[Experiment]:
 
 
 def ls_at_sites(topo: T.Topology, lsid: int, sites: Sequence[str] = SITES) -> T.Topology:
-    """The same topology with every site router also a member of LSID *lsid*'s service."""
+    """The same topology with every site router also a member of LSID *lsid*'s service,
+    as a direct one: the members send straight to each other and never relay, so a broken
+    site-to-site link cuts that pair as seed 003's per-pair paths did (a relaying service
+    would route around it, and over a tree of thin links)."""
     routers = tuple(replace(r, core_lsids=tuple(sorted(set(r.core_lsids) | {lsid})))
                     if r.name in sites else r for r in topo.routers)
-    services = tuple(replace(ls, cores=tuple(dict.fromkeys(ls.cores + tuple(sites))))
+    services = tuple(replace(ls, cores=tuple(dict.fromkeys(ls.cores + tuple(sites))),
+                             direct=True)
                      if ls.lsid == lsid else ls for ls in topo.location_services)
     return replace(topo, routers=routers, location_services=services)
 

@@ -112,9 +112,11 @@ class Forwarding:
                     # from a fellow member that is no tree neighbour of ours (our views of
                     # the members' tree differ), or a copy gone round while they settle
                     return self._dropped("off-tree", key, band, link_id, len(payload), now)
-                elif entry.sib:
+                elif entry.sib and not (link.role is C.Role.ROUTER and self.routing.trees
+                                        and self.routing.from_mesh(key_lsid(key), link_id)):
                     # At a core: the other members' sides of the tree, filtered by their
-                    # masks, never back to the tree link it came from (split horizon).
+                    # masks, never back to the tree link it came from (split horizon). In
+                    # a full mesh of members, what comes from a member goes only down.
                     targets += [lk for lk, m in entry.sib.items()
                                 if m & bit and lk != link_id]
             if not targets:

@@ -115,8 +115,20 @@ class LsExchange:
             tree.refused = 0
         out: list[Action] = []
         if new:
-            out += self._topology(tree, new, [lid for lid in tree.names
-                                              if lid != link.link_id])
+            # Flood on, but not to members the originator reaches itself: an advertisement
+            # heard from its own member went to each of that member's neighbours directly
+            # (a full mesh floods nothing on; what a loss costs, the refresh repairs).
+            sender = tree.names.get(link.link_id)
+            direct = [e for e in new if e[0] == sender]
+            other = [e for e in new if e[0] != sender]
+            if direct:
+                also = set(direct[0][2])
+                out += self._topology(tree, direct, [
+                    lid for lid, name in tree.names.items()
+                    if lid != link.link_id and name not in also])
+            if other:
+                out += self._topology(tree, other, [lid for lid in tree.names
+                                                    if lid != link.link_id])
         if bump:
             out += self._topology(tree, [tree.own()], list(tree.names))
         if new or bump:

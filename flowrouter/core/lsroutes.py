@@ -27,7 +27,8 @@ INFINITY = 32
 
 class LsRouting:
     def __init__(self, core_lsids: frozenset[int], static: dict[int, str],
-                 default: str | None, max_lsids: int = 4096) -> None:
+                 default: str | None, max_lsids: int = 4096,
+                 direct: frozenset[int] = frozenset()) -> None:
         self.core = core_lsids
         self.static = dict(static)
         self.default = default
@@ -48,7 +49,8 @@ class LsRouting:
         self.confined: frozenset[int] = frozenset()
         self.confined_to: frozenset[str] = frozenset()
         #: per LSID served: its members' graph and spanning tree (flowrouter.core.lstree)
-        self.trees: dict[int, MemberTree] = {lsid: MemberTree(lsid) for lsid in core_lsids}
+        self.trees: dict[int, MemberTree] = {lsid: MemberTree(lsid, relay=lsid not in direct)
+                                             for lsid in core_lsids}
         self._recompute()
 
     # events -------------------------------------------------------------------------------
@@ -161,6 +163,12 @@ class LsRouting:
         on (:meth:`MemberTree.admit`); elsewhere always."""
         tree = self.trees.get(lsid)
         return tree is None or tree.admit(link_id, frame, now)
+
+    def from_mesh(self, lsid: int, link_id: int) -> bool:
+        """*link_id* leads to a fellow member of *lsid* and the members are a full mesh:
+        what it sends was sent to every member that wants it, so it goes only down."""
+        tree = self.trees.get(lsid)
+        return tree is not None and tree.mesh and link_id in tree.names
 
     def sibling_masks(self, key: bytes, entry: FlowEntry | None) -> list[tuple[int, int]]:
         """At a member: (sibling link, mask) for each sibling that must be told a new mask

@@ -19,6 +19,18 @@ member's parent being its neighbour nearest that root (lowest name on ties). An 
 only when both ends list it. A member failure changes the tree only below the failed
 member (unless it was the root).
 
+Where the members a member reaches are all linked to each other (a full mesh, as a few
+site routers serving one room usually are), no tree is used: each member is every other's
+neighbour, tells each its own subtree's mask only, and what comes from a fellow member goes
+only down its own subtree (the member where a frame enters sends it to every other member
+that wants its band directly). That keeps the one-hop paths a mesh gives: a tree over a
+mesh would carry every member's traffic across the root's links (a star), which on thin
+links (56 kbit/s chat sites) is the difference between fitting and saturating. All members
+hold the same graph, so they agree on which of the two they use. A location service can
+also be declared direct (``direct_lsids``): its members use the mesh rule always, and a
+broken member link is then not routed around (what seed 003's chat experiments model:
+sites whose pairwise paths fail independently).
+
 Masks go on every sibling link, tree or not (to a link off the tree: everything the
 member's tree side wants), so when the tree changes, the members at a new tree link
 already know each other's masks: only what the change itself alters is sent.
@@ -49,9 +61,12 @@ class MemberTree:
     """One LSID's member graph at one member: its link-state database, the spanning tree
     computed from it, and the masks heard from and told to each sibling link."""
 
-    def __init__(self, lsid: int, me: str = "") -> None:
+    def __init__(self, lsid: int, me: str = "", *, relay: bool = True) -> None:
         self.lsid = lsid
         self.me = me
+        #: False: the members are meant as a full mesh and never relay for each other
+        #: (``direct_lsids``): always the mesh rule, whatever links are down
+        self.relay = relay
         self.seq = 0
         #: member name -> (sequence number, the fellow members it lists as neighbours)
         self.db: dict[str, tuple[int, frozenset[str]]] = {}
@@ -64,6 +79,8 @@ class MemberTree:
         self.tree_names: frozenset[str] = frozenset()
         self.tree: frozenset[int] = frozenset()
         self.root = ""
+        #: the reachable members are a full mesh: no tree, every member sends directly
+        self.mesh = False
         #: the members reachable over confirmed sibling links (this one included)
         self.reach: frozenset[str] = frozenset()
         #: per sibling link: flow key -> (mask, when last heard) / mask last told
@@ -143,6 +160,8 @@ class MemberTree:
         if graph != self._graph:  # the views of the tree may differ for a while
             self._graph = graph
             self.settling_until = now + SETTLE
+        mesh = not self.relay or len(comp) > 1 and all(
+            len(adj.get(v, ())) >= len(comp) - 1 for v in comp)  # confirmed edges only
         root = min(comp)
         dist = _distances(adj, root)
         tree: set[str] = set()
@@ -155,10 +174,15 @@ class MemberTree:
             elif parent == self.me:
                 tree.add(v)
         self.root = root
-        names = frozenset(tree)
+        if not self.relay:
+            names = frozenset(self.by_name)  # every sibling link up now, nothing relayed
+        elif mesh:
+            names = frozenset(comp) - {self.me}
+        else:
+            names = frozenset(tree)
         links = frozenset(self.by_name[n] for n in names if n in self.by_name)
-        changed = links != self.tree
-        self.tree_names, self.tree = names, links
+        changed = links != self.tree or mesh != self.mesh
+        self.tree_names, self.tree, self.mesh = names, links, mesh
         return changed
 
     def members(self) -> list[str]:
@@ -230,7 +254,9 @@ class MemberTree:
             total |= m
         out = []
         for lid in self.names:
-            if lid in self.tree and lid in sib:
+            if self.mesh:
+                mask = own  # a mesh: each member's own side only, nothing passed on
+            elif lid in self.tree and lid in sib:
                 mask = own
                 for other, m in sib.items():
                     if other != lid:
@@ -256,7 +282,7 @@ class MemberTree:
         return keys
 
     def status(self) -> dict[str, object]:
-        return {"members": self.members(), "root": self.root,
+        return {"members": self.members(), "root": self.root, "mesh": self.mesh,
                 "tree_members": sorted(self.tree_names),
                 "sibling_members": sorted(self.by_name), "seq": self.seq}
 

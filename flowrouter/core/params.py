@@ -24,6 +24,10 @@ class RouterParams:
     max_payload: int = DEFAULT_MAX_PAYLOAD
     #: LSIDs for which this router is the core of the shared trees
     core_lsids: frozenset[int] = frozenset()
+    #: of those, LSIDs whose members are a full mesh that never relays: each member sends
+    #: what enters it straight to every other member, and a broken member link is not
+    #: routed around (the members' spanning tree, flowrouter.core.lstree, is not used)
+    direct_lsids: frozenset[int] = frozenset()
     #: LSID suggested to endpoints for new flows (0: the first core LSID known)
     default_lsid: int = 0
     #: static LS routes: LSID -> name of the neighbouring router toward it

@@ -99,7 +99,7 @@ class RouterState:
         self.counters: Counter[str] = Counter()
         #: the LS routing table (LS route vectors from router neighbours)
         self.routing = LsRouting(params.core_lsids, params.routes, params.default_route,
-                                 params.max_ls_routes)
+                                 params.max_ls_routes, direct=params.direct_lsids)
         self.started = now
         self.epoch = 0
         #: ticks so far (per-tick budgets count in it)

@@ -125,6 +125,7 @@ class NodeConfig:
     http: str | None = "auto"
     node_id: int | None = None
     core_lsids: frozenset[int] = frozenset()
+    direct_lsids: frozenset[int] = frozenset()
     default_lsid: int = 0
     routes: dict[int, str] = field(default_factory=dict)
     default_route: str | None = None
@@ -373,6 +374,7 @@ class NodeConfig:
                 auth_rekey_records=self.link_rekey_records,
                 name=self.name, node_id=self.node_id or node_id_for(self.name),
                 max_payload=self.max_payload, core_lsids=frozenset(self.core_lsids),
+                direct_lsids=frozenset(self.direct_lsids),
                 default_lsid=self.default_lsid, routes=dict(self.routes),
                 default_route=self.default_route, epoch_length=self.epoch,
                 gc_ping_after=self.gc_ping_after, gc_delete_after=self.gc_delete_after,

@@ -13,6 +13,8 @@ Example (every key optional except ``router.name``)::
     http = "127.0.0.1:8001"       # /healthz /status /metrics; default "auto": 127.0.0.1 on
                                   # the listen port + 1000; "off": none
     core_lsids = [0x10]           # this router is the core for these LSIDs
+    direct_lsids = []             # of those, ones whose members are a full mesh that never
+                                  #   relays (a broken member link is not routed around)
     default_lsid = 0x10           # suggested to endpoints for new flows
     max_payload = 65536
     max_link_buffer = 16777216    # bytes queued per link before frames are dropped (counted)
@@ -178,7 +180,8 @@ _ROUTER_CHECKS: dict[str, Any] = {
 }
 
 
-_ROUTER_KEYS = set(_ROUTER_CHECKS) | {"core_lsids", "default_lsid", "endpoint_locality",
+_ROUTER_KEYS = set(_ROUTER_CHECKS) | {"core_lsids", "direct_lsids", "default_lsid",
+                                      "endpoint_locality",
                                       "accept_routers"}
 _PEER_KEYS = {"name", "address", "transport", "locality", "bandwidth", "delay", "loss"}
 
@@ -215,6 +218,10 @@ def config_from_dict(data: dict[str, Any], config_dir: str | None = None) -> Nod
         kw.update(section(data))
     kw["core_lsids"] = frozenset(parse_lsid(v, "[router] core_lsids")
                                  for v in router.get("core_lsids", []))
+    kw["direct_lsids"] = frozenset(parse_lsid(v, "[router] direct_lsids")
+                                   for v in router.get("direct_lsids", []))
+    if not kw["direct_lsids"] <= kw["core_lsids"]:
+        raise ConfigError("[router] direct_lsids must be among core_lsids")
     if "default_lsid" in router:
         kw["default_lsid"] = parse_lsid(router["default_lsid"], "[router] default_lsid")
     try:

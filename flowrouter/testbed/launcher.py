@@ -180,6 +180,9 @@ class Launcher:
         if spec.core_lsids:
             lines.append("core_lsids = [" + ", ".join(hex(x) for x in spec.core_lsids) + "]")
             lines.append(f"default_lsid = {hex(spec.core_lsids[0])}")
+            if topo.direct_lsids(name):
+                lines.append("direct_lsids = [" + ", ".join(
+                    hex(x) for x in sorted(topo.direct_lsids(name))) + "]")
         elif topo.lsids():
             lines.append(f"default_lsid = {hex(topo.lsids()[0])}")
         for key in ("max_payload", "max_flows", "join_timeout"):

@@ -335,6 +335,8 @@ class SimNetwork:
                     params[k] = int(params[k])
             if r.name in edges:
                 params["region"] = edges[r.name]
+            if topo.direct_lsids(r.name):
+                params["direct_lsids"] = topo.direct_lsids(r.name)
             net.add_router(r.name, core_lsids=r.core_lsids, routes=dict(r.routes),
                            default_route=r.default_route, site=r.site,
                            **{**params, **router_options})

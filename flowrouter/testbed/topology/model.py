@@ -130,6 +130,9 @@ class LocationService:
     lsid: int
     cores: tuple[str, ...]
     name: str = ""
+    #: the cores are a full mesh that never relays (routers' ``direct_lsids``): a broken
+    #: link between two of them is not routed around through a third
+    direct: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,11 @@ class Topology:
                 return (r.host or self.defaults.router.host,
                         self.defaults.router.base_port + off)
         raise KeyError(f"no router {router!r} in topology {self.name!r}")
+
+    def direct_lsids(self, router: str) -> frozenset[int]:
+        """The direct location services *router* is a core of."""
+        return frozenset(ls.lsid for ls in self.location_services
+                         if ls.direct and router in ls.cores)
 
     def lsids(self) -> list[int]:
         return sorted({ls.lsid for ls in self.location_services})

@@ -304,16 +304,22 @@ class Parser(ScheduleParser):
         by_name = {r.name: r for r in routers}
         cores: dict[int, list[str]] = {}
         names: dict[int, str] = {}
+        direct: set[int] = set()
         for i, tbl in enumerate(self.array(value, ("location_services",),
                                            "location_services")):
             p = ("location_services", i)
-            self.keys(tbl, p, ("lsid", "name", "cores"), f"location service #{i + 1}",
-                      ("lsid", "cores"))
+            self.keys(tbl, p, ("lsid", "name", "cores", "direct"),
+                      f"location service #{i + 1}", ("lsid", "cores"))
             lsid = self.lsid(tbl["lsid"], p + ("lsid",), "location service lsid")
             if lsid in names:
                 raise self.fail(p + ("lsid",), f"LSID {lsid:#x} has two [[location_services]] "
                                                "entries")
             names[lsid] = self.text_(tbl.get("name", ""), p + ("name",), "name")
+            if not isinstance(tbl.get("direct", False), bool):
+                raise self.fail(p + ("direct",), f"location service {lsid:#x}: direct must "
+                                                 "be true or false")
+            if tbl.get("direct", False):
+                direct.add(lsid)
             cl = tbl["cores"]
             if not isinstance(cl, list) or not cl:
                 raise self.fail(p + ("cores",), f"location service {lsid:#x}: cores must be "
@@ -340,7 +346,7 @@ class Parser(ScheduleParser):
                        r.port_offset, r.host, r.routes, r.default_route, r.params)
             for r in routers)
         lss = tuple(LocationService(lsid, tuple(sorted(cores[lsid], key=order.index)),
-                                    names[lsid]) for lsid in sorted(cores))
+                                    names[lsid], lsid in direct) for lsid in sorted(cores))
         return new_routers, lss
 
     def check_routes(self, routers: tuple[RouterSpec, ...], links: tuple[LinkSpec, ...]
