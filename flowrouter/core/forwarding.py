@@ -112,6 +112,9 @@ class Forwarding:
                     # from a fellow member that is no tree neighbour of ours (our views of
                     # the members' tree differ), or a copy gone round while they settle
                     return self._dropped("off-tree", key, band, link_id, len(payload), now)
+                elif self.routing.trees and (flood := self.routing.flood(
+                        key_lsid(key), key, bit, link_id, now)) is not None:
+                    targets += flood  # the members' graph settles: old tree and new
                 elif entry.sib and not (link.role is C.Role.ROUTER and self.routing.trees
                                         and self.routing.from_mesh(key_lsid(key), link_id)):
                     # At a core: the other members' sides of the tree, filtered by their

@@ -170,6 +170,13 @@ class LsRouting:
         tree = self.trees.get(lsid)
         return tree is not None and tree.mesh and link_id in tree.names
 
+    def flood(self, lsid: int, key: bytes, bit: int, link_id: int, now: float
+              ) -> list[int] | None:
+        """At a member of *lsid* while its graph settles: the sibling links a frame goes
+        to (:meth:`MemberTree.flood`); else None."""
+        tree = self.trees.get(lsid)
+        return None if tree is None else tree.flood(key, bit, link_id, now)
+
     def sibling_masks(self, key: bytes, entry: FlowEntry | None) -> list[tuple[int, int]]:
         """At a member: (sibling link, mask) for each sibling that must be told a new mask
         of flow *key* (see :meth:`MemberTree.masks_for`); elsewhere nothing."""

@@ -202,15 +202,19 @@ class MemberTree:
         While the graph is settled: not from a fellow member off the tree (our views of the
         tree differ for a moment; passing it on could loop). While it settles (a member
         died or came, and the news floods hop by hop): from any sibling, so that no frame
-        is lost to views not yet agreed, but a frame seen before (flow, band and bytes
-        alike, within the settling time) is a copy that went round: dropped, so nothing is
-        delivered twice and nothing loops. What passes is remembered always (the copy of a
-        frame passed before the news arrived may come back after it)."""
+        is lost to views not yet agreed (and it goes on over every member link that wants
+        it: :meth:`flood`), but a frame seen before (flow, band and bytes alike, within the
+        settling time) is a copy that went round: dropped, so nothing is delivered twice
+        and nothing loops. Copies are looked for twice as long as the flooding lasts (its
+        last copies still go round when it stops). What passes is remembered always (the
+        copy of a frame passed before the news arrived may come back after it)."""
         seen = self._seen_frames
         digest = hash(frame)
         settling = now < self.settling_until
-        if settling and link_id in self.names and digest in seen and \
-                now - seen[digest] < SETTLE:
+        # copies are looked for twice as long as members flood: the last copies of
+        # the flood, still going round when the flooding stops, die too
+        if now < self.settling_until + SETTLE and link_id in self.names and \
+                digest in seen and now - seen[digest] < SETTLE:
             return False
         if not settling and self.off_tree(link_id):
             return False
@@ -219,6 +223,18 @@ class MemberTree:
         while len(seen) > MAX_REMEMBERED or next(iter(seen.values())) < now - SETTLE:
             seen.popitem(last=False)
         return True
+
+    def flood(self, key: bytes, bit: int, link_id: int, now: float) -> list[int] | None:
+        """While the graph settles: every sibling link but *link_id* whose side wants the
+        band (old tree and new alike, so a fellow member that still holds the old tree
+        gets the frame where it expects it); None when settled (the tree rules). A frame a
+        settling member sends reaches a member that is settling too: the news went out on
+        the same link before it, so copies are caught (:meth:`admit`)."""
+        if now >= self.settling_until:
+            return None
+        heard = self.heard
+        return [lid for lid in self.names if lid != link_id
+                and (got := heard.get(lid, {}).get(key)) is not None and got[0] & bit]
 
     # ------------------------------------------------------------------ masks
     def hear(self, link_id: int, key: bytes, mask: int, now: float) -> None:
