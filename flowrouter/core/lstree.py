@@ -89,7 +89,9 @@ class MemberTree:
         self.refused = 0  #: advertisements refused by the member limit
         #: until when the graph is settling (views of the tree may differ between members)
         self.settling_until = 0.0
-        self._graph: object = None
+        #: until when frames go on over every member link (a member link went)
+        self.flooding_until = 0.0
+        self._graph: tuple[frozenset[str], frozenset[tuple[str, str]]] | None = None
         #: what passed through lately (frame digest -> when), oldest first, for copies
         self._seen_frames: OrderedDict[int, float] = OrderedDict()
 
@@ -156,8 +158,13 @@ class MemberTree:
                 del db[name]
                 self.seen.pop(name, None)
         self.reach = frozenset(comp)
-        graph = (self.reach, tuple(sorted((a, tuple(b)) for a, b in adj.items())))
+        edges = frozenset((a, b) for a, nbrs in adj.items() for b in nbrs)
+        graph = (self.reach, edges)
         if graph != self._graph:  # the views of the tree may differ for a while
+            if self._graph is not None and self._graph[1] - edges:
+                # a member link or member went: frames may be cut off until the tree is
+                # agreed again (every member sees the loss, so all flood for a while)
+                self.flooding_until = now + SETTLE
             self._graph = graph
             self.settling_until = now + SETTLE
         mesh = not self.relay or len(comp) > 1 and all(
@@ -225,12 +232,12 @@ class MemberTree:
         return True
 
     def flood(self, key: bytes, bit: int, link_id: int, now: float) -> list[int] | None:
-        """While the graph settles: every sibling link but *link_id* whose side wants the
-        band (old tree and new alike, so a fellow member that still holds the old tree
+        """While the graph settles after a member link or member went: every sibling link
+        but *link_id* whose side wants the band (old tree and new alike, so a fellow member that still holds the old tree
         gets the frame where it expects it); None when settled (the tree rules). A frame a
         settling member sends reaches a member that is settling too: the news went out on
         the same link before it, so copies are caught (:meth:`admit`)."""
-        if now >= self.settling_until:
+        if now >= self.flooding_until:
             return None
         heard = self.heard
         return [lid for lid in self.names if lid != link_id
