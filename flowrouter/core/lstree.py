@@ -233,10 +233,11 @@ class MemberTree:
 
     def flood(self, key: bytes, bit: int, link_id: int, now: float) -> list[int] | None:
         """While the graph settles after a member link or member went: every sibling link
-        but *link_id* whose side wants the band (old tree and new alike, so a fellow member that still holds the old tree
-        gets the frame where it expects it); None when settled (the tree rules). A frame a
-        settling member sends reaches a member that is settling too: the news went out on
-        the same link before it, so copies are caught (:meth:`admit`)."""
+        but *link_id* whose side wants the band (old tree and new alike, so a fellow member
+        that still holds the old tree gets the frame where it expects it); None otherwise
+        (the tree rules). Every member sees that news, and a frame a flooding member sends
+        reaches a member that has seen it too (the news went out on the same link before
+        it), so copies are caught (:meth:`admit`)."""
         if now >= self.flooding_until:
             return None
         heard = self.heard
