@@ -238,7 +238,7 @@ class MemberTree:
         (the tree rules). Every member sees that news, and a frame a flooding member sends
         reaches a member that has seen it too (the news went out on the same link before
         it), so copies are caught (:meth:`admit`)."""
-        if now >= self.flooding_until:
+        if self.mesh or now >= self.flooding_until:  # a mesh sends directly: no relay
             return None
         heard = self.heard
         return [lid for lid in self.names if lid != link_id
