@@ -751,3 +751,48 @@ def test_acknowledgements_that_advance_are_not_a_stall() -> None:
     w = StallWatch(8.0)
     fired = [k * 0.1 for k in range(200) if w.acks_stalled("own", 0.0, 5, k * 0.1)]
     assert fired and fired[0] == pytest.approx(8.0)
+
+
+def test_a_holder_is_asked_only_for_what_it_holds_and_the_rest_of_the_origin() -> None:
+    """c lacks a#2..#6; its request to a goes unanswered (a flapping link's down window),
+    so the retry turns to b, which acknowledges a only up to #3. b is asked for #2..#3
+    alone (it answers nothing beyond its acknowledgement) and #4..#6 are asked of a in the
+    same moment. Before, b was asked for all five, answered #2..#3, and that answer was
+    progress that put off asking a for the rest for a whole retry time-out (3 s): on the
+    seed testbed's flapping links the leader lost an up window so and declared metropol
+    stalled, its messages shown 17 s late."""
+    cfg = IGOConfig(sites=ABC, mode="hasten", agreed_views=False)
+    tag = room_tag(cfg)
+    c = SiteOrdering(cfg, "c", 0.0, incarnation=3)
+    out: list = []
+
+    def hb(tx: int, high: int, acks: tuple[int, ...], now: float) -> None:
+        frame = encode_heartbeat(tag, tx, Heartbeat(tx + 1, 10, high, 0, 0, 0, acks, (0, 0),
+                                                    (1, 1, 1), (1, 2, 3)))
+        out.extend(c.on_message(BAND_HEARTBEAT, frame, now))
+
+    def data(seq: int, now: float) -> None:
+        frame = encode_data(tag, 0, DataMsg(0, 1, seq, seq, now, 0, (), b"a#%d" % seq))
+        out.extend(c.on_message(cfg.data_band, frame, now))
+
+    hb(0, 0, (0, 0, 0), 0.0)
+    hb(1, 0, (0, 0, 0), 0.0)
+    data(1, 0.1)
+    data(7, 0.2)  # #2..#6 missing
+    asked: list[tuple[float, int, tuple]] = []
+    t = 0.2
+    while t < 4.5:
+        t = round(t + 0.1, 2)
+        if abs(t % 1.0) < 1e-9:
+            hb(0, 7, (7, 0, 0), t)
+            hb(1, 0, (3, 0, 0), t)  # b holds a's #1..#3
+        for x in c.tick(t) + out:
+            if isinstance(x, Send) and x.band == BAND_REPAIR:
+                n = decode(x.payload, tag, 3)[2]
+                asked.append((t, n.target, n.ranges))
+        out.clear()
+    to_b = [(at, r) for at, tgt, r in asked if tgt == 1]
+    assert to_b and all(hi <= 3 for _, r in to_b for _, hi in r), asked
+    first_b = to_b[0][0]
+    rest = [r for at, tgt, r in asked if tgt == 0 and first_b <= at <= first_b + 0.2]
+    assert rest and rest[0][0] == (4, 6), asked

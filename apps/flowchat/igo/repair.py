@@ -149,12 +149,26 @@ class Repairs:
                 self.core.counters["nack.no-target"] += 1
                 st.nack_due = now + cfg.nack_retry
                 continue
-            self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me,
-                                                         Nack(target, o, 0, tuple(ranges),
-                                                              st.inc)),
-                                "nack"))
-            self.core.counters["sent.nack"] += 1
-            st.asked_high = max(st.asked_high, ranges[-1][1])
+            while True:
+                ask, ranges = ranges, []
+                if target != o and self._transport.holds(self.core.peers[target], o,
+                                                          ask[0][0], st.inc):
+                    # a holder is asked only for what it acknowledged: it answers nothing
+                    # beyond, and its partial answer is progress that put off asking for
+                    # the rest for a whole retry time-out (a flapping link's up window
+                    # lost); the rest is asked of the next candidate (the origin) now
+                    ask, ranges = _split(ask, self.core.peers[target].acks[o])
+                self.core.emit(Send(BAND_REPAIR, encode_nack(self.core.tag, self.core.me,
+                                                             Nack(target, o, 0, tuple(ask),
+                                                                  st.inc)),
+                                    "nack"))
+                self.core.counters["sent.nack"] += 1
+                st.asked_high = max(st.asked_high, ask[-1][1])
+                nxt = self.choose_target(st, ranges[0][0], now, st.nack_tries) if ranges \
+                    else None
+                if nxt is None:
+                    break
+                target = nxt
             if stale:
                 st.asked_at = now
             st.nack_due = now + timeout
@@ -295,3 +309,12 @@ class Repairs:
                                  reason="restart-lost" if retired else "gone")
         st.stop_low_fetch(g.low)  # a low-priority fetch it cannot serve: stop asking
         self._ordering.deliverable(now)
+
+
+
+def _split(ranges: list[tuple[int, int]], upto: int
+           ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """*ranges* (ascending) as the part up to *upto* and the part above it."""
+    low = [(lo, min(hi, upto)) for lo, hi in ranges if lo <= upto]
+    high = [(max(lo, upto + 1), hi) for lo, hi in ranges if hi > upto]
+    return low, high
