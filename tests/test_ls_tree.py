@@ -479,3 +479,46 @@ direct = %s
         loads(doc % '"yes"')
     with pytest.raises(ConfigError, match="direct_lsids must be among core_lsids"):
         config_from_dict({"router": {"name": "r", "core_lsids": [1], "direct_lsids": [2]}})
+
+
+def _healed_mesh(direct: bool) -> tuple[SimNetwork, int]:
+    """Six members all linked, split 3 | 3 for 10 s; the LS_TOPOLOGY frames sent in the
+    second after the split heals."""
+    names = [f"s{i}" for i in range(6)]
+    net = SimNetwork(seed=4)
+    for name in names:
+        net.add_router(name, core_lsids=[LSID],
+                       direct_lsids=frozenset({LSID}) if direct else frozenset(), **SOFT)
+    cut = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            net.add_link(a, b, delay=0.001)
+            if (a < "s3") != (b < "s3"):
+                cut.append(f"{a}-{b}")
+    net.run_until(3.0)
+    for name in cut:
+        net.link_down(name)
+    net.run_until(13.0)
+    before = net.router_counters()["ls.topology-sent"]
+    for name in cut:
+        net.link_up(name)
+    net.run_for(1.0)
+    return net, net.router_counters()["ls.topology-sent"] - before
+
+
+def test_a_direct_service_tells_a_sibling_its_own_links_and_floods_nothing_on() -> None:
+    """Members of a direct service never relay, so none needs more of the members' graph
+    than its own links: each gives a sibling its own entry and floods nothing on. After a
+    partition of such a mesh heals, the LS_TOPOLOGY frames are each member's own changes
+    only: on chat's 56 kbit/s site links the flood (every member's entries, sent on by
+    every member, and the whole graph to each returning sibling) was 3 KB ahead of the
+    chat's heartbeats and repair requests on each link (test 19: the leader's group
+    showed a message 16.1 s after it was sent, 14.8 s without the flood). A relaying
+    service still floods, and all of its members learn the whole graph again."""
+    direct, sent_direct = _healed_mesh(True)
+    relaying, sent_relaying = _healed_mesh(False)
+    for net in (direct, relaying):
+        assert all(net.routers[f"s{i}"].routing.trees[LSID].mesh for i in range(6))
+    assert relaying.routers["s0"].routing.trees[LSID].members() == [f"s{i}" for i in range(6)]
+    # 9 links come up; at each, both ends tell their (up to 5) siblings their new entry
+    assert sent_direct <= 9 * 2 * 5 < sent_relaying, (sent_direct, sent_relaying)

@@ -94,7 +94,7 @@ class LsExchange:
                 own = tree.own()
                 out += self._topology(tree, [own], [lid for lid in tree.names
                                                     if lid not in new])
-            out += self._topology(tree, tree.entries(), new)
+            out += self._topology(tree, self._graph_of(tree), new)
             out += self._retree(tree, now)
             if new:  # a new sibling (on the tree or off it) learns our masks
                 self.hold_masks()
@@ -114,7 +114,7 @@ class LsExchange:
             self.counters["refused.ls-members"] += tree.refused
             tree.refused = 0
         out: list[Action] = []
-        if new:
+        if new and tree.relay:
             # Flood on, but not to members the originator reaches itself: an advertisement
             # heard from its own member went to each of that member's neighbours directly
             # (a full mesh floods nothing on; what a loss costs, the refresh repairs).
@@ -142,9 +142,19 @@ class LsExchange:
         out: list[Action] = []
         for tree in self.routing.trees.values():
             if link_id in tree.names:
-                out += self._topology(tree, tree.entries(), [link_id])
+                out += self._topology(tree, self._graph_of(tree), [link_id])
                 out += self._retree(tree, now)
         return out
+
+    @staticmethod
+    def _graph_of(tree: MemberTree) -> list[tuple[str, int, tuple[str, ...]]]:
+        """What a sibling is given of the members' graph: all of it, or for a direct
+        service (whose members never relay, so no member needs more than its own links)
+        our own entry only, and nothing is flooded on. After a partition of a direct
+        service of n members heals, each link carried every member's changed entry, each
+        sent on by every member: a burst of control frames ahead of the application's
+        traffic on links of 56 kbit/s (chat test 19: 3 KB, 0.4 s, on each site's link)."""
+        return tree.entries() if tree.relay else [tree.own()]
 
     def _topology(self, tree: MemberTree, entries: list[tuple[str, int, tuple[str, ...]]],
                   links: list[int]) -> list[Action]:

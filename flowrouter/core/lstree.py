@@ -29,7 +29,9 @@ links (56 kbit/s chat sites) is the difference between fitting and saturating. A
 hold the same graph, so they agree on which of the two they use. A location service can
 also be declared direct (``direct_lsids``): its members use the mesh rule always, and a
 broken member link is then not routed around (what seed 003's chat experiments model:
-sites whose pairwise paths fail independently).
+sites whose pairwise paths fail independently), and its members tell a sibling their own
+links only, flooding nothing on (none needs the whole graph: see
+:mod:`flowrouter.core.lsexchange`).
 
 Masks go on every sibling link, tree or not (to a link off the tree: everything the
 member's tree side wants), so when the tree changes, the members at a new tree link
