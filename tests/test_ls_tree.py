@@ -522,3 +522,22 @@ def test_a_direct_service_tells_a_sibling_its_own_links_and_floods_nothing_on() 
     assert relaying.routers["s0"].routing.trees[LSID].members() == [f"s{i}" for i in range(6)]
     # 9 links come up; at each, both ends tell their (up to 5) siblings their new entry
     assert sent_direct <= 9 * 2 * 5 < sent_relaying, (sent_direct, sent_relaying)
+
+
+def test_a_direct_service_passes_repeated_frames_while_its_graph_settles() -> None:
+    """A direct service's members never relay (no flood, no tree), so no copy can go round
+    between them: a member's application sending the very same bytes twice in a moment
+    (a repeated reading, a repeated request) is delivered twice even right after the
+    members' graph changed; the copy check (which hashed every frame) is for relaying
+    services only."""
+    tree = MemberTree(LSID, "b", relay=False)
+    tree.set_siblings([(1, "a"), (2, "c")])
+    for name, nbrs in (("a", ("b", "c")), ("c", ("a", "b"))):
+        tree.learn([(name, 1, nbrs)], 0.0)
+    tree.compute(0.0, 10.0)
+    tree.learn([("a", 2, ("b",))], 1.0)  # a loses its link to c: the graph changes
+    tree.compute(1.0, 10.0)
+    assert tree.mesh and tree.settling_until > 1.0
+    frame = (b"k" * 16, 32, b"same")
+    assert tree.admit(1, frame, 1.01) and tree.admit(1, frame, 1.02)
+    assert tree.admit(2, frame, 1.03)  # from another member: its own sender's frame

@@ -216,7 +216,12 @@ class MemberTree:
         settling time) is a copy that went round: dropped, so nothing is delivered twice
         and nothing loops. Copies are looked for twice as long as the flooding lasts (its
         last copies still go round when it stops). What passes is remembered always (the
-        copy of a frame passed before the news arrived may come back after it)."""
+        copy of a frame passed before the news arrived may come back after it).
+
+        A direct service passes everything: its members never relay, so nothing goes
+        round, and a frame its application repeats on purpose is no copy."""
+        if not self.relay:
+            return True
         seen = self._seen_frames
         digest = hash(frame)
         settling = now < self.settling_until
