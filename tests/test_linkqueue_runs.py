@@ -44,16 +44,24 @@ def test_a_run_is_served_as_its_frames_are(batches: list[tuple[int, list[int]]])
     assert runs.bytes == 0 and len(runs) == 0 and not runs.flows and not runs.frames
 
 
-def test_the_longest_queue_in_frames_loses_a_whole_run_every_frame_counted() -> None:
+def test_a_run_over_the_bound_is_queued_frame_by_frame_and_only_the_excess_dropped() -> None:
+    """A run that fits waits as one entry; one that would take the queue past its bound goes
+    in frame by frame, and the longest queue (in frames) loses only the excess, newest
+    first: the queue stays at its bound, so a stuck receiver stays over its slow-consumer
+    limit until the grace time closes it (dropping whole runs let its queue fall below
+    half the limit at once, and it was never closed)."""
     q = OutputQueue(10_000)
     other = _frames(KEYS[1], [100] * 3)
     q.push_frames(other, 0.0, 2)
     flood = _frames(KEYS[0], [16] * 200)  # 8,000 bytes in one entry, 200 frames
     assert q.push_run(flood, 200, 0.0, 1) == []
+    assert len(q.flows[KEYS[0]]) == 1  # one entry
     dropped = q.push_run(flood, 200, 0.0, 1)  # over the bound: the flooder pays
-    assert dropped == [(KEYS[0], 40, 1)] * 200
-    assert (q.dropped, q.dropped_bytes) == (200, 8000)
-    assert len(q) == 203 and q.bytes == len(other) + len(flood)
+    room = (10_000 - len(other) - len(flood)) // 40
+    assert dropped == [(KEYS[0], 40, 1)] * (200 - room)
+    assert (q.dropped, q.dropped_bytes) == (200 - room, 40 * (200 - room))
+    assert len(q) == 203 + room and q.bytes == len(other) + len(flood) + 40 * room
+    assert q.bytes > 10_000 - 40
 
 
 def test_both_engines_say_alike_which_batches_are_one_flows_data() -> None:

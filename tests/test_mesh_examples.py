@@ -83,8 +83,12 @@ def _run_pair(lines: list[list[str]], control: str, peer: str, tmp: Path,
 
 
 def test_readme_location_service_block(tmp_path: Path) -> None:
-    block = (ROOT / "README.md").read_text().split("## Location services", 1)[1]
-    lines = _commands(block.split("```sh", 1)[1].split("```", 1)[0], "flowls")
+    section = (ROOT / "README.md").read_text().split("## Location services", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    # the section's shell block that starts the members (it has others: a simulator run)
+    block = next(b.split("```", 1)[0] for b in section.split("```sh")[1:]
+                 if "flowls run" in b.split("```", 1)[0])
+    lines = _commands(block, "flowls")
     runs = [argv for argv in lines if argv[1] == "run"]
     assert [argv[argv.index("--name") + 1] for argv in runs] == ["ls1", "ls2"]
     base = free_port_block(4)

@@ -318,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    console.setup_logging(a, node=f"chat-{a.site}" if a.cmd == "server" else "flowchat")
+    # An experiment's routers are part of its scenario: what they say (a member cut off by
+    # the partition it runs) is in the summary and counters; -v shows their log lines.
+    console.setup_logging(a, node=f"chat-{a.site}" if a.cmd == "server" else "flowchat",
+                          default_level="error" if a.cmd == "experiment" else "warning")
     try:
         if a.cmd == "server":
             return asyncio.run(_server(a))

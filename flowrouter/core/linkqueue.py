@@ -190,7 +190,9 @@ class OutputQueue:
         served in its flow's order and counts *count* frames and all its bytes for the fair
         share and the longest-queue rule; when that rule drops it, it goes whole (every
         frame reported). Under an emulated delay it is :meth:`push_frames`."""
-        if self.delay > 0:
+        if self.delay > 0 or self.bytes + len(frames) > self.max_bytes:
+            # over the bound: frame by frame, so that what is dropped is the excess, not
+            # a whole run (the queue stays at its bound, as the slow-consumer rule expects)
             return self.push_frames(frames, now, origin)
         key = bytes(frames[:16])
         self._flow_append(key, (bytes(frames[:24]), memoryview(frames)[24:], origin, count),
