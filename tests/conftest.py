@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,13 @@ from .checkout import with_checkout
 # Every process a test starts (routers, flowdir serve, the console scripts as python -m)
 # imports this checkout, like the tests themselves.
 os.environ["PYTHONPATH"] = with_checkout(os.environ.get("PYTHONPATH"))
+
+# A suite started as a background job of a non-interactive shell (`.ci/run &`, nohup) gets
+# SIGINT ignored, and every process it starts inherits that: the tests that press Ctrl-C on
+# a console script would then see it run on. Python's own handler again: a handled signal
+# is reset to the default in a child at exec, so the children get the default too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
