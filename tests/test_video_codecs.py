@@ -166,3 +166,33 @@ print('fine')
                           timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                               [str(ROOT), str(ROOT / "apps")])})
     assert proc.returncode == 0 and proc.stdout.strip() == "fine", proc.stderr
+
+
+def test_a_player_stream_closed_while_it_encodes_waits_instead_of_crashing() -> None:
+    """The web viewer encodes an MP4 picture in a worker thread; a client that goes away
+    cancels the task, whose thread encodes on, and the stream is closed from another thread.
+    libav crashed the whole process (SIGSEGV) when its muxer was closed mid-encode; now close
+    waits for the picture and later pictures give no bytes. Run in a child process, so a
+    crash is this test's failure and not the suite's end."""
+    script = """
+import threading
+from PIL import Image
+from flowvideo.player import Mp4Stream
+from flowvideo.protocol import Resolution
+im = Image.new('RGB', (640, 480), (10, 200, 30))
+for i in range(30):
+    s = Mp4Stream(Resolution(640, 480))
+    assert s.add(im, 0)
+    t = threading.Thread(target=lambda: [s.add(im, k * 100) for k in range(1, 5)])
+    t.start()
+    s.close()
+    t.join()
+    assert s.closed and s.add(im, 1000) == b'' and s.codec_string().startswith('avc1.')
+    s.close()
+print('fine')
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT), str(ROOT / "apps")])})
+    assert proc.returncode == 0 and proc.stdout.strip() == "fine", (proc.returncode,
+                                                                    proc.stderr[-2000:])

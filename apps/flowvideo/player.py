@@ -17,6 +17,7 @@ Imports Pillow and PyAV (``pip install 'flownet[video]'``) and :mod:`flowvideo.p
 
 from __future__ import annotations
 
+import threading
 from fractions import Fraction
 from typing import Any
 
@@ -65,9 +66,21 @@ class Mp4Stream:
         self._origin: int | None = None
         self._last_pts = -1
         self.pictures = 0
+        # The web viewer encodes in a worker thread and closes from another when the client
+        # goes away (a cancelled task leaves its thread running): libav's encoder and muxer
+        # are not safe to close while they encode, so one lock orders the two.
+        self._lock = threading.Lock()
+        self.closed = False
 
     def add(self, im: Image.Image, media_ms: int) -> bytes:
-        """Encode one picture taken at *media_ms*; the MP4 bytes ready to send now."""
+        """Encode one picture taken at *media_ms*; the MP4 bytes ready to send now (none once
+        the stream is closed)."""
+        with self._lock:
+            if self.closed:
+                return b""
+            return self._add(im, media_ms)
+
+    def _add(self, im: Image.Image, media_ms: int) -> bytes:
         if im.size != (self.size.width, self.size.height):
             im = im.resize((self.size.width, self.size.height), Image.Resampling.BILINEAR)
         if self._origin is None:
@@ -85,7 +98,8 @@ class Mp4Stream:
     def codec_string(self) -> str:
         """The RFC 6381 codecs parameter (``avc1.PPCCLL``) a Media Source needs; known once
         the encoder is open (after the first picture)."""
-        extra = bytes(self._stream.codec_context.extradata or b"")
+        with self._lock:
+            extra = b"" if self.closed else bytes(self._stream.codec_context.extradata or b"")
         if extra[:1] == b"\x01" and len(extra) >= 4:  # an avcC record
             return "avc1." + extra[1:4].hex().upper()
         at = extra.find(b"\x00\x00\x01")
@@ -97,7 +111,12 @@ class Mp4Stream:
         return "avc1.42E01E"  # baseline 3.0: what this encoder's settings produce at most
 
     def close(self) -> None:
-        try:
-            self._container.close()
-        except (self.av.error.FFmpegError, ValueError, OSError):
-            pass
+        """Flush and free the encoder; waits for a picture being encoded. Idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self._container.close()
+            except (self.av.error.FFmpegError, ValueError, OSError):
+                pass
