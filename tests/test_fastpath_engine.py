@@ -381,8 +381,14 @@ def test_a_large_table_forwards_like_the_twin(sc, picks: list[int], mix: list[in
     forwarded exactly as the twin forwards them."""
     links, flows, frames, (cut, fb, db), absent, routes = sc
     native, twin = native_engine(), fastpath_py.Engine()
-    big = [(_key(1000 + i), -1, [(lk, 1 << 40 | 1 << (i % 128))], 1 << 40 | 1 << (i % 128))
-           for i, lk in zip(range(BIG_TABLE), [lk for lk, *_ in links] * BIG_TABLE)]
+    ids = [lk for lk, *_ in links]
+    # one down link each (many flows to one subscriber are decided once, when routed alike:
+    # the same up link, the same link, the same band bits), with ups and band 40 varied so
+    # that neighbours are routed differently too
+    big = [(_key(1000 + i), -1 if i % 5 else ids[(i // 5) % len(ids)],
+            [(lk, (1 << 40 if i % 3 else 0) | 1 << (i % 128))],
+            (1 << 40 if i % 7 else 0) | 1 << (i % 128))
+           for i, lk in zip(range(BIG_TABLE), ids * BIG_TABLE)]
     for eng in (native, twin):
         _load(eng, links, big + flows, absent, routes)
     ours = [_key(1000 + i) + struct.pack("!IBBBB", i % 50, 40, 0, 0, 3) + b"q" * (i % 50)

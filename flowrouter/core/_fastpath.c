@@ -194,7 +194,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             stop = STOP_SLOW;
             break;
         }
-        if (scouting) fp_scout_step(&scout, e, d, n);
+        uint32_t slot = scouting ? fp_scout_step(&scout, e, d, n) : UINT32_MAX;
         if (ttl == 0) {
             if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
             counts[1]++;
@@ -203,13 +203,22 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             pos = end;
             continue;
         }
-        Flow *f = lastf && memcmp(lastf->key, h, 16) == 0 ? lastf : fp_flow_find(e, h);
+        Flow *f = lastf && memcmp(lastf->key, h, 16) == 0 ? lastf
+                  : slot != UINT32_MAX ? fp_flow_find_at(e, h, slot) : fp_flow_find(e, h);
         if (!f) { stop = STOP_MISS_FLOW; break; }
         lastf = f;
         int drop_kind = 0;
         Py_ssize_t nt = 0;
         int missing = 0;
-        if (f == cf && band == cband) {
+        if (band == cband && cf != NULL
+            && (f == cf || (f->ndown <= 1 && f->ndown == cf->ndown && f->up == cf->up
+                            && f->d.one.link == cf->d.one.link
+                            && mask_has(f->agg, band) == mask_has(cf->agg, band)
+                            && mask_has(f->d.one.mask, band)
+                               == mask_has(cf->d.one.mask, band)))) {
+            /* the flow (or one routed alike: the same up link and one down link, the same
+             * band bits; many flows to one subscriber) whose outputs slots holds */
+            cf = f;
             drop_kind = c_drop;
             nt = c_nt;
             missing = c_missing;

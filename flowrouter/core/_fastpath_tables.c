@@ -119,18 +119,27 @@ PyObject *Engine_has_link(Engine *e, PyObject *arg) {
 
 /* ------------------------------------------------------------------ flows */
 /* The index slot holding *key*'s position, or -1. */
-static Py_ssize_t index_find(Engine *e, const uint8_t *key) {
-    if (e->index_cap == 0) return -1;
+static inline Py_ssize_t index_probe(Engine *e, const uint8_t *key, Py_ssize_t i) {
     Py_ssize_t m = e->index_cap - 1;
-    for (Py_ssize_t i = (Py_ssize_t)(hash_key(key) & m);; i = (i + 1) & m) {
+    for (;; i = (i + 1) & m) {
         uint32_t v = e->index[i];
         if (v == 0) return -1;
         if (v != IDX_GONE && memcmp(e->flows[v - 1].key, key, 16) == 0) return i;
     }
 }
 
+static Py_ssize_t index_find(Engine *e, const uint8_t *key) {
+    if (e->index_cap == 0) return -1;
+    return index_probe(e, key, (Py_ssize_t)(hash_key(key) & (uint64_t)(e->index_cap - 1)));
+}
+
 Flow *fp_flow_find(Engine *e, const uint8_t *key) {
     Py_ssize_t i = index_find(e, key);
+    return i < 0 ? NULL : &e->flows[e->index[i] - 1];
+}
+
+Flow *fp_flow_find_at(Engine *e, const uint8_t *key, uint32_t slot) {
+    Py_ssize_t i = index_probe(e, key, (Py_ssize_t)slot);
     return i < 0 ? NULL : &e->flows[e->index[i] - 1];
 }
 
@@ -412,7 +421,7 @@ PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
 
 /* ------------------------------------------------------------------ look-ahead */
 /* See Scout in _fastpath_tables.h. */
-void fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n) {
+uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n) {
     Py_ssize_t m = e->index_cap - 1;
     while (s->passed < s->done + SCOUT_FAR && n - s->at >= HEADER) {
         const uint8_t *h = d + s->at;
@@ -440,7 +449,7 @@ void fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n) {
             }
         }
     }
-    s->done++;
+    return s->slot[s->done++ % SCOUT_RING];
 }
 
 /* ------------------------------------------------------------------ routes */

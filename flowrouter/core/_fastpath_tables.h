@@ -204,13 +204,18 @@ static inline int scout_start(Scout *s, const Engine *e, Py_ssize_t pos) {
 }
 
 /* Called once for every frame the forwarding pass takes from the buffer, in order
- * (d, n: the buffer), when scout_start said to. Not inline: the forwarding loop stays as
- * small as it was for the tables that need no scout. */
-void fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n);
+ * (d, n: the buffer), when scout_start said to. Returns the index slot where the lookup of
+ * this frame's key starts (hashed when the scout passed it), or UINT32_MAX when its key is
+ * the previous frame's. Not inline: the forwarding loop stays as small as it was for the
+ * tables that need no scout. */
+uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n);
 
 /* mirror of the tables (_fastpath_tables.c) */
 Py_ssize_t fp_link_find(Engine *e, long id);
 Flow *fp_flow_find(Engine *e, const uint8_t *key);
+/* fp_flow_find with the probe starting at *slot* (hash_key(key) & (index_cap - 1), as the
+ * scout computed it): the key is not hashed twice */
+Flow *fp_flow_find_at(Engine *e, const uint8_t *key, uint32_t slot);
 Route *fp_route_find(Engine *e, uint32_t lsid);
 void fp_engine_clear(Engine *e);
 int fp_init(void);
