@@ -24,6 +24,7 @@ from flowrouter.wire.flowid import FlowID
 
 from .checkout import PYTHONPATH
 from .rawep import RawEndpoint, addr, within
+from .seqstream import SeqSender
 
 LSID = 0x10
 
@@ -93,15 +94,7 @@ def test_two_members_share_masks_and_survive_a_member_failure() -> None:
             assert [r["flow"] for r in rows] == [str(flow)]
 
             # Kill r1's member while S streams; A must resume through the survivor.
-            stop = asyncio.Event()
-
-            async def stream() -> None:
-                i = 0
-                while not stop.is_set():
-                    await s.send(flow, b"seq %d" % i, band=32)
-                    i += 1
-                    await asyncio.sleep(0.005)
-            sender = asyncio.ensure_future(stream())
+            sender = SeqSender(s, flow, interval=0.005)
             assert (await within(la.get())).payload.startswith(b"seq")
             t_kill = time.perf_counter()
             await victim.stop()
@@ -123,8 +116,7 @@ def test_two_members_share_masks_and_survive_a_member_failure() -> None:
                     fault = fault or flowlib.decode_fault(msg)  # may come after the re-graft
                 elif msg.payload.startswith(b"seq "):
                     after.append(int(msg.payload[4:]))
-            stop.set()
-            await sender
+            await sender.stop()
             while fault is None:  # not yet: it is on its way (it may trail the data)
                 msg = await within(la.get())
                 if msg.band == BAND_FAULT:

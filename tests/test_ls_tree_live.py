@@ -20,6 +20,7 @@ from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.bands import BAND_FAULT
 
 from .rawep import addr, within
+from .seqstream import SeqReceiver, SeqSender
 
 LSID = 0x10
 NAMES = ("m1", "m2", "m3", "m4")
@@ -92,36 +93,12 @@ def test_four_members_deliver_and_survive_a_member_failure(
             await s.send(flow, b"hello", band=32)
             assert (await within(la.get())).payload == b"hello"
 
-            stop = asyncio.Event()
-            sent: list[int] = []
-
-            async def stream() -> None:
-                i = 0
-                while not stop.is_set():
-                    await s.send(flow, b"seq %d" % i, band=32)
-                    sent.append(i)
-                    i += 1
-                    await asyncio.sleep(0.002)
-            sender = asyncio.ensure_future(stream())
-            got: list[tuple[float, int]] = []
-
-            async def until(n: int) -> None:
-                while len(got) < n:
-                    msg = await within(la.get())
-                    if msg.band != BAND_FAULT and msg.payload.startswith(b"seq "):
-                        got.append((time.perf_counter(), int(msg.payload[4:])))
-            await until(20)
+            sender, rx = SeqSender(s, flow), SeqReceiver(la)
+            await rx.until(20)
             victim = by_name[r1.core.links[r1.core.flows[flow.key].upstream].peer_name]
-            t_kill = time.perf_counter()
-            await victim.stop()
-            before = len(got)
-            await until(before + 100)
-            stop.set()
-            await sender
-            after = [t for t, _ in got if t > t_kill]
-            gap = max(b - a for a, b in zip([t_kill, *after], after))
-            nums = [n for _, n in got]
-            lost = len(set(range(nums[0], nums[-1] + 1)) - set(nums))
+            t_kill = await rx.across(victim.stop())
+            await sender.stop()
+            gap, lost, nums = rx.silence_after(t_kill), rx.lost(), rx.numbers
             with capsys.disabled():
                 print(f"\n{shape} of 4 members, {victim.config.name} killed: longest "
                       f"silence {gap * 1000:.1f} ms, {lost} message(s) lost")
@@ -182,31 +159,11 @@ def test_traffic_crosses_a_member_in_the_middle_and_goes_round_when_it_dies(
             flow = await s.create()
             la = await a.listen(flow, [32])
             await s.advertise(flow)
-            stop = asyncio.Event()
-
-            async def stream() -> None:
-                i = 0
-                while not stop.is_set():
-                    await s.send(flow, b"seq %d" % i, band=32)
-                    i += 1
-                    await asyncio.sleep(0.002)
-            sender = asyncio.ensure_future(stream())
-            got: list[tuple[float, int]] = []
-
-            async def until(n: int) -> None:
-                while len(got) < n:
-                    msg = await within(la.get())
-                    got.append((time.perf_counter(), int(msg.payload[4:])))
-            await until(20)
-            t_kill = time.perf_counter()
-            await by_name["m2"].stop()
-            await until(len(got) + 100)
-            stop.set()
-            await sender
-            after = [t for t, _ in got if t > t_kill]
-            gap = max(b - a for a, b in zip([t_kill, *after], after))
-            nums = [n for _, n in got]
-            lost = len(set(range(nums[0], nums[-1] + 1)) - set(nums))
+            sender, rx = SeqSender(s, flow), SeqReceiver(la)
+            await rx.until(20)
+            t_kill = await rx.across(by_name["m2"].stop())
+            await sender.stop()
+            gap, lost, nums = rx.silence_after(t_kill), rx.lost(), rx.numbers
             with capsys.disabled():
                 print(f"\nring of 4 members, the middle member m2 killed: longest silence "
                       f"{gap * 1000:.1f} ms, {lost} message(s) lost")
