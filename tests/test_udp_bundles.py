@@ -219,6 +219,27 @@ async def _chain(name: str, pub_features: int, sub_features: int, **kw: Any
         await core.stop()
 
 
+@contextlib.asynccontextmanager
+async def _with_a_bad_peer(name: str) -> AsyncIterator[
+        tuple[RouterNode, UdpEndpoint, UdpEndpoint, UdpEndpoint]]:
+    """One router; pub, sub (band 40) and *bad* attached to it straight, pub and bad
+    announcing bundles (bad is the peer that will send broken ones)."""
+    core = RouterNode(NodeConfig(name, listen="", udp="127.0.0.1:0",
+                                 core_lsids=frozenset({0x10})))
+    await core.start()
+    pub, sub = UdpEndpoint(core.udp_address, C.FEATURES), UdpEndpoint(core.udp_address)
+    bad = UdpEndpoint(core.udp_address, C.FEATURES)
+    try:
+        await sub.attach("sub", 1 | 1 << 40)
+        await pub.attach("pub", 1)
+        await bad.attach("bad", 1)
+        yield core, pub, sub, bad
+    finally:
+        for ep in (pub, sub, bad):
+            ep.close()
+        await core.stop()
+
+
 @pytest.mark.parametrize("size", [100, 3000])
 def test_routers_bundle_between_themselves_and_not_toward_a_peer_that_did_not_ask(
         size: int) -> None:
@@ -269,15 +290,7 @@ def test_malformed_bundles_drop_only_their_link_and_are_counted() -> None:
     band drop that peer's link (counted); the frames of a good sender in between all go
     through, and the router serves on."""
     async def main() -> None:
-        core = RouterNode(NodeConfig("mb", listen="", udp="127.0.0.1:0",
-                                     core_lsids=frozenset({0x10})))
-        await core.start()
-        pub, sub = UdpEndpoint(core.udp_address, C.FEATURES), UdpEndpoint(core.udp_address)
-        bad = UdpEndpoint(core.udp_address, C.FEATURES)
-        try:
-            await sub.attach("sub", 1 | 1 << 40)
-            await pub.attach("pub", 1)
-            await bad.attach("bad", 1)
+        async with _with_a_bad_peer("mb") as (core, pub, sub, bad):
             c = core.core.counters
             malformed = c["malformed"]
             good = _frame(b"g" * 8)
@@ -293,10 +306,6 @@ def test_malformed_bundles_drop_only_their_link_and_are_counted() -> None:
             assert got == list(range(30))
             assert c["malformed"] - malformed == 2
             assert c["malformed.bad-datagram"] == 1 and c["malformed.bad-band"] == 1
-        finally:
-            for ep in (pub, sub, bad):
-                ep.close()
-            await core.stop()
     run(main())
 
 
@@ -381,15 +390,7 @@ def test_a_router_fed_any_datagrams_serves_on(garbage: list[bytes]) -> None:
         loop = asyncio.get_running_loop()
         errors: list[Any] = []
         loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-        core = RouterNode(NodeConfig("fz", listen="", udp="127.0.0.1:0",
-                                     core_lsids=frozenset({0x10})))
-        await core.start()
-        pub, sub = UdpEndpoint(core.udp_address, C.FEATURES), UdpEndpoint(core.udp_address)
-        bad = UdpEndpoint(core.udp_address, C.FEATURES)
-        try:
-            await sub.attach("sub", 1 | 1 << 40)
-            await pub.attach("pub", 1)
-            await bad.attach("bad", 1)
+        async with _with_a_bad_peer("fz") as (core, pub, sub, bad):
             malformed = core.core.counters["malformed"]
             for d in garbage:
                 bad.send(d[:60_000])
@@ -402,10 +403,6 @@ def test_a_router_fed_any_datagrams_serves_on(garbage: list[bytes]) -> None:
             not_frames = sum(1 for d in garbage if not udpio.frames_in(d[:60_000]))
             assert core.core.counters["malformed"] - malformed >= not_frames
             assert not errors, errors
-        finally:
-            for ep in (pub, sub, bad):
-                ep.close()
-            await core.stop()
     run(main())
 
 
