@@ -214,6 +214,21 @@ class FlowControl(Packet):
         return self.sprintf("FlowControl %FlowControl.type%")
 
 
+def _sized(length: str, fmt: str, name: str, max_length: int) -> list[AnyField]:
+    """Bytes after their length: the field *length* (a struct *fmt*) counts the bytes of
+    *name*, at most *max_length*; filled in on build when left unset."""
+    return [FieldLenField(length, None, length_of=name, fmt=fmt),
+            StrLenField(name, b"", length_from=lambda p: getattr(p, length),
+                        max_length=max_length)]
+
+
+def _counted(count: str, fmt: str, name: str, element: type[Packet]) -> list[AnyField]:
+    """A list after its length: the field *count* (a struct *fmt*) counts the *element*
+    packets of *name*; filled in on build when left unset."""
+    return [FieldLenField(count, None, count_of=name, fmt=fmt),
+            PacketListField(name, [], element, count_from=lambda p: getattr(p, count))]
+
+
 class _Sub(Packet):
     """An element of a list field: consumes its own bytes, leaves the rest to the list."""
 
@@ -233,10 +248,8 @@ class FlowHello(Packet):
         ByteField("mod_bandwidth", 0),
         ByteField("mod_delay", 0),
         ByteField("mod_geography", 0),
-        FieldLenField("name_len", None, length_of="node_name", fmt="B"),
-        StrLenField("node_name", b"", length_from=lambda p: p.name_len, max_length=255),
-        FieldLenField("cred_len", None, length_of="credentials", fmt="!H"),
-        StrLenField("credentials", b"", length_from=lambda p: p.cred_len, max_length=1024),
+        *_sized("name_len", "B", "node_name", 255),
+        *_sized("cred_len", "!H", "credentials", 1024),
     ]
 
 
@@ -244,8 +257,7 @@ class FlowError(Packet):
     name = "FlowError"
     fields_desc: ClassVar[list[AnyField]] = [
         ShortField("code", 1),
-        FieldLenField("text_len", None, length_of="text", fmt="!H"),
-        StrLenField("text", b"", length_from=lambda p: p.text_len, max_length=1024),
+        *_sized("text_len", "!H", "text", 1024),
     ]
 
 
@@ -256,10 +268,7 @@ class FlowLsRoute(_Sub):
 
 class FlowLsRoutes(Packet):
     name = "FlowLsRoutes"
-    fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("count", None, count_of="routes", fmt="!H"),
-        PacketListField("routes", [], FlowLsRoute, count_from=lambda p: p.count),
-    ]
+    fields_desc: ClassVar[list[AnyField]] = _counted("count", "!H", "routes", FlowLsRoute)
 
 
 class FlowJoin(Packet):
@@ -268,8 +277,7 @@ class FlowJoin(Packet):
         IntField("req_id", 1),
         BandMaskField("mask", 0),
         FlagsField("flags", 0, 8, ["advertise"]),
-        FieldLenField("cap_len", None, length_of="capability", fmt="!H"),
-        StrLenField("capability", b"", length_from=lambda p: p.cap_len, max_length=4096),
+        *_sized("cap_len", "!H", "capability", 4096),
     ]
 
 
@@ -277,10 +285,7 @@ class FlowAuth(Packet):
     """The link-authentication proof after HELLO (flowrouter.wire.linkauth)."""
 
     name = "FlowAuth"
-    fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("body_len", None, length_of="body", fmt="!H"),
-        StrLenField("body", b"", length_from=lambda p: p.body_len, max_length=1024),
-    ]
+    fields_desc: ClassVar[list[AnyField]] = _sized("body_len", "!H", "body", 1024)
 
 
 class FlowLinkCredentials(Packet):
@@ -295,8 +300,7 @@ class FlowLinkCredentials(Packet):
         FlagsField("flags", 0, 8, ["encrypt", "require_endpoints"]),
         StrFixedLenField("nonce", b"\0" * 32, 32),
         StrFixedLenField("ephemeral", b"\0" * 32, 32),
-        FieldLenField("key_id_len", None, length_of="key_id", fmt="B"),
-        StrLenField("key_id", b"", length_from=lambda p: p.key_id_len, max_length=64),
+        *_sized("key_id_len", "B", "key_id", 64),
     ]
 
 
@@ -315,10 +319,7 @@ class FlowPolicy(Packet):
     """A creator-signed flow policy (flowrouter.wire.capabilities.Policy)."""
 
     name = "FlowPolicy"
-    fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("policy_len", None, length_of="policy", fmt="!H"),
-        StrLenField("policy", b"", length_from=lambda p: p.policy_len, max_length=65535),
-    ]
+    fields_desc: ClassVar[list[AnyField]] = _sized("policy_len", "!H", "policy", 65535)
 
 
 class FlowJoinAck(Packet):
@@ -326,8 +327,7 @@ class FlowJoinAck(Packet):
     fields_desc: ClassVar[list[AnyField]] = [
         IntField("req_id", 1),
         ByteEnumField("status", C.JoinStatus.OK, JOIN_STATUS),
-        FieldLenField("reason_len", None, length_of="reason", fmt="B"),
-        StrLenField("reason", b"", length_from=lambda p: p.reason_len, max_length=255),
+        *_sized("reason_len", "B", "reason", 255),
     ]
 
 
@@ -354,10 +354,8 @@ class FlowPong(Packet):
 class FlowFaultExtra(_Sub):
     name = "FlowFaultExtra"
     fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("key_len", None, length_of="key", fmt="B"),
-        StrLenField("key", b"", length_from=lambda p: p.key_len, max_length=255),
-        FieldLenField("value_len", None, length_of="value", fmt="!H"),
-        StrLenField("value", b"", length_from=lambda p: p.value_len, max_length=1024),
+        *_sized("key_len", "B", "key", 255),
+        *_sized("value_len", "!H", "value", 1024),
     ]
 
 
@@ -365,12 +363,9 @@ class FlowFault(Packet):
     name = "FlowFault"
     fields_desc: ClassVar[list[AnyField]] = [
         ByteEnumField("kind", C.FaultKind.LINK_DOWN, FAULT_KINDS),
-        FieldLenField("origin_len", None, length_of="origin", fmt="B"),
-        StrLenField("origin", b"", length_from=lambda p: p.origin_len, max_length=255),
-        FieldLenField("detail_len", None, length_of="detail", fmt="!H"),
-        StrLenField("detail", b"", length_from=lambda p: p.detail_len, max_length=1024),
-        FieldLenField("n_extra", None, count_of="extra", fmt="B"),
-        PacketListField("extra", [], FlowFaultExtra, count_from=lambda p: p.n_extra),
+        *_sized("origin_len", "B", "origin", 255),
+        *_sized("detail_len", "!H", "detail", 1024),
+        *_counted("n_extra", "B", "extra", FlowFaultExtra),
     ]
 
 
@@ -402,8 +397,7 @@ class FlowRefresh(Packet):
     fields_desc: ClassVar[list[AnyField]] = [
         IntField("round", 0), ShortField("index", 0), ShortField("count", 1),
         IntField("hold_ms", 0),
-        FieldLenField("n_entries", None, count_of="entries", fmt="!H"),
-        PacketListField("entries", [], FlowRefreshEntry, count_from=lambda p: p.n_entries),
+        *_counted("n_entries", "!H", "entries", FlowRefreshEntry),
     ]
 
 
@@ -416,28 +410,19 @@ class FlowPrune(Packet):
     """The sender dropped its state for these flows on this link."""
 
     name = "FlowPrune"
-    fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("n_keys", None, count_of="keys", fmt="!H"),
-        PacketListField("keys", [], FlowKey, count_from=lambda p: p.n_keys),
-    ]
+    fields_desc: ClassVar[list[AnyField]] = _counted("n_keys", "!H", "keys", FlowKey)
 
 
 class FlowNotOnTree(Packet):
     """The sender holds no state for these flows on this link."""
 
     name = "FlowNotOnTree"
-    fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("n_keys", None, count_of="keys", fmt="!H"),
-        PacketListField("keys", [], FlowKey, count_from=lambda p: p.n_keys),
-    ]
+    fields_desc: ClassVar[list[AnyField]] = _counted("n_keys", "!H", "keys", FlowKey)
 
 
 class FlowLsName(_Sub):
     name = "FlowLsName"
-    fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("name_len", None, length_of="member", fmt="B"),
-        StrLenField("member", b"", length_from=lambda p: p.name_len, max_length=255),
-    ]
+    fields_desc: ClassVar[list[AnyField]] = _sized("name_len", "B", "member", 255)
 
 
 class FlowLsMember(_Sub):
@@ -445,11 +430,9 @@ class FlowLsMember(_Sub):
 
     name = "FlowLsMember"
     fields_desc: ClassVar[list[AnyField]] = [
-        FieldLenField("name_len", None, length_of="member", fmt="B"),
-        StrLenField("member", b"", length_from=lambda p: p.name_len, max_length=255),
+        *_sized("name_len", "B", "member", 255),
         IntField("seq", 0),
-        FieldLenField("n_neighbours", None, count_of="neighbours", fmt="!H"),
-        PacketListField("neighbours", [], FlowLsName, count_from=lambda p: p.n_neighbours),
+        *_counted("n_neighbours", "!H", "neighbours", FlowLsName),
     ]
 
 
@@ -459,8 +442,7 @@ class FlowLsTopology(Packet):
     name = "FlowLsTopology"
     fields_desc: ClassVar[list[AnyField]] = [
         XIntField("lsid", 0),
-        FieldLenField("n_entries", None, count_of="entries", fmt="!H"),
-        PacketListField("entries", [], FlowLsMember, count_from=lambda p: p.n_entries),
+        *_counted("n_entries", "!H", "entries", FlowLsMember),
     ]
 
 
