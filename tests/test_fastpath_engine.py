@@ -104,11 +104,11 @@ def _load(engine, links, flows, absent=(), routes=()) -> None:
 
 
 def _run(engine, in_link: int, data: bytes, fb: int, db: int, ref_min: int = NO_BUDGET,
-         share_min: int = NO_BUDGET) -> list:
+         share_min: int = NO_BUDGET, in_place: bool = False) -> list:
     """Forward everything, skipping each frame the engine leaves to the core."""
     pos, calls = 0, []
     while True:
-        res = engine.forward(in_link, data, pos, fb, db, 65536, ref_min, share_min)
+        res = engine.forward(in_link, data, pos, fb, db, 65536, ref_min, share_min, in_place)
         calls.append(res)
         pos, stop = res[0], res[1]
         if stop in (STOP_END, STOP_PARTIAL):
@@ -146,6 +146,66 @@ def test_compiled_engine_matches_the_python_twin(sc, budgets: bool, ref_min: int
             assert [c[:2] + c[3:] for c in got] == [c[:2] + c[3:] for c in plain]
     assert native.sizes() == twin.sizes()
     _same_flow_counts(native, twin, [key for key, *_ in flows] + [_key(4), _key(5)])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.booleans(), st.sampled_from([NO_BUDGET, 16, 1000]))
+def test_in_place_forwarding_matches_the_twin_and_the_copies(sc, budgets: bool,
+                                                             ref_min: int) -> None:
+    """Forwarding in place (a writable receive buffer): the compiled engine rewrites the
+    same headers in the buffer as the twin and gives the same outputs; the bytes that leave
+    each link, the counters and where each call stops are those of copying; frames the
+    engine did not forward are left as they were."""
+    links, flows, frames, (cut, fb, db), absent, routes = sc
+    native, twin, plain = native_engine(), fastpath_py.Engine(), fastpath_py.Engine()
+    for eng in (native, twin, plain):
+        _load(eng, links, flows, absent, routes)
+    data = b"".join(frames)
+    if cut and data:
+        data = data[:-min(cut, len(data))]
+    args = (fb, db) if budgets else (NO_BUDGET, NO_BUDGET)
+    for in_link in {lk for lk, *_ in links} | {5}:
+        nbuf, tbuf = bytearray(data), bytearray(data)
+        got = _run(native, in_link, nbuf, *args, ref_min, NO_BUDGET, True)
+        assert got == _run(twin, in_link, tbuf, *args, ref_min, NO_BUDGET, True)
+        assert nbuf == tbuf
+        want = _run(plain, in_link, data, *args, ref_min)
+        assert [[(lk, _joined(out), k) for lk, out, k in c[2]] for c in got] == \
+            [[(lk, _joined(out), k) for lk, out, k in c[2]] for c in want]
+        assert [c[:2] + c[3:] for c in got] == [c[:2] + c[3:] for c in want]
+        if not any(c[2] for c in got):
+            assert nbuf == data  # nothing forwarded: nothing rewritten
+
+
+def test_a_unicast_stream_leaves_as_a_view_of_the_buffer_it_came_in() -> None:
+    """In place, frames of one flow to one link leave as one view of the receive buffer
+    (no copy), TTL and locality rewritten in it; a fan-out's frames, a buffer that may not
+    be written, or in_place off, are copied as before, and the input is untouched."""
+    fan = _key(2)
+    for eng in (fastpath_py.Engine(), native_engine()):
+        eng.set_link(1, False, 65536, (0, 0, 0, 0))
+        eng.set_link(2, True, 65536, (0, 1, 0, 0))
+        eng.set_link(3, False, 65536, (0, 0, 0, 0))
+        eng.set_flow(_key(1), -1, [(2, 1 << 40)], 1 << 40)
+        eng.set_flow(fan, -1, [(2, 1 << 40), (3, 1 << 40)], 1 << 40)
+        one = b"".join(_key(1) + struct.pack("!IBBBB", 100, 40, 1, 3, 9) + b"x" * 100
+                       for _ in range(5))
+        buf = bytearray(one)
+        pos, stop, outs, _counts = eng.forward(1, buf, 0, NO_BUDGET, NO_BUDGET, 65536,
+                                               NO_BUDGET, NO_BUDGET, True)
+        assert (pos, stop) == (len(one), STOP_END) and len(outs) == 1
+        lk, out, n = outs[0]
+        assert (lk, n) == (2, 5) and type(out) is memoryview and out.obj is buf
+        assert bytes(out) == bytes(buf) and bytes(buf[21:24]) == bytes((1, 2, 8))
+        for data, in_place in ((one, True), (bytearray(one), False)):
+            outs = eng.forward(1, data, 0, NO_BUDGET, NO_BUDGET, 65536, NO_BUDGET,
+                               NO_BUDGET, in_place)[2]
+            assert type(outs[0][1]) is bytes and bytes(outs[0][1]) == bytes(buf)
+            assert data == one
+        both = bytearray(one + _key(2) + struct.pack("!IBBBB", 4, 40, 0, 0, 9) + b"fan!")
+        outs = eng.forward(1, both, 0, NO_BUDGET, NO_BUDGET, 65536, NO_BUDGET, NO_BUDGET,
+                           True)[2]
+        assert all(type(out) is bytes for _lk, out, _n in outs) and both[:len(one)] == one
 
 
 @st.composite
@@ -235,7 +295,7 @@ def test_flow_counters_count_what_the_core_counts_in_its_entry() -> None:
 
 
 def _joined(out) -> bytes:  # type: ignore[no-untyped-def]
-    return out if type(out) is bytes else b"".join(out)
+    return b"".join(out) if type(out) is list else bytes(out)
 
 
 def test_large_payloads_leave_as_views_of_the_input() -> None:

@@ -44,6 +44,16 @@ static inline int plan_copy(Engine *e, Py_ssize_t slot, Py_ssize_t src, uint32_t
     e->copies[e->ncopies++] = (Copy){slot, src, size, (uint8_t)lt, (uint8_t)left,
                                      (uint8_t)ttl, (uint8_t)ref};
     Link *l = &e->links[slot];
+    Py_ssize_t end = src + HEADER + (Py_ssize_t)size;
+    if (!l->frames) {
+        l->vstart = src;
+        l->vend = end;
+        l->vcontig = 1;
+    } else if (src == l->vend) {
+        l->vend = end;
+    } else {
+        l->vcontig = 0;
+    }
     l->len += HEADER + (ref ? 0 : (Py_ssize_t)size);
     l->nrefs += ref;
     l->frames++;
@@ -139,11 +149,20 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     long long fwd_budget, drop_budget;
     unsigned long max_in;
     Py_ssize_t ref_min = PY_SSIZE_T_MAX, share_min = PY_SSIZE_T_MAX;
+    int in_place = 0;
     Py_ssize_t open = -1; /* the shared run being gathered */
-    if (!PyArg_ParseTuple(args, "lOnLLk|nn", &in_id, &data, &pos, &fwd_budget, &drop_budget,
-                          &max_in, &ref_min, &share_min))
+    if (!PyArg_ParseTuple(args, "lOnLLk|nnp", &in_id, &data, &pos, &fwd_budget, &drop_budget,
+                          &max_in, &ref_min, &share_min, &in_place))
         return NULL;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    /* in place: only in a buffer we may write, and only while no frame of the call goes
+     * to two links or leaves its payload by reference (see fastpath_py) */
+    int writable = 0;
+    if (in_place) {
+        if (PyObject_GetBuffer(data, &view, PyBUF_WRITABLE) == 0) writable = 1;
+        else PyErr_Clear();
+    }
+    if (!writable && PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int several = 0;
     const uint8_t *d = view.buf;
     Py_ssize_t n = view.len;
     long long counts[NCOUNTS] = {0};
@@ -371,6 +390,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             counts[0] += nsend;
         }
         int ref = (Py_ssize_t)size >= ref_min;
+        if (nsend > 1 || (ref && nsend)) several = 1;
         int shared = k_alike ? plan_shared(e, &open, share_min, sends, nsend, lefts[0],
                                            same, pos, size, lt, out_ttl, ref) : 1;
         if (shared < 0) {
@@ -395,7 +415,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
 done:
     if (slots != stack_slots) { PyMem_Free(slots); PyMem_Free(sends); PyMem_Free(lefts); }
     if (!failed && close_run(e, &open, share_min) < 0) failed = 1;
-    outputs = fp_build_outputs(e, d, data, failed);
+    outputs = fp_build_outputs(e, d, data, failed, writable && !several);
     PyBuffer_Release(&view);
     if (!outputs) return NULL;
     result = Py_BuildValue("(niN(LLLLLLLLLLLL))", pos, stop, outputs, counts[0],

@@ -33,7 +33,8 @@ static int append_slice(PyObject *list, PyObject *mv, Py_ssize_t lo, Py_ssize_t 
  * is bytes; else a list of pieces: views of its bytes object (the copied frames and
  * headers) between views of the input (payloads passed by reference) and the pieces of the
  * shared runs it gets. */
-PyObject *fp_build_outputs(Engine *e, const uint8_t *d, PyObject *data, int failed) {
+PyObject *fp_build_outputs(Engine *e, const uint8_t *d, PyObject *data, int failed,
+                           int in_place) {
     PyObject *inview = NULL; /* a memoryview of data, made for the first reference */
     PyObject *outputs = NULL;
     if (!failed) outputs = PyList_New(e->ndirty);
@@ -70,6 +71,10 @@ PyObject *fp_build_outputs(Engine *e, const uint8_t *d, PyObject *data, int fail
     }
     for (Py_ssize_t i = 0; i < e->ndirty && outputs; i++) {
         Link *l = &e->links[e->dirty[i]];
+        if (in_place && l->vcontig && !l->nrefs && !l->nshared) {
+            l->vout = 1; /* a view of the input, its headers rewritten there */
+            continue;
+        }
         int list = l->nrefs || l->nshared > 1 || (l->nshared && l->len);
         if (l->nshared && !list) continue; /* its run's bytes, found below */
         if (l->len || !list) {
@@ -113,6 +118,13 @@ PyObject *fp_build_outputs(Engine *e, const uint8_t *d, PyObject *data, int fail
             continue;
         }
         Link *l = &e->links[c->slot];
+        if (l->vout) { /* bytes 0..20 are the input's already */
+            uint8_t *h = (uint8_t *)d + c->src;
+            h[21] = c->lt;
+            h[22] = c->left;
+            h[23] = c->ttl;
+            continue;
+        }
         l->wp = put_frame(l->wp, d, c);
         if (!c->ref) continue;
         Py_ssize_t at = l->wp - PyBytes_AS_STRING(l->bytes);
@@ -130,12 +142,19 @@ PyObject *fp_build_outputs(Engine *e, const uint8_t *d, PyObject *data, int fail
         if (outputs && l->pieces && l->prev < l->len
                 && append_slice(l->pieces, l->bview, l->prev, l->len) < 0)
             Py_CLEAR(outputs);
-        if (outputs) {
+        if (outputs && l->vout) {
+            if (!inview) inview = PyMemoryView_FromObject(data);
+            PyObject *v = inview ? PySequence_GetSlice(inview, l->vstart, l->vend) : NULL;
+            PyObject *t = v ? Py_BuildValue("(lNl)", l->id, v, l->frames) : NULL;
+            if (!t) Py_CLEAR(outputs);
+            else PyList_SET_ITEM(outputs, i, t);
+        } else if (outputs) {
             PyObject *t = Py_BuildValue("(lOl)", l->id, l->pieces ? l->pieces : l->bytes,
                                         l->frames);
             if (!t) Py_CLEAR(outputs);
             else PyList_SET_ITEM(outputs, i, t);
         }
+        l->vout = 0;
         Py_CLEAR(l->pieces);
         Py_CLEAR(l->bview);
         Py_CLEAR(l->bytes);

@@ -61,6 +61,10 @@ typedef struct {
      * checked for one given twice */
     Py_ssize_t nshared;
     int seen;
+    /* where its frames of the call lie in the input: [vstart, vend), while they lie back
+     * to back (vcontig); with in_place, such a link gets a view of that range */
+    Py_ssize_t vstart, vend;
+    int vcontig, vout;
 } Link;
 
 /* One frame copy to one output link, planned in the decision pass and carried out when

@@ -247,7 +247,7 @@ class FastPath:
 
     # ------------------------------------------------------------------ forwarding
     def forward(self, link_id: int, data: Any, pos: int, max_payload: int,
-                ref_min: int = REF_MIN, share_min: int = SHARE_MIN
+                ref_min: int = REF_MIN, share_min: int = SHARE_MIN, in_place: bool = False
                 ) -> tuple[int, int, list[tuple[int, Any, int]]]:
         """Forward the frames of *data* from *pos* on that the engine may decide alone.
 
@@ -258,7 +258,8 @@ class FastPath:
         bytes or more (see :mod:`flowrouter.core.fastpath_py`), which must be written (or
         copied) before *data*'s buffer is reused; the frames several links get alike may
         be one object shared by all of them (runs of *share_min* bytes or more), so no
-        caller may change one. Counters,
+        caller may change one. With *in_place* (a receive buffer the caller owns and
+        reuses), a link's frames may be a view of *data*, their headers rewritten in it. Counters,
         per-link transmit counts and trace sampling are brought up to date, exactly as the
         core would have for the same frames.
         """
@@ -282,7 +283,7 @@ class FastPath:
             stats["calls"] += 1
             fb, db = (tr.fwd_left, tr.drop_left) if tracing else (_NO_BUDGET, _NO_BUDGET)
             pos, stop, outs, counts = eng.forward(link_id, data, pos, fb, db, max_payload,
-                                                  ref_min, share_min)
+                                                  ref_min, share_min, in_place)
             if outs:
                 outputs += outs
                 for lk, _buf, n in outs:

@@ -20,8 +20,8 @@ Per-flow counters: each mirrored entry counts the data frames of its flow the en
 bytes, headers included. ``forget_flow`` returns them, for the core's entry; an absent key
 counts nothing.
 
-``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min, share_min)``
-returns
+``forward(link, data, pos, fwd_budget, drop_budget, max_payload, ref_min, share_min,
+in_place)`` returns
 ``(pos, stop, outputs, counts)``:
 
 * ``pos`` — where forwarding stopped; ``stop`` says why (the ``STOP_*`` codes below): the
@@ -48,7 +48,12 @@ returns
   link's ``out`` is then that object itself when the run is all it gets and is bytes, else
   a list: the link's own copied bytes before the run, the run's buffers, the bytes after.
   Frames dropped for every link do not end a run; any other frame does. No caller may
-  change an ``out`` (it may be shared);
+  change an ``out`` (it may be shared). **In place** (``in_place`` true, *data* writable,
+  and no frame of the call going to two links or leaving its payload by reference): a link
+  whose frames lie back to back in *data* gets a view of them, their headers rewritten in
+  *data* itself (bytes 21..23: the rest of a forwarded header is the input's), instead of
+  a copy: a unicast stream through a router then costs no copy in user space. The frames
+  the call did not take are left as they were;
 * ``counts`` — ``COUNT_NAMES`` in order, then the forward and drop decisions taken (the
   tracer's sampling countdowns; at most ``fwd_budget - 1`` and ``drop_budget - 1`` of them,
   so the decision that is sampled is always the core's), then the frames taken, then
@@ -217,9 +222,13 @@ class Engine:
 
     def forward(self, link: int, data: bytes | bytearray | memoryview, pos: int,
                 fwd_budget: int, drop_budget: int, max_payload: int, ref_min: int = 1 << 62,
-                share_min: int = 1 << 62
+                share_min: int = 1 << 62, in_place: bool = False
                 ) -> tuple[int, int, list[tuple[int, Any, int]], tuple[int, ...]]:
         data = memoryview(data)
+        #: per link, with in_place: [start, end, back to back so far, (header at, lt,
+        #: left, ttl) of each frame]
+        spans: dict[int, list[Any]] = {}
+        several = False  # a frame went to two links, or left its payload by reference
         n = len(data)
         links, flows, routes, flow_counts = self._links, self._flows, self._routes, self._counts
         #: per link: copied frames (bytes), for payloads passed on (header, start, end), and
@@ -347,6 +356,16 @@ class Engine:
                 counts[6] += 1
                 counts[0] += len(plan)
             ref = size >= ref_min
+            if len(plan) > 1 or (ref and plan):
+                several = True
+            elif plan and in_place:
+                span = spans.get(plan[0][0])
+                if span is None:
+                    spans[plan[0][0]] = [pos, end, True, [(pos, lt, plan[0][1], out_ttl)]]
+                else:
+                    span[2] = span[2] and span[1] == pos
+                    span[1] = end
+                    span[3].append((pos, lt, plan[0][1], out_ttl))
             payload = b"" if ref else bytes(data[pos + _HEADER:end])
             sends = [t for t, _left in plan]
             if (len(plan) >= 2 and len({left for _t, left in plan}) == 1
@@ -375,8 +394,21 @@ class Engine:
                                               else hdr + payload)
             pos = end
         _close_run(run, bufs, data, share_min)
-        outputs = [(t, _pieces(data, frames), _frames(frames)) for t, frames in bufs.items()]
+        if in_place and not several and not data.readonly:
+            outputs = [(t, _in_place(data, spans[t]) if spans[t][2] else _pieces(data, frames),
+                        _frames(frames)) for t, frames in bufs.items()]
+        else:
+            outputs = [(t, _pieces(data, frames), _frames(frames))
+                       for t, frames in bufs.items()]
         return pos, stop, outputs, tuple(counts)
+
+
+def _in_place(data: memoryview, span: list[Any]) -> memoryview:
+    """A link's frames that lie back to back in *data*: their headers rewritten there
+    (locality type, value left, TTL: the rest is the input's) and a view of them."""
+    for at, lt, left, ttl in span[3]:
+        data[at + 21:at + 24] = bytes((lt, left, ttl))
+    return data[span[0]:span[1]]
 
 
 def _count(flow_counts: dict[bytes, list[int]], key: bytes, size: int) -> None:

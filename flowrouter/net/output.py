@@ -208,6 +208,8 @@ class LinkOutput:
             return
         if type(frames) is list:
             frames = b"".join(frames)  # owned: these frames may wait
+        elif type(frames) is not bytes:
+            frames = bytes(frames)  # a view of the received buffer, which is reused
         if self.track.stuck and self._shed(count, len(frames), self.node.now()):
             return
         if self.emu is None and (self.queue is not None or self.paused):

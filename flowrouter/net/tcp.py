@@ -330,7 +330,10 @@ class TcpLink(asyncio.BufferedProtocol):
         node = self.node
         links = node.links
         start = pos
-        pos, stop, outs = node.fast.forward(self.link_id, view, pos, max_payload)  # type: ignore[union-attr]
+        # the receive buffer (not owned) is ours until the read ends: frames forwarded to
+        # one link leave as a view of it, headers rewritten in it, not as a copy
+        pos, stop, outs = node.fast.forward(self.link_id, view, pos, max_payload,  # type: ignore[union-attr]
+                                            in_place=not owned)
         if pos > start:
             self.frames_in += 1  # whole frames went by (the progress time-out's clock)
         for lk, frames, count in outs:
