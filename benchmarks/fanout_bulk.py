@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bulk  # noqa: E402
+import bulk_workers  # noqa: E402
 from common import (  # noqa: E402
     HOST,
     LSID,
@@ -78,20 +79,20 @@ def worker_counter(p: dict[str, Any]) -> None:
     for i in range(n):
         addr = p["addrs"][i % len(p["addrs"])]
         if system == "nats":
-            sock = bulk.nats_attach(addr)
+            sock = bulk_workers.nats_attach(addr)
             sock.sendall(b"SUB bulk 1\r\nPING\r\n")
             got = b""
             while b"PONG" not in got:
                 got += sock.recv(4096)
         else:
-            sock = bulk.flownet_attach(addr, f"fan-{p.get('first', 0) + i}",
-                                       bytes.fromhex(p["key"]),
-                                       1 | 1 << bulk.DATA_BAND)
+            sock = bulk_workers.flownet_attach(addr, f"fan-{p.get('first', 0) + i}",
+                                               bytes.fromhex(p["key"]),
+                                               1 | 1 << bulk_workers.DATA_BAND)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         sock.setblocking(False)
         socks.append(sock)
     per_msg = (len(b"MSG bulk 1 %d\r\n" % size) + size + 2 if system == "nats"
-               else bulk.HEADER_SIZE + size)
+               else bulk_workers.HEADER_SIZE + size)
     ep = select.epoll()
     by_fd = {s.fileno(): s for s in socks}
     for fd in by_fd:

@@ -16,6 +16,11 @@ Roles:
 * ``nats-recv`` / ``nats-send``   the same with the nats-py client
 * ``flow-pong`` / ``flow-ping``   flowlib ping-pong on two bands of one flow (latency)
 * ``raw-pong`` / ``raw-ping``     the same over one plain TCP connection
+
+What every role shares (the conversation with the parent on stdin/stdout, tallies, CPU and
+scheduling times, round-trip timing) is worker_harness.py. Imports the standard library,
+``worker_harness``, and inside the roles flowlib (from the code snapshot the parent made)
+or nats-py.
 """
 
 from __future__ import annotations
@@ -36,135 +41,29 @@ _CODE = os.environ.get("FLOWNET_BENCH_CODE") or str(Path(__file__).resolve().par
 if _CODE not in sys.path:
     sys.path.insert(0, _CODE)
 
+from worker_harness import (  # noqa: E402
+    Tally,
+    cpu,
+    drain_transport,
+    emit,
+    merge,
+    read_line,
+    ready_for_go,
+    report_sent,
+    sched,
+    sched_since,
+    timed_rounds,
+    until_idle,
+    watch_idle,
+)
+
 HEADER_SIZE = 24
-
-
-def emit(event: str, **data: Any) -> None:
-    data["event"] = event
-    sys.stdout.write(json.dumps(data) + "\n")
-    sys.stdout.flush()
-
-
-_stdin: asyncio.StreamReader | None = None
-
-
-async def read_line() -> str:
-    """One line from stdin without blocking the loop ('' at end of input). A pipe reader on
-    the loop, not a thread, so profiles of the worker show only the work measured."""
-    global _stdin
-    if _stdin is None:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        _stdin = reader
-    return (await _stdin.readline()).decode().strip()
-
-
-async def wait_for_command(word: str, timeout: float) -> bool:
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                line = await read_line()
-                if line == word or line == "":
-                    return line == word
-    except TimeoutError:
-        return False
-
-
-def cpu() -> float:
-    return time.process_time()
-
-
-def sched() -> tuple[float, float]:
-    """(on-CPU seconds, runnable-but-waiting seconds) of this process's main thread."""
-    try:
-        with open("/proc/self/schedstat") as f:
-            run_ns, wait_ns, _ = f.read().split()
-        return int(run_ns) / 1e9, int(wait_ns) / 1e9
-    except (OSError, ValueError):
-        return 0.0, 0.0
-
-
-def sched_since(start: tuple[float, float]) -> dict[str, float]:
-    run, wait = sched()
-    return {"run_s": run - start[0], "wait_s": wait - start[1]}
 
 
 def nodelay(sock: socket.socket | None) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class Tally:
-    """Messages and payload bytes seen by one receiver, with first/last arrival times."""
-
-    __slots__ = ("count", "nbytes", "first", "last")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.nbytes = 0
-        self.first = 0.0
-        self.last = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "bytes": self.nbytes, "first": self.first,
-                "last": self.last}
-
-
-async def watch_idle(tallies: list[Tally], idle: float, first_timeout: float,
-                     max_time: float) -> str:
-    """Return once traffic stopped: *idle* s with nothing new after the first message, no
-    message within *first_timeout*, or *max_time* in total."""
-    start = time.monotonic()
-    while True:
-        await asyncio.sleep(min(0.05, idle / 4))
-        now = time.monotonic()
-        if now - start > max_time:
-            return "max-time"
-        lasts = [t.last for t in tallies if t.count]
-        if lasts:
-            if now - max(lasts) > idle:
-                return "idle"
-        elif now - start > first_timeout:
-            return "no-message"
-
-
-def merge(tallies: list[Tally]) -> dict[str, Any]:
-    got = [t for t in tallies if t.count]
-    return {
-        "count": sum(t.count for t in tallies), "bytes": sum(t.nbytes for t in tallies),
-        "first": min((t.first for t in got), default=0.0),
-        "last": max((t.last for t in got), default=0.0),
-    }
-
-
-async def ready_for_go(p: dict[str, Any]) -> bool:
-    """Tell the parent we are ready, then wait for its ``go`` (False, with an error for the
-    parent, when none comes within ``p["max_time"]``)."""
-    emit("ready")
-    if await wait_for_command("go", p["max_time"]):
-        return True
-    emit("error", error="no 'go' from the parent")
-    return False
-
-
-async def report_sent(p: dict[str, Any], sent: int, nbytes: int, t0: float, t1: float,
-                      cpu0: float, sch0: tuple[float, float]) -> None:
-    """A sender's result for the parent, once what it wrote has left this process (sent in
-    ``t0..t1``, measured from *cpu0*/*sch0*); then wait for the parent's ``exit``."""
-    emit("result", sent=sent, bytes=nbytes, start=t0, end=t1, seconds=t1 - t0,
-         drained=time.monotonic(), cpu_s=cpu() - cpu0, sched=sched_since(sch0))
-    await wait_for_command("exit", p["max_time"])
-
-
-async def until_idle(p: dict[str, Any], tally: Tally) -> dict[str, Any]:
-    """A single-connection receiver's run: wait (see :func:`watch_idle`) until traffic
-    stopped; the why, CPU and scheduling of the wait, for its result."""
-    cpu0 = cpu()
-    sch0 = sched()
-    why = await watch_idle([tally], p["idle"], p["first_timeout"], p["max_time"])
-    return {"stop": why, "cpu_s": cpu() - cpu0, "sched": sched_since(sch0)}
 
 
 def raw_frame(size: int, fill: bytes) -> bytes:
@@ -222,13 +121,6 @@ async def flow_recv(p: dict[str, Any]) -> None:
             await c.close(timeout=2)
 
 
-async def _drain_transport(transport: asyncio.Transport | None, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while transport is not None and transport.get_write_buffer_size() \
-            and time.monotonic() < end:
-        await asyncio.sleep(0.002)
-
-
 async def flow_send(p: dict[str, Any]) -> None:
     import flowlib
 
@@ -256,7 +148,7 @@ async def flow_send(p: dict[str, Any]) -> None:
             break
     t1 = time.monotonic()
     # what we wrote has left this process (flowlib has no public flush)
-    await _drain_transport(getattr(client, "_transport", None), 10.0)
+    await drain_transport(getattr(client, "_transport", None), 10.0)
     await report_sent(p, i, i * len(payload), t0, t1, cpu0, sch0)
     with contextlib.suppress(Exception):
         await client.close(timeout=2)
@@ -288,23 +180,6 @@ async def flow_pong(p: dict[str, Any]) -> None:
         await client.close(timeout=2)
 
 
-async def _timed_rounds(rounds: Any, p: dict[str, Any], what: str) -> bool:
-    """Warm up, then time ``p["rounds"]`` round trips within ``p["max_time"]``; emit the
-    result (or the stall) for the parent. ``rounds(n, out)`` runs n round trips, appending
-    each round trip's nanoseconds to *out* unless it is None. True if it finished."""
-    rtts: list[int] = []
-    try:
-        async with asyncio.timeout(p["max_time"]):
-            await rounds(p["warmup"], None)
-            cpu0 = cpu()
-            await rounds(p["rounds"], rtts)
-    except TimeoutError:
-        emit("error", error=f"{what} stalled after {len(rtts)} rounds (lost message?)")
-        return False
-    emit("result", rtt_ns=rtts, cpu_s=cpu() - cpu0)
-    return True
-
-
 async def flow_ping(p: dict[str, Any]) -> None:
     import flowlib
 
@@ -326,7 +201,7 @@ async def flow_ping(p: dict[str, Any]) -> None:
             if out is not None:
                 out.append(clock() - t0)
 
-    if not await _timed_rounds(rounds, p, "ping-pong"):
+    if not await timed_rounds(rounds, p, "ping-pong"):
         return
     with contextlib.suppress(Exception):
         await client.close(timeout=2)
@@ -448,7 +323,7 @@ async def raw_send(p: dict[str, Any]) -> None:
         if not i & 63 and time.monotonic() >= end:
             break
     t1 = time.monotonic()
-    await _drain_transport(transport, 10.0)
+    await drain_transport(transport, 10.0)
     await report_sent(p, i, i * size, t0, t1, cpu0, sch0)
     transport.close()
 
@@ -524,7 +399,7 @@ async def raw_ping(p: dict[str, Any]) -> None:
             if out is not None:
                 out.append(clock() - t0)
 
-    await _timed_rounds(rounds, p, "raw ping-pong")
+    await timed_rounds(rounds, p, "raw ping-pong")
     transport.close()
 
 
