@@ -81,9 +81,9 @@ def worker_counter(p: dict[str, Any]) -> None:
         if system == "nats":
             sock = bulk_workers.nats_attach(addr)
             sock.sendall(b"SUB bulk 1\r\nPING\r\n")
-            got = b""
-            while b"PONG" not in got:
-                got += sock.recv(4096)
+            reply = b""
+            while b"PONG" not in reply:
+                reply += sock.recv(4096)
         else:
             sock = bulk_workers.flownet_attach(addr, f"fan-{p.get('first', 0) + i}",
                                                bytes.fromhex(p["key"]),
