@@ -177,6 +177,46 @@ def nats_attach(addr: str) -> socket.socket:
     return sock
 
 
+def nats_subscribed(addr: str, subject: bytes) -> socket.socket:
+    """A NATS connection subscribed to *subject* (sid 1), once the server has answered a PING
+    sent behind the SUB: the subscription is in place before anything is published."""
+    sock = nats_attach(addr)
+    sock.sendall(b"SUB %s 1\r\nPING\r\n" % subject)
+    f = sock.makefile("rb")
+    while f.readline().strip() != b"PONG":
+        pass
+    return sock
+
+
+def _rtt_endpoint(p: dict[str, Any], name: str, hear: bytes,
+                  answer: bytes) -> tuple[socket.socket, bytes, int]:
+    """One end of a NATS or flownet round trip: its socket, the message it sends and the
+    bytes of each message it receives. NATS: subscribed to *hear*, publishing on *answer*;
+    flownet: joined on the data band to the one flow both ends send on."""
+    size = p["size"]
+    if p["system"] == "nats":
+        sock = nats_subscribed(p["addr"], hear)
+        out = b"PUB %s %d\r\n" % (answer, size) + bytes(size) + b"\r\n"
+        return sock, out, len(b"MSG %s 1 %d\r\n" % (hear, size)) + size + 2
+    key = bytes.fromhex(p["key"])
+    sock = flownet_attach(p["addr"], name, key, 1 | 1 << DATA_BAND)
+    out = _frame(key, DATA_BAND, bytes(size))
+    return sock, out, len(out)
+
+
+def _accept_one() -> socket.socket:
+    """The raw-TCP peer's end: listen on a free port, tell the parent where (``listening``),
+    take the one connection."""
+    lsock = socket.socket()
+    lsock.bind((HOST, 0))
+    lsock.listen(1)
+    print(json.dumps({"event": "listening", "addr": "%s:%d" % lsock.getsockname()}),
+          flush=True)
+    sock, _ = lsock.accept()
+    lsock.close()
+    return sock
+
+
 # ---------------------------------------------------------------------------- workers
 def worker_publisher(p: dict[str, Any]) -> None:
     import threading
@@ -229,11 +269,7 @@ def worker_publisher(p: dict[str, Any]) -> None:
 def worker_subscriber(p: dict[str, Any]) -> None:
     size = p["size"]
     if p["system"] == "nats":
-        sock = nats_attach(p["addr"])
-        sock.sendall(b"SUB bulk 1\r\nPING\r\n")
-        f = sock.makefile("rb")
-        while f.readline().strip() != b"PONG":
-            pass
+        sock = nats_subscribed(p["addr"], b"bulk")
         per_msg = len(b"MSG bulk 1 %d\r\n" % size) + size + 2
     elif p["system"] == "flownet":
         keys = flow_keys(bytes.fromhex(p["key"]), p.get("flows", 1))
@@ -242,12 +278,7 @@ def worker_subscriber(p: dict[str, Any]) -> None:
         refresh_all(sock, keys, 1 | 1 << DATA_BAND)
         per_msg = HEADER_SIZE + size
     else:
-        lsock = socket.socket()
-        lsock.bind((HOST, 0))
-        lsock.listen(1)
-        print(json.dumps({"event": "listening", "addr": "%s:%d" % lsock.getsockname()}),
-              flush=True)
-        sock, _ = lsock.accept()
+        sock = _accept_one()
         per_msg = HEADER_SIZE + size
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     print(json.dumps({"event": "ready"}), flush=True)
@@ -283,27 +314,10 @@ def worker_subscriber(p: dict[str, Any]) -> None:
 def worker_echo(p: dict[str, Any]) -> None:
     """Ping-pong peer: send back every message it gets (RTT mode)."""
     size = p["size"]
-    system = p["system"]
-    if system == "nats":
-        sock = nats_attach(p["addr"])
-        sock.sendall(b"SUB ping 1\r\nPING\r\n")
-        f = sock.makefile("rb")
-        while f.readline().strip() != b"PONG":
-            pass
-        pong = b"PUB pong %d\r\n" % size + bytes(size) + b"\r\n"
-        need = len(b"MSG ping 1 %d\r\n" % size) + size + 2
-    elif system == "flownet":
-        key = bytes.fromhex(p["key"])
-        sock = flownet_attach(p["addr"], "rtt-echo", key, 1 | 1 << DATA_BAND)
-        pong = _frame(key, DATA_BAND, bytes(size))
-        need = len(pong)
+    if p["system"] in ("nats", "flownet"):
+        sock, pong, need = _rtt_endpoint(p, "rtt-echo", b"ping", b"pong")
     else:
-        lsock = socket.socket()
-        lsock.bind((HOST, 0))
-        lsock.listen(1)
-        print(json.dumps({"event": "listening", "addr": "%s:%d" % lsock.getsockname()}),
-              flush=True)
-        sock, _ = lsock.accept()
+        sock = _accept_one()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pong = _frame(bytes(16), DATA_BAND, bytes(size))
         need = len(pong)
@@ -336,20 +350,8 @@ def _ping_pong_loop(sock: socket.socket, out: bytes, need: int, times: list[floa
 
 def worker_pinger(p: dict[str, Any]) -> None:
     size = p["size"]
-    system = p["system"]
-    if system == "nats":
-        sock = nats_attach(p["addr"])
-        sock.sendall(b"SUB pong 1\r\nPING\r\n")
-        f = sock.makefile("rb")
-        while f.readline().strip() != b"PONG":
-            pass
-        ping = b"PUB ping %d\r\n" % size + bytes(size) + b"\r\n"
-        need = len(b"MSG pong 1 %d\r\n" % size) + size + 2
-    elif system == "flownet":
-        key = bytes.fromhex(p["key"])
-        sock = flownet_attach(p["addr"], "rtt-ping", key, 1 | 1 << DATA_BAND)
-        ping = _frame(key, DATA_BAND, bytes(size))
-        need = len(ping)
+    if p["system"] in ("nats", "flownet"):
+        sock, ping, need = _rtt_endpoint(p, "rtt-ping", b"pong", b"ping")
     else:
         host, port = p["addr"].rsplit(":", 1)
         sock = socket.create_connection((host, int(port)))
