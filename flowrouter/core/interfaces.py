@@ -108,21 +108,20 @@ class LinkLoss(Protocol):
 
 
 class SiblingMasks(Protocol):
-    """The LS exchange, for the soft state: a sibling member's mask from its digest, the
-    end of a sibling's digest round (masks it no longer lists go), and the members' graph
-    repeated every refresh interval."""
+    """The LS exchange, for the soft state: a sibling member's mask from its digest, a
+    batch of a sibling's mask changes (REFRESH_UPDATE), the end of a sibling's digest round
+    (masks it no longer lists go), and the members' graph repeated every refresh interval."""
 
     def on_sibling_mask(self, link: Link, key: bytes, msg: C.Mask,
                         now: float) -> list[Action]: ...
+
+    def on_sibling_update(self, link: Link, entries: tuple[tuple[bytes, int, int], ...],
+                          now: float) -> list[Action]: ...
 
     def sibling_round_done(self, link: Link, started: float, now: float
                            ) -> list[Action]: ...
 
     def topology_refresh(self, link_id: int, now: float) -> list[Action]: ...
-
-    def hold_masks(self) -> None: ...
-
-    def release_masks(self) -> list[Action]: ...
 
 
 class RouteAdvertiser(Protocol):

@@ -13,7 +13,8 @@ A part of the router (see :mod:`flowrouter.core.router`): its own object over th
 :class:`~flowrouter.core.state.RouterState` (whose LS routing table it keeps). It has
 membership re-graft orphans and drop entries (:class:`~flowrouter.core.interfaces.TreeRepair`)
 and raises alerts through admission (:class:`~flowrouter.core.interfaces.Alerts`); the links
-part has it advertise routes, the soft state hands it sibling masks from digests.
+part has it advertise routes, the soft state hands it sibling masks from digests and
+the fellow members' REFRESH_UPDATE batches (within its work budget).
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
 tables, lsroutes, tracers); never another part.
@@ -221,6 +222,22 @@ class LsExchange:
         if lid not in tree.tree:
             return []  # kept for when this link joins the tree
         return self._rebuild(tree, key, now)
+
+    def on_sibling_update(self, link: Link, entries: tuple[tuple[bytes, int, int], ...],
+                          now: float) -> list[Action]:
+        """A fellow member's batch of mask changes outside any digest round (a REFRESH_UPDATE,
+        what :meth:`release_masks` sends when its tree changed): taken like MASKs, and what
+        they change in turn goes out batched too."""
+        self.counters["refresh.sibling-updates"] += len(entries)
+        if not self.routing.sibling_link(link.link_id):
+            self.counters["control.stale-sibling"] += len(entries)
+            return []
+        self.hold_masks()
+        out: list[Action] = []
+        for key, mask, flags in entries:
+            if flags & C.REFRESH_SIBLING:
+                out += self.on_sibling_mask(link, key, C.Mask(mask), now)
+        return out + self.release_masks()
 
     def sibling_round_done(self, link: Link, started: float, now: float) -> list[Action]:
         """A sibling's digest round completed: masks not refreshed since *started* (the

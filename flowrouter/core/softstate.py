@@ -1,19 +1,21 @@
 """Soft state that repairs itself: link liveness, refresh digests, prunes.
 
 A part of the router (see :mod:`flowrouter.core.router`): :class:`SoftState` is its own
-object, owning the timer wheel, the digest rounds being sent and received and the per-link
-timer generations, over the shared :class:`~flowrouter.core.state.RouterState`. The Router
+object, owning the timer wheel, the digest rounds being received, the sender of its own
+(:class:`~flowrouter.core.digestsend.DigestSender`) and the per-link timer generations,
+over the shared :class:`~flowrouter.core.state.RouterState`. The Router
 hands it the soft-state messages and calls its ``tick``; the links part tells it when a link
 comes up or closes (:class:`~flowrouter.core.interfaces.LinkLiveness`). It changes the trees
 through membership (:class:`~flowrouter.core.interfaces.TreeUpkeep`), hands sibling masks,
-the end of a sibling's digest round and the members' graph's refresh to the LS exchange
-(``SiblingMasks``) and RTT samples to measured locality (``RttSink``). A peer
+a fellow member's batch of mask changes (REFRESH_UPDATE, served within the work budget like
+any digest), the end of a sibling's digest round and the members' graph's refresh to the
+LS exchange (``SiblingMasks``) and RTT samples to measured locality (``RttSink``). A peer
 it finds dead is returned by ``tick`` for the Router to close (the links part calls the soft
 state, so the soft state does not call it back). It sends the PRUNE and NOT_ON_TREE notices
 any part files in the shared outbox (:class:`~flowrouter.core.state.LinkNotices`).
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
-tables, timers, traces, workbudget); never another part. Limits it trips go to admission's
-alerts (:class:`~flowrouter.core.interfaces.Alerts`).
+tables, timers, traces, workbudget, digestsend); never another part. Limits it trips go
+to admission's alerts (:class:`~flowrouter.core.interfaces.Alerts`).
 
 How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way PIM-SM is):
 
@@ -31,7 +33,8 @@ How the tree keeps itself (seed 002 sections 3.4 and 4.2.6, made robust the way 
   (slow links pay for every frame) except one every ``RTT_EVERY`` intervals for the RTT.
 * **Refresh digests.** Every ``refresh_interval`` a router sends each upstream neighbour one
   digest round: the (flow, aggregate mask) of every entry whose upstream that neighbour is,
-  chunked to fit the link's frames and spread over the interval (no bursts). A round is
+  chunked to fit the link's frames and spread over the interval (no bursts; the rounds
+  sent are :mod:`flowrouter.core.digestsend`'s). A round is
   sent even when empty: "I want nothing from you" is news too. Applications (flowlib) send
   the same digests of their joins and advertisements. The receiver reconciles: it sets each
   listed (flow, link) as refreshed and corrects its mask (a lost MASK or a lost widening
@@ -72,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from flowrouter.core.actions import Action, Send
+from flowrouter.core.digestsend import DigestSender
 from flowrouter.core.interfaces import Alerts, RttSink, SiblingMasks, TreeUpkeep
 from flowrouter.core.state import LINK_KEY, RouterState, link_message
 from flowrouter.core.tables import Link, LinkState
@@ -82,28 +86,12 @@ from flowrouter.wire.bands import BAND_FAULT
 from flowrouter.wire.header import pack_header
 
 _ECHO, _ROUND, _HOLD = 1, 2, 3  #: timer kinds, filed in the wheel as (kind, link id, gen)
-#: share of the refresh interval a round's chunks are spread over (the rest is slack, so a
-#: round always ends before the next begins)
-SPREAD = 0.8
 #: (flow, link) pairs one tick expires at most (the rest wait for the next ticks)
 EXPIRE_PER_TICK = 5000
 #: an ECHO goes out at least every this many liveness intervals, even on a busy link
 RTT_EVERY = 10
 #: bounds on the hold time a neighbour may ask for (seconds)
 MIN_HOLD, MAX_HOLD = 1.0, 3600.0
-
-
-@dataclass(slots=True)
-class TxRound:
-    """A digest round being sent toward one upstream neighbour."""
-
-    number: int
-    keys: list[bytes]
-    per_chunk: int
-    count: int
-    started: float
-    period: float  #: this round's length (the refresh interval, longer for huge tables)
-    sent: int = 0
 
 
 @dataclass(slots=True)
@@ -148,9 +136,9 @@ class SoftState:
         self.tracing = state.tracing
         #: echoes, digest rounds and hold-time sweeps, filed as (kind, link id, generation)
         self.wheel = TimerWheel(min(p.liveness_interval, p.refresh_interval) / 4)
-        self._round = 0
-        #: digest rounds being sent / received per link; per-link timer generations
-        self._tx: dict[int, TxRound] = {}
+        #: digest rounds being sent (to each upstream neighbour)
+        self.sender = DigestSender(state)
+        #: digest rounds being received per link; per-link timer generations
         self._rx: dict[int, RxRound] = {}
         self._gen: dict[int, int] = {}
         #: per link: when the last complete digest round from it began here (pairs not
@@ -181,7 +169,7 @@ class SoftState:
         """A link closed (or was found dead): its timers, rounds and notices go."""
         self._gen.pop(link_id, None)
         self._expiring.pop(link_id, None)
-        self._tx.pop(link_id, None)
+        self.sender.forget(link_id)
         self._rx.pop(link_id, None)
         self._rx_began.pop(link_id, None)
         self.budget.forget(link_id)
@@ -269,7 +257,7 @@ class SoftState:
         lid = link.link_id
         counters = self.counters
         if msg.count == C.REFRESH_UPDATE:  # a fellow member's batch of mask changes
-            return self._sibling_update(link, msg.entries[start:end], now)
+            return self.siblings.on_sibling_update(link, msg.entries[start:end], now)
         rx = self._rx.get(lid)
         if rx is None or rx.number != msg.round or rx.count != msg.count:
             rx = self._rx[lid] = RxRound(msg.round, msg.count, received)
@@ -326,21 +314,6 @@ class SoftState:
             del self._rx[lid]
             out += self._round_complete(link, rx, now)
         return out
-
-    def _sibling_update(self, link: Link, entries: tuple[tuple[bytes, int, int], ...],
-                        now: float) -> list[Action]:
-        """Sibling-mask changes outside any round (a member's tree changed): taken like
-        MASKs, and what they change in turn goes out batched too."""
-        self.counters["refresh.sibling-updates"] += len(entries)
-        if not self.routing.sibling_link(link.link_id):
-            self.counters["control.stale-sibling"] += len(entries)
-            return []
-        self.siblings.hold_masks()
-        out: list[Action] = []
-        for key, mask, flags in entries:
-            if flags & C.REFRESH_SIBLING:
-                out += self.siblings.on_sibling_mask(link, key, C.Mask(mask), now)
-        return out + self.siblings.release_masks()
 
     def _round_complete(self, link: Link, rx: RxRound, now: float) -> list[Action]:
         """Every chunk of a round arrived: what neither it nor the round before listed is
@@ -417,7 +390,7 @@ class SoftState:
             if kind == _ECHO:
                 out += self._echo(link, gen, now)
             elif kind == _ROUND:
-                period = (self._start_round(link, now) if _speaks_soft_state(link)
+                period = (self.sender.start(link, now) if _speaks_soft_state(link)
                           else self.p.refresh_interval)
                 self.wheel.schedule(item, now + period)
                 # the LS route vector is soft state too: sent on change, repeated here so a
@@ -428,8 +401,8 @@ class SoftState:
                     out += self.siblings.topology_refresh(lid, now)
             else:
                 out += self._hold_sweep(link, gen, now)
-        if self._tx:
-            out += self._send_chunks(now)
+        if self.sender:
+            out += self.sender.send_due(now)
         if self.budget:
             out += self._serve_waiting(now)
         else:
@@ -464,59 +437,6 @@ class SoftState:
         self.counters["liveness.echoes"] += 1
         stamp = int(now * 1e6) & 0xFFFFFFFFFFFFFFFF
         return [link_message(link.link_id, C.Echo(link.echo_seq, stamp))]
-
-    def _start_round(self, link: Link, now: float) -> float:
-        """Snapshot the flows we want from this upstream neighbour; chunks follow, spread
-        over the interval and built from the entries as they are when sent."""
-        lid = link.link_id
-        # every flow that names this link; _chunk keeps those whose upstream it is (a few
-        # downstream ones make chunks a little emptier, cheaper than filtering twice)
-        keys = list(link.dependent)
-        told = self.routing.told_to(lid)
-        if told:  # a fellow LS member: the masks we told it (our side of the tree)
-            dep = link.dependent
-            keys += [k for k in told if k not in dep]
-        self._round = (self._round + 1) & 0xFFFFFFFF
-        per = C.refresh_capacity(link.max_payload)
-        count = max(1, -(-len(keys) // per))
-        if count > 0xFFFF:  # pragma: no cover - over 67 million flows on one link
-            per = -(-len(keys) // 0xFFFF)
-            count = -(-len(keys) // per)
-        period = C.refresh_period(len(keys), self.p.refresh_interval, self.p.max_refresh_rate)
-        self._tx[lid] = TxRound(self._round, keys, per, count, now, period)
-        self.counters["refresh.rounds-sent"] += 1
-        if self.tracing:
-            self.tracer.refresh(now, lid, "sent", len(keys), count)
-        return period
-
-    def _send_chunks(self, now: float) -> list[Action]:
-        out: list[Action] = []
-        for lid, tx in list(self._tx.items()):
-            if lid not in self.links:
-                del self._tx[lid]
-                continue
-            hold_ms = min(0xFFFFFFFF, int(self.p.hold_factor * tx.period * 1000))
-            due = min(tx.count, 1 + int(tx.count * (now - tx.started) / (tx.period * SPREAD)))
-            while tx.sent < due:
-                out.append(link_message(lid, self._chunk(lid, tx, tx.sent, hold_ms)))
-                tx.sent += 1
-                self.counters["refresh.chunks-sent"] += 1
-            if tx.sent >= tx.count:
-                del self._tx[lid]
-        return out
-
-    def _chunk(self, lid: int, tx: TxRound, index: int, hold_ms: int) -> C.Refresh:
-        """Chunk *index*, from the entries as they are now (not as at the snapshot)."""
-        flows = self.flows
-        told = self.routing.told_to(lid) if self.routing.trees else {}
-        entries = []
-        for key in tx.keys[index * tx.per_chunk:(index + 1) * tx.per_chunk]:
-            e = flows.get(key)
-            if e is not None and e.upstream == lid:
-                entries.append((key, e.agg, 0 if e.agg else C.REFRESH_ADVERTISE))
-            elif (mask := told.get(key)) and (e is None or e.upstream is None):
-                entries.append((key, mask, C.REFRESH_SIBLING))
-        return C.Refresh(tx.number, index, tx.count, hold_ms, tuple(entries))
 
     def _hold_sweep(self, link: Link, gen: int, now: float) -> list[Action]:
         """Backstop for a link whose rounds stopped completing (or an application that
