@@ -17,22 +17,20 @@ state ever takes them for sockets) stand for it.
   ``REGION_LINK``, with the end flow's own masks, TTL and locality.
 
 An end flow's exit is the edge through which the region reaches the flow's location
-service, learned from the LS routes (:mod:`flowrouter.core.regionexits`); when it moves,
-every edge moves the flows of that LSID (:meth:`RegionEdge.sync`): a member edge refreshes
-its joins at the new exit at once (a digest, not a message per flow), the old exit forgets
-the flows' edges and re-grafts what it still needs through the region, the new one
-re-grafts outside and takes the edges' joins. The exit of an end flow keeps the flow's
-edges and their masks (refreshed by the edges' digests, held for the hold time) and tells
-each of them the set (BIND). An edge sending into the region picks, for each group of
-edges the set touches, the aggregate the catalogue's policy gives
-(:class:`~flowrouter.core.aggregates.Catalogue`) for the edges that want the frame's band:
-masks filter at the ingress edge, and a copy reaches at most ``max_extra`` edges that do
-not want it. A flow under a policy is never padded: a copy whose aggregate would reach an
-edge without members goes to each member edge's inbox instead, so no edge a policy
+service, learned from the LS routes; when it moves, every edge moves the flows of that LSID
+(:class:`~flowrouter.core.regionmoves.ExitMoves`, owned by this part: it elects the exits
+and moves the flows through this part's public side, ``regionmoves.EdgeFlows``). The exit
+of an end flow keeps the flow's edges and their masks (refreshed by the edges' digests,
+held for the hold time) and tells each of them the set (BIND). An edge sending into the
+region picks, for each group of edges the set touches, the aggregate the catalogue's policy
+gives (:class:`~flowrouter.core.aggregates.Catalogue`) for the edges that want the frame's
+band: masks filter at the ingress edge, and a copy reaches at most ``max_extra`` edges that
+do not want it. A flow under a policy is never padded: a copy whose aggregate would reach
+an edge without members goes to each member edge's inbox instead, so no edge a policy
 excludes receives it.
 
 May import :mod:`flowrouter.wire` and the core's shared modules (state, interfaces, actions,
-tables, regions, regionexits, aggregates); never another part.
+tables, regions, regionmoves, aggregates); never another part.
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ from flowrouter.core import regions as R
 from flowrouter.core.actions import Action, Send
 from flowrouter.core.aggregates import Catalogue
 from flowrouter.core.interfaces import FrameForwarder, RegionTrees
-from flowrouter.core.regionexits import ExitTable
-from flowrouter.core.state import ZERO_LSID, RouterState, log
+from flowrouter.core.regionmoves import ExitMoves
+from flowrouter.core.state import ZERO_LSID, RouterState
 from flowrouter.core.tables import Link, LinkState
 from flowrouter.wire import control as C
 from flowrouter.wire.bands import ALL_BANDS, BAND_REGION, ROUTER_BANDS_END
@@ -79,11 +77,6 @@ class RegionEdge:
         self.inbox = rp.inbox_key(self.me)
         state.local_keys.add(self.inbox)  # the fast path leaves our inbox to us
         self.creator = rp.creator.to_bytes(8, "big")
-        #: which edge is each LSID's exit (learned; the operator's override first)
-        self.exit_table = ExitTable(rp)
-        self.exits = dict(self.exit_table.exits)
-        #: the routing generation the exits were last elected at
-        self._generation = -1
         mp = state.p.max_payload - HEADER_SIZE - 8
         self.region = Link(R.REGION_LINK, "region", f"region {rp.name}",
                            rp.modifiers.as_tuple(), state=LinkState.REGION,
@@ -93,9 +86,10 @@ class RegionEdge:
                            peer_name=f"aggregates:{rp.name}", max_payload=mp)
         state.links[R.REGION_LINK] = self.region
         state.links[R.UNWRAP_LINK] = self.unwrap
-        for lsid, exit_edge in self.exits.items():
-            if exit_edge != self.me:
-                state.routing.pin(lsid, R.REGION_LINK)
+        #: each LSID's exit, elected and followed (pins the routes of the others' LSIDs)
+        self.moves = ExitMoves(state, trees, self, self.region)
+        #: LSID -> exit edge: the moves' own dict (exit_of is on every frame's way)
+        self.exits = self.moves.exits
         if rp.routers:  # the region's own LSIDs stay inside it, and so do its flows
             state.routing.confine(rp.region_lsids(), frozenset(rp.routers))
         me = self.me
@@ -117,6 +111,10 @@ class RegionEdge:
         #: per flow and band, the copies a frame takes (forgotten when the edges change)
         self._plans: dict[bytes, dict[int, Plan]] = {}
 
+    def forget_plans(self, key: bytes) -> None:
+        """*key*'s edges changed (or its exit moved): plan its copies afresh."""
+        self._plans.pop(key, None)
+
     # ------------------------------------------------------------------ who is who
     def exit_of(self, key: bytes) -> int | None:
         return self.exits.get(key_lsid(key))
@@ -135,122 +133,21 @@ class RegionEdge:
 
     # ------------------------------------------------------------------ exits
     def sync(self, now: float) -> list[Action]:
-        """Links or LS routes changed since we last looked: offer, elect, move the flows of
-        every LSID whose exit moved (cheap when nothing changed: one comparison)."""
-        if self.state.generation == self._generation:
-            return []
-        out, moves = self._elect(now)
-        return out + self._move(moves, now)
+        """Links or LS routes changed since we last looked: the exits follow
+        (:meth:`ExitMoves.sync <flowrouter.core.regionmoves.ExitMoves.sync>`)."""
+        return self.moves.sync(now)
 
     def link_down(self, link: Link, reason: str, now: float) -> list[Action]:
         """A link closed (the links part calls this in membership's place): elect first,
         so no flow re-grafts by a route the new exit makes wrong; then membership's repair,
         while the old exits still carry its faults to the region's edges (ahead of our new
         offer, which makes the edges move); then the moves."""
-        told, moves = self._elect(now)
+        told, moves = self.moves.elect(now)
         out = self.outbound(self.trees.link_down(link, reason, now), now)
-        return out + told + self._move(moves, now)
+        return out + told + self.moves.move(moves, now)
 
-    def _reaches(self, edge: int) -> bool:
-        return self.state.routing.link_for(self.rp.inbox_lsid(edge)) is not None
-
-    def _elect(self, now: float) -> tuple[list[Action], dict[int, tuple[int | None, int | None]]]:
-        """Tell the edges our offer when it changed (or they newly reach us), elect, and
-        pin the routes of the LSIDs whose exit moved: {LSID: (old exit, new exit)}."""
-        st = self.state
-        self._generation = st.generation
-        table = self.exit_table
-        reach = {e for e in range(len(self.rp.edges)) if e != self.me and self._reaches(e)}
-        offer = table.offer(st.routing, st.links)
-        if offer != table.mine:
-            table.mine = offer
-            targets = reach
-        else:
-            targets = reach - table.told if offer else set()
-        table.told = reach if offer else set()
-        out: list[Action] = []
-        if targets:
-            msg = R.Exits(self.me, tuple(sorted(offer.items())))
-            for edge in sorted(targets):
-                out += self._to_edge(edge, msg, now)
-        new = table.elect(reach)
-        moves = {lsid: (self.exits.get(lsid), new.get(lsid))
-                 for lsid in set(self.exits) | set(new)
-                 if self.exits.get(lsid) != new.get(lsid)}
-        for lsid, (_, to) in moves.items():
-            if to is not None and to != self.me:
-                st.routing.pin(lsid, R.REGION_LINK)
-            else:
-                st.routing.unpin(lsid)
-        if moves:
-            st.generation += 1  # routes changed: the fast path forgets its mirrored ones
-            self._generation = st.generation
-        return out, moves
-
-    def _move(self, moves: dict[int, tuple[int | None, int | None]], now: float
-              ) -> list[Action]:
-        """The exits moved: every flow of those LSIDs follows (see the module docs)."""
-        if not moves:
-            return []
-        names = self.rp.edges
-        for lsid, (old, new) in moves.items():
-            if new is None:
-                self.exits.pop(lsid, None)
-            else:
-                self.exits[lsid] = new
-            self.counters["region.exit-moves"] += 1
-            log.info("region %s: the exit for location service %#x is now %s (was %s)",
-                     self.rp.name, lsid, "none" if new is None else names[new],
-                     "none" if old is None else names[old])
-        by_lsid: dict[int, list[bytes]] = {}
-        for key in self.flows:
-            lsid = key_lsid(key)
-            if lsid in moves:
-                by_lsid.setdefault(lsid, []).append(key)
-        for key in self.members:
-            lsid = key_lsid(key)
-            if lsid in moves and key not in self.flows:
-                by_lsid.setdefault(lsid, []).append(key)
-        out: list[Action] = []
-        for lsid, (old, new) in sorted(moves.items()):
-            out += self._move_flows(sorted(by_lsid.get(lsid, ())), old, new, now)
-        return out
-
-    def _move_flows(self, keys: list[bytes], old: int | None, new: int | None, now: float
-                    ) -> list[Action]:
-        me = self.me
-        out: list[Action] = []
-        refresh: list[bytes] = []
-        for key in keys:
-            self._plans.pop(key, None)  # planned by what the old exit knew
-            if old == me:  # the edges join the new exit (or cross unwrapped): forget them
-                self.members.pop(key, None)
-                self.versions.pop(key, None)
-                self.waiting.pop(key, None)
-                entry = self.flows.get(key)
-                if entry is not None and entry.has_down(R.REGION_LINK):
-                    out += self.outbound(self.trees.on_leave(self.region, key, now), now)
-            entry = self.flows.get(key)
-            if entry is None:
-                continue
-            if entry.upstream == R.REGION_LINK:
-                # no LEAVE to the old exit: it elects from the same offers and forgets the
-                # flows' edges itself (one that does not expires them after the hold time)
-                held = self.bound.pop(key, None)
-                if new is not None and new != me:
-                    if held is not None:  # the same edges until the new exit binds
-                        self.bound[key] = (0, held[1])
-                    refresh.append(key)
-            out += self.outbound(self.trees.regraft(key, now), now)
-        if refresh:  # our joins, at the new exit now rather than at the next interval
-            out += self._digests(now, refresh)
-        if new == me:  # joins the edges sent us before we knew we were the exit
-            for key in keys:
-                if self.members.get(key):
-                    out += self._adopt(key, now)
-        return out
-
-    def _adopt(self, key: bytes, now: float) -> list[Action]:
+    def adopt(self, key: bytes, now: float) -> list[Action]:
+        """We became the exit of *key*: join it for the edges that joined us already."""
         held = self.members[key]
         union = 0
         for m, _ in held.values():
@@ -293,7 +190,7 @@ class RegionEdge:
         if isinstance(msg, C.JoinAck):  # our membership answered the region's join
             out: list[Action] = []
             for edge, req in self.waiting.pop(key, []):
-                out += self._to_edge(edge, R.Ack(key, req, msg.status, msg.reason), now)
+                out += self.to_edge(edge, R.Ack(key, req, msg.status, msg.reason), now)
                 if msg.status is not C.JoinStatus.OK:
                     self.members.get(key, {}).pop(edge, None)
             return out
@@ -302,17 +199,17 @@ class RegionEdge:
             self.counters["region.control-dropped"] += 1
             return []
         if isinstance(msg, C.Join):
-            return self._to_edge(exit_edge, R.Join(key, self.me, msg.req_id, msg.mask), now)
+            return self.to_edge(exit_edge, R.Join(key, self.me, msg.req_id, msg.mask), now)
         if isinstance(msg, C.Mask):
-            return self._to_edge(exit_edge, R.Mask(key, self.me, msg.mask), now)
+            return self.to_edge(exit_edge, R.Mask(key, self.me, msg.mask), now)
         if isinstance(msg, C.Leave):
             self.bound.pop(key, None)
             self._plans.pop(key, None)
-            return self._to_edge(exit_edge, R.Leave(key, self.me), now)
+            return self.to_edge(exit_edge, R.Leave(key, self.me), now)
         self.counters["region.control-dropped"] += 1
         return []
 
-    def _to_edge(self, edge: int, msg: R.RegionMessage, now: float) -> list[Action]:
+    def to_edge(self, edge: int, msg: R.RegionMessage, now: float) -> list[Action]:
         """A region message to *edge*'s inbox: it travels by LS routes, statelessly."""
         body = R.encode(msg)
         self.counters["region.messages-sent"] += 1
@@ -334,7 +231,7 @@ class RegionEdge:
                 self.counters["drop.region-no-exit"] += 1
                 return []
             self.counters["region.toward-exit"] += 1
-            return self._to_edge(exit_edge, R.Data(self.me, frame), now)
+            return self.to_edge(exit_edge, R.Data(self.me, frame), now)
         if not plan:
             self.counters["region.band-filtered"] += 1
             return []
@@ -342,7 +239,7 @@ class RegionEdge:
         for agg, direct in plan:
             if direct is not None:
                 for edge in direct:
-                    out += self._to_edge(edge, R.Data(self.me, frame), now)
+                    out += self.to_edge(edge, R.Data(self.me, frame), now)
                 continue
             self.counters["region.wrapped"] += 1
             outer = pack_header(agg, len(frame), band, 0, 0, DEFAULT_TTL)
@@ -427,9 +324,7 @@ class RegionEdge:
         if isinstance(msg, R.Bind):
             return self._on_bind(msg)
         if isinstance(msg, R.Exits):
-            self.exit_table.heard(msg.edge, msg.items, now)
-            out, moves = self._elect(now)
-            return out + self._move(moves, now)
+            return self.moves.heard(msg.edge, msg.items, now)
         return self._on_digest(msg, now)
 
     def _on_data(self, msg: R.Data, now: float) -> list[Action]:
@@ -513,7 +408,7 @@ class RegionEdge:
                    *sorted((e, m) for e, (m, _) in held.items()))
         out: list[Action] = []
         for edge in held:
-            out += self._to_edge(edge, R.Bind(key, version, members), now)
+            out += self.to_edge(edge, R.Bind(key, version, members), now)
         return out
 
     def _on_digest(self, msg: R.Digest, now: float) -> list[Action]:
@@ -529,12 +424,12 @@ class RegionEdge:
                 held_all = self.members[key]
                 members = ((self.me, AGGREGATE_MASK),
                            *sorted((e, m) for e, (m, _) in held_all.items()))
-                out += self._to_edge(msg.edge, R.Bind(key, cur, members), now)
+                out += self.to_edge(msg.edge, R.Bind(key, cur, members), now)
         return out
 
     # ------------------------------------------------------------------ time
     def tick(self, now: float) -> list[Action]:
-        out = self.sync(now)
+        out = self.moves.sync(now)
         if now >= self._join_at:
             self._join_at = now + JOIN_RETRY
             for agg in self.aggregates:
@@ -546,26 +441,12 @@ class RegionEdge:
                         self.unwrap, agg, C.Join(req, AGGREGATE_MASK), now), now)
         if now >= self._digest_at:
             self._digest_at = now + self.state.p.refresh_interval
-            out += self._digests(now)
+            out += self.digests(now)
             out += self._expire(now)
-            out += self._repeat_offer(now)
+            out += self.moves.repeat_offer(now)
         return out
 
-    def _repeat_offer(self, now: float) -> list[Action]:
-        """Soft state: our offer again to every edge we reach; offers not repeated for the
-        hold time are forgotten (and the exits elected again)."""
-        table = self.exit_table
-        table.expire(now, self.state.p.hold)
-        out: list[Action] = []
-        if table.mine:
-            msg = R.Exits(self.me, tuple(sorted(table.mine.items())))
-            for edge in range(len(self.rp.edges)):
-                if edge != self.me and self._reaches(edge):
-                    out += self._to_edge(edge, msg, now)
-        acts, moves = self._elect(now)
-        return out + acts + self._move(moves, now)
-
-    def _digests(self, now: float, keys: list[bytes] | None = None) -> list[Action]:
+    def digests(self, now: float, keys: list[bytes] | None = None) -> list[Action]:
         """Refresh our joins (or those of *keys*) at their exits (a lost JOIN, MASK, LEAVE
         or BIND is repaired within one interval)."""
         per_exit: dict[int, list[tuple[bytes, int, int]]] = {}
@@ -579,7 +460,7 @@ class RegionEdge:
         out: list[Action] = []
         for edge, items in sorted(per_exit.items()):
             for i in range(0, len(items), DIGEST_CHUNK):
-                out += self._to_edge(edge, R.Digest(self.me, tuple(items[i:i + DIGEST_CHUNK])),
+                out += self.to_edge(edge, R.Digest(self.me, tuple(items[i:i + DIGEST_CHUNK])),
                                      now)
         return out
 
@@ -607,4 +488,4 @@ class RegionEdge:
                 "flows_bound": len(self.bound),
                 "exits": {f"{lsid:#x}": self.rp.edges[e] for lsid, e in sorted(self.exits.items())},
                 "exit_offers": {self.rp.edges[e]: len(items) for e, (items, _) in
-                                sorted(self.exit_table.offers.items())}}
+                                sorted(self.moves.table.offers.items())}}

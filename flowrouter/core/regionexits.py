@@ -16,7 +16,7 @@ number. An operator's ``exits`` in the region's parameters override the election
 So an exit follows the routes: when its outside link fails (its best route now runs through
 the region), when the LS moves, or when another edge gets a shorter way out, the offers
 change within a round trip of the route vectors, and the edges move their end flows to the
-new exit (regionedge).
+new exit (:mod:`flowrouter.core.regionmoves`).
 
 What an edge cannot see: an LS whose core is one of the region's core routers has no exit
 (no edge's best route leaves the region) and its flows cross the region unwrapped; an
@@ -24,7 +24,7 @@ offer is only as good as the routing table behind it (``routers`` of the region 
 known, or only the edges' own LSIDs are offered).
 
 May import :mod:`flowrouter.wire` and the core's data modules (tables, lsroutes,
-regions); imported by regionedge only.
+regions); imported by regionmoves only (the region edge's exits).
 """
 
 from __future__ import annotations
