@@ -37,15 +37,16 @@ Masks go on every sibling link, tree or not (to a link off the tree: everything 
 member's tree side wants), so when the tree changes, the members at a new tree link
 already know each other's masks: only what the change itself alters is sent.
 
-May import :mod:`flowrouter.wire` and the core's data modules (tables); never a part.
+May import :mod:`flowrouter.wire` and the core's data modules (tables, graphs); never a part.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from flowrouter.core.graphs import hops
 from flowrouter.core.tables import FlowEntry
 
 #: members one location service's graph holds at most (more are refused and counted)
@@ -152,7 +153,7 @@ class MemberTree:
         unreachable for *purge_after* seconds are forgotten."""
         db = self.db
         adj = _adjacency(db)
-        comp = _distances(adj, self.me)
+        comp = hops(adj, (self.me,))
         for name in list(db):
             if name in comp:
                 self.seen[name] = now
@@ -172,7 +173,7 @@ class MemberTree:
         mesh = not self.relay or len(comp) > 1 and all(
             len(adj.get(v, ())) >= len(comp) - 1 for v in comp)  # confirmed edges only
         root = min(comp)
-        dist = _distances(adj, root)
+        dist = hops(adj, (root,))
         tree: set[str] = set()
         for v in dist:
             if v == root:
@@ -196,7 +197,7 @@ class MemberTree:
 
     def members(self) -> list[str]:
         """The members this one reaches over confirmed sibling links (itself included)."""
-        return sorted(_distances(_adjacency(self.db), self.me)) if self.me in self.db \
+        return sorted(hops(_adjacency(self.db), (self.me,))) if self.me in self.db \
             else [self.me]
 
     def off_tree(self, link_id: int) -> bool:
@@ -327,15 +328,3 @@ def _adjacency(db: dict[str, tuple[int, frozenset[str]]]) -> dict[str, list[str]
     """The member graph's confirmed edges: each member's neighbours that list it too."""
     return {a: sorted(b for b in nbrs if b in db and a in db[b][1])
             for a, (_, nbrs) in db.items()}
-
-
-def _distances(adj: dict[str, list[str]], start: str) -> dict[str, int]:
-    dist = {start: 0}
-    todo = deque([start])
-    while todo:
-        v = todo.popleft()
-        for u in adj.get(v, ()):
-            if u not in dist:
-                dist[u] = dist[v] + 1
-                todo.append(u)
-    return dist

@@ -22,15 +22,16 @@ The routers learn the exits at run time from their LS routes
 :func:`exits` computes from the topology is what they learn while every link is up (the
 tests compare the two), never a router's configuration.
 
-May import the topology model, :mod:`flowrouter.core.tables` and
-:mod:`flowrouter.core.regions` (:func:`region_params` builds what an edge router is given).
+May import the topology model, :mod:`flowrouter.core.tables`, :mod:`flowrouter.core.graphs`
+(hop counts) and :mod:`flowrouter.core.regions` (:func:`region_params` builds what an edge
+router is given).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
+from flowrouter.core.graphs import hops
 from flowrouter.core.regions import RegionParams
 from flowrouter.core.tables import Modifiers
 from flowrouter.testbed.topology.model import Region, Topology, TopologyError
@@ -97,6 +98,7 @@ def exits(topo: Topology, region: Region) -> tuple[tuple[int, str], ...]:
     edge_set = set(edges(topo, region))
     inside = set(region.routers)
     out: list[tuple[int, str]] = []
+    adj = _adjacency(topo)
     for ls in topo.location_services:
         at_edge = sorted(c for c in ls.cores if c in edge_set)
         if at_edge:
@@ -104,7 +106,7 @@ def exits(topo: Topology, region: Region) -> tuple[tuple[int, str], ...]:
             continue
         if any(c in inside for c in ls.cores):
             continue  # a core router of the region roots it: its flows cross unwrapped
-        dist = _hops(topo, ls.cores)
+        dist = hops(adj, ls.cores)
         reach = [(dist[e], e) for e in edge_set if e in dist]
         if reach:
             out.append((ls.lsid, min(reach)[1]))
@@ -152,20 +154,13 @@ def roles(topo: Topology) -> dict[str, str]:
     return out
 
 
-def _hops(topo: Topology, sources: tuple[str, ...]) -> dict[str, int]:
+def _adjacency(topo: Topology) -> dict[str, list[str]]:
+    """Each router's link neighbours, in the order of the topology's links."""
     adj: dict[str, list[str]] = {}
     for lk in topo.links:
         adj.setdefault(lk.a, []).append(lk.b)
         adj.setdefault(lk.b, []).append(lk.a)
-    dist = dict.fromkeys(sources, 0)
-    todo = deque(sources)
-    while todo:
-        r = todo.popleft()
-        for n in adj.get(r, ()):
-            if n not in dist:
-                dist[n] = dist[r] + 1
-                todo.append(n)
-    return dist
+    return adj
 
 
 def region_params(topo: Topology) -> dict[str, RegionParams]:
