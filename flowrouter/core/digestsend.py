@@ -44,13 +44,9 @@ class DigestSender:
     """The digest rounds being sent, one at most per link (see the module docs)."""
 
     def __init__(self, state: RouterState) -> None:
+        #: the router's tables, read as each chunk is built (nothing here is per frame)
+        self.state = state
         self.p = state.p
-        self.links = state.links
-        self.flows = state.flows
-        self.counters = state.counters
-        self.routing = state.routing
-        self.tracer = state.tracer
-        self.tracing = state.tracing
         self._round = 0
         self._tx: dict[int, TxRound] = {}
 
@@ -70,7 +66,8 @@ class DigestSender:
         # every flow that names this link; _chunk keeps those whose upstream it is (a few
         # downstream ones make chunks a little emptier, cheaper than filtering twice)
         keys = list(link.dependent)
-        told = self.routing.told_to(lid)
+        st = self.state
+        told = st.routing.told_to(lid)
         if told:  # a fellow LS member: the masks we told it (our side of the tree)
             dep = link.dependent
             keys += [k for k in told if k not in dep]
@@ -82,16 +79,17 @@ class DigestSender:
             count = -(-len(keys) // per)
         period = C.refresh_period(len(keys), self.p.refresh_interval, self.p.max_refresh_rate)
         self._tx[lid] = TxRound(self._round, keys, per, count, now, period)
-        self.counters["refresh.rounds-sent"] += 1
-        if self.tracing:
-            self.tracer.refresh(now, lid, "sent", len(keys), count)
+        st.counters["refresh.rounds-sent"] += 1
+        if st.tracing:
+            st.tracer.refresh(now, lid, "sent", len(keys), count)
         return period
 
     def send_due(self, now: float) -> list[Action]:
         """The chunks of every round that fell due by *now*."""
         out: list[Action] = []
+        links, counters = self.state.links, self.state.counters
         for lid, tx in list(self._tx.items()):
-            if lid not in self.links:
+            if lid not in links:
                 del self._tx[lid]
                 continue
             hold_ms = min(0xFFFFFFFF, int(self.p.hold_factor * tx.period * 1000))
@@ -99,15 +97,15 @@ class DigestSender:
             while tx.sent < due:
                 out.append(link_message(lid, self._chunk(lid, tx, tx.sent, hold_ms)))
                 tx.sent += 1
-                self.counters["refresh.chunks-sent"] += 1
+                counters["refresh.chunks-sent"] += 1
             if tx.sent >= tx.count:
                 del self._tx[lid]
         return out
 
     def _chunk(self, lid: int, tx: TxRound, index: int, hold_ms: int) -> C.Refresh:
         """Chunk *index*, from the entries as they are now (not as at the snapshot)."""
-        flows = self.flows
-        told = self.routing.told_to(lid) if self.routing.trees else {}
+        flows, routing = self.state.flows, self.state.routing
+        told = routing.told_to(lid) if routing.trees else {}
         entries = []
         for key in tx.keys[index * tx.per_chunk:(index + 1) * tx.per_chunk]:
             e = flows.get(key)

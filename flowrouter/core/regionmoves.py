@@ -61,15 +61,9 @@ class ExitMoves:
 
     def __init__(self, state: RouterState, trees: RegionTrees, edge: EdgeFlows,
                  region: Link) -> None:
+        self.state, self.trees, self.edge, self.region = state, trees, edge, region
         rp: R.RegionParams = state.p.region
-        self.rp = rp
-        self.state = state
-        self.trees = trees
-        self.edge = edge
-        self.region = region
-        self.me = rp.index
-        self.flows = state.flows
-        self.counters = state.counters
+        self.rp, self.me, self.flows = rp, rp.index, state.flows
         #: which edge is each LSID's exit (learned; the operator's override first)
         self.table = ExitTable(rp)
         #: the exits in force, LSID -> edge (changed in place: the edge reads the same dict)
@@ -158,7 +152,7 @@ class ExitMoves:
                 self.exits.pop(lsid, None)
             else:
                 self.exits[lsid] = new
-            self.counters["region.exit-moves"] += 1
+            self.state.counters["region.exit-moves"] += 1
             log.info("region %s: the exit for location service %#x is now %s (was %s)",
                      self.rp.name, lsid, "none" if new is None else names[new],
                      "none" if old is None else names[old])
