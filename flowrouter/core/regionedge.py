@@ -146,15 +146,16 @@ class RegionEdge:
         out = self.outbound(self.trees.link_down(link, reason, now), now)
         return out + told + self.moves.move(moves, now)
 
+    def _new_req(self) -> int:
+        """A request id for a JOIN we make membership take (32 bits, never 0)."""
+        req = self._next_req
+        self._next_req = (req + 1) & 0xFFFFFFFF or 1
+        return req
+
     def adopt(self, key: bytes, now: float) -> list[Action]:
         """We became the exit of *key*: join it for the edges that joined us already."""
         held = self.members[key]
-        union = 0
-        for m, _ in held.values():
-            union |= m
-        req = self._next_req
-        self._next_req = (req + 1) & 0xFFFFFFFF or 1
-        acts = self.trees.on_join(self.region, key, C.Join(req, union), now)
+        acts = self.trees.on_join(self.region, key, C.Join(self._new_req(), _union(held)), now)
         return self._rebind(key, now) + self.outbound(acts, now)
 
     # ------------------------------------------------------------------ actions out
@@ -378,18 +379,14 @@ class RegionEdge:
                 del self.members[key]
             return []
         self._plans.pop(key, None)
-        union = 0
-        for m, _ in held.values():
-            union |= m
+        union = _union(held)
         out: list[Action] = []
         if not held:
             del self.members[key]
             self.versions.pop(key, None)
             return self.outbound(self.trees.on_leave(self.region, key, now), now)
         if join or old is None:
-            req = self._next_req
-            self._next_req = (req + 1) & 0xFFFFFFFF or 1
-            acts = self.trees.on_join(self.region, key, C.Join(req, union), now)
+            acts = self.trees.on_join(self.region, key, C.Join(self._new_req(), union), now)
         elif old[0] != mask:
             acts = self.trees.on_mask(self.region, key, C.Mask(union), now)
         else:
@@ -404,12 +401,16 @@ class RegionEdge:
         if not held:
             return []
         version = self.versions[key] = self.versions.get(key, 0) + 1
-        members = ((self.me, AGGREGATE_MASK),
-                   *sorted((e, m) for e, (m, _) in held.items()))
+        members = self._bind_members(held)
         out: list[Action] = []
         for edge in held:
             out += self.to_edge(edge, R.Bind(key, version, members), now)
         return out
+
+    def _bind_members(self, held: dict[int, tuple[int, float]]
+                      ) -> tuple[tuple[int, int], ...]:
+        """What a BIND lists: the exit first (all bands), then each edge and its mask."""
+        return ((self.me, AGGREGATE_MASK), *sorted((e, m) for e, (m, _) in held.items()))
 
     def _on_digest(self, msg: R.Digest, now: float) -> list[Action]:
         out: list[Action] = []
@@ -420,11 +421,9 @@ class RegionEdge:
                 continue
             self.members[key][msg.edge] = (mask, now)
             if self.versions.get(key) != version and self.exit_of(key) == self.me:
-                cur = self.versions.get(key, 0)
-                held_all = self.members[key]
-                members = ((self.me, AGGREGATE_MASK),
-                           *sorted((e, m) for e, (m, _) in held_all.items()))
-                out += self.to_edge(msg.edge, R.Bind(key, cur, members), now)
+                members = self._bind_members(self.members[key])
+                out += self.to_edge(msg.edge, R.Bind(key, self.versions.get(key, 0), members),
+                                    now)
         return out
 
     # ------------------------------------------------------------------ time
@@ -435,10 +434,8 @@ class RegionEdge:
             for agg in self.aggregates:
                 entry = self.flows.get(agg)
                 if entry is None or not entry.has_down(R.UNWRAP_LINK):
-                    req = self._next_req
-                    self._next_req = (req + 1) & 0xFFFFFFFF or 1
                     out += self.outbound(self.trees.on_join(
-                        self.unwrap, agg, C.Join(req, AGGREGATE_MASK), now), now)
+                        self.unwrap, agg, C.Join(self._new_req(), AGGREGATE_MASK), now), now)
         if now >= self._digest_at:
             self._digest_at = now + self.state.p.refresh_interval
             out += self.digests(now)
@@ -489,3 +486,11 @@ class RegionEdge:
                 "exits": {f"{lsid:#x}": self.rp.edges[e] for lsid, e in sorted(self.exits.items())},
                 "exit_offers": {self.rp.edges[e]: len(items) for e, (items, _) in
                                 sorted(self.moves.table.offers.items())}}
+
+
+def _union(held: dict[int, tuple[int, float]]) -> int:
+    """The union of the edges' masks: what the region, as one link, wants of a flow."""
+    union = 0
+    for m, _ in held.values():
+        union |= m
+    return union
