@@ -1,28 +1,9 @@
-"""Free loopback ports for tests that must name ports up front (topology files, configs)."""
+"""Free loopback ports for tests that must name ports up front (topology files, configs):
+below the kernel's ephemeral range, so that no connection is given one before the process
+meant to listen on it binds it (:mod:`flowrouter.testbed.ports` says why)."""
 
 from __future__ import annotations
 
-import socket
+from flowrouter.testbed.ports import free_port, free_port_block
 
-
-def free_port_block(n: int = 1) -> int:
-    """A port p with p .. p+n-1 all free on 127.0.0.1 just now (checked by binding each)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + n):
-                x = socket.socket()
-                socks.append(x)
-                x.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for x in socks:
-                x.close()
-    raise RuntimeError(f"no block of {n} free ports found")
+__all__ = ["free_port", "free_port_block"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .checkout import PYTHONPATH
+from .ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS: dict[str, str] = tomllib.loads(
@@ -53,12 +54,6 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, *words: s
     for word in words:
         assert word in err, (word, err)
     return err
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

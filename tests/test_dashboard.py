@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,8 @@ import pytest
 from flownet.traffic import Traffic
 from flowrouter.testbed.launcher import Launcher
 from flowrouter.testbed.topology import loads
+
+from .ports import free_port_block
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -66,12 +67,6 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--hide-scrollbars", "--window-size=1280,900",
                 "--virtual-time-budget=4000"]
-
-
-def _free_base() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1]) // 10 * 10
 
 
 async def _get_json(url: str) -> Any:
@@ -146,7 +141,7 @@ def _count_colour(png: bytes, rgb: tuple[int, int, int], tol: int = 12) -> int:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (.ci/install adds it)")
 def test_dashboard_shows_the_routers_and_the_cut_link(tmp_path: Path) -> None:
-    topo = loads(TOPO.format(base=_free_base()), source="dash.toml")
+    topo = loads(TOPO.format(base=free_port_block(10)), source="dash.toml")
     launcher = Launcher(topo, scenario="cut", view=False, workdir=str(tmp_path / "up"),
                         web="127.0.0.1:0")
     shot = tmp_path / "dashboard.png"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.observe import router_source
 from flowrouter.net.runtime import RouterNode
 
+from .ports import free_port
 from .rawep import run, within
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -26,12 +26,6 @@ EVIL = '<img src=x onerror="document.title=\'pwned\'">'
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update",
                 "--disable-sync", "--virtual-time-budget=4000"]
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _get(addr: tuple[str, int], path: str) -> tuple[dict[str, str], bytes]:
@@ -71,7 +65,7 @@ def test_every_page_carries_a_policy_without_inline_script() -> None:
 def test_a_peer_named_like_markup_is_shown_as_text(tmp_path: Path) -> None:
     async def go() -> None:
         node = RouterNode(NodeConfig("r1", listen="127.0.0.1:0", reconnect_min=5.0,
-                                     peers=[PeerConfig(f"127.0.0.1:{_closed_port()}",
+                                     peers=[PeerConfig(f"127.0.0.1:{free_port()}",
                                                        name=EVIL)]))
         await node.start()
         mon = await start_monitor(router_source(node), "127.0.0.1:0")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -40,6 +39,7 @@ from flowrouter.wire.bands import BAND_FAULT, BAND_GC, BAND_MEMBERSHIP
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, LocalIdAllocator
 from flowrouter.wire.header import HEADER_SIZE, pack_header, parse_header
 
+from .ports import free_port
 from .rawep import addr, get, run
 
 LSID = 0x10
@@ -80,13 +80,6 @@ def endpoint_link(node: RouterNode, client: flowlib.FlowClient) -> int:
         if link.role is C.Role.ENDPOINT and link.peer_name == client.name:
             return lid
     raise AssertionError(f"{client.name} has no link on {node.config.name}")
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ a scripted fake router

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 from flowtrace import cli
 
 from .checkout import with_checkout
+from .ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 120.0  # a bound for a loaded 2-core box, not a speed expectation
@@ -58,12 +58,6 @@ try:
 finally:
     spark.stop()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env() -> dict[str, str]:
@@ -101,7 +95,7 @@ def standalone(tmp_path_factory):
     env = _env() | {"SPARK_HOME": str(spark_class.parent.parent),
                     "SPARK_WORKER_DIR": str(base / "work"),
                     "SPARK_LOG_DIR": str(base / "logs")}
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
 
@@ -116,11 +110,11 @@ def standalone(tmp_path_factory):
     try:
         master, mlog = start("master", [
             "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-            "--port", str(port), "--webui-port", str(_free_port())])
+            "--port", str(port), "--webui-port", str(free_port())])
         _wait_for(master, mlog, "I have been elected leader", "master")
         worker, wlog = start("worker", [
             "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-            "--webui-port", str(_free_port()), "--cores", "1", "--memory", "1g",
+            "--webui-port", str(free_port()), "--cores", "1", "--memory", "1g",
             "--work-dir", str(base / "work")])
         _wait_for(worker, wlog, "Successfully registered with master", "worker")
         yield url

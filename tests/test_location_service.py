@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from flowrouter.wire.bands import BAND_FAULT, mask_of
 from flowrouter.wire.flowid import FlowID
 
 from .checkout import PYTHONPATH
+from .ports import free_port
 from .rawep import RawEndpoint, addr, within
 from .seqstream import SeqSender
 
@@ -194,15 +194,9 @@ def test_flowls_flows_filters_by_creator_and_lsid(capsys) -> None:  # type: igno
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_flowls_run_starts_a_member_that_answers_and_stops_on_sigint(capsys) -> None:  # type: ignore[no-untyped-def]
     root = Path(__file__).resolve().parent.parent
-    listen, control = _free_port(), _free_port()
+    listen, control = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "flowls.service", "run", "--name", "lsm",
          "--lsid", "0x10", "--lsid", "0x11", "--listen", f"127.0.0.1:{listen}",

@@ -17,6 +17,7 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.observe import router_source
 from flowrouter.net.runtime import RouterNode
 
+from .ports import free_port
 from .rawep import run, within
 
 
@@ -35,15 +36,9 @@ async def get(addr: tuple[str, int], path: str) -> tuple[int, dict[str, str], by
     return await http(addr, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_router_status_health_and_metrics() -> None:
     async def go() -> None:
-        ghost = f"127.0.0.1:{closed_port()}"
+        ghost = f"127.0.0.1:{free_port()}"
         hub = RouterNode(NodeConfig("hub", listen="127.0.0.1:0", core_lsids=frozenset({0x10}),
                                     default_lsid=0x10, accept_routers=["edge@127.0.0.1"]))
         await hub.start()

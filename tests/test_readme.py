@@ -17,7 +17,6 @@ and why in parentheses: ``<!-- not run: long (...) -->``. Python blocks run only
 from __future__ import annotations
 
 import os
-import random
 import re
 import shlex
 import signal
@@ -32,6 +31,7 @@ import pytest
 
 from .checkout import ROOT
 from .consolescripts import install_shims, script_env
+from .ports import free_port, free_port_block
 
 #: the documents whose blocks run (README, the apps' and services' READMEs, the guides)
 DOCS = ["README.md", "apps/flowchat/README.md", "apps/flowvideo/README.md",
@@ -105,23 +105,6 @@ def test_no_document_cites_files_outside_the_repository() -> None:
 
 
 # ---------------------------------------------------------------- running them
-def _free_port(n: int = 1) -> int:
-    """The first of *n* free ports in a row, below the kernel's ephemeral range (32768 up):
-    a router dialling a peer that has not bound its port yet could otherwise be given that
-    very port for its own end of the connection."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - n)
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {n} free ports in a row below 32000")
-
-
 def _answers(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
@@ -135,11 +118,11 @@ class Ports:
         self.moved: dict[str, str] = {}
 
     def port(self, old: str) -> str:
-        return self.moved.setdefault(old, str(_free_port()))
+        return self.moved.setdefault(old, str(free_port()))
 
     def block(self, old: str) -> str:
         """A run of free ports (``--base-port``: a topology's routers count up from it)."""
-        return self.moved.setdefault(f"base {old}", str(_free_port(40)))
+        return self.moved.setdefault(f"base {old}", str(free_port_block(40)))
 
     def __call__(self, text: str) -> str:
         text = re.sub(r"--base-port (\d{4})\b",

@@ -21,18 +21,13 @@ from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire.control import Role
 
 from .checkout import PYTHONPATH
+from .ports import free_port
 from .rawep import addr, core_and_edge, get, run
 
 LSID = 0x10
 ROOT = Path(__file__).resolve().parent.parent
 LIVENESS = dict(liveness_interval=0.5, dead_after=2.0)
 ACCEPT = ["*@127.0.0.1"]  #: routers dialling these test routers are accepted as routers
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def until(pred, timeout: float = 20.0, step: float = 0.02) -> None:  # type: ignore[no-untyped-def]
@@ -50,7 +45,7 @@ def peer_up(node: RouterNode, peer: str) -> bool:
 
 def test_udp_link_whose_first_hello_is_lost_comes_up() -> None:
     async def main() -> None:
-        port = free_port(socket.SOCK_DGRAM)
+        port = free_port(kind=socket.SOCK_DGRAM)
         a = RouterNode(NodeConfig("ua", listen="", udp="127.0.0.1:0", **LIVENESS,
                                   peers=[PeerConfig(f"127.0.0.1:{port}", "ub",
                                                     transport="udp")]))

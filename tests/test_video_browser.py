@@ -17,7 +17,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from flowvideo.sources import ScreenSource
 from flowvideo.streamer import Streamer
 from flowvideo.web import WebViewer
 
+from .ports import free_port
 from .rawep import addr, run
 from .test_video import config, star, until
 
@@ -66,12 +66,6 @@ def step():
 step()
 root.mainloop()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -116,7 +110,7 @@ class WebDriver:
     """Just enough of the W3C WebDriver protocol, over plain HTTP to chromedriver."""
 
     def __init__(self, tmp: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = subprocess.Popen([CHROMEDRIVER, f"--port={self.port}"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.base = f"http://127.0.0.1:{self.port}"

@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrouter.net.runtime import query_control
+from flowrouter.testbed.ports import free_port
 from flowrouter.testbed.topology import Fault, LinkSpec, Topology, regions
 from flowrouter.testbed.webview import start_web
 
@@ -103,12 +103,6 @@ def lifeline(parent: int) -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return arm
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _toml_str(value: str) -> str:
@@ -248,7 +242,7 @@ class Launcher:
         """Before any router starts: choose listen and control addresses."""
         for r in self.topo.routers:
             self.listen[r.name] = self._address(r.name)
-            self.control[r.name] = f"127.0.0.1:{_free_port('127.0.0.1')}"
+            self.control[r.name] = f"127.0.0.1:{free_port('127.0.0.1')}"
 
     async def start_routers(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
