@@ -22,7 +22,6 @@ import os
 import platform
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -85,10 +84,11 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # ---------------------------------------------------------------------------- small helpers
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    """A TCP port on loopback that was free a moment ago, below the kernel's ephemeral
+    range (flowrouter.testbed.ports says why)."""
+    from flowrouter.testbed.ports import free_port as below_ephemeral
+
+    return below_ephemeral(HOST)
 
 
 def child_env(code: Path | None = None) -> dict[str, str]:

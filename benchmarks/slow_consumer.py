@@ -153,10 +153,9 @@ class _OwnProcess:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    from flowrouter.testbed.ports import free_port
+
+    return free_port()
 
 
 async def one_run(n: int, size: int, stuck: bool, flow_no: int, own_process: bool = False,
