@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from typing import Any
 
 import flowlib
 from flowrouter.testbed import topology as T
 from flowrouter.testbed.launcher import Launcher, query_control
+from flowrouter.testbed.ports import free_port_block
 
 from . import protocol as P
 from .protocol import Resolution
@@ -70,36 +70,13 @@ b = "r0"
 """
 
 
-def _free_base(count: int = 3) -> int:
-    """A base port with *count* free ports after it (checked by binding, then released)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        socks = []
-        try:
-            for i in range(count):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no free ports for the demo routers")
-
-
 async def run_demo(duration: float = 12.0, web_port: int | None = None,
                    quiet: bool = False) -> dict[str, Any]:
     def say(text: str) -> None:
         if not quiet:
             print(text, flush=True)
 
-    topo = T.loads(TOPOLOGY.replace("{base}", str(_free_base())), "video-demo")
+    topo = T.loads(TOPOLOGY.replace("{base}", str(free_port_block(3))), "video-demo")
     launcher = Launcher(topo, view=False, duration=duration)
     result: dict[str, Any] = {}
     await launcher.start_routers()
