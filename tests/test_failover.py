@@ -26,8 +26,9 @@ from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
 from flowrouter.wire.header import HEADER_SIZE, parse_header
 
+from .ports import free_port
 from .rawep import addr, get, mesh, router, run
-from .test_flowlib import FakeRouter, free_port
+from .test_flowlib import FakeRouter
 
 T = TypeVar("T")
 LSID = 0x10

@@ -29,8 +29,9 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.observe import router_health, router_live, router_source
 from flowrouter.net.runtime import RouterNode, query_control
 
+from .ports import free_port
 from .rawep import run, within
-from .test_monitor import closed_port, get
+from .test_monitor import get
 
 
 def test_ready_only_with_a_configured_peer_up_live_regardless() -> None:
@@ -39,8 +40,8 @@ def test_ready_only_with_a_configured_peer_up_live_regardless() -> None:
                                     accept_routers=["edge@127.0.0.1"]))
         edge = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", reconnect_min=0.05,
                                      reconnect_max=0.1, peers=[
-                                         PeerConfig(f"127.0.0.1:{closed_port()}", "hub"),
-                                         PeerConfig(f"127.0.0.1:{closed_port()}", "ghost")]))
+                                         PeerConfig(f"127.0.0.1:{free_port()}", "hub"),
+                                         PeerConfig(f"127.0.0.1:{free_port()}", "ghost")]))
         await edge.start()
         mon = await start_monitor(router_source(edge), "127.0.0.1:0")
         assert mon is not None
@@ -62,7 +63,7 @@ def test_ready_only_with_a_configured_peer_up_live_regardless() -> None:
             await edge.stop()
             edge2 = RouterNode(NodeConfig("edge", listen="127.0.0.1:0", peers=[
                 PeerConfig("%s:%d" % hub.tcp_address, "hub"),
-                PeerConfig(f"127.0.0.1:{closed_port()}", "ghost")]))
+                PeerConfig(f"127.0.0.1:{free_port()}", "ghost")]))
             await edge2.start()
             await edge2.wait_peers_up(1)
             ok, why = router_health(edge2)
@@ -197,7 +198,7 @@ def test_control_status_and_the_cli_sort_and_limit() -> None:
     async def go() -> None:
         node = RouterNode(NodeConfig("solo", listen="127.0.0.1:0", control="127.0.0.1:0",
                                      core_lsids=frozenset({0x10}), default_lsid=0x10,
-                                     peers=[PeerConfig(f"127.0.0.1:{closed_port()}", "ghost")]))
+                                     peers=[PeerConfig(f"127.0.0.1:{free_port()}", "ghost")]))
         await node.start()
         try:
             apps = [await within(flowlib.connect(["%s:%d" % node.tcp_address], name=f"a{i}"))

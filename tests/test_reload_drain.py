@@ -19,8 +19,8 @@ from flowrouter.net.observe import router_health
 from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.wire import control as C
 
+from .ports import free_port
 from .rawep import run, within
-from .test_monitor import closed_port
 
 
 def _cfg(name: str, **kw: object) -> NodeConfig:
@@ -151,7 +151,7 @@ def _wait_log(path: Path, text: str, timeout: float = 20.0) -> str:
 
 def test_sighup_reloads_ctl_reload_reports_a_bad_file_sigusr1_reopens_the_log(
         tmp_path: Path) -> None:
-    port, ctl = closed_port(), closed_port()
+    port, ctl = free_port(), free_port()
     base = (f'[router]\nname = "r1"\nlisten = "127.0.0.1:{port}"\n'
             f'control = "127.0.0.1:{ctl}"\nhttp = "off"\n')
     proc = _start(tmp_path, base + "max_flows = 100\n")
@@ -253,7 +253,7 @@ def test_drain_times_out_on_applications_that_stay() -> None:
 
 
 def test_sigusr2_drains_and_the_process_exits_0(tmp_path: Path) -> None:
-    port = closed_port()
+    port = free_port()
     proc = _start(tmp_path, f'[router]\nname = "r1"\nlisten = "127.0.0.1:{port}"\n'
                             'http = "off"\n')
     try:
