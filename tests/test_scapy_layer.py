@@ -437,10 +437,17 @@ def test_live_capture_on_loopback_with_flowlib(tmp_path) -> None:  # type: ignor
             return r1, r2, r1_out
 
     capture_incomplete: list[bool] = []
-    r1, r2, r1_out = asyncio.run(asyncio.wait_for(main(), 30))
-    if capture_incomplete:
-        pytest.skip("the loopback sniffer missed packets (machine under load); the recorded-"
-                    "traffic pcap test covers the dissector deterministically")
+    for _attempt in range(3):  # a sniffer that missed packets tries again, afresh
+        capture_incomplete.clear()
+        with lock:
+            captured.clear()
+        ports.clear()
+        r1, r2, r1_out = asyncio.run(asyncio.wait_for(main(), 30))
+        if not capture_incomplete:
+            break
+    else:
+        pytest.skip("the loopback sniffer missed packets three times (machine under load); "
+                    "the recorded-traffic pcap test covers the dissector deterministically")
     path = tmp_path / "lo.pcap"
     with lock:
         wrpcap(str(path), captured)

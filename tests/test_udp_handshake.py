@@ -22,8 +22,9 @@ from flowrouter.wire import control as C
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.linkauth import AuthError, KeyRing, LinkAuthenticator, ReplayCache
 
+from .ports import free_port
 from .rawep import run
-from .test_softstate_live import free_port, until
+from .test_softstate_live import until
 
 KEY = b"\x11" * 32
 LIVENESS = 0.5  #: the retry interval of the handshake (the liveness interval)
@@ -136,7 +137,7 @@ def test_on_loopback_an_authenticated_udp_link_whose_first_hello_is_lost_comes_u
                 tick_interval=0.05, link_unsealed_udp=True)
 
     async def main() -> None:
-        port = free_port(socket.SOCK_DGRAM)
+        port = free_port(kind=socket.SOCK_DGRAM)
         a = RouterNode(NodeConfig("ua", udp="127.0.0.1:0", peers=[
             PeerConfig(f"127.0.0.1:{port}", "ub", transport="udp")], **opts))
         await a.start()
