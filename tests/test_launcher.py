@@ -137,3 +137,44 @@ def test_up_brings_a_udp_link_up_and_flags_links_that_never_came_up(tmp_path) ->
     assert report.delivered_between("west", "east", 0.0, 2.0) > 0  # across the UDP link
     bad = LaunchReport("t", None, 1.0, links_never_up=["backup (a-b, udp)"])
     assert "LINK NEVER CAME UP: backup (a-b, udp)" in summarize(bad)
+
+
+def test_a_router_whose_control_port_was_taken_starts_again_on_another(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Ports are checked free, not reserved: another process may bind one before the router
+    does (a CI run lost a router so: 'address already in use' on its control port, exit
+    code 1). The launcher chose that port itself, so it starts the router again on another
+    one instead of giving up; the topology's own ports it cannot move."""
+    import socket
+
+    from flowrouter.testbed import launcher as launcher_module
+    from flowrouter.testbed.launcher import query_control
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    picks = [port]
+    real = launcher_module.free_port
+
+    def pick(host: str = "127.0.0.1") -> int:
+        return picks.pop() if picks else real(host)
+
+    monkeypatch.setattr(launcher_module, "free_port", pick)
+    topo = loads(TOPO.format(base=_free_base()), source="taken.toml")
+
+    async def main() -> None:
+        la = Launcher(topo, view=False, workdir=str(tmp_path))
+        try:
+            await la.start_routers()
+            ctl = la.control["x1"]
+            assert ctl != f"127.0.0.1:{port}" and not picks
+            await query_control(ctl, "ping", timeout=5.0)
+            await query_control(la.control["x2"], "ping", timeout=5.0)
+        finally:
+            await la.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 60))
+    finally:
+        taken.close()

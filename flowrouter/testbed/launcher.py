@@ -244,37 +244,64 @@ class Launcher:
             self.listen[r.name] = self._address(r.name)
             self.control[r.name] = f"127.0.0.1:{free_port('127.0.0.1')}"
 
+    def _repick_control(self, name: str) -> bool:
+        """Give router *name* a new control address: its own was taken by another process
+        between the check and the router's bind (ports are checked free, not reserved:
+        :mod:`flowrouter.testbed.ports`). False where the addresses are fixed."""
+        self.control[name] = f"127.0.0.1:{free_port('127.0.0.1')}"
+        return True
+
+    def _control_taken(self, name: str) -> bool:
+        """Whether router *name* exited because its control port was in use."""
+        port = self.control[name].rsplit(":", 1)[1]
+        try:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace").lower()
+        except OSError:
+            return False
+        return "in use" in text and f", {port})" in text
+
+    async def _spawn(self, name: str, env: dict[str, str], tie: Any) -> None:
+        cfg = self.workdir / f"{name}.toml"
+        cfg.write_text(self.router_config(name), encoding="utf-8")
+        with (self.workdir / f"{name}.log").open("wb") as logf:  # noqa: ASYNC230
+            self.procs[name] = await asyncio.create_subprocess_exec(
+                *self._router_command(name, [
+                    sys.executable, "-m", "flowrouter.tools.cli", "--log-level",
+                    self.log_level, "run", "--config", str(cfg)]),
+                stdout=logf, stderr=logf, env=env,
+                # Own session: a Ctrl-C at the terminal reaches only this launcher,
+                # which then stops every router itself (cleanly, in order); and the
+                # lifeline: when the launcher dies anyway, its routers go with it.
+                start_new_session=True, preexec_fn=tie)
+
     async def start_routers(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         await self._prepare()
         env = dict(os.environ)
         tie = lifeline(os.getpid())
         for r in self.topo.routers:
-            cfg = self.workdir / f"{r.name}.toml"
-            cfg.write_text(self.router_config(r.name), encoding="utf-8")
-            with (self.workdir / f"{r.name}.log").open("wb") as logf:  # noqa: ASYNC230
-                self.procs[r.name] = await asyncio.create_subprocess_exec(
-                    *self._router_command(r.name, [
-                        sys.executable, "-m", "flowrouter.tools.cli", "--log-level",
-                        self.log_level, "run", "--config", str(cfg)]),
-                    stdout=logf, stderr=logf, env=env,
-                    # Own session: a Ctrl-C at the terminal reaches only this launcher,
-                    # which then stops every router itself (cleanly, in order); and the
-                    # lifeline: when the launcher dies anyway, its routers go with it.
-                    start_new_session=True, preexec_fn=tie)
+            await self._spawn(r.name, env, tie)
         deadline = time.monotonic() + 30
-        for name, ctl in self.control.items():
+        for name in list(self.control):
+            retries = 3
             while True:
                 proc = self.procs[name]
                 if proc.returncode is not None:
+                    if retries and self._control_taken(name) and self._repick_control(name):
+                        retries -= 1
+                        log.info("router %s: control port taken before it bound it; "
+                                 "starting it again on %s", name, self.control[name])
+                        await self._spawn(name, env, tie)
+                        continue
                     raise RuntimeError(f"router {name} exited with code {proc.returncode}; see "
                                        f"{self.workdir / (name + '.log')}")
                 try:
-                    await query_control(ctl, "ping", timeout=1.0)
+                    await query_control(self.control[name], "ping", timeout=1.0)
                     break
                 except (ConnectionError, OSError):
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"router {name} did not answer on {ctl}") from None
+                        raise RuntimeError(f"router {name} did not answer on "
+                                           f"{self.control[name]}") from None
                     await asyncio.sleep(0.05)
         await self.wait_links(time.monotonic() + self.link_wait)
 

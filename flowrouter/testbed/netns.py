@@ -266,6 +266,9 @@ class NetnsLauncher(Launcher):
     def _router_command(self, name: str, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.plan.ns_of[name], *argv]
 
+    def _repick_control(self, name: str) -> bool:
+        return False  # a fixed port inside the router's own namespace: nothing takes it
+
     def endpoint_address(self, router: str) -> str:
         return self.app_forward[router]
 
