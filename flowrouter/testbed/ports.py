@@ -34,7 +34,7 @@ def ephemeral_low() -> int:
     return low if low > LOWEST + 1000 else _DEFAULT_EPHEMERAL
 
 
-def free_port_block(n: int = 1, host: str = "127.0.0.1",
+def free_port_block(n: int = 1, host: str = "127.0.0.1", *,
                     kind: int = socket.SOCK_STREAM) -> int:
     """The first of *n* ports in a row, all free on *host* just now (each bound once, then
     released), below the ephemeral range (see the module docstring)."""
@@ -52,6 +52,7 @@ def free_port_block(n: int = 1, host: str = "127.0.0.1",
     raise RuntimeError(f"no {n} free ports in a row on {host} between {LOWEST} and {top + n}")
 
 
-def free_port(host: str = "127.0.0.1", kind: int = socket.SOCK_STREAM) -> int:
-    """One port free on *host* just now, below the ephemeral range."""
-    return free_port_block(1, host, kind)
+def free_port(host: str = "127.0.0.1", *, kind: int = socket.SOCK_STREAM) -> int:
+    """One port free on *host* just now, below the ephemeral range (the socket kind by
+    keyword: given by position it would be read as the host)."""
+    return free_port_block(1, host, kind=kind)
