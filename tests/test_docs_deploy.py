@@ -18,7 +18,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 from flowrouter.tools.cli import main
 
 from .consolescripts import install_shims, script_env
+from .logready import LoggedProcess
 from .ports import free_port_block
 
 DEPLOY = Path(__file__).resolve().parent.parent / "topologies" / "deploy"
@@ -180,26 +180,18 @@ def test_grafana_dashboard_queries_only_metrics_a_live_router_has(tmp_path: Path
     # a router with a configured peer (down), so every family has something to show
     port = free_port_block(2)
     env = script_env(install_shims(tmp_path / "bin"), FLOWNET_STATE_DIR=str(tmp_path / "s"))
-    with (tmp_path / "r.log").open("wb") as log:
-        router = subprocess.Popen(
-            ["flowrouter", "run", "--name", "r1", "--listen", f"127.0.0.1:{port}",
-             "--http", f"127.0.0.1:{port + 1}", "--peer", "r2=127.0.0.1:9"], env=env,
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    router = LoggedProcess(
+        ["flowrouter", "-v", "run", "--name", "r1", "--listen", f"127.0.0.1:{port}",
+         "--http", f"127.0.0.1:{port + 1}", "--peer", "r2=127.0.0.1:9"], env, tmp_path,
+        tmp_path / "r.log")
     try:
-        text = ""
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics",
-                                            timeout=2) as r:
-                    text = r.read().decode()
-                break
-            except OSError:
-                if router.poll() is not None:
-                    pytest.fail((tmp_path / "r.log").read_text())
-                time.sleep(0.1)
+        if not router.wait_ready():  # the log says it listens, HTTP included
+            pytest.fail(router.text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=10) as r:
+            text = r.read().decode()
     finally:
-        router.send_signal(signal.SIGINT)
-        router.wait(30)
+        router.proc.send_signal(signal.SIGINT)
+        router.proc.wait(30)
     have = set(re.findall(r"^# TYPE (\S+)", text, re.M)) | set(
         re.findall(r"^(flownet_[a-z_]+)[{ ]", text, re.M))
     assert wanted <= have, f"not in /metrics: {sorted(wanted - have)}"

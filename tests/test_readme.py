@@ -20,10 +20,8 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +29,7 @@ import pytest
 
 from .checkout import ROOT
 from .consolescripts import install_shims, script_env
+from .logready import LoggedProcess
 from .ports import free_port, free_port_block
 
 #: the documents whose blocks run (README, the apps' and services' READMEs, the guides)
@@ -105,12 +104,6 @@ def test_no_document_cites_files_outside_the_repository() -> None:
 
 
 # ---------------------------------------------------------------- running them
-def _answers(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 class Ports:
     """Every README port moved to a free one, consistently across documents."""
 
@@ -141,7 +134,7 @@ def overlay(tmp_path_factory: pytest.TempPathFactory
     env = script_env(install_shims(tmp / "bin"), FLOWNET_STATE_DIR=str(tmp / "state"))
     ports = Ports()
     (daemons,) = [b for b in blocks("README.md") if b.daemons]
-    procs = []
+    procs: list[LoggedProcess] = []
     try:
         for line in daemons.body.replace("\\\n", " ").splitlines():
             if line.strip():
@@ -151,28 +144,23 @@ def overlay(tmp_path_factory: pytest.TempPathFactory
                 assert listen, line
                 line += f" --http 127.0.0.1:{int(listen.group(1)) + 1000}"
                 argv = shlex.split(ports(line))
-                with (tmp / f"r{len(procs)}.log").open("w") as log:
-                    procs.append(subprocess.Popen(argv, env=env, cwd=tmp,
-                                                  stdout=subprocess.DEVNULL, stderr=log))
-        for old, port in ports.moved.items():  # every router answers (control ports)
-            if not old.startswith("71"):
-                continue
-            for _ in range(600):
-                if _answers(int(port)):
-                    break
-                time.sleep(0.05)
-            else:
-                logs = "\n".join(p.read_text()[-600:] for p in tmp.glob("r*.log"))
-                pytest.fail(f"a README router did not start: {port}\n{logs}")
+                assert argv[0] == "flowrouter", line
+                # -v: the router logs the line that says it is up (tests/logready.py)
+                procs.append(LoggedProcess([argv[0], "-v", *argv[1:]], env, tmp,
+                                           tmp / f"r{len(procs)}.log"))
+        for r in procs:  # every router is up: listeners, control port, HTTP
+            if not r.wait_ready():
+                logs = "\n".join(p.text()[-600:] for p in procs)
+                pytest.fail(f"a README router did not start: {r.proc.args}\n{logs}")
         yield env, ports
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
+        for r in procs:
+            r.proc.send_signal(signal.SIGINT)
+        for r in procs:
             try:
-                p.wait(30)
+                r.proc.wait(30)
             except subprocess.TimeoutExpired:
-                p.kill()
+                r.proc.kill()
 
 
 def _run_block(b: Block, script: str, env: dict[str, str], cwd: Path) -> None:
