@@ -113,18 +113,17 @@ def test_missing_files_and_cameras_fail_in_one_line(tmp_path: Path) -> None:
 def test_a_capture_device_gives_its_newest_picture() -> None:
     """The camera path with FFmpeg's generated test picture as the device (no camera on
     this machine): the reader thread keeps the newest picture, which changes."""
-    import time
+    from flowvideo.avsources import CameraSource
 
     cam = open_source("camera:testsrc=size=160x120:rate=20,realtime@lavfi")
+    assert isinstance(cam, CameraSource)
     try:
         first = cam.grab(0).copy()
         assert first.size == (160, 120)
-        deadline = time.monotonic() + 10
-        while cam.grab(0).tobytes() == first.tobytes():
-            assert time.monotonic() < deadline, "the picture never changed"
-            time.sleep(0.05)
+        assert cam.wait_picture(cam.pictures, 10), "no newer picture came"
+        assert cam.grab(0).tobytes() != first.tobytes(), "the picture never changed"
     finally:
-        cam.close()  # type: ignore[attr-defined]
+        cam.close()
 
 
 def test_the_core_sends_sound_in_chunks_on_the_pictures_media_clock() -> None:

@@ -103,6 +103,9 @@ class CameraSource:
             raise SourceError(f"cannot open camera {device}: "
                               f"{str(exc).splitlines()[0] if str(exc) else exc!r}") from None
         self._latest: Image.Image | None = None
+        #: pictures decoded so far; the condition is notified at each (wait_picture)
+        self.pictures = 0
+        self._new = threading.Condition()
         self._ready = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._reader, name=f"camera {device}",
@@ -115,7 +118,11 @@ class CameraSource:
     def _reader(self) -> None:
         try:
             for frame in self._container.decode(video=0):
-                self._latest = frame.to_image()
+                picture = frame.to_image()
+                with self._new:
+                    self._latest = picture
+                    self.pictures += 1
+                    self._new.notify_all()
                 self._ready.set()
                 if self._stop:
                     return
@@ -126,6 +133,12 @@ class CameraSource:
         if self._latest is None:
             raise SourceError(f"{self.name}: no picture")
         return self._latest
+
+    def wait_picture(self, after: int, timeout: float) -> bool:
+        """Wait until the device has given more than *after* pictures (``pictures``);
+        False if none came within *timeout* seconds."""
+        with self._new:
+            return self._new.wait_for(lambda: self.pictures > after, timeout)
 
     def close(self) -> None:
         """Stop the reader, then close the device (never under a decode in progress)."""
