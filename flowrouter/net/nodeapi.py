@@ -195,7 +195,7 @@ class ReadBatch:
         self.link = link_id
         self.number += 1
         self.open = True
-        self.writes.open = True
+        self.writes.begin()
         return self
 
     def end(self) -> None:

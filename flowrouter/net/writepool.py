@@ -28,7 +28,7 @@ from typing import Any
 from flowrouter.net.streamio import keep_rest, write_direct, write_gathered
 
 #: a read's writes go to helper threads only when they come to this many bytes in all (a
-#: helper's wake-up costs about as much as writing 64 KiB to loopback)
+#: hand-off costs two thread wake-ups: small writes are cheaper made at once)
 PARALLEL_BYTES = 256 * 1024
 #: ... and go to at least this many links
 PARALLEL_LINKS = 4
@@ -158,10 +158,11 @@ class GatheredWrites:
         shares = [direct[k::ways] for k in range(ways)]
         for k in range(1, ways):
             self.helpers[k - 1].inbox.put(shares[k])
-        mine = [write_direct(fd, bufs) for _, fd, bufs in shares[0]]
-        results: list[Any] = [mine]
-        results += [self.helpers[k - 1].outbox.get() for k in range(1, ways)]  # all: none
-        # may be left for the next read
+        results: list[Any] = []
+        try:
+            results.append([write_direct(fd, bufs) for _, fd, bufs in shares[0]])
+        finally:  # every helper's answer, whatever happens: none may be left for the next read
+            results += [self.helpers[k - 1].outbox.get() for k in range(1, ways)]
         for answer in results:
             if isinstance(answer, BaseException):
                 raise answer  # a bug in write_direct, not a socket's error (those it keeps)
