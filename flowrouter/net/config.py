@@ -197,6 +197,10 @@ class NodeConfig:
     #: reads mean fewer system calls, wake-ups and passes per message (1 MiB instead of
     #: 256 KiB cut a router's CPU per 64 KiB message by a quarter; BENCHMARKS.md)
     read_buffer: int = 1 << 20
+    #: helper threads that share a read's socket writes with the loop's thread when they
+    #: are many and large (a fan-out; flowrouter.net.writepool): "auto" is one fewer than
+    #: the usable cores, at most 3; 0: the loop's thread writes everything
+    write_threads: int | str = "auto"
     endpoint_modifiers: Modifiers = field(default_factory=Modifiers)
     #: application membership notices on band 19 (flowrouter.core.appmembers): seconds
     #: between a flow's notices (0: off) and between snapshots of local members

@@ -19,6 +19,8 @@ Example (every key optional except ``router.name``)::
     max_payload = 65536
     max_link_buffer = 16777216    # bytes queued per link before frames are dropped (counted)
     read_buffer = 1048576         # the largest a TCP link's read buffer grows (64 KiB at first)
+    write_threads = "auto"        # threads besides the loop's that write a large fan-out
+                                  #   (auto: cores - 1, at most 3; 0: none)
     slow_consumer_bytes = 8388608 # data one output may queue; past it its frames are dropped
     slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
     slow_consumer_stall = 0.5     # seconds without progress before an output holds no credit
@@ -168,6 +170,7 @@ _ROUTER_CHECKS: dict[str, Any] = {
     "udp_socket_buffer": limit(int, 0, 1 << 30),
     "udp_bundle": lambda v, where: v if v == "auto" else limit(int, 0, 65507)(v, where),
     "read_buffer": limit(int, 64 * 1024, 1 << 30),
+    "write_threads": lambda v, where: v if v == "auto" else limit(int, 0, 64)(v, where),
     "slow_consumer_bytes": limit(int, 1024, 1 << 40),
     "slow_consumer_grace": limit(float, 0.001, 86400.0),
     "slow_consumer_stall": limit(float, 0.001, 86400.0),

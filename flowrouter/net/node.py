@@ -41,6 +41,7 @@ from flowrouter.net.operate import Operations
 from flowrouter.net.redial import peer_rows
 from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.net.udp import UdpLink, UdpLinks
+from flowrouter.net.writepool import default_threads
 from flowrouter.wire.control import Role
 
 log = logging.getLogger("flowrouter.net.runtime")
@@ -89,7 +90,8 @@ class RouterNode:
         self._tracer: TraceWriter | None = None
         #: the read in progress; ``begin_read`` starts one (a bound method of the batch:
         #: one call per read on the hot path)
-        self.reads = ReadBatch(self)
+        threads = config.write_threads
+        self.reads = ReadBatch(self, default_threads() if threads == "auto" else int(threads))
         self.begin_read = self.reads.begin
         #: flow control: credit, held inputs, backlogged outputs
         self.flow = Backpressure(self)
@@ -203,6 +205,7 @@ class RouterNode:
             self.appdgram.close()
         if self._tracer is not None:
             self._tracer.close()
+        self.reads.writes.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for server in (self._server, self._control, *self._more_servers):
@@ -540,6 +543,7 @@ class RouterNode:
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio
+        st["writes"] = self.reads.writes.status()  # helper threads for large fan-outs
         st["listen"] = "%s:%d" % self.tcp_address if self._server else None
         st["udp"] = "%s:%d" % self.udp_address if self.udp is not None else None
         udp_io = self.udp.status() if self.udp is not None else None

@@ -27,6 +27,8 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flowrouter.net.writepool import GatheredWrites
+
 if TYPE_CHECKING:
     from flowrouter.core.fastpath import FastPath
     from flowrouter.core.flowcontrol import FlowLimits, OutputFlow
@@ -169,9 +171,9 @@ class ReadBatch:
     datagrams), and tells the node when the core's generation moved (links up or down).
     """
 
-    __slots__ = ("link", "number", "open", "dirty", "after", "generation", "node")
+    __slots__ = ("link", "number", "open", "dirty", "after", "generation", "node", "writes")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, threads: int = 0) -> None:
         self.node = node
         #: the input link whose frames are being processed (0: none, or locally generated)
         self.link = 0
@@ -185,11 +187,15 @@ class ReadBatch:
         self.after: list[Flushable] = []
         #: the core's link generation the node last saw (RouterNode.link_state_changed)
         self.generation = 0
+        #: the socket writes the read's links ask for, made when it ends (on helper
+        #: threads too when they are many)
+        self.writes = GatheredWrites(threads)
 
     def begin(self, link_id: int) -> ReadBatch:
         self.link = link_id
         self.number += 1
         self.open = True
+        self.writes.begin()
         return self
 
     def end(self) -> None:
@@ -201,11 +207,14 @@ class ReadBatch:
             for out in dirty:
                 out.flush()
         self.open = False
-        after = self.after
-        if after:
-            self.after = []
-            for out in after:
-                out.flush()
+        try:
+            after = self.after
+            if after:
+                self.after = []
+                for out in after:
+                    out.flush()
+        finally:
+            self.writes.run()
         node = self.node
         if node.core.generation != self.generation:
             node.link_state_changed()

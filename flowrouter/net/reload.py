@@ -23,9 +23,9 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 #: settings only a restart applies (sockets, identity, tables built at start)
 RESTART_ONLY = ("name", "node_id", "listen", "extra_listen", "router_listen", "app_listen",
                 "udp", "control", "http", "core_lsids", "routes", "default_route",
-                "max_payload", "read_buffer", "tick_interval", "udp_socket_buffer", "udp_bundle",
-                "trace_dir", "trace_sample", "trace_rotate_bytes", "locality_mapping",
-                "gc_ping_after", "gc_delete_after")
+                "max_payload", "read_buffer", "write_threads", "tick_interval",
+                "udp_socket_buffer", "udp_bundle", "trace_dir", "trace_sample",
+                "trace_rotate_bytes", "locality_mapping", "gc_ping_after", "gc_delete_after")
 #: settings compared by what they are, never shown
 _SECRET = ("control_token",)
 #: not settings (where relative files are found)

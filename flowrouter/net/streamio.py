@@ -138,35 +138,46 @@ def write_gathered(transport: Any, fd: int, buffers: list[Any]) -> None:
     goes straight to the socket, and only what it does not take is queued, as owned copies.
     Otherwise every view is copied and handed to the transport."""
     if fd >= 0 and not transport.get_write_buffer_size():
-        i, nbuf = 0, len(buffers)
-        while i < nbuf:
-            chunk = buffers[i:i + IOV_MAX]
-            try:
-                sent = os.writev(fd, chunk)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                break  # the transport meets the error itself on the write below
-            for b in chunk:
-                size = len(b)
-                if sent >= size:
-                    sent -= size
-                    i += 1
-                    continue
-                if sent:  # the tail of a buffer the socket took in part (a view of an
-                    # immutable bytes object, a fan-out's shared run say, may be kept as it is)
-                    tail = memoryview(b)[sent:]
-                    transport.write(tail if type(b) is bytes else bytes(tail))
-                    i += 1
-                break
-            else:
-                continue
-            break
-        buffers = buffers[i:]
-        if not buffers:
-            return
+        i, sent = write_direct(fd, buffers)
+        if i < len(buffers):
+            keep_rest(transport, buffers, i, sent)
+        return
+    keep_rest(transport, buffers, 0, 0)
+
+
+def write_direct(fd: int, buffers: list[Any]) -> tuple[int, int]:
+    """``writev`` *buffers* to the socket *fd* (IOV_MAX at a time) until it takes no more.
+    Returns ``(i, sent)``: ``buffers[:i]`` went whole, and *sent* bytes of ``buffers[i]``.
+    An error other than a full socket stops it too (the transport meets the error itself
+    on the write of the rest). Touches no object but its arguments, so another thread may
+    run it while the loop's thread waits (:class:`GatheredWrites`)."""
+    i, nbuf = 0, len(buffers)
+    while i < nbuf:
+        chunk = buffers[i:i + IOV_MAX]
+        try:
+            sent = os.writev(fd, chunk)
+        except OSError:  # full (BlockingIOError), interrupted, or broken: the rest waits
+            return i, 0
+        for b in chunk:
+            size = len(b)
+            if sent < size:
+                return i, sent
+            sent -= size
+            i += 1
+    return i, 0
+
+
+def keep_rest(transport: Any, buffers: list[Any], i: int, sent: int) -> None:
+    """Hand the transport what :func:`write_direct` left: the tail of ``buffers[i]`` after
+    *sent* bytes, then the buffers after it."""
+    if sent:  # the tail of a buffer the socket took in part (a view of an immutable bytes
+        # object, a fan-out's shared run say, may be kept as it is)
+        b = buffers[i]
+        tail = memoryview(b)[sent:]
+        transport.write(tail if type(b) is bytes else bytes(tail))
+        i += 1
     # owned copies: some transports keep what they are given (uvloop holds the buffers of
     # a deferred write, asyncio 3.12+ queues views), and this buffer is about to be reused
     # (one write each: asyncio 3.11's writelines would join them, copying them once more)
-    for b in buffers:
+    for b in buffers[i:]:
         transport.write(b if type(b) is bytes else bytes(b))

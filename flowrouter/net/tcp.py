@@ -36,7 +36,7 @@ from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
 from flowrouter.net.connlimits import DIAL
 from flowrouter.net.output import LinkOutput
-from flowrouter.net.streamio import RecvBuffer, write_gathered
+from flowrouter.net.streamio import RecvBuffer
 from flowrouter.wire import control as C
 from flowrouter.wire.control import Role
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
@@ -414,12 +414,14 @@ class TcpLink(asyncio.BufferedProtocol):
         if transport is not None and not transport.is_closing():
             codec = self.codec
             if codec.sealed is not None:  # sealing needs the bytes together anyway
+                self.node.reads.writes.settle(self.fd)  # plain frames of this read go first
                 record = codec.send_data(header + bytes(payload))
                 self.bytes_out += len(record)
                 transport.write(record)
             else:
-                self.bytes_out += len(header) + len(payload)
-                write_gathered(transport, self.fd, [header, payload])
+                size = len(header) + len(payload)
+                self.bytes_out += size
+                self.node.reads.writes.write(transport, self.fd, [header, payload], size)
 
     def write_many(self, buffers: list[Any]) -> None:
         """Write buffers in order; they may point into a receive buffer about to be reused
@@ -428,12 +430,14 @@ class TcpLink(asyncio.BufferedProtocol):
         if transport is not None and not transport.is_closing():
             codec = self.codec
             if codec.sealed is not None:
+                self.node.reads.writes.settle(self.fd)
                 record = codec.send_data(b"".join(buffers))
                 self.bytes_out += len(record)
                 transport.write(record)
             else:
-                self.bytes_out += sum(map(len, buffers))
-                write_gathered(transport, self.fd, buffers)
+                size = sum(map(len, buffers))
+                self.bytes_out += size
+                self.node.reads.writes.write(transport, self.fd, buffers, size)
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]
@@ -459,11 +463,13 @@ class TcpLink(asyncio.BufferedProtocol):
         if self.transport is not None:
             if self.out is not None:
                 self.out.flush()
+            self.node.reads.writes.settle(self.fd)  # written now, not after the close
             self.transport.close()
 
     def abort(self, reason: str) -> None:
         """Close without flushing: the peer does not read, a graceful close would wait."""
         if self.transport is not None:
+            self.node.reads.writes.settle(self.fd)  # what this read gave it, as before
             self.transport.abort()
 
 
