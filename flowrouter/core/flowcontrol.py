@@ -20,7 +20,7 @@ evict one). It arms no timers: :meth:`FlowControl.next_deadline` says when it ne
 * **Credit.** Frames that wait in output queues hold their input's credit; past
   ``link_credit`` bytes the input stops reading (``credit.paused``) until they fall to half.
   Only outputs that drain hold credit: an output whose transport pushed back (idle for
-  ``slow_consumer_idle`` seconds, default 0) while a sibling took the same input's frames
+  ``slow_consumer_idle`` seconds, default 0.02) while a sibling took the same input's frames
   *after* that push back gives its credit back (``credit.not-draining``) and takes none
   until it moves again. The fastest output of an input sets its pace; a lone receiver, or
   receivers all behind together, push back and lose nothing. An output that sends nothing
@@ -72,7 +72,7 @@ class FlowLimits:
     slow_consumer_bytes: int = 8 * 1024 * 1024
     slow_consumer_grace: float = 10.0
     slow_consumer_stall: float = 0.5
-    slow_consumer_idle: float = 0.0
+    slow_consumer_idle: float = 0.02
 
     @property
     def queue_bound(self) -> int:

@@ -144,10 +144,12 @@ class NodeConfig:
     #: meanwhile: flowrouter.core.flowcontrol)
     slow_consumer_stall: float = 0.5
     #: seconds an output whose transport pushed back must have sent nothing, while a sibling
-    #: fed by the same input drains, before it holds none of that input's credit (0: at
-    #: once: the fastest output sets the input's pace, the others may lag by up to
-    #: slow_consumer_bytes before they lose frames; flowrouter.core.flowcontrol)
-    slow_consumer_idle: float = 0.0
+    #: fed by the same input drains, before it holds none of that input's credit (then the
+    #: fastest output sets the input's pace, the others may lag by up to
+    #: slow_consumer_bytes before they lose frames; flowrouter.core.flowcontrol). 20 ms:
+    #: receivers that are only a moment behind (sharing a core) are not taken for slow
+    #: consumers; 0: at once
+    slow_consumer_idle: float = 0.02
     #: seconds a frame that has started may take to arrive in full (slow senders are reaped)
     frame_timeout: float = 30.0
     #: secret for control commands (text, or "file:PATH"); None: commands need proof only

@@ -24,7 +24,7 @@ Example (every key optional except ``router.name``)::
     slow_consumer_bytes = 8388608 # data one output may queue; past it its frames are dropped
     slow_consumer_grace = 10.0    # seconds over that limit before the link is closed
     slow_consumer_stall = 0.5     # seconds without progress before an output holds no credit
-    slow_consumer_idle = 0.0      # ... or this long, while a sibling fed by the same input drains
+    slow_consumer_idle = 0.02     # ... or this long, while a sibling fed by the same input drains
     frame_timeout = 30.0          # seconds a started frame may take to arrive in full
     reconnect_min = 0.1           # re-dial back-off: from this, doubling ...
     reconnect_max = 5.0           # ... up to this (starts over once a link stayed up)

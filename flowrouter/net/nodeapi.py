@@ -187,34 +187,36 @@ class ReadBatch:
         self.after: list[Flushable] = []
         #: the core's link generation the node last saw (RouterNode.link_state_changed)
         self.generation = 0
-        #: the socket writes the read's links ask for, made when it ends (on helper
-        #: threads too when they are many)
+        #: batches of socket writes made together (on helper threads too when they are
+        #: many): the outputs' at the read's end, and each forwarding pass's (net/tcp)
         self.writes = GatheredWrites(threads)
 
     def begin(self, link_id: int) -> ReadBatch:
         self.link = link_id
         self.number += 1
         self.open = True
-        self.writes.begin()
         return self
 
     def end(self) -> None:
         """Write what the read gathered; tell the node if the read changed links."""
         self.link = 0
         dirty = self.dirty
-        if dirty:
-            self.dirty = []
-            for out in dirty:
-                out.flush()
-        self.open = False
+        writes = self.writes
+        writes.begin()  # the outputs' batches go together (a fan-out's on helper threads)
         try:
+            if dirty:
+                self.dirty = []
+                for out in dirty:
+                    out.flush()
+            self.open = False
             after = self.after
             if after:
                 self.after = []
                 for out in after:
                     out.flush()
         finally:
-            self.writes.run()
+            self.open = False
+            writes.run()
         node = self.node
         if node.core.generation != self.generation:
             node.link_state_changed()

@@ -46,11 +46,12 @@ class LinkOutput:
     """The sending side of one link: a copy-free fast path, and the slow path described in
     the module docstring (queue, fairness, shaping, credits, emulated loss)."""
 
-    __slots__ = ("node", "reads", "flow", "link_id", "write", "write_many", "queue", "paused",
-                 "timer", "emu", "rng", "batch", "track", "fed_read", "rate")
+    __slots__ = ("node", "reads", "flow", "link_id", "write", "write_many", "write_now",
+                 "queue", "paused", "timer", "emu", "rng", "batch", "track", "fed_read", "rate")
 
     def __init__(self, node: Node, link_id: int, write: Callable[[bytes, Any], None],
-                 write_many: Callable[[list[Any]], None] | None = None) -> None:
+                 write_many: Callable[[list[Any]], None] | None = None,
+                 write_now: Callable[[list[Any]], None] | None = None) -> None:
         self.node = node
         #: the node's read in progress (which input, its number, the outputs to flush)
         self.reads: ReadBatch = node.reads
@@ -60,6 +61,9 @@ class LinkOutput:
         self.write = write
         #: writes a batch of buffers at once (None: the link writes frame by frame, UDP)
         self.write_many = write_many
+        #: writes a batch at once even while a read gathers the link's writes (the queue's
+        #: drain: it stops when the transport pushes back, so it must see that at once)
+        self.write_now = write_now or write_many
         #: buffers gathered while the node processes one read (one write per link per read)
         self.batch: list[Any] | None = None
         self.queue: OutputQueue | None = None
@@ -299,7 +303,7 @@ class LinkOutput:
         # frames go in gathered writes of up to DRAIN_BATCH bytes (one system call, not
         # one per frame: a receiver catching up gets large reads); the transport may push
         # back during one, which ends the drain
-        many = self.write_many
+        many = self.write_now
         while not self.paused:
             buffers: list[Any] = []
             batch = 0

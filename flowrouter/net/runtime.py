@@ -23,7 +23,7 @@ bytes and time in and actions out:
   (``link_credit`` bytes waiting in output queues); past it the router stops reading from that
   neighbour, so TCP pushes back on the sender that causes the congestion and only on it. An
   output whose transport pushed back while a sibling fed by the same input drains gives its
-  credit back at once (after ``slow_consumer_idle``, default 0), and one that stops moving
+  credit back (after ``slow_consumer_idle``, default 20 ms), and one that stops moving
   for ``slow_consumer_stall`` seconds does in any case: one stuck receiver never holds an
   input. Such a *slow consumer* loses its own frames
   past ``slow_consumer_bytes`` (``drop.slow-consumer``) and is closed after

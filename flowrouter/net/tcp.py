@@ -36,7 +36,7 @@ from flowrouter.core.tables import LinkState
 from flowrouter.net.config import PeerConfig
 from flowrouter.net.connlimits import DIAL
 from flowrouter.net.output import LinkOutput
-from flowrouter.net.streamio import RecvBuffer
+from flowrouter.net.streamio import RecvBuffer, write_gathered
 from flowrouter.wire import control as C
 from flowrouter.wire.control import Role
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
@@ -114,7 +114,7 @@ class TcpLink(asyncio.BufferedProtocol):
         if not self._admitted(transport):
             return
         self.link_id = node.register(self)
-        self.out = LinkOutput(node, self.link_id, self.write, self.write_many)
+        self.out = LinkOutput(node, self.link_id, self.write, self.write_many, self.write_now)
         mods = self.peer.modifiers if self.peer else None  # accepted: learnt at HELLO
         node.execute(node.core.open_link(
             self.link_id, node.now(), transport="tcp", address=self.address, modifiers=mods,
@@ -336,10 +336,16 @@ class TcpLink(asyncio.BufferedProtocol):
                                             in_place=not owned)
         if pos > start:
             self.frames_in += 1  # whole frames went by (the progress time-out's clock)
-        for lk, frames, count in outs:
-            link = links.get(lk)
-            if link is not None and link.out is not None:
-                link.out.send_frames(frames, count)
+        if outs:
+            writes = node.reads.writes
+            writes.begin()  # this pass's writes, together (a fan-out's on helper threads too)
+            try:
+                for lk, frames, count in outs:
+                    link = links.get(lk)
+                    if link is not None and link.out is not None:
+                        link.out.send_frames(frames, count)
+            finally:
+                writes.run()
         if stop in (STOP_END, STOP_PARTIAL):
             return pos, True
         end = pos + HEADER_SIZE + validate_header(view, pos, max_payload)
@@ -423,21 +429,32 @@ class TcpLink(asyncio.BufferedProtocol):
                 self.bytes_out += size
                 self.node.reads.writes.write(transport, self.fd, [header, payload], size)
 
-    def write_many(self, buffers: list[Any]) -> None:
+    def write_many(self, buffers: list[Any], now: bool = False) -> None:
         """Write buffers in order; they may point into a receive buffer about to be reused
-        (write_gathered leaves nothing behind that does)."""
+        (write_gathered leaves nothing behind that does). Gathered until the read ends,
+        unless *now* (see :meth:`write_now`)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
             codec = self.codec
+            writes = self.node.reads.writes
+            if codec.sealed is not None or now:
+                writes.settle(self.fd)  # what the read gathered for it goes first
             if codec.sealed is not None:
-                self.node.reads.writes.settle(self.fd)
                 record = codec.send_data(b"".join(buffers))
                 self.bytes_out += len(record)
                 transport.write(record)
             else:
                 size = sum(map(len, buffers))
                 self.bytes_out += size
-                self.node.reads.writes.write(transport, self.fd, buffers, size)
+                if now:
+                    write_gathered(transport, self.fd, buffers)
+                else:
+                    writes.write(transport, self.fd, buffers, size)
+
+    def write_now(self, buffers: list[Any]) -> None:
+        """:meth:`write_many` at once, even during a read: a queue's drain writes until the
+        transport pushes back, so it must see the push back when it comes."""
+        self.write_many(buffers, True)
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
         self.out.send(header, payload)  # type: ignore[union-attr]

@@ -1,19 +1,24 @@
-"""The socket writes of one read, made when it ends: on more than one core when they are many.
+"""The socket writes of one batch (a forwarding pass's outputs, or the outputs a read
+gathered), made together: on more than one core when they are many.
 
-A read whose frames go to many links (a fan-out) ends in one ``writev`` per link, and on
+A pass whose frames go to many links (a fan-out) ends in one ``writev`` per link, and on
 loopback or a fast LAN the kernel's copy into each socket is nearly all of the router's
-time (a profile of one sender to 100 receivers puts 99% of the router in ``writev``). One
+time (a profile of one sender to 100 receivers put 99% of the router in ``writev``). One
 thread leaves the other cores idle while it copies, where nats-server's flushers write to
-their clients on every core. :class:`GatheredWrites` keeps the writes a read's links ask for
-(:func:`~flowrouter.net.streamio.write_gathered`'s work, deferred), and when the read ends
-writes them: itself when they are few or small, else split between the loop's thread and
-``write_threads`` helper threads, each making its links' ``writev`` calls (the GIL is free
-while the kernel copies). The loop's thread waits for the helpers, so nothing else runs:
-no transport is closed, written or read meanwhile, and the receive buffer the writes may
-point into is not reused until they are done. What a socket does not take is then handed
-to its transport, in link order, as :func:`~flowrouter.net.streamio.write_gathered` does.
+their clients on every core. :class:`GatheredWrites` keeps the writes a batch's links ask
+for (:func:`~flowrouter.net.streamio.write_gathered`'s work, deferred to the batch's end),
+and then writes them: itself when they are few or small, else split between the loop's
+thread and ``write_threads`` helper threads, each making its links' ``writev`` calls (the
+GIL is free while the kernel copies). The loop's thread waits for the helpers, so nothing
+else runs: no transport is closed, written or read meanwhile, and the receive buffer the
+writes may point into is not reused until they are done. What a socket does not take is
+then handed to its transport, in link order, as
+:func:`~flowrouter.net.streamio.write_gathered` does (its transport may push back then).
 
-Per link, writes keep their order: a link's second write in a read joins its first.
+Per link, writes keep their order: a link's next write in a batch joins its first, and a
+link closed or sealed meanwhile writes its share first (:meth:`GatheredWrites.settle`).
+Flow control therefore sees a batch's push backs after every output of it was given its
+frames (one at a time, the first full socket paused before its later siblings got any).
 
 May import only the standard library and :mod:`flowrouter.net.streamio`.
 """
@@ -27,7 +32,7 @@ from typing import Any
 
 from flowrouter.net.streamio import keep_rest, write_direct, write_gathered
 
-#: a read's writes go to helper threads only when they come to this many bytes in all (a
+#: a batch's writes go to helper threads only when they come to this many bytes in all (a
 #: hand-off costs two thread wake-ups: small writes are cheaper made at once)
 PARALLEL_BYTES = 256 * 1024
 #: ... and go to at least this many links
@@ -70,12 +75,12 @@ class _Helper:
 
 
 class GatheredWrites:
-    """The writes of the read in progress (see the module docstring).
+    """The writes of the batch in progress (see the module docstring).
 
-    :meth:`begin` opens a read, :meth:`write` takes a link's buffers (at once when no read
-    is open), :meth:`run` writes what the read gathered and closes it."""
+    :meth:`begin` opens a batch, :meth:`write` takes a link's buffers (at once when none
+    is open), :meth:`run` writes what the batch gathered and closes it."""
 
-    __slots__ = ("threads", "open", "jobs", "index", "size", "helpers", "parallel")
+    __slots__ = ("threads", "open", "jobs", "index", "grown", "size", "helpers", "parallel")
 
     def __init__(self, threads: int) -> None:
         #: helper threads at most (0: the loop's thread writes everything)
@@ -85,16 +90,17 @@ class GatheredWrites:
         #: written already, :meth:`settle`)
         self.jobs: list[tuple[Any, int, list[Any]] | None] = []
         self.index: dict[int, int] = {}  #: fd -> its job's place in ``jobs``
+        self.grown: set[int] = set()  #: fds whose job's list is ours (written more than once)
         self.size = 0  #: bytes gathered
         self.helpers: list[_Helper] = []
-        #: reads whose writes were shared with helpers (status)
+        #: batches whose writes were shared with helpers (status)
         self.parallel = 0
 
     def begin(self) -> None:
         self.open = True
 
     def write(self, transport: Any, fd: int, buffers: list[Any], size: int) -> None:
-        """*buffers* (*size* bytes) for the socket *fd* of *transport*, written when the read
+        """*buffers* (*size* bytes) for the socket *fd* of *transport*, written when the batch
         ends, or now if none is open (or *fd* < 0: no direct writes on that transport)."""
         if not self.open or fd < 0:
             write_gathered(transport, fd, buffers)
@@ -104,28 +110,35 @@ class GatheredWrites:
         if at is None:
             self.index[fd] = len(self.jobs)
             self.jobs.append((transport, fd, buffers))
-        else:  # its second write in this read: after the first, on the same thread
+        else:  # its next write in this batch: after the first, on the same thread
             job = self.jobs[at]
             assert job is not None
-            self.jobs[at] = (transport, fd, job[2] + buffers)
+            if fd in self.grown:
+                job[2].extend(buffers)  # a list of ours already (no copy per write)
+            else:  # the first list is the caller's: ours from now on
+                self.jobs[at] = (transport, fd, job[2] + buffers)
+                self.grown.add(fd)
 
     def settle(self, fd: int) -> None:
-        """Write now what the read gathered for the socket *fd*: its transport is about to be
-        written directly (a sealed record) or closed, and must have these bytes first."""
+        """Write now what the batch gathered for the socket *fd*: its transport is about to
+        be written directly (a sealed record, a queue's drain) or closed, and must have
+        these bytes first."""
         at = self.index.pop(fd, None)
         if at is not None:
+            self.grown.discard(fd)
             job, self.jobs[at] = self.jobs[at], None
             assert job is not None
             write_gathered(*job)
 
     def run(self) -> None:
-        """Write what the read gathered, and close it."""
+        """Write what the batch gathered, and close it."""
         self.open = False
         jobs = self.jobs
         if not jobs:
             return
         self.jobs = []
         self.index = {}
+        self.grown.clear()
         size, self.size = self.size, 0
         if not self.threads or len(jobs) < PARALLEL_LINKS or size < PARALLEL_BYTES:
             for job in jobs:
@@ -138,7 +151,7 @@ class GatheredWrites:
                 continue
             transport = job[0]
             if transport.is_closing():
-                continue  # closed during the read: its writes are moot, as before
+                continue  # closed meanwhile: its writes are moot, as before
             if transport.get_write_buffer_size():
                 write_gathered(*job)  # its transport has a backlog: copied behind it
             else:
@@ -161,7 +174,7 @@ class GatheredWrites:
         results: list[Any] = []
         try:
             results.append([write_direct(fd, bufs) for _, fd, bufs in shares[0]])
-        finally:  # every helper's answer, whatever happens: none may be left for the next read
+        finally:  # every helper's answer, whatever happens: none is left for the next batch
             results += [self.helpers[k - 1].outbox.get() for k in range(1, ways)]
         for answer in results:
             if isinstance(answer, BaseException):
@@ -172,7 +185,7 @@ class GatheredWrites:
                     keep_rest(transport, buffers, i, sent)
 
     def status(self) -> dict[str, int]:
-        return {"threads": self.threads, "parallel_reads": self.parallel}
+        return {"threads": self.threads, "parallel_batches": self.parallel}
 
     def close(self) -> None:
         """Stop the helper threads (the node is closing)."""
