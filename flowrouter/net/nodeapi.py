@@ -11,14 +11,16 @@ read path (a TCP read in place, a copied-out TCP read, the handshake frames of a
 run of UDP datagrams from one address): it owns which input link is being read and the
 read's number (what flow control reasons with), gathers the outputs the read gave frames to
 (each writes its batch once, at the end: one system call per output link per read, as
-nats-server's ``flushClients``), and when the read ends it flushes them and tells the node
-if the read changed the links.
+nats-server's ``flushClients``), and when the read ends it flushes them (as one batch of
+:class:`~flowrouter.net.writepool.GatheredWrites`: a large fan-out's on helper threads too)
+and tells the node if the read changed the links.
 
 :class:`Link`, :class:`Output` and :class:`FlowShell` are the views the node, the links and
 flow control have of each other (typing protocols, so none imports another's module).
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.wire`, :mod:`flowrouter.net.config` and
-:mod:`flowrouter.net.connlimits` (types only); nothing else of :mod:`flowrouter.net`.
+:mod:`flowrouter.net.connlimits` (types only), and :mod:`flowrouter.net.writepool` (the read
+batch's writes); nothing else of :mod:`flowrouter.net`.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class LinkOutput:
         self.write = write
         #: writes a batch of buffers at once (None: the link writes frame by frame, UDP)
         self.write_many = write_many
-        #: writes a batch at once even while a read gathers the link's writes (the queue's
+        #: writes a batch at once even while the link's writes are gathered (the queue's
         #: drain: it stops when the transport pushes back, so it must see that at once)
         self.write_now = write_now or write_many
         #: buffers gathered while the node processes one read (one write per link per read)

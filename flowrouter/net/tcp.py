@@ -420,7 +420,7 @@ class TcpLink(asyncio.BufferedProtocol):
         if transport is not None and not transport.is_closing():
             codec = self.codec
             if codec.sealed is not None:  # sealing needs the bytes together anyway
-                self.node.reads.writes.settle(self.fd)  # plain frames of this read go first
+                self.node.reads.writes.settle(self.fd)  # plain frames gathered go first
                 record = codec.send_data(header + bytes(payload))
                 self.bytes_out += len(record)
                 transport.write(record)
@@ -431,14 +431,15 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def write_many(self, buffers: list[Any], now: bool = False) -> None:
         """Write buffers in order; they may point into a receive buffer about to be reused
-        (write_gathered leaves nothing behind that does). Gathered until the read ends,
-        unless *now* (see :meth:`write_now`)."""
+        (write_gathered leaves nothing behind that does). Gathered until the batch in
+        progress ends (a forwarding pass's, or the read's flush), unless *now*
+        (:meth:`write_now`)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
             codec = self.codec
             writes = self.node.reads.writes
             if codec.sealed is not None or now:
-                writes.settle(self.fd)  # what the read gathered for it goes first
+                writes.settle(self.fd)  # what the batch gathered for it goes first
             if codec.sealed is not None:
                 record = codec.send_data(b"".join(buffers))
                 self.bytes_out += len(record)
@@ -452,8 +453,8 @@ class TcpLink(asyncio.BufferedProtocol):
                     writes.write(transport, self.fd, buffers, size)
 
     def write_now(self, buffers: list[Any]) -> None:
-        """:meth:`write_many` at once, even during a read: a queue's drain writes until the
-        transport pushes back, so it must see the push back when it comes."""
+        """:meth:`write_many` at once, even while a batch gathers: a queue's drain writes
+        until the transport pushes back, so it must see the push back when it comes."""
         self.write_many(buffers, True)
 
     def send(self, header: bytes, payload: bytes | memoryview) -> None:
@@ -486,7 +487,7 @@ class TcpLink(asyncio.BufferedProtocol):
     def abort(self, reason: str) -> None:
         """Close without flushing: the peer does not read, a graceful close would wait."""
         if self.transport is not None:
-            self.node.reads.writes.settle(self.fd)  # what this read gave it, as before
+            self.node.reads.writes.settle(self.fd)  # what was gathered for it, as before
             self.transport.abort()
 
 
