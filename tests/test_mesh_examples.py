@@ -57,11 +57,17 @@ def _run_pair(lines: list[list[str]], control: str, peer: str, tmp: Path,
             procs.append(subprocess.Popen(_python([*argv, "--http", "off"]), stdout=log,
                                           stderr=log))
         deadline = time.monotonic() + 30
+        echoes = None  # the router's liveness echoes when the link was first seen up
         while True:  # another process's links have no event here: a bounded poll
             try:
                 st = asyncio.run(query_control(control))["status"]
-                if any(r["peer"] == peer and r["state"] == "up" for r in st["links"]):
-                    time.sleep(1.0)  # long enough for a refusal and a re-dial or two
+                sent = st["counters"].get("liveness.echoes", 0)
+                if echoes is None and any(r["peer"] == peer and r["state"] == "up"
+                                          for r in st["links"]):
+                    echoes = sent
+                # up, and two liveness rounds later (a refusal or a re-dial storm shows by
+                # then in links.down / refused.*): not a fixed time
+                if echoes is not None and sent >= echoes + 2:
                     if then is not None:
                         done = subprocess.run(_python(then), capture_output=True, text=True,
                                               check=False, timeout=30)
