@@ -39,6 +39,11 @@ PARALLEL_BYTES = 256 * 1024
 PARALLEL_LINKS = 4
 
 
+def _joined(parts: list[list[Any]]) -> list[Any]:
+    """One link's buffers of a batch, in order (its writes' lists, one after another)."""
+    return parts[0] if len(parts) == 1 else [b for part in parts for b in part]
+
+
 def default_threads() -> int:
     """Helper threads by default: one fewer than the cores this process may use, at most 3
     (the senders and receivers on the host need cores too)."""
@@ -80,17 +85,15 @@ class GatheredWrites:
     :meth:`begin` opens a batch, :meth:`write` takes a link's buffers (at once when none
     is open), :meth:`run` writes what the batch gathered and closes it."""
 
-    __slots__ = ("threads", "open", "jobs", "index", "grown", "size", "helpers", "parallel")
+    __slots__ = ("threads", "open", "jobs", "size", "helpers", "parallel")
 
     def __init__(self, threads: int) -> None:
         #: helper threads at most (0: the loop's thread writes everything)
         self.threads = threads
         self.open = False
-        #: (transport, fd, buffers) per link, in the order the links first wrote (None:
-        #: written already, :meth:`settle`)
-        self.jobs: list[tuple[Any, int, list[Any]] | None] = []
-        self.index: dict[int, int] = {}  #: fd -> its job's place in ``jobs``
-        self.grown: set[int] = set()  #: fds whose job's list is ours (written more than once)
+        #: fd -> (transport, the buffer lists its writes gave, in order), links in the
+        #: order they first wrote
+        self.jobs: dict[int, tuple[Any, list[list[Any]]]] = {}
         self.size = 0  #: bytes gathered
         self.helpers: list[_Helper] = []
         #: batches whose writes were shared with helpers (status)
@@ -106,29 +109,19 @@ class GatheredWrites:
             write_gathered(transport, fd, buffers)
             return
         self.size += size
-        at = self.index.get(fd)
-        if at is None:
-            self.index[fd] = len(self.jobs)
-            self.jobs.append((transport, fd, buffers))
+        job = self.jobs.get(fd)
+        if job is None:
+            self.jobs[fd] = (transport, [buffers])
         else:  # its next write in this batch: after the first, on the same thread
-            job = self.jobs[at]
-            assert job is not None
-            if fd in self.grown:
-                job[2].extend(buffers)  # a list of ours already (no copy per write)
-            else:  # the first list is the caller's: ours from now on
-                self.jobs[at] = (transport, fd, job[2] + buffers)
-                self.grown.add(fd)
+            job[1].append(buffers)
 
     def settle(self, fd: int) -> None:
         """Write now what the batch gathered for the socket *fd*: its transport is about to
         be written directly (a sealed record, a queue's drain) or closed, and must have
         these bytes first."""
-        at = self.index.pop(fd, None)
-        if at is not None:
-            self.grown.discard(fd)
-            job, self.jobs[at] = self.jobs[at], None
-            assert job is not None
-            write_gathered(*job)
+        job = self.jobs.pop(fd, None)
+        if job is not None:
+            write_gathered(job[0], fd, _joined(job[1]))
 
     def run(self) -> None:
         """Write what the batch gathered, and close it."""
@@ -136,27 +129,19 @@ class GatheredWrites:
         jobs = self.jobs
         if not jobs:
             return
-        self.jobs = []
-        self.index = {}
-        self.grown.clear()
+        self.jobs = {}
         size, self.size = self.size, 0
-        if not self.threads or len(jobs) < PARALLEL_LINKS or size < PARALLEL_BYTES:
-            for job in jobs:
-                if job is not None and not job[0].is_closing():
-                    write_gathered(*job)
-            return
+        share = self.threads and len(jobs) >= PARALLEL_LINKS and size >= PARALLEL_BYTES
         direct = []
-        for job in jobs:
-            if job is None:
-                continue
-            transport = job[0]
+        for fd, (transport, parts) in jobs.items():
             if transport.is_closing():
                 continue  # closed meanwhile: its writes are moot, as before
-            if transport.get_write_buffer_size():
-                write_gathered(*job)  # its transport has a backlog: copied behind it
-            else:
-                direct.append(job)
-        self._share(direct)
+            if share and not transport.get_write_buffer_size():
+                direct.append((transport, fd, _joined(parts)))
+            else:  # few or small, or its transport has a backlog (copied behind it)
+                write_gathered(transport, fd, _joined(parts))
+        if direct:
+            self._share(direct)
 
     def _share(self, direct: list[tuple[Any, int, list[Any]]]) -> None:
         """Write *direct* (links whose transports hold nothing) on this thread and helpers."""
