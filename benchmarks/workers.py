@@ -147,8 +147,8 @@ async def flow_send(p: dict[str, Any]) -> None:
         if not i & 63 and time.monotonic() >= end:
             break
     t1 = time.monotonic()
-    # what we wrote has left this process (flowlib has no public flush)
-    await drain_transport(getattr(client, "_transport", None), 10.0)
+    # the router has read everything we sent
+    await client.flush(timeout=30)
     await report_sent(p, i, i * len(payload), t0, t1, cpu0, sch0)
     with contextlib.suppress(Exception):
         await client.close(timeout=2)

@@ -52,7 +52,7 @@ from .connection import Connection, call_hook, log
 from .credentials import load_capability
 from .delivery import Delivery
 from .errors import ConnectError
-from .events import Event, JoinAnswered, MessageDropped, RejoinNeeded, RouterFault
+from .events import EchoAnswered, Event, JoinAnswered, MessageDropped, RejoinNeeded, RouterFault
 from .failover import Failover, FailoverEvent
 from .flowtable import FlowTable
 from .fragment import Reassembler
@@ -134,6 +134,8 @@ class FlowClient:
             self._members.rejoin(event.key)
         elif isinstance(event, RouterFault):
             self._router_fault(event.fault)
+        elif isinstance(event, EchoAnswered):
+            self._sender.on_echo_answered(event.seq)
 
     def _router_fault(self, fault: Fault) -> None:
         """The router's fault about our link: logged, kept, given to ``on_router_fault``
@@ -382,6 +384,24 @@ class FlowClient:
         sent again whole on the new router.
         """
         await self._sender.send(flow, payload, band, locality, ttl, fragment)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until the router has read every message sent before this call.
+
+        What is buffered is written, then an ECHO: the router answers it when it reads it,
+        after everything written before it on the link, so the answer means the router has
+        taken those messages (forwarded them, or queued them for its outputs). It says
+        nothing of the receivers. On a datagram link messages lost on the way stay lost
+        (the ECHO is sent again every second until answered). A router from before soft
+        state takes no ECHO: then this only waits until the link's write buffer has room.
+
+        Raises :class:`~flowlib.errors.FlowTimeout` after *timeout* seconds (default: the
+        client's ``request_timeout``), :class:`~flowlib.errors.FailoverInProgress` at once
+        during a failover or when the link is lost before the answer (what was sent on it
+        may be lost), and :class:`~flowlib.errors.ConnectionLost` once the client is closed
+        or lost.
+        """
+        await self._sender.flush(timeout)
 
     async def watch_members(self, flow: FlowID | str, *, timeout: float | None = None,
                             size: int = DEFAULT_QUEUE_SIZE) -> MemberWatch:

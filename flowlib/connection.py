@@ -71,6 +71,10 @@ class Connection:
         #: the messages of one read at once (what most reads bring; given to each protocol)
         self.on_messages: MessageSink = lambda received: None
         self.on_link_lost: Callable[[Link, str], None] = lambda link, reason: None
+        #: told when an established link ended, after ``on_link_lost`` (a failover has
+        #: started, or the client has finished): what waited on that link in particular
+        #: (a flush)
+        self.on_link_down: list[Callable[[Link, str], None]] = []
         #: called with (reason, user) when the client ends for good, before the hook
         self.on_finish: list[Callable[[str, bool], None]] = []
         self.link: Link | None = None
@@ -174,6 +178,8 @@ class Connection:
         self.up_event.clear()
         self.flows.link_lost()
         self.on_link_lost(link, reason)
+        for hook in self.on_link_down:
+            hook(link, reason)
 
     def finish(self, reason: str, user: bool) -> None:
         """The client is disconnected for good: wake and fail everything that waits."""
@@ -197,14 +203,15 @@ class Connection:
     def closed(self) -> bool:
         return self.lost or self.closing
 
-    def check_open(self) -> Link:
-        """The current link, or raise (for calls that never wait)."""
+    def check_open(self, hint: str = "send() waits for the next router; send_nowait() "
+                                      "does not") -> Link:
+        """The current link, or raise (for calls that never wait; *hint* ends the
+        failover's message)."""
         if self.lost or self.closing:
             raise ConnectionLost(self.close_reason or "the client was closed")
         link = self.link
         if not self.up or link is None:
-            raise self.failover_error("send() waits for the next router; send_nowait() "
-                                      "does not")
+            raise self.failover_error(hint)
         return link
 
     def failover_error(self, hint: str = "") -> FailoverInProgress:

@@ -84,6 +84,14 @@ class RejoinNeeded:
 
 
 @dataclass(frozen=True, slots=True)
+class EchoAnswered:
+    """The router answered the flush ECHO *seq* (``ClientProtocol.flush_echo``): it had read
+    everything written on the link before that ECHO."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class FailoverEvent:
     """One completed failover, as given to ``on_failover`` and kept in ``last_failover``."""
 
@@ -102,4 +110,4 @@ Received = tuple[bytes, int, Message]
 MessageSink = Callable[[list[Received]], None]
 
 Event = HandshakeDone | LinkFailed | JoinAnswered | MessageReceived | MessageDropped | \
-    RejoinNeeded | RouterFault
+    RejoinNeeded | RouterFault | EchoAnswered

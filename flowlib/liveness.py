@@ -46,6 +46,8 @@ class Liveness:
         self.heard = now
         self.echo_due = now
         self.seq = 0
+        #: sequence numbers of the flush ECHOs not answered yet (see :meth:`flush_echo`)
+        self.flushes: set[int] = set()
 
     def heard_from(self, now: float) -> None:
         """Something was read from the router."""
@@ -55,11 +57,27 @@ class Liveness:
         self.router_speaks = True
         return C.EchoReply(msg.seq, msg.stamp)
 
-    def on_echo_reply(self, msg: C.EchoReply, now: float) -> None:
+    def on_echo_reply(self, msg: C.EchoReply, now: float) -> bool:
+        """Take the router's reply; True when it answers a flush ECHO."""
         self.router_speaks = True
         sample = now - msg.stamp / 1e6
         if 0 <= sample < 3600:
             self.rtt = sample if self.rtt is None else 0.875 * self.rtt + 0.125 * sample
+        if msg.seq in self.flushes:
+            self.flushes.discard(msg.seq)
+            return True
+        return False
+
+    def flush_echo(self, now: float) -> C.Echo:
+        """An ECHO sent now, out of turn, whose reply tells that the router has read
+        everything written before it (a router answers an ECHO when it reads it, and reads
+        a stream link in order). At most 1,024 are awaited at once: older ones are
+        forgotten (their flushes time out)."""
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        if len(self.flushes) >= 1024:
+            self.flushes.clear()
+        self.flushes.add(self.seq)
+        return C.Echo(self.seq, int(now * 1e6) & 0xFFFFFFFFFFFFFFFF)
 
     def silent_for(self, now: float) -> float | None:
         """How long a router that speaks liveness has been silent, once that is longer than

@@ -44,6 +44,7 @@ from flowrouter.wire.streamcodec import BadRecord, StreamCodec
 
 from .errors import MessageTooLarge
 from .events import (
+    EchoAnswered,
     Event,
     HandshakeDone,
     JoinAnswered,
@@ -362,7 +363,8 @@ class ClientProtocol:
             self.write_control(LINK_KEY, BAND_MEMBERSHIP, self.liveness.on_echo(msg))
             return
         if isinstance(msg, C.EchoReply):
-            self.liveness.on_echo_reply(msg, self._now)
+            if self.liveness.on_echo_reply(msg, self._now):
+                self._events.append(EchoAnswered(msg.seq))
             return
         if isinstance(msg, (C.NotOnTree, C.Prune)):
             what = "prune" if isinstance(msg, C.Prune) else "not-on-tree"
@@ -520,6 +522,14 @@ class ClientProtocol:
                       loc: tuple[int, int] = (0, 0)) -> None:
         body = msg.encode()
         self._write([pack_header(key, len(body), band, loc[0], loc[1]), body])
+
+    def flush_echo(self, now: float) -> int:
+        """Write an ECHO whose reply (:class:`~flowlib.events.EchoAnswered`, with the
+        sequence number returned here) tells that the router has read everything written
+        before it. Only for a router that :attr:`speaks_soft_state`."""
+        echo = self.liveness.flush_echo(now)
+        self.write_control(LINK_KEY, BAND_MEMBERSHIP, echo)
+        return echo.seq
 
     def join(self, fe: FlowEntry) -> int:
         """Send the JOIN that tells the router what we want of *fe* now; its request ID (the

@@ -12,6 +12,7 @@ that checks, waits and paces. Imports asyncio and flowlib's connection layer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 
@@ -26,12 +27,15 @@ from .checks import (
     check_ttl,
 )
 from .connection import Connection
-from .errors import MessageTooLarge
+from .errors import ConnectionLost, FlowTimeout, MessageTooLarge
 from .fragment import iter_fragments
+from .link import Link
 
 log = logging.getLogger("flowlib")
 
 Payload = bytes | bytearray | memoryview
+#: seconds between a flush's ECHOs while it waits
+FLUSH_RESEND = 1.0
 
 
 class Sender:
@@ -45,6 +49,10 @@ class Sender:
         self.failover_send_timeout = o.failover_send_timeout
         self.origin = secrets.randbits(64)
         self.next_msg_id = secrets.randbits(32)
+        #: flushes waiting for their ECHO's reply: seq -> (the link, the flush's future)
+        self.flushes: dict[int, tuple[Link, asyncio.Future[None]]] = {}
+        conn.on_link_down.append(self.link_down)
+        conn.on_finish.append(self.release)
 
     def checked(self, flow: FlowID | str, payload: Payload, band: int, locality: LocalitySpec,
                 ttl: int) -> tuple[FlowID, Payload, int, int, int]:
@@ -132,3 +140,65 @@ class Sender:
                                           self.fragment_size)
             if new_size != fsize:  # different router maximum: a differently cut message
                 fsize, msg_id = new_size, self.new_msg_id()
+
+    # ------------------------------------------------------------------ flush
+    async def flush(self, timeout: float | None) -> None:
+        """Wait until the router has read what was sent before (see ``FlowClient.flush``)."""
+        conn = self.conn
+        link = conn.check_open("a flush answers for the link messages were sent on")
+        limit = conn.options.request_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        if not link.protocol.speaks_soft_state:
+            # a router from before ECHO would drop the link on one: what was written can
+            # only be handed to the kernel
+            link.flush()
+            await asyncio.wait_for(link.drain(), limit)
+            return
+        fut: asyncio.Future[None] = loop.create_future()
+        seqs: list[int] = []
+        deadline = loop.time() + limit
+        try:
+            while True:
+                # again after each resend interval: on a datagram link an ECHO or its
+                # reply can be lost (on a stream link this only adds an ECHO a second)
+                seq = link.protocol.flush_echo(loop.time())
+                link.flush()
+                seqs.append(seq)
+                self.flushes[seq] = (link, fut)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError
+                done, _ = await asyncio.wait([fut], timeout=min(left, FLUSH_RESEND))
+                if done:
+                    fut.result()  # raises if the link went down first
+                    return
+        except TimeoutError:
+            raise FlowTimeout(f"router {conn.router_name!r} did not answer the flush within "
+                              f"{limit:g}s") from None
+        finally:
+            for seq in seqs:
+                self.flushes.pop(seq, None)
+
+    def on_echo_answered(self, seq: int) -> None:
+        entry = self.flushes.get(seq)
+        if entry is not None and not entry[1].done():
+            entry[1].set_result(None)
+
+    def link_down(self, link: Link, reason: str) -> None:
+        """A link ended and a failover began (had the client ended, :meth:`release` came
+        first): its flushes fail, as what was sent on it may be lost with it."""
+        for seq, (lk, fut) in list(self.flushes.items()):
+            if lk is link:
+                del self.flushes[seq]
+                if not fut.done():
+                    fut.set_exception(self.conn.failover_error(
+                        f"the link was lost before the router answered the flush ({reason}); "
+                        "what was sent on it may be lost"))
+
+    def release(self, reason: str, user: bool) -> None:
+        """The client ended: every flush fails."""
+        entries = list(self.flushes.values())
+        self.flushes.clear()
+        for _link, fut in entries:
+            if not fut.done():
+                fut.set_exception(ConnectionLost(reason))
