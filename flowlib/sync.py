@@ -134,6 +134,11 @@ class SyncFlowClient:
         payload are fragmented (and reassembled by flowlib receivers)."""
         self._call(self._client.send(flow, msg, band, locality, ttl))
 
+    def flow_flush(self, timeout: float | None = None) -> None:
+        """Block until the router has read every message sent before (see
+        :meth:`flowlib.FlowClient.flush`)."""
+        self._call(self._client.flush(timeout))
+
     # --- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         """Close the client and stop its loop thread (idempotent)."""

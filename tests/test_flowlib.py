@@ -755,6 +755,7 @@ def test_sync_facade_end_to_end() -> None:
             tx.flow_send(flow, b"one")
             tx.flow_send(flow, b"two", band=33, locality=(Locality.GEOGRAPHY, 9), ttl=5)
             tx.flow_send(flow, b"not for q", band=34)
+            tx.flow_flush(timeout=5)  # r0 has read all three
             first = rx.flow_get_blocked(q, timeout=5)
             second = rx.flow_get_blocked(q, timeout=5)
             assert first is not None and second is not None
