@@ -7,7 +7,9 @@ failover cut it. A payload that merely looks like a fragment is escaped. During 
 ``send_nowait`` raises :class:`~flowlib.errors.FailoverInProgress` and ``send`` waits for the
 next router (at most ``failover_send_timeout``). The bytes are the protocol's
 (:meth:`flowlib.protocol.ClientProtocol.send_message`); :class:`Sender` is the shell's part
-that checks, waits and paces. Imports asyncio and flowlib's connection layer.
+that checks, waits and paces. ``flush`` waits for the router's answer to an ECHO sent after
+the messages (:meth:`flowlib.protocol.ClientProtocol.flush_echo`). Imports asyncio and
+flowlib's connection layer.
 """
 
 from __future__ import annotations
@@ -148,16 +150,16 @@ class Sender:
         link = conn.check_open("a flush answers for the link messages were sent on")
         limit = conn.options.request_timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
-        if not link.protocol.speaks_soft_state:
-            # a router from before ECHO would drop the link on one: what was written can
-            # only be handed to the kernel
-            link.flush()
-            await asyncio.wait_for(link.drain(), limit)
-            return
         fut: asyncio.Future[None] = loop.create_future()
         seqs: list[int] = []
         deadline = loop.time() + limit
         try:
+            if not link.protocol.speaks_soft_state:
+                # a router from before ECHO would drop the link on one: what was written
+                # can only be handed to the kernel
+                link.flush()
+                await asyncio.wait_for(link.drain(), limit)
+                return
             while True:
                 # again after each resend interval: on a datagram link an ECHO or its
                 # reply can be lost (on a stream link this only adds an ECHO a second)
