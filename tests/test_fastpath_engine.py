@@ -426,7 +426,7 @@ def test_mirror_refuses_bad_entries_alike() -> None:
         assert eng.sizes() == (0, 0) and not eng.has_flow(_key(1)) and not eng.has_link(1)
 
 
-#: flows beyond what the engine scouts ahead for (SCOUT_MIN_FLOWS in _fastpath_scout.h)
+#: flows beyond what the engine scouts ahead for (SCOUT_MIN_FLOWS in _fastpath_tables.h)
 BIG_TABLE = 4200
 
 

@@ -8,11 +8,9 @@
  * and takes no locks; the GIL is held throughout.
  *
  * The tables it forwards from are in _fastpath_tables.c (declarations in
- * _fastpath_tables.h); the lookups of the frames ahead are made by the scout of
- * _fastpath_scout.h; the Python objects its plan becomes are built in _fastpath_out.c.
+ * _fastpath_tables.h); the Python objects its plan becomes are built in _fastpath_out.c.
  */
 #include "_fastpath_out.h"
-#include "_fastpath_scout.h"
 
 /* ------------------------------------------------------------------ forwarding */
 /* Make *arr (items of isz bytes) hold at least need items (doubling, from first). */
@@ -199,8 +197,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     Py_ssize_t in_slot = fp_link_find(e, in_id);
     if (in_slot < 0) { stop = STOP_MISS_LINK; goto done; }
     int in_router = e->links[in_slot].router;
-    Scout scout = {0}; /* looks up the flows of the frames ahead (_fastpath_scout.h) */
-    int scouting = scout_start(&scout, e, d, n, pos);
+    Scout scout; /* prefetches the lookups of the frames ahead (_fastpath_tables.h) */
+    const int scouting = scout_start(&scout, e, pos);
     for (;;) {
         if (n - pos < HEADER) { stop = pos == n ? STOP_END : STOP_PARTIAL; break; }
         const uint8_t *h = d + pos;
@@ -215,8 +213,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             stop = STOP_SLOW;
             break;
         }
-        Flow *hint = scouting ? scout_take(&scout, e, d, n) : SCOUT_UNKNOWN;
-        if (hint == SCOUT_UNKNOWN) scouting = 0; /* it fell behind: look up in the pass */
+        uint32_t slot = scouting ? fp_scout_step(&scout, e, d, n) : UINT32_MAX;
         if (ttl == 0) {
             if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
             counts[1]++;
@@ -225,8 +222,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             pos = end;
             continue;
         }
-        Flow *f = hint != SCOUT_UNKNOWN ? hint
-                  : lastf && memcmp(lastf->key, h, 16) == 0 ? lastf : fp_flow_find(e, h);
+        Flow *f = lastf && memcmp(lastf->key, h, 16) == 0 ? lastf
+                  : slot != UINT32_MAX ? fp_flow_find_at(e, h, slot) : fp_flow_find(e, h);
         if (!f) { stop = STOP_MISS_FLOW; break; }
         lastf = f;
         int drop_kind = 0;

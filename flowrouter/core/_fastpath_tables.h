@@ -178,27 +178,48 @@ static inline uint64_t hash_long(long v) {
     return h ^ (h >> 31);
 }
 
-/* The index slot holding *key*'s position, the probe starting at slot *i*, or -1 (inline:
- * the forwarding pass's look-ahead probes here, _fastpath_scout.h). */
-static inline Py_ssize_t index_probe(const Engine *e, const uint8_t *key, Py_ssize_t i) {
-    Py_ssize_t m = e->index_cap - 1;
-    for (;; i = (i + 1) & m) {
-        uint32_t v = e->index[i];
-        if (v == 0) return -1;
-        if (v != IDX_GONE && memcmp(e->flows[v - 1].key, key, 16) == 0) return i;
-    }
+/* ------------------------------------------------------------------ look-ahead */
+/* A scout over the frames of one received buffer, for tables larger than the caches: with
+ * 10^5 flows a read of small frames is mostly lookups of different flows, each an index
+ * slot and an entry (and its counters) somewhere in megabytes, so each waited for memory
+ * in turn. The scout runs SCOUT_FAR frames ahead of the frame being forwarded and
+ * prefetches the index slot of each key it passes; SCOUT_NEAR frames ahead it reads that
+ * slot (in cache by then) and prefetches the entry and its counters, so the waits overlap.
+ * Hints only: the lookups themselves are unchanged. Off below SCOUT_MIN_FLOWS mirrored
+ * flows (small tables stay in cache) and along a run of frames of one flow. */
+#define SCOUT_MIN_FLOWS 4096
+#define SCOUT_FAR 16
+#define SCOUT_NEAR 6
+#define SCOUT_RING 32 /* a power of two above SCOUT_FAR */
+
+typedef struct {
+    Py_ssize_t at;   /* where the next frame the scout has not passed starts */
+    Py_ssize_t prev; /* the last frame it passed (its key), or -1 */
+    uint64_t passed, done; /* frames passed by the scout, and forwarded (or dropped) */
+    uint32_t slot[SCOUT_RING]; /* index slot of each passed frame's key; UINT32_MAX: none */
+} Scout;
+
+/* Whether to scout this buffer at all (a small table: no). */
+static inline int scout_start(Scout *s, const Engine *e, Py_ssize_t pos) {
+    s->at = pos;
+    s->prev = -1;
+    s->passed = s->done = 0;
+    return e->nflows >= SCOUT_MIN_FLOWS && e->index_cap > 0;
 }
 
-/* The entry of *key*, the probe starting at *slot* (hash_key(key) & (index_cap - 1), as
- * the look-ahead computed it), or NULL. */
-static inline Flow *fp_flow_find_at(const Engine *e, const uint8_t *key, uint32_t slot) {
-    Py_ssize_t i = index_probe(e, key, (Py_ssize_t)slot);
-    return i < 0 ? NULL : &e->flows[e->index[i] - 1];
-}
+/* Called once for every frame the forwarding pass takes from the buffer, in order
+ * (d, n: the buffer), when scout_start said to. Returns the index slot where the lookup of
+ * this frame's key starts (hashed when the scout passed it), or UINT32_MAX when its key is
+ * the previous frame's. Not inline: the forwarding loop stays as small as it was for the
+ * tables that need no scout. */
+uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n);
 
 /* mirror of the tables (_fastpath_tables.c) */
 Py_ssize_t fp_link_find(Engine *e, long id);
 Flow *fp_flow_find(Engine *e, const uint8_t *key);
+/* fp_flow_find with the probe starting at *slot* (hash_key(key) & (index_cap - 1), as the
+ * scout computed it): the key is not hashed twice */
+Flow *fp_flow_find_at(Engine *e, const uint8_t *key, uint32_t slot);
 Route *fp_route_find(Engine *e, uint32_t lsid);
 void fp_engine_clear(Engine *e);
 int fp_init(void);
