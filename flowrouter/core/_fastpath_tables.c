@@ -118,16 +118,6 @@ PyObject *Engine_has_link(Engine *e, PyObject *arg) {
 }
 
 /* ------------------------------------------------------------------ flows */
-/* The index slot holding *key*'s position, or -1. */
-static inline Py_ssize_t index_probe(Engine *e, const uint8_t *key, Py_ssize_t i) {
-    Py_ssize_t m = e->index_cap - 1;
-    for (;; i = (i + 1) & m) {
-        uint32_t v = e->index[i];
-        if (v == 0) return -1;
-        if (v != IDX_GONE && memcmp(e->flows[v - 1].key, key, 16) == 0) return i;
-    }
-}
-
 static Py_ssize_t index_find(Engine *e, const uint8_t *key) {
     if (e->index_cap == 0) return -1;
     return index_probe(e, key, (Py_ssize_t)(hash_key(key) & (uint64_t)(e->index_cap - 1)));
@@ -135,11 +125,6 @@ static Py_ssize_t index_find(Engine *e, const uint8_t *key) {
 
 Flow *fp_flow_find(Engine *e, const uint8_t *key) {
     Py_ssize_t i = index_find(e, key);
-    return i < 0 ? NULL : &e->flows[e->index[i] - 1];
-}
-
-Flow *fp_flow_find_at(Engine *e, const uint8_t *key, uint32_t slot) {
-    Py_ssize_t i = index_probe(e, key, (Py_ssize_t)slot);
     return i < 0 ? NULL : &e->flows[e->index[i] - 1];
 }
 
@@ -421,37 +406,6 @@ PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
 
 /* ------------------------------------------------------------------ look-ahead */
 /* See Scout in _fastpath_tables.h. */
-uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n) {
-    Py_ssize_t m = e->index_cap - 1;
-    while (s->passed < s->done + SCOUT_FAR && n - s->at >= HEADER) {
-        const uint8_t *h = d + s->at;
-        uint32_t size = ((uint32_t)h[16] << 24) | ((uint32_t)h[17] << 16)
-                        | ((uint32_t)h[18] << 8) | h[19];
-        if ((Py_ssize_t)size > n - s->at - HEADER) break; /* not whole yet */
-        uint32_t slot = UINT32_MAX;
-        if (s->prev < 0 || memcmp(d + s->prev, h, 16) != 0) {
-            slot = (uint32_t)(hash_key(h) & (uint64_t)m);
-            __builtin_prefetch(&e->index[slot]);
-        }
-        s->slot[s->passed % SCOUT_RING] = slot;
-        s->prev = s->at;
-        s->at += HEADER + (Py_ssize_t)size;
-        s->passed++;
-    }
-    uint64_t near = s->done + SCOUT_NEAR;
-    if (near < s->passed) {
-        uint32_t slot = s->slot[near % SCOUT_RING];
-        if (slot != UINT32_MAX) {
-            uint32_t v = e->index[slot];
-            if (v != 0 && v != IDX_GONE) {
-                __builtin_prefetch(&e->flows[v - 1]);
-                __builtin_prefetch(&e->counts[v - 1]);
-            }
-        }
-    }
-    return s->slot[s->done++ % SCOUT_RING];
-}
-
 /* ------------------------------------------------------------------ routes */
 static inline uint64_t hash_lsid(uint32_t v) { return hash_long((long)v); }
 
