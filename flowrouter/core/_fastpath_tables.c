@@ -404,8 +404,6 @@ PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
     return PyBool_FromLong(found);
 }
 
-/* ------------------------------------------------------------------ look-ahead */
-/* See Scout in _fastpath_tables.h. */
 /* ------------------------------------------------------------------ routes */
 static inline uint64_t hash_lsid(uint32_t v) { return hash_long((long)v); }
 
