@@ -44,6 +44,15 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _is_router(pid: int) -> bool:
+    """Whether process *pid* runs a router (``flowrouter.tools.cli ... run``)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"flowrouter.tools.cli" in argv and b"run" in argv
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -68,7 +77,10 @@ def _routers_then_kill(argv: list[str], count: int, workdir: Path) -> list[int]:
             assert up.poll() is None, f"flowrouter up exited with {up.returncode}"
             assert time.monotonic() < deadline, "the routers did not start"
             time.sleep(0.1)
-        routers = _children(up.pid)
+        # its routers only: the launcher also runs short helpers (in --netns mode
+        # `ip netns exec NS cat /proc/net/tcp` to see what listens), which are its children
+        # for a moment too
+        routers = [p for p in _children(up.pid) if _is_router(p)]
         assert len(routers) == count
         up.send_signal(signal.SIGKILL)
         up.wait(10)
