@@ -78,6 +78,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from flowrouter.wire.appdgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
+
+from .errors import MessageTooLarge
+
 MAGIC = b"\xffFRG"
 KIND_ESCAPE = 0x00
 KIND_FRAGMENT = 0x01
@@ -97,6 +101,34 @@ _REMEMBER = 4096  #: completed/refused message ids kept to ignore late copies
 def needs_escape(payload: bytes | bytearray | memoryview) -> bool:
     """True if a plain payload starts with the magic and so must be sent escaped."""
     return len(payload) >= 4 and payload[0] == 0xFF and payload[:4] == MAGIC
+
+
+def plan_message(payload: bytes | bytearray | memoryview, size: int, max_payload: int,
+                 fragment: bool | None, max_message_size: int,
+                 fragment_size: int | None) -> int:
+    """How to send a message of *size* bytes over a link whose frames carry *max_payload*:
+    0 plain, -1 plain with the escape prefix, n > 0 in fragments of n data bytes. Raises
+    :class:`~flowlib.errors.MessageTooLarge`.
+
+    Unless told otherwise (*fragment*, *fragment_size*), a message is fragmented above
+    what a datagram link carries too (:data:`~flowrouter.wire.appdgram.MAX_PAYLOAD`, 65,451
+    bytes), so whatever a TCP sender sends also reaches receivers on datagram links."""
+    auto = min(max_payload, DATAGRAM_MAX_PAYLOAD)
+    escape = needs_escape(payload)
+    wire = size + ESCAPE_SIZE if escape else size
+    if fragment is None:
+        fragment = wire > auto
+    if not fragment or size == 0:
+        if wire > max_payload:
+            raise MessageTooLarge(size, max_payload)
+        return -1 if escape else 0
+    if size > max_message_size:
+        raise MessageTooLarge(size, max_message_size, "max_message_size")
+    limit = auto if fragment_size is None else min(fragment_size, max_payload)
+    data = limit - FRAGMENT_HEADER_SIZE
+    if data < 1:
+        raise MessageTooLarge(size, max_payload)
+    return data
 
 
 def fragment_count(total: int, fragment_size: int) -> int:

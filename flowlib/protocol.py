@@ -28,7 +28,6 @@ from collections import Counter, deque
 from typing import Any
 
 from flowrouter.wire import control as C
-from flowrouter.wire.appdgram import MAX_PAYLOAD as DATAGRAM_MAX_PAYLOAD
 from flowrouter.wire.appmembers import decode_notice
 from flowrouter.wire.bands import (
     BAND_APP_MEMBERSHIP,
@@ -42,7 +41,6 @@ from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import DEFAULT_TTL, OFF_TTL, MalformedFrame, pack_header
 from flowrouter.wire.streamcodec import BadRecord, StreamCodec
 
-from .errors import MessageTooLarge
 from .events import (
     EchoAnswered,
     Event,
@@ -60,14 +58,13 @@ from .flowtable import FlowEntry, FlowTable
 from .fragment import (
     ESCAPE_PREFIX,
     ESCAPE_SIZE,
-    FRAGMENT_HEADER_SIZE,
     KIND_ESCAPE,
     KIND_FRAGMENT,
     MAGIC,
     FragmentDropped,
     Reassembler,
     iter_fragments,
-    needs_escape,
+    plan_message,
 )
 from .handshake import Handshake
 from .liveness import JoinResends, Liveness, RefreshDigests
@@ -560,30 +557,11 @@ class ClientProtocol:
 
     def plan(self, payload: bytes | bytearray | memoryview, size: int, fragment: bool | None,
              max_message_size: int, fragment_size: int | None) -> int:
-        """How to send a message: 0 plain, -1 plain with the escape prefix, n > 0 in
-        fragments of n data bytes. Raises MessageTooLarge.
-
-        Unless told otherwise (*fragment*, *fragment_size*), a message is fragmented above
-        what a datagram link carries too (:data:`~flowrouter.wire.appdgram.MAX_PAYLOAD`,
-        65,451 bytes), so whatever a TCP sender sends also reaches receivers on datagram
-        links."""
-        max_payload = self.max_payload
-        auto = min(max_payload, DATAGRAM_MAX_PAYLOAD)
-        escape = needs_escape(payload)
-        wire = size + ESCAPE_SIZE if escape else size
-        if fragment is None:
-            fragment = wire > auto
-        if not fragment or size == 0:
-            if wire > max_payload:
-                raise MessageTooLarge(size, max_payload)
-            return -1 if escape else 0
-        if size > max_message_size:
-            raise MessageTooLarge(size, max_message_size, "max_message_size")
-        limit = auto if fragment_size is None else min(fragment_size, max_payload)
-        data = limit - FRAGMENT_HEADER_SIZE
-        if data < 1:
-            raise MessageTooLarge(size, max_payload)
-        return data
+        """How to send a message over this link (:func:`flowlib.fragment.plan_message`
+        with the router's maximum payload): 0 plain, -1 escaped, n > 0 fragments of n
+        data bytes. Raises MessageTooLarge."""
+        return plan_message(payload, size, self.max_payload, fragment, max_message_size,
+                            fragment_size)
 
     def send_message(self, key: bytes, payload: bytes | bytearray | memoryview, size: int,
                      plan: int, band: int, loc_type: int, loc_value: int, ttl: int,
