@@ -175,9 +175,10 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     Py_ssize_t *slots = stack_slots, *sends = stack_sends;
     uint8_t *lefts = stack_left;
     Py_ssize_t slots_cap = MAX_TARGETS_STACK;
-    /* the last flow looked up, and the flow and band whose outputs slots holds (the tables
-     * do not change during a call: a run of frames of one flow decides its links once) */
-    Flow *lastf = NULL, *cf = NULL;
+    /* the hot slot of the last flow looked up, and of the flow (with the band) whose
+     * outputs slots holds (the tables do not change during a call: a run of frames of one
+     * flow, or of flows of one routing class, decides its links once) */
+    Hot *lasths = NULL, *chs = NULL;
     int cband = -1, c_drop = 0, c_missing = 0;
     /* the copies the last frame of the cached flow and band went to (sends, lefts: the
      * same for the next frame with the same locality, TTL class and no larger payload,
@@ -222,26 +223,21 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             pos = end;
             continue;
         }
-        Flow *f = lastf && memcmp(lastf->key, h, 16) == 0 ? lastf
-                  : slot != UINT32_MAX ? fp_flow_find_at(e, h, slot) : fp_flow_find(e, h);
-        if (!f) { stop = STOP_MISS_FLOW; break; }
-        lastf = f;
-        int drop_kind = 0;
+        Hot *hs = slot != UINT32_MAX ? hot_probe(e, h, (Py_ssize_t)slot)
+                  : lasths && memcmp(lasths->key, h, 16) == 0 ? lasths : fp_hot_find(e, h);
+        if (!hs) { stop = STOP_MISS_FLOW; break; }
+        lasths = hs;
+        int drop_kind = 0, absent = 0;
         Py_ssize_t nt = 0;
         int missing = 0;
-        if (band == cband && cf != NULL
-            && (f == cf || (f->ndown <= 1 && f->ndown == cf->ndown && f->up == cf->up
-                            && f->d.one.link == cf->d.one.link
-                            && mask_has(f->agg, band) == mask_has(cf->agg, band)
-                            && mask_has(f->d.one.mask, band)
-                               == mask_has(cf->d.one.mask, band)))) {
-            /* the flow (or one routed alike: the same up link and one down link, the same
-             * band bits; many flows to one subscriber) whose outputs slots holds */
-            cf = f;
+        if (band == cband && chs != NULL && (hs == chs || (hs->cls && hs->cls == chs->cls))) {
+            /* the flow (or one of its routing class: many flows to one subscriber) whose
+             * outputs slots holds: its entry is not even read */
+            chs = hs;
             drop_kind = c_drop;
             nt = c_nt;
             missing = c_missing;
-        } else if (f->ndown == FLOW_ABSENT) { /* toward the location service (slots has room for one) */
+        } else if (e->flows[hs->pos - 1].ndown == FLOW_ABSENT) { /* toward the location service (slots has room for one) */
             uint32_t lsid = ((uint32_t)h[8] << 24) | ((uint32_t)h[9] << 16)
                             | ((uint32_t)h[10] << 8) | h[11];
             Route *r = fp_route_find(e, lsid);
@@ -255,13 +251,15 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
                 pos = end;
                 continue;
             }
-            cf = NULL;
+            absent = 1;
+            chs = NULL;
             k_valid = 0;
             Py_ssize_t s = fp_link_find(e, r->link);
             if (s < 0) missing = 1;
             else slots[nt++] = s;
         } else {
-            cf = NULL;
+            const Flow *f = &e->flows[hs->pos - 1];
+            chs = NULL;
             k_valid = 0;
             const int32_t *downs = flow_downs(f);
             const mask128 *masks = flow_masks(f);
@@ -313,7 +311,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
                 }
             }
             if (!drop_kind && !missing && nt == 0) drop_kind = 3;
-            cf = f;
+            chs = hs;
             cband = band;
             c_drop = drop_kind;
             c_nt = nt;
@@ -324,9 +322,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             counts[drop_kind]++;
             counts[7]++;
             counts[8]++;
-            FlowCount *fc = &e->counts[f - e->flows];
-            fc->frames++;
-            fc->bytes += (uint64_t)(end - pos);
+            hot_count(e, hs, (uint64_t)(end - pos));
             pos = end;
             continue;
         }
@@ -359,7 +355,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             }
             k_alike = nsend >= 2;
             for (Py_ssize_t i = 1; i < nsend && k_alike; i++) k_alike = lefts[i] == lefts[0];
-            k_valid = cf != NULL && d_big == 0;
+            k_valid = chs != NULL && d_big == 0;
             k_lt = lt;
             k_lv = lv;
             k_ttl0 = out_ttl == 0;
@@ -378,13 +374,8 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
         counts[5] += d_big;
         counts[7] += nd;
         counts[8]++;
-        if (f->ndown == FLOW_ABSENT) {
-            counts[9]++;
-        } else { /* the flow's counters, as the core counts them in its entry */
-            FlowCount *fc = &e->counts[f - e->flows];
-            fc->frames++;
-            fc->bytes += (uint64_t)(end - pos);
-        }
+        if (absent) counts[9]++;
+        else hot_count(e, hs, (uint64_t)(end - pos)); /* as the core counts in its entry */
         if (nsend) {
             counts[6]++;
             counts[0] += nsend;

@@ -2,12 +2,15 @@
  *
  * Links: an array of slots and an open-addressing map from link id to slot (rebuilt when a
  * link comes or goes, which is rare). Flows: a dense array of 64-byte entries (one cache
- * line; the one downstream link most flows have is inline) and an open-addressing index of
- * 4-byte positions keyed by the 16-byte flow key, with tombstones, rebuilt at half full to a
- * quarter (about 90 bytes per flow in all); a key the core holds no entry for is kept there
- * as absent. Beside the flows, an array of their counters indexed like them (what each
- * took; forget_flow hands it back). Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied only through the
- * Python methods below, by flowrouter/core/fastpath.py on the core's behalf.
+ * line; the one downstream link most flows have is inline) and the hot table, 32-byte
+ * slots by flow key holding the key, the entry's position, its routing class and recent
+ * counters (_fastpath_tables.h), open addressing with tombstones, rebuilt at three
+ * quarters full to at most half; a key the core holds no entry for is kept there as absent.
+ * Beside the flows, an array of their counters indexed like them (with the hot slot's,
+ * what each took; forget_flow hands it back). Routing classes: _fastpath_classes.c.
+ * Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied
+ * only through the Python methods below, by flowrouter/core/fastpath.py on the core's
+ * behalf.
  */
 #include "_fastpath_tables.h"
 
@@ -118,39 +121,75 @@ PyObject *Engine_has_link(Engine *e, PyObject *arg) {
 }
 
 /* ------------------------------------------------------------------ flows */
-static Py_ssize_t index_find(Engine *e, const uint8_t *key) {
-    if (e->index_cap == 0) return -1;
-    return index_probe(e, key, (Py_ssize_t)(hash_key(key) & (uint64_t)(e->index_cap - 1)));
+Hot *fp_hot_find(Engine *e, const uint8_t *key) {
+    if (e->hot_cap == 0) return NULL;
+    return hot_probe(e, key, (Py_ssize_t)(hash_key(key) & (uint64_t)(e->hot_cap - 1)));
 }
 
-Flow *fp_flow_find(Engine *e, const uint8_t *key) {
-    Py_ssize_t i = index_find(e, key);
-    return i < 0 ? NULL : &e->flows[e->index[i] - 1];
+static Flow *flow_of(Engine *e, const Hot *s) {
+    return &e->flows[s->pos - 1];
 }
 
-static void flow_release(Flow *f) {
+/* Empty entry *f* of everything but its key: its arrays freed, its class released. */
+static void flow_release(Engine *e, Flow *f) {
     if (f->ndown != FLOW_ABSENT && f->ndown > 1) {
         PyMem_Free(f->d.many.links);
         PyMem_Free(f->d.many.masks);
+    } else if (f->ndown <= 1) {
+        fp_class_release(e, f->d.one.cls);
     }
     f->ndown = 0;
+    f->d.one.cls = 0;
 }
 
-/* Rebuild the index at *cap* slots (a power of two) from the dense array. */
-static int index_rebuild(Engine *e, Py_ssize_t cap) {
-    uint32_t *idx = PyMem_Calloc((size_t)cap, sizeof(uint32_t));
-    if (!idx) { PyErr_NoMemory(); return -1; }
+/* Move every hot slot's counters into its flow's FlowCount (before the slots are built
+ * again, or read all at once). */
+static void hot_spill(Engine *e) {
+    for (Py_ssize_t i = 0; i < e->hot_cap; i++) {
+        Hot *s = &e->hot[i];
+        if (s->pos == 0 || s->pos == HOT_GONE || (!s->frames && !s->bytes)) continue;
+        FlowCount *c = &e->counts[s->pos - 1];
+        c->frames += s->frames;
+        c->bytes += s->bytes;
+        s->frames = s->bytes = 0;
+    }
+}
+
+/* Make *ht* (cap slots, a power of two, zeroed) the hot table, filled from the dense
+ * array: the old table's counters must have been spilled into the FlowCounts. */
+static void hot_fill(Engine *e, Hot *ht, Py_ssize_t cap) {
     for (Py_ssize_t j = 0; j < e->nflows; j++) {
-        for (Py_ssize_t i = (Py_ssize_t)(hash_key(e->flows[j].key) & (cap - 1));;
+        const Flow *f = &e->flows[j];
+        for (Py_ssize_t i = (Py_ssize_t)(hash_key(f->key) & (cap - 1));;
              i = (i + 1) & (cap - 1)) {
-            if (idx[i] == 0) { idx[i] = (uint32_t)(j + 1); break; }
+            if (ht[i].pos == 0) {
+                memcpy(ht[i].key, f->key, 16);
+                ht[i].pos = (uint32_t)(j + 1);
+                ht[i].cls = flow_cls(f);
+                break;
+            }
         }
     }
-    PyMem_Free(e->index);
-    e->index = idx;
-    e->index_cap = cap;
-    e->index_filled = e->nflows;
+    PyMem_Free(e->hot);
+    e->hot = ht;
+    e->hot_cap = cap;
+    e->hot_filled = e->nflows;
+}
+
+/* Build the hot table again at *cap* slots from the dense array. */
+static int hot_rebuild(Engine *e, Py_ssize_t cap) {
+    Hot *ht = PyMem_Calloc((size_t)cap, sizeof(Hot));
+    if (!ht) { PyErr_NoMemory(); return -1; }
+    hot_spill(e);
+    hot_fill(e, ht, cap);
     return 0;
+}
+
+/* The hot table's size for n flows: at most half full. */
+static Py_ssize_t hot_size(Py_ssize_t n) {
+    Py_ssize_t cap = 64;
+    while (n * 2 > cap) cap *= 2;
+    return cap;
 }
 
 static PyObject *MASK64, *SHIFT64;
@@ -184,20 +223,19 @@ static int mask_from(PyObject *o, mask128 *out) {
     return 0;
 }
 
-/* The entry of *key*: emptied (its arrays freed) if it exists, else a new one at the end of
- * the dense array; NULL and an exception when the tables cannot grow. */
-static Flow *flow_slot(Engine *e, const uint8_t *key) {
-    Flow *f = fp_flow_find(e, key);
-    if (f) {
-        flow_release(f);
-        return f;
+/* The hot slot of *key*, its entry emptied (flow_release) if it exists, else a new one
+ * at the end of the dense array; NULL and an exception when the tables cannot grow. */
+static Hot *flow_slot(Engine *e, const uint8_t *key) {
+    Hot *hs = fp_hot_find(e, key);
+    if (hs) {
+        flow_release(e, flow_of(e, hs));
+        hs->cls = 0;
+        return hs;
     }
     if (e->nflows >= 0xFFFFFFF0) { PyErr_SetString(PyExc_ValueError, "too many flows"); return NULL; }
-    if ((e->index_filled + 1) * 2 > e->index_cap) {
-        Py_ssize_t cap = 64;
-        while ((e->nflows + 1) * 4 > cap) cap *= 2; /* at most a quarter full after */
-        if (index_rebuild(e, cap) < 0) return NULL;
-    }
+    if ((e->hot_filled + 1) * 4 > e->hot_cap * 3
+            && hot_rebuild(e, hot_size(e->nflows + 1)) < 0)
+        return NULL;
     if (e->nflows == e->flows_cap) {
         Py_ssize_t cap = e->flows_cap < 64 ? 64 : e->flows_cap + e->flows_cap / 2;
         Flow *nf = PyMem_Realloc(e->flows, (size_t)cap * sizeof(Flow));
@@ -208,34 +246,37 @@ static Flow *flow_slot(Engine *e, const uint8_t *key) {
         e->counts = nc;
         e->flows_cap = cap;
     }
-    Py_ssize_t m = e->index_cap - 1;
+    Py_ssize_t m = e->hot_cap - 1;
     for (Py_ssize_t i = (Py_ssize_t)(hash_key(key) & m);; i = (i + 1) & m) {
-        uint32_t v = e->index[i];
-        if (v == 0 || v == IDX_GONE) {
-            if (v == 0) e->index_filled++;
-            e->index[i] = (uint32_t)(e->nflows + 1);
+        hs = &e->hot[i];
+        if (hs->pos == 0 || hs->pos == HOT_GONE) {
+            if (hs->pos == 0) e->hot_filled++;
+            memset(hs, 0, sizeof(Hot));
+            memcpy(hs->key, key, 16);
+            hs->pos = (uint32_t)(e->nflows + 1);
             break;
         }
     }
     memset(&e->counts[e->nflows], 0, sizeof(FlowCount));
-    f = &e->flows[e->nflows++];
+    Flow *f = &e->flows[e->nflows++];
     memset(f, 0, sizeof(Flow));
     memcpy(f->key, key, 16);
-    return f;
+    return hs;
 }
 
-/* Remove the entry at index slot *i*: the last entry of the dense array (and its counters)
- * moves into its place (and its index slot follows it). */
-static void flow_remove(Engine *e, Py_ssize_t i) {
-    uint32_t pos = e->index[i] - 1;
-    flow_release(&e->flows[pos]);
-    e->index[i] = IDX_GONE;
+/* Remove the entry of hot slot *hs* (a tombstone after): the last entry of the dense array
+ * (and its counters) moves into its place, and its hot slot follows it. */
+static void flow_remove(Engine *e, Hot *hs) {
+    uint32_t pos = hs->pos - 1;
+    flow_release(e, &e->flows[pos]);
+    hs->pos = HOT_GONE;
+    hs->frames = hs->bytes = 0;
     Py_ssize_t last = e->nflows - 1;
     if ((Py_ssize_t)pos != last) {
-        Py_ssize_t j = index_find(e, e->flows[last].key);
+        Hot *moved = fp_hot_find(e, e->flows[last].key);
         e->flows[pos] = e->flows[last];
         e->counts[pos] = e->counts[last];
-        e->index[j] = pos + 1;
+        moved->pos = pos + 1;
     }
     e->nflows--;
 }
@@ -284,8 +325,9 @@ PyObject *Engine_set_flow(Engine *e, PyObject *args) {
     }
     Py_DECREF(seq);
     seq = NULL;
-    Flow *f = flow_slot(e, key.buf);
-    if (!f) goto fail;
+    Hot *hs = flow_slot(e, key.buf);
+    if (!hs) goto fail;
+    Flow *f = flow_of(e, hs);
     f->up = up;
     f->agg = agg;
     f->ndown = (uint32_t)nd;
@@ -300,6 +342,7 @@ PyObject *Engine_set_flow(Engine *e, PyObject *args) {
         f->d.many.links = ids;
         f->d.many.masks = masks;
     }
+    if (nd <= 1) f->d.one.cls = hs->cls = fp_class_acquire(e, f);
     PyBuffer_Release(&key);
     Py_RETURN_NONE;
 fail:
@@ -317,41 +360,35 @@ static PyObject *count_tuple(const FlowCount *c) {
 PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
-    Py_ssize_t i = key.len == 16 ? index_find(e, key.buf) : -1;
+    Hot *hs = key.len == 16 ? fp_hot_find(e, key.buf) : NULL;
     PyBuffer_Release(&key);
-    if (i < 0) Py_RETURN_NONE;
-    uint32_t pos = e->index[i] - 1;
+    if (!hs) Py_RETURN_NONE;
     PyObject *out = NULL;
-    if (e->flows[pos].ndown != FLOW_ABSENT) {
-        out = count_tuple(&e->counts[pos]);
+    if (flow_of(e, hs)->ndown != FLOW_ABSENT) {
+        const FlowCount *c = &e->counts[hs->pos - 1];
+        out = count_tuple(&(FlowCount){c->frames + hs->frames, c->bytes + hs->bytes});
         if (!out) return NULL;
     }
-    flow_remove(e, i);
+    flow_remove(e, hs);
     if (out) return out;
     Py_RETURN_NONE;
 }
 
-/* The counters of *key*'s mirrored entry, or NULL (absent or not mirrored). */
-static const FlowCount *flow_count_of(Engine *e, PyObject *arg, int *err) {
-    Py_buffer key;
-    *err = PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0;
-    if (*err) return NULL;
-    Flow *f = key.len == 16 ? fp_flow_find(e, key.buf) : NULL;
-    PyBuffer_Release(&key);
-    return f && f->ndown != FLOW_ABSENT ? &e->counts[f - e->flows] : NULL;
-}
-
+/* The counters of *key*'s mirrored entry (None: absent or not mirrored). */
 PyObject *Engine_flow_counts(Engine *e, PyObject *arg) {
-    int err;
-    const FlowCount *c = flow_count_of(e, arg, &err);
-    if (err) return NULL;
-    if (!c) Py_RETURN_NONE;
-    return count_tuple(c);
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
+    Hot *hs = key.len == 16 ? fp_hot_find(e, key.buf) : NULL;
+    PyBuffer_Release(&key);
+    if (!hs || flow_of(e, hs)->ndown == FLOW_ABSENT) Py_RETURN_NONE;
+    const FlowCount *c = &e->counts[hs->pos - 1];
+    return count_tuple(&(FlowCount){c->frames + hs->frames, c->bytes + hs->bytes});
 }
 
 PyObject *Engine_all_flow_counts(Engine *e, PyObject *Py_UNUSED(ignored)) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
+    hot_spill(e);
     for (Py_ssize_t j = 0; j < e->nflows; j++) {
         const FlowCount *c = &e->counts[j];
         if (e->flows[j].ndown == FLOW_ABSENT || !c->frames) continue;
@@ -372,34 +409,41 @@ PyObject *Engine_set_absent(Engine *e, PyObject *arg) {
         PyErr_SetString(PyExc_ValueError, "a flow key is 16 bytes");
         return NULL;
     }
-    Flow *f = flow_slot(e, key.buf);
+    Hot *hs = flow_slot(e, key.buf);
     PyBuffer_Release(&key);
-    if (!f) return NULL;
+    if (!hs) return NULL;
+    Flow *f = flow_of(e, hs);
     f->up = -1;
     f->ndown = FLOW_ABSENT;
-    memset(&e->counts[f - e->flows], 0, sizeof(FlowCount)); /* nothing to hand over */
+    memset(&e->counts[hs->pos - 1], 0, sizeof(FlowCount)); /* nothing to hand over */
+    hs->frames = hs->bytes = 0;
     Py_RETURN_NONE;
 }
 
 PyObject *Engine_forget_absent(Engine *e, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t kept = 0;
-    for (Py_ssize_t j = 0; j < e->nflows; j++) { /* compact, then index again */
+    for (Py_ssize_t j = 0; j < e->nflows; j++) kept += e->flows[j].ndown != FLOW_ABSENT;
+    if (kept == e->nflows) Py_RETURN_NONE;
+    /* the new table first: nothing changes if it cannot be had */
+    Py_ssize_t cap = hot_size(kept);
+    Hot *ht = PyMem_Calloc((size_t)cap, sizeof(Hot));
+    if (!ht) return PyErr_NoMemory();
+    hot_spill(e); /* while the slots still name the old positions */
+    kept = 0;
+    for (Py_ssize_t j = 0; j < e->nflows; j++) { /* compact, then fill the table again */
         if (e->flows[j].ndown == FLOW_ABSENT) continue;
         e->counts[kept] = e->counts[j];
         e->flows[kept++] = e->flows[j];
     }
-    if (kept == e->nflows) Py_RETURN_NONE;
     e->nflows = kept;
-    Py_ssize_t cap = 64;
-    while (kept * 4 > cap) cap *= 2;
-    if (index_rebuild(e, cap) < 0) return NULL;
+    hot_fill(e, ht, cap);
     Py_RETURN_NONE;
 }
 
 PyObject *Engine_has_flow(Engine *e, PyObject *arg) {
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
-    int found = key.len == 16 && fp_flow_find(e, key.buf) != NULL;
+    int found = key.len == 16 && fp_hot_find(e, key.buf) != NULL;
     PyBuffer_Release(&key);
     return PyBool_FromLong(found);
 }
@@ -477,15 +521,17 @@ PyObject *Engine_has_route(Engine *e, PyObject *arg) {
 }
 
 void fp_engine_clear(Engine *e) {
-    for (Py_ssize_t j = 0; j < e->nflows; j++) flow_release(&e->flows[j]);
+    for (Py_ssize_t j = 0; j < e->nflows; j++) flow_release(e, &e->flows[j]);
+    fp_classes_clear(e);
+    e->cls_full = 0;
     PyMem_Free(e->flows);
     e->flows = NULL;
     PyMem_Free(e->counts);
     e->counts = NULL;
     e->nflows = e->flows_cap = 0;
-    PyMem_Free(e->index);
-    e->index = NULL;
-    e->index_cap = e->index_filled = 0;
+    PyMem_Free(e->hot);
+    e->hot = NULL;
+    e->hot_cap = e->hot_filled = 0;
     PyMem_Free(e->links);
     e->links = NULL;
     e->nlinks = e->links_cap = 0;

@@ -32,7 +32,6 @@ enum { STOP_END = 0, STOP_PARTIAL = 1, STOP_SLOW = 2, STOP_MISS_FLOW = 3, STOP_M
 /* counts[]: COUNT_NAMES (0-5), decisions forwarded / dropped (6, 7), frames taken (8),
  * MORE_COUNT_NAMES (9-11): see fastpath_py.py */
 #define NCOUNTS 12
-#define IDX_GONE UINT32_MAX
 
 typedef struct { uint64_t lo, hi; } mask128;
 
@@ -89,17 +88,19 @@ typedef struct {
     PyObject *obj; /* while the outputs are built: its bytes, or its list of pieces */
 } Run;
 
-/* One mirrored flow: 64 bytes, one cache line, in a dense array (the index below maps keys
- * to it). A flow with one downstream link (most of them) keeps it inline; more go in two
- * arrays of their own. ndown == FLOW_ABSENT: the core holds no entry for the key. Link ids
- * in a flow are 0..2^31-1 (the router numbers its links from 1). */
+/* One mirrored flow: 64 bytes, one cache line, in a dense array (the hot table below maps
+ * keys to it). A flow with one downstream link (most of them) keeps it inline; more go in
+ * two arrays of their own. ndown == FLOW_ABSENT: the core holds no entry for the key. Link
+ * ids in a flow are 0..2^31-1 (the router numbers its links from 1). d.one.cls: the
+ * routing class (see FlowClass) of a flow with at most one downstream link (the others
+ * have none: flow_cls). */
 #define FLOW_ABSENT UINT32_MAX
 #define FLOW_MAX_DOWN 65535
 typedef struct {
     uint8_t key[16];
     mask128 agg;
     union {
-        struct { mask128 mask; int32_t link; } one; /* ndown <= 1 */
+        struct { mask128 mask; int32_t link; uint32_t cls; } one; /* ndown <= 1 */
         struct { int32_t *links; mask128 *masks; } many; /* ndown > 1 */
     } d;
     int32_t up; /* -1: none */
@@ -109,19 +110,53 @@ typedef struct {
 _Static_assert(sizeof(Flow) == 64, "a mirrored flow is one cache line");
 
 /* What a mirrored flow took since it was mirrored (data frames forwarded or dropped by the
- * tree's masks, and their bytes, headers included): kept beside the entries, not in them,
- * in an array indexed like the dense array of flows, so that an entry stays one cache line.
- * Absent keys count nothing (the core holds no entry to hand it to). */
+ * tree's masks, and their bytes, headers included): the sum of this, kept beside the
+ * entries in an array indexed like the dense array of flows, and of the 32-bit counters in
+ * the flow's hot slot (below), which spill into it before they would wrap. Absent keys
+ * count nothing (the core holds no entry to hand it to). */
 typedef struct {
     uint64_t frames, bytes;
 } FlowCount;
 
+/* The hot table: open addressing by flow key, 32-byte slots (two a cache line), each
+ * holding its key, where its entry is in the dense array, its routing class and its recent
+ * counters. A frame of a flow routed like the frame before it (many flows to one
+ * subscriber) is forwarded from its slot alone: one cache line a lookup, where an index of
+ * positions took the index's line, the entry's and the counters'. pos: the entry's
+ * position + 1; 0 empty; HOT_GONE a tombstone. */
+#define HOT_GONE UINT32_MAX
+typedef struct {
+    uint8_t key[16];
+    uint32_t pos, cls;
+    uint32_t frames, bytes;
+} Hot;
+
+_Static_assert(sizeof(Hot) == 32, "two hot slots a cache line");
+
+/* A routing class: flows whose frames every link would decide alike, in every band (the
+ * same upstream link, at most one downstream link, the same one, and the same band masks).
+ * Interned, with a count of the flows in it, so that "routed like the last frame" is one
+ * comparison of class numbers (1..MAX_CLASSES; a flow past that many classes gets 0 and is
+ * decided on its own). Flows with several downstream links get none. */
+#ifndef MAX_CLASSES
+#define MAX_CLASSES 65536
+#endif
+#define CLASS_BUCKETS 4096
+typedef struct {
+    mask128 agg, mask;
+    int32_t up, link;
+    uint32_t ndown, refs, next; /* next: in its bucket's chain, or in the free list */
+} FlowClass;
 static inline const int32_t *flow_downs(const Flow *f) {
     return f->ndown <= 1 ? &f->d.one.link : f->d.many.links;
 }
 
 static inline const mask128 *flow_masks(const Flow *f) {
     return f->ndown <= 1 ? &f->d.one.mask : f->d.many.masks;
+}
+
+static inline uint32_t flow_cls(const Flow *f) {
+    return f->ndown <= 1 ? f->d.one.cls : 0;
 }
 
 /* Where a frame of an absent flow with this LSID goes: a link, or ROUTE_NO_MEMBERS /
@@ -138,14 +173,19 @@ typedef struct {
     Py_ssize_t nlinks, links_cap;
     Py_ssize_t *lmap; /* slot+1, 0 empty; size lmap_cap (power of two) */
     Py_ssize_t lmap_cap;
-    /* flows: a dense array (nflows used of flows_cap) and an open-addressing index of
-     * uint32 slots (index_cap, a power of two): 0 empty, IDX_GONE a tombstone, else the
-     * flow's position + 1 */
+    /* flows: a dense array (nflows used of flows_cap) and the hot table (hot_cap slots, a
+     * power of two) */
     Flow *flows;
-    FlowCount *counts; /* counts[j]: what flows[j] took; flows_cap of them */
+    FlowCount *counts; /* counts[j]: what flows[j] took, but for its hot slot's */
     Py_ssize_t nflows, flows_cap;
-    uint32_t *index;
-    Py_ssize_t index_cap, index_filled; /* filled = used + tombstones */
+    Hot *hot;
+    Py_ssize_t hot_cap, hot_filled; /* filled = used + tombstones */
+    /* routing classes: classes[id - 1], chained from buckets by hash; ncls ids handed out
+     * so far, cls_free the first free id (0: none), cls_full flows that found no room */
+    FlowClass *classes;
+    uint32_t *cls_buckets;
+    uint32_t ncls, cls_cap, cls_free;
+    uint64_t cls_full;
     Py_ssize_t *dirty;
     Py_ssize_t ndirty, dirty_cap;
     Copy *copies;
@@ -178,41 +218,44 @@ static inline uint64_t hash_long(long v) {
     return h ^ (h >> 31);
 }
 
-/* The index slot holding *key*'s position, the probe starting at slot *i*, or -1 (here,
- * inline, for the forwarding pass's lookups). */
-static inline Py_ssize_t index_probe(const Engine *e, const uint8_t *key, Py_ssize_t i) {
-    Py_ssize_t m = e->index_cap - 1;
+/* The hot slot of *key*, the probe starting at slot *i*, or NULL (here, inline, for the
+ * forwarding pass's lookups). */
+static inline Hot *hot_probe(const Engine *e, const uint8_t *key, Py_ssize_t i) {
+    Py_ssize_t m = e->hot_cap - 1;
     for (;; i = (i + 1) & m) {
-        uint32_t v = e->index[i];
-        if (v == 0) return -1;
-        if (v != IDX_GONE && memcmp(e->flows[v - 1].key, key, 16) == 0) return i;
+        Hot *s = &e->hot[i];
+        if (s->pos == 0) return NULL;
+        if (s->pos != HOT_GONE && memcmp(s->key, key, 16) == 0) return s;
     }
 }
 
-/* The entry of *key*, the probe starting at *slot* (hash_key(key) & (index_cap - 1), as
- * the scout computed it: the key is not hashed twice), or NULL. */
-static inline Flow *fp_flow_find_at(const Engine *e, const uint8_t *key, uint32_t slot) {
-    Py_ssize_t i = index_probe(e, key, (Py_ssize_t)slot);
-    return i < 0 ? NULL : &e->flows[e->index[i] - 1];
+/* Count a frame of *n* bytes (header included) to the flow of hot slot *s*: in the slot,
+ * or, when its 32-bit counters would wrap, into the flow's FlowCount with what they held. */
+static inline void hot_count(Engine *e, Hot *s, uint64_t n) {
+    if (n <= (uint64_t)(UINT32_MAX - s->bytes) && s->frames != UINT32_MAX) {
+        s->frames++;
+        s->bytes += (uint32_t)n;
+        return;
+    }
+    FlowCount *c = &e->counts[s->pos - 1];
+    c->frames += (uint64_t)s->frames + 1;
+    c->bytes += (uint64_t)s->bytes + n;
+    s->frames = s->bytes = 0;
 }
 
 /* ------------------------------------------------------------------ look-ahead */
 /* A scout over the frames of one received buffer, for tables larger than the caches: with
- * 10^5 flows a read of small frames is mostly lookups of different flows, each an index
- * slot and an entry (and its counters) somewhere in megabytes, so each waited for memory
- * in turn. The scout runs SCOUT_FAR frames ahead of the frame being forwarded and
- * prefetches the index slot of each key it passes; SCOUT_NEAR frames ahead it reads that
- * slot (in cache by then) and prefetches the entry and its counters, so the waits overlap.
- * Hints only: the lookups themselves are unchanged. Off below SCOUT_MIN_FLOWS mirrored
- * flows (small tables stay in cache) and along a run of frames of one flow. */
+ * 10^5 flows a read of small frames is mostly lookups of different flows, each a hot slot
+ * somewhere in megabytes, so each waited for memory in turn. The scout runs SCOUT_FAR
+ * frames ahead of the frame being forwarded, hashes the key of each frame it passes and
+ * prefetches its hot slot, so the waits overlap. Hints only: the lookups themselves are
+ * unchanged. Off below SCOUT_MIN_FLOWS mirrored flows (small tables stay in cache) and
+ * along a run of frames of one flow. */
 #ifndef SCOUT_MIN_FLOWS
 #define SCOUT_MIN_FLOWS 4096
 #endif
 #ifndef SCOUT_FAR
 #define SCOUT_FAR 16
-#endif
-#ifndef SCOUT_NEAR
-#define SCOUT_NEAR 6
 #endif
 #ifndef SCOUT_RING
 #define SCOUT_RING 32 /* a power of two above SCOUT_FAR */
@@ -222,7 +265,7 @@ typedef struct {
     Py_ssize_t at;   /* where the next frame the scout has not passed starts */
     Py_ssize_t prev; /* the last frame it passed (its key), or -1 */
     uint64_t passed, done; /* frames passed by the scout, and forwarded (or dropped) */
-    uint32_t slot[SCOUT_RING]; /* index slot of each passed frame's key; UINT32_MAX: none */
+    uint32_t slot[SCOUT_RING]; /* hot slot of each passed frame's key; UINT32_MAX: none */
 } Scout;
 
 /* Whether to scout this buffer at all (a small table: no). */
@@ -230,18 +273,18 @@ static inline int scout_start(Scout *s, const Engine *e, Py_ssize_t pos) {
     s->at = pos;
     s->prev = -1;
     s->passed = s->done = 0;
-    return e->nflows >= SCOUT_MIN_FLOWS && e->index_cap > 0;
+    return e->nflows >= SCOUT_MIN_FLOWS && e->hot_cap > 0;
 }
 
 /* Called once for every frame the forwarding pass takes from the buffer, in order
- * (d, n: the buffer), when scout_start said to. Returns the index slot where the lookup of
+ * (d, n: the buffer), when scout_start said to. Returns the hot slot where the lookup of
  * this frame's key starts (hashed when the scout passed it), or UINT32_MAX when its key is
- * the previous frame's. Inline, as the probe below is: a call into _fastpath_tables.c for
+ * the previous frame's. Inline, as the probe above is: a call into _fastpath_tables.c for
  * each was measured at about 1 ns a frame more with 10^5 flows (flows in blocks, each
  * block's probes in one loop, was faster still at 16 B but 8-12 ns slower at 1 KB, and
- * was not kept). */
+ * was not kept; refilling the scout in batches measured no faster). */
 static inline uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d, Py_ssize_t n) {
-    Py_ssize_t m = e->index_cap - 1;
+    Py_ssize_t m = e->hot_cap - 1;
     while (s->passed < s->done + SCOUT_FAR && n - s->at >= HEADER) {
         const uint8_t *h = d + s->at;
         uint32_t size = ((uint32_t)h[16] << 24) | ((uint32_t)h[17] << 16)
@@ -250,23 +293,12 @@ static inline uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d
         uint32_t slot = UINT32_MAX;
         if (s->prev < 0 || memcmp(d + s->prev, h, 16) != 0) {
             slot = (uint32_t)(hash_key(h) & (uint64_t)m);
-            __builtin_prefetch(&e->index[slot]);
+            __builtin_prefetch(&e->hot[slot]);
         }
         s->slot[s->passed % SCOUT_RING] = slot;
         s->prev = s->at;
         s->at += HEADER + (Py_ssize_t)size;
         s->passed++;
-    }
-    uint64_t near = s->done + SCOUT_NEAR;
-    if (near < s->passed) {
-        uint32_t slot = s->slot[near % SCOUT_RING];
-        if (slot != UINT32_MAX) {
-            uint32_t v = e->index[slot];
-            if (v != 0 && v != IDX_GONE) {
-                __builtin_prefetch(&e->flows[v - 1]);
-                __builtin_prefetch(&e->counts[v - 1]);
-            }
-        }
     }
     return s->slot[s->done++ % SCOUT_RING];
 }
@@ -274,11 +306,14 @@ static inline uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d
 
 /* mirror of the tables (_fastpath_tables.c) */
 Py_ssize_t fp_link_find(Engine *e, long id);
-Flow *fp_flow_find(Engine *e, const uint8_t *key);
-/* fp_flow_find with the probe starting at *slot* (hash_key(key) & (index_cap - 1), as the
- * scout computed it): the key is not hashed twice */
+Hot *fp_hot_find(Engine *e, const uint8_t *key);
 Route *fp_route_find(Engine *e, uint32_t lsid);
 void fp_engine_clear(Engine *e);
+/* routing classes (_fastpath_classes.c): the class of a flow's routing (a new one, or one
+ * more flow in an existing one; 0: none), and one flow fewer in class *id* */
+uint32_t fp_class_acquire(Engine *e, const Flow *f);
+void fp_class_release(Engine *e, uint32_t id);
+void fp_classes_clear(Engine *e);
 int fp_init(void);
 PyObject *Engine_set_link(Engine *e, PyObject *args);
 PyObject *Engine_forget_link(Engine *e, PyObject *arg);
