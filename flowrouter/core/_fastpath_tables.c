@@ -13,6 +13,7 @@
  * behalf.
  */
 #include "_fastpath_tables.h"
+#include <sys/mman.h>
 
 /* ------------------------------------------------------------------ links */
 Py_ssize_t fp_link_find(Engine *e, long id) {
@@ -142,6 +143,42 @@ static void flow_release(Engine *e, Flow *f) {
     f->d.one.cls = 0;
 }
 
+/* The hot table's memory: zeroed; a large one (HOT_HUGE bytes or more) in its own mapping
+ * advised to use huge pages, so that a lookup in megabytes of slots does not also miss
+ * the TLB (the look-ahead's prefetches are dropped on a TLB miss). Either way it is
+ * counted where tracemalloc sees the rest of the engine. */
+#ifndef HOT_HUGE
+#define HOT_HUGE (4 << 20)
+#endif
+#define HUGE_PAGE (2 << 20)
+static Hot *hot_alloc(Py_ssize_t cap) {
+    size_t bytes = (size_t)cap * sizeof(Hot);
+    if (bytes < HOT_HUGE) return PyMem_Calloc((size_t)cap, sizeof(Hot));
+    /* over-map by a huge page and keep the aligned part: only aligned 2 MiB ranges get
+     * huge pages */
+    uint8_t *raw = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uintptr_t at = ((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    if (at > (uintptr_t)raw) munmap(raw, at - (uintptr_t)raw);
+    size_t tail = (size_t)((uintptr_t)raw + bytes + HUGE_PAGE - (at + bytes));
+    if (tail) munmap((void *)(at + bytes), tail);
+    madvise((void *)at, bytes, MADV_HUGEPAGE); /* a hint: without THP, plain pages */
+    PyTraceMalloc_Track(0, at, bytes);
+    return (Hot *)at;
+}
+
+static void hot_free(Hot *ht, Py_ssize_t cap) {
+    size_t bytes = (size_t)cap * sizeof(Hot);
+    if (!ht) return;
+    if (bytes < HOT_HUGE) {
+        PyMem_Free(ht);
+        return;
+    }
+    PyTraceMalloc_Untrack(0, (uintptr_t)ht);
+    munmap(ht, bytes);
+}
+
 /* Move every hot slot's counters into its flow's FlowCount (before the slots are built
  * again, or read all at once). */
 static void hot_spill(Engine *e) {
@@ -170,7 +207,7 @@ static void hot_fill(Engine *e, Hot *ht, Py_ssize_t cap) {
             }
         }
     }
-    PyMem_Free(e->hot);
+    hot_free(e->hot, e->hot_cap);
     e->hot = ht;
     e->hot_cap = cap;
     e->hot_filled = e->nflows;
@@ -178,7 +215,7 @@ static void hot_fill(Engine *e, Hot *ht, Py_ssize_t cap) {
 
 /* Build the hot table again at *cap* slots from the dense array. */
 static int hot_rebuild(Engine *e, Py_ssize_t cap) {
-    Hot *ht = PyMem_Calloc((size_t)cap, sizeof(Hot));
+    Hot *ht = hot_alloc(cap);
     if (!ht) { PyErr_NoMemory(); return -1; }
     hot_spill(e);
     hot_fill(e, ht, cap);
@@ -426,7 +463,7 @@ PyObject *Engine_forget_absent(Engine *e, PyObject *Py_UNUSED(ignored)) {
     if (kept == e->nflows) Py_RETURN_NONE;
     /* the new table first: nothing changes if it cannot be had */
     Py_ssize_t cap = hot_size(kept);
-    Hot *ht = PyMem_Calloc((size_t)cap, sizeof(Hot));
+    Hot *ht = hot_alloc(cap);
     if (!ht) return PyErr_NoMemory();
     hot_spill(e); /* while the slots still name the old positions */
     kept = 0;
@@ -529,7 +566,7 @@ void fp_engine_clear(Engine *e) {
     PyMem_Free(e->counts);
     e->counts = NULL;
     e->nflows = e->flows_cap = 0;
-    PyMem_Free(e->hot);
+    hot_free(e->hot, e->hot_cap);
     e->hot = NULL;
     e->hot_cap = e->hot_filled = 0;
     PyMem_Free(e->links);
