@@ -270,7 +270,7 @@ def test_reassembly_memory_is_bounded() -> None:
 
 
 def test_sync_facade_sends_large_messages() -> None:
-    from .test_flowlib import RouterThread  # routers on their own loop thread
+    from .test_flowlib_facades import RouterThread  # routers on their own loop thread
 
     with RouterThread() as (r0, r1):
         with flowlib.flow_connect([addr(r1)], name="sync-rx") as rx, \
