@@ -162,6 +162,7 @@ def test_more_routings_than_classes_still_forward_alike() -> None:
     for eng in (native, twin):
         for i, k in enumerate(keys):
             eng.set_flow(k, 1, [(2, 1 << 40 | i << 42)], 1 << 40 | i << 42)
+    assert native.classes() == (65_536, 65_536, 50)  # held, most, flows refused one
     data = b"".join(_frame(k) for k in keys[-200:])
     assert _run(native, 1, data, NO_BUDGET, NO_BUDGET) == _run(twin, 1, data, NO_BUDGET,
                                                                  NO_BUDGET)
@@ -174,6 +175,9 @@ def test_more_routings_than_classes_still_forward_alike() -> None:
     assert _run(native, 1, data, NO_BUDGET, NO_BUDGET) == _run(twin, 1, data, NO_BUDGET,
                                                                  NO_BUDGET)
     assert _counts(native, keys[-200:]) == _counts(twin, keys[-200:])
+    assert native.classes()[0] == 65_536 - 100 + 1
+    native.clear()
+    assert native.classes() == (0, 65_536, 0)
 
 
 def test_counts_survive_growth_and_compaction() -> None:

@@ -89,6 +89,8 @@ def test_mixed_stream_split_across_reads_arrives_whole_and_in_order(
                 st = nodes[0].status()["fast_path"]
                 assert st["native"] is (engine == "native")
                 assert st["mirrored_flows"] >= 1 and st["calls"] > 0
+                if engine == "native":  # the flow's routing is a class of its own
+                    assert st["routing_classes"] >= 1 and st["routing_classes_refused"] == 0
             for ep in (a, b):
                 await ep.close()
     run(main())

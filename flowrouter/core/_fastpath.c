@@ -479,6 +479,8 @@ static PyMethodDef Engine_methods[] = {
     {"has_route", (PyCFunction)Engine_has_route, METH_O, "has_route(lsid) -> bool"},
     {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow, link and route"},
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
+    {"classes", (PyCFunction)Engine_classes, METH_NOARGS,
+     "(routing classes held, the most there may be, flows that found none)"},
     {"one_flow", (PyCFunction)Engine_one_flow, METH_O,
      "one_flow(buf) -> bool: whole data frames of one flow, back to back"},
     {"forward", (PyCFunction)Engine_forward, METH_VARARGS,

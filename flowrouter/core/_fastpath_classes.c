@@ -78,6 +78,7 @@ uint32_t fp_class_acquire(Engine *e, const Flow *f) {
     FlowClass *c = &e->classes[id - 1];
     *c = want;
     c->refs = 1;
+    e->cls_live++;
     c->next = e->cls_buckets[b];
     e->cls_buckets[b] = id;
     return id;
@@ -92,6 +93,7 @@ void fp_class_release(Engine *e, uint32_t id) {
     *at = c->next;
     c->next = e->cls_free;
     e->cls_free = id;
+    e->cls_live--;
 }
 
 void fp_classes_clear(Engine *e) {
@@ -99,5 +101,11 @@ void fp_classes_clear(Engine *e) {
     PyMem_Free(e->cls_buckets);
     e->classes = NULL;
     e->cls_buckets = NULL;
-    e->ncls = e->cls_cap = e->cls_free = 0;
+    e->ncls = e->cls_cap = e->cls_free = e->cls_live = 0;
+}
+
+/* classes() -> (held, most, flows that found none): for the router's status */
+PyObject *Engine_classes(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    return Py_BuildValue("(IIK)", e->cls_live, (unsigned)MAX_CLASSES,
+                         (unsigned long long)e->cls_full);
 }

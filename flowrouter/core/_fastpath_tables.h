@@ -147,6 +147,7 @@ typedef struct {
     int32_t up, link;
     uint32_t ndown, refs, next; /* next: in its bucket's chain, or in the free list */
 } FlowClass;
+
 static inline const int32_t *flow_downs(const Flow *f) {
     return f->ndown <= 1 ? &f->d.one.link : f->d.many.links;
 }
@@ -181,10 +182,11 @@ typedef struct {
     Hot *hot;
     Py_ssize_t hot_cap, hot_filled; /* filled = used + tombstones */
     /* routing classes: classes[id - 1], chained from buckets by hash; ncls ids handed out
-     * so far, cls_free the first free id (0: none), cls_full flows that found no room */
+     * so far (cls_live of them held), cls_free the first free id (0: none), cls_full
+     * flows that found no room */
     FlowClass *classes;
     uint32_t *cls_buckets;
-    uint32_t ncls, cls_cap, cls_free;
+    uint32_t ncls, cls_cap, cls_free, cls_live;
     uint64_t cls_full;
     Py_ssize_t *dirty;
     Py_ssize_t ndirty, dirty_cap;
@@ -314,6 +316,7 @@ void fp_engine_clear(Engine *e);
 uint32_t fp_class_acquire(Engine *e, const Flow *f);
 void fp_class_release(Engine *e, uint32_t id);
 void fp_classes_clear(Engine *e);
+PyObject *Engine_classes(Engine *e, PyObject *ignored);
 int fp_init(void);
 PyObject *Engine_set_link(Engine *e, PyObject *args);
 PyObject *Engine_forget_link(Engine *e, PyObject *arg);

@@ -319,5 +319,13 @@ class FastPath:
 
     def status(self) -> dict[str, Any]:
         flows, links = self.engine.sizes()
-        return {"engine": self.description, "native": bool(self.engine.native),
-                "mirrored_flows": flows, "mirrored_links": links, **self.stats}
+        out = {"engine": self.description, "native": bool(self.engine.native),
+               "mirrored_flows": flows, "mirrored_links": links, **self.stats}
+        classes = getattr(self.engine, "classes", None)  # the compiled engine's alone
+        if classes is not None:
+            # routing classes: flows routed alike are decided once; past the most there
+            # may be, a flow is decided on its own (slower, the same outputs), counted
+            held, most, refused = classes()
+            out.update(routing_classes=held, routing_classes_max=most,
+                       routing_classes_refused=refused)
+        return out

@@ -285,6 +285,9 @@ def format_status(st: dict[str, Any]) -> str:
         if fast.get("engine"):
             lines.append(f"forwarding: fast path, {fast['engine']} ({fast['mirrored_flows']} "
                          f"flows mirrored, {fast['slow']} frames left to the core)")
+            if fast.get("routing_classes_refused"):
+                lines.append(f"  routing classes full ({fast['routing_classes_max']}): "
+                             f"{fast['routing_classes_refused']} flows decided one by one")
         else:
             lines.append(f"forwarding: {fast.get('why')}")
     if st.get("event_loop"):
