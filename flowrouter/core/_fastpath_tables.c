@@ -185,11 +185,7 @@ static void hot_free(Hot *ht, Py_ssize_t cap) {
 static void hot_spill(Engine *e) {
     for (Py_ssize_t i = 0; i < e->hot_cap; i++) {
         Hot *s = &e->hot[i];
-        if (s->pos == 0 || s->pos == HOT_GONE || (!s->frames && !s->bytes)) continue;
-        FlowCount *c = &e->counts[s->pos - 1];
-        c->frames += s->frames;
-        c->bytes += s->bytes;
-        s->frames = s->bytes = 0;
+        if (s->pos != 0 && s->pos != HOT_GONE && (s->frames || s->bytes)) hot_spill_slot(e, s);
     }
 }
 
@@ -395,6 +391,12 @@ static PyObject *count_tuple(const FlowCount *c) {
     return Py_BuildValue("(KK)", (unsigned long long)c->frames, (unsigned long long)c->bytes);
 }
 
+/* (frames, bytes) the flow of hot slot *hs* took: its FlowCount and its slot's */
+static PyObject *flow_total(Engine *e, const Hot *hs) {
+    const FlowCount *c = &e->counts[hs->pos - 1];
+    return count_tuple(&(FlowCount){c->frames + hs->frames, c->bytes + hs->bytes});
+}
+
 PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
@@ -403,8 +405,7 @@ PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
     if (!hs) Py_RETURN_NONE;
     PyObject *out = NULL;
     if (flow_of(e, hs)->ndown != FLOW_ABSENT) {
-        const FlowCount *c = &e->counts[hs->pos - 1];
-        out = count_tuple(&(FlowCount){c->frames + hs->frames, c->bytes + hs->bytes});
+        out = flow_total(e, hs);
         if (!out) return NULL;
     }
     flow_remove(e, hs);
@@ -419,8 +420,7 @@ PyObject *Engine_flow_counts(Engine *e, PyObject *arg) {
     Hot *hs = key.len == 16 ? fp_hot_find(e, key.buf) : NULL;
     PyBuffer_Release(&key);
     if (!hs || flow_of(e, hs)->ndown == FLOW_ABSENT) Py_RETURN_NONE;
-    const FlowCount *c = &e->counts[hs->pos - 1];
-    return count_tuple(&(FlowCount){c->frames + hs->frames, c->bytes + hs->bytes});
+    return flow_total(e, hs);
 }
 
 PyObject *Engine_all_flow_counts(Engine *e, PyObject *Py_UNUSED(ignored)) {

@@ -233,16 +233,22 @@ static inline Hot *hot_probe(const Engine *e, const uint8_t *key, Py_ssize_t i) 
 
 /* Count a frame of *n* bytes (header included) to the flow of hot slot *s*: in the slot,
  * or, when its 32-bit counters would wrap, into the flow's FlowCount with what they held. */
+static inline void hot_spill_slot(Engine *e, Hot *s) {
+    FlowCount *c = &e->counts[s->pos - 1];
+    c->frames += s->frames;
+    c->bytes += s->bytes;
+    s->frames = s->bytes = 0;
+}
+
 static inline void hot_count(Engine *e, Hot *s, uint64_t n) {
     if (n <= (uint64_t)(UINT32_MAX - s->bytes) && s->frames != UINT32_MAX) {
         s->frames++;
         s->bytes += (uint32_t)n;
         return;
     }
-    FlowCount *c = &e->counts[s->pos - 1];
-    c->frames += (uint64_t)s->frames + 1;
-    c->bytes += (uint64_t)s->bytes + n;
-    s->frames = s->bytes = 0;
+    hot_spill_slot(e, s); /* then this frame straight into the 64-bit counters */
+    e->counts[s->pos - 1].frames++;
+    e->counts[s->pos - 1].bytes += n;
 }
 
 /* ------------------------------------------------------------------ look-ahead */
