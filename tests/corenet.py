@@ -411,3 +411,30 @@ def star(leaves: tuple[str, ...] = ("a", "b", "c"), **defaults: Any) -> CoreNet:
         net.router(leaf)
         net.connect("hub", leaf)
     return net
+
+
+def diamond(**defaults) -> CoreNet:
+    """r1 reaches the core r4 through r2 (preferred: lower link id) or through r3."""
+    net = CoreNet(**defaults)
+    for name in ("r1", "r2", "r3"):
+        net.router(name)
+    net.router("r4", core_lsids=frozenset({LSID}))
+    net.connect("r1", "r2")
+    net.connect("r1", "r3")
+    net.connect("r2", "r4")
+    net.connect("r3", "r4")
+    return net
+
+
+def filter_net() -> tuple[CoreNet, Endpoint, Endpoint, Endpoint, Endpoint]:
+    """chain r1(core)-r2-r3; s on r1 sends; B on r2 wants 40; C, D on r3 want 32, 33."""
+    net = chain(3)
+    s = net.endpoint("s", "r1")
+    b = net.endpoint("B", "r2")
+    c = net.endpoint("C", "r3")
+    d = net.endpoint("D", "r3")
+    b.join(flow(LSID), [40])
+    c.join(flow(LSID), [32])
+    d.join(flow(LSID), [33])
+    net.clear_wires()
+    return net, s, b, c, d
