@@ -9,13 +9,15 @@ went, they became absent) and share it with thousands of others.
 
 from __future__ import annotations
 
+import random
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowrouter.core import fastpath_py
-from flowrouter.core.fastpath_py import STOP_END
+from flowrouter.core.fastpath_py import STOP_END, STOP_MISS_FLOW
 from tests.test_fastpath_engine import NO_BUDGET, _key, _run, native_engine
 
 #: flows enough for the compiled engine's look-ahead (SCOUT_MIN_FLOWS in _fastpath_tables.h)
@@ -206,3 +208,67 @@ def test_counts_survive_growth_and_compaction() -> None:
     assert _counts(native, keys) == _counts(twin, keys)
     assert sorted(native.all_flow_counts()) == sorted(twin.all_flow_counts())
     assert [native.forget_flow(k) for k in keys] == [twin.forget_flow(k) for k in keys]
+
+
+@pytest.mark.parametrize(("flows", "churn"), [(740, 300), (6000, 2000)])
+def test_a_packed_hot_table_finds_every_flow_through_churn(flows: int, churn: int) -> None:
+    """The hot table is built at most half full and built again at 3/4 (slots in use and
+    tombstones), a probe going on to the next slot until it finds the key or an empty one:
+    nearly full
+    (740 flows in 1,024 slots; 6,000 in 8,192, where reads are looked ahead), with the
+    tombstones of flows that left, lines that overflowed into the next and probes that wrap
+    past the table's end, every flow present is found and forwarded as the twin does, and
+    every key that left or never came is not."""
+    native, twin = _both()
+    rng = random.Random(flows)
+    live: list[bytes] = []
+    gone: list[bytes] = []
+    made = 0
+    for _ in range(5):
+        while len(live) < flows:
+            key = _key(made)
+            made += 1
+            for eng in (native, twin):
+                eng.set_flow(key, 1, [(2 + made % 2, 1 << 40)], 1 << 40)
+            live.append(key)
+        rng.shuffle(live)
+        for key in live[:churn]:
+            assert native.forget_flow(key) == twin.forget_flow(key)
+        gone += live[:churn]
+        del live[:churn]
+    keys = live + gone[-churn:] + [_key(10**9 + i) for i in range(50)]
+    rng.shuffle(keys)
+    data = b"".join(_frame(k) for k in keys * 2)
+    calls = _run(native, 1, data, NO_BUDGET, NO_BUDGET)
+    assert calls == _run(twin, 1, data, NO_BUDGET, NO_BUDGET)
+    assert sum(c[1] == STOP_MISS_FLOW for c in calls) == 2 * (churn + 50)
+    assert _counts(native, live) == _counts(twin, live)
+    assert all(c[0] == 2 for c in _counts(native, live))
+
+
+def _unseeded_home(key: bytes, cap: int) -> int:
+    """Where a key's probe would start if the hot table's hash had no seed (hash_key in
+    _fastpath_tables.h with both seed words 0): what anyone could work out beforehand."""
+    m64 = (1 << 64) - 1
+    a, b = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
+    h = (a * 0x9E3779B97F4A7C15 & m64) ^ ((b + 0x632BE59BD9B4E019) & m64)
+    h ^= h >> 29
+    h = h * 0xBF58476D1CE4E5B9 & m64
+    h ^= h >> 32
+    return h & (cap - 1)
+
+
+def test_flows_made_to_collide_beforehand_do_not_line_up() -> None:
+    """Flow keys are chosen by whoever creates a flow. 300 keys that would all start their
+    probe in one slot of a 512-slot table under a hash known beforehand are spread by the
+    engine's own seed: the longest probe stays short (without the seed it would read 300
+    slots), and status reports it."""
+    cap = 512  # what 300 flows grow into: 256 slots hold at most 192
+    keys = [k for k in (_key(i) for i in range(200_000)) if _unseeded_home(k, cap) == 0][:300]
+    assert len(keys) == 300
+    native, _ = _both()
+    for k in keys:
+        native.set_flow(k, 1, [(2, 1 << 40)], 1 << 40)
+    slots, flows, gone, longest = native.hot_stats()
+    assert (slots, flows, gone) == (cap, 300, 0)
+    assert longest < 100

@@ -91,6 +91,8 @@ def test_mixed_stream_split_across_reads_arrives_whole_and_in_order(
                 assert st["mirrored_flows"] >= 1 and st["calls"] > 0
                 if engine == "native":  # the flow's routing is a class of its own
                     assert st["routing_classes"] >= 1 and st["routing_classes_refused"] == 0
+                    assert st["lookup_slots"] >= st["mirrored_flows"]
+                    assert st["lookup_tombstones"] >= 0 and st["lookup_longest_probe"] >= 1
             for ep in (a, b):
                 await ep.close()
     run(main())

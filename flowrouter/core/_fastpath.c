@@ -11,6 +11,9 @@
  * _fastpath_tables.h); the Python objects its plan becomes are built in _fastpath_out.c.
  */
 #include "_fastpath_out.h"
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------ forwarding */
 /* Make *arr (items of isz bytes) hold at least need items (doubling, from first). */
@@ -442,6 +445,13 @@ static PyObject *Engine_one_flow(Engine *e, PyObject *arg) {
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kw, "", kwlist)) return -1;
+    if (e->hot_cap == 0 && getrandom(e->seed, sizeof e->seed, 0) != (ssize_t)sizeof e->seed) {
+        /* no entropy source: the address and the clock, less than random but not fixed */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        e->seed[0] = (uint64_t)(uintptr_t)e * 0x9E3779B97F4A7C15ULL ^ (uint64_t)ts.tv_nsec;
+        e->seed[1] = (uint64_t)ts.tv_sec * 0xBF58476D1CE4E5B9ULL ^ (uint64_t)getpid();
+    }
     return 0;
 }
 
@@ -479,6 +489,8 @@ static PyMethodDef Engine_methods[] = {
     {"has_route", (PyCFunction)Engine_has_route, METH_O, "has_route(lsid) -> bool"},
     {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow, link and route"},
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
+    {"hot_stats", (PyCFunction)Engine_hot_stats, METH_NOARGS,
+     "(hot table slots, flows in them, tombstones, slots its longest probe reads)"},
     {"classes", (PyCFunction)Engine_classes, METH_NOARGS,
      "(routing classes held, the most there may be, flows that found none)"},
     {"one_flow", (PyCFunction)Engine_one_flow, METH_O,

@@ -181,6 +181,7 @@ typedef struct {
     Py_ssize_t nflows, flows_cap;
     Hot *hot;
     Py_ssize_t hot_cap, hot_filled; /* filled = used + tombstones */
+    Py_ssize_t hot_longest; /* slots the longest probe for a key in the table reads */
     /* routing classes: classes[id - 1], chained from buckets by hash; ncls ids handed out
      * so far (cls_live of them held), cls_free the first free id (0: none), cls_full
      * flows that found no room */
@@ -200,19 +201,35 @@ typedef struct {
     Py_ssize_t *rtargets;
     Py_ssize_t nrtargets, rtargets_cap;
     Route *routes; /* open addressing by LSID, grown at half full; never deleted singly */
+    uint64_t seed[2]; /* hash_key's, drawn when the engine is made */
     Py_ssize_t routes_cap, routes_used;
 } Engine;
 
 /* ------------------------------------------------------------------ hashing */
-static inline uint64_t hash_key(const uint8_t *k) {
+/* The hash of a flow key in the hot table, mixed with the engine's own random seed: flow
+ * keys are chosen by whoever creates a flow, and with a hash known in advance an
+ * application could create flows that all land in one run of slots, making every lookup
+ * long. Not a keyed cryptographic hash (that would cost more than the rest of a lookup): it
+ * takes away keys worked out beforehand. */
+static inline uint64_t hash_key(const uint8_t *k, const uint64_t seed[2]) {
     uint64_t a, b;
     memcpy(&a, k, 8);
     memcpy(&b, k + 8, 8);
+    a ^= seed[0];
+    b ^= seed[1];
     uint64_t h = a * 0x9E3779B97F4A7C15ULL ^ (b + 0x632BE59BD9B4E019ULL);
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ULL;
     h ^= h >> 32;
     return h;
+}
+
+/* The slot where the probe for a key of hash *h* starts, in a hot table of *cap* slots.
+ * Starting at the first slot of the line instead (both slots of the line read first) was
+ * measured: 0.15 more slots compared a lookup on average and about 0.5 ns more a frame
+ * with the table in cache, no faster in a router with 10^5 flows. */
+static inline Py_ssize_t hot_home(uint64_t h, Py_ssize_t cap) {
+    return (Py_ssize_t)(h & (uint64_t)(cap - 1));
 }
 
 static inline uint64_t hash_long(long v) {
@@ -300,7 +317,7 @@ static inline uint32_t fp_scout_step(Scout *s, const Engine *e, const uint8_t *d
         if ((Py_ssize_t)size > n - s->at - HEADER) break; /* not whole yet */
         uint32_t slot = UINT32_MAX;
         if (s->prev < 0 || memcmp(d + s->prev, h, 16) != 0) {
-            slot = (uint32_t)(hash_key(h) & (uint64_t)m);
+            slot = (uint32_t)hot_home(hash_key(h, e->seed), m + 1);
             __builtin_prefetch(&e->hot[slot]);
         }
         s->slot[s->passed % SCOUT_RING] = slot;
@@ -339,5 +356,6 @@ PyObject *Engine_flow_counts(Engine *e, PyObject *arg);
 PyObject *Engine_all_flow_counts(Engine *e, PyObject *ignored);
 PyObject *Engine_clear(Engine *e, PyObject *ignored);
 PyObject *Engine_sizes(Engine *e, PyObject *ignored);
+PyObject *Engine_hot_stats(Engine *e, PyObject *ignored);
 
 #endif

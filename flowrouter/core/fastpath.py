@@ -328,4 +328,11 @@ class FastPath:
             held, most, refused = classes()
             out.update(routing_classes=held, routing_classes_max=most,
                        routing_classes_refused=refused)
+        hot_stats = getattr(self.engine, "hot_stats", None)
+        if hot_stats is not None:
+            # its lookup table: slots, how many tombstones wait for the next rebuild, and
+            # how far the worst-placed flow is from home (a few slots; a long run means
+            # keys that collide)
+            slots, _, gone, longest = hot_stats()
+            out.update(lookup_slots=slots, lookup_tombstones=gone, lookup_longest_probe=longest)
         return out
