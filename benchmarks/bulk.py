@@ -20,6 +20,11 @@ publisher's whole run, divided by the messages the subscriber received in that r
 per million messages. Nothing is lost in a flownet chain (TCP pushes back); a NATS server
 may cut a slow subscriber off, which the row's ``note`` says.
 
+``--rounds R`` measures every chain's row R times per size, the chains taking turns, and
+the tables give each row's median round: one run of a row on a shared 2-core machine moves
+by 10-20%, enough to hide or invent a difference between two rows (``--flows 1 100000``:
+the ratio of their medians, and of each round's pair, is printed below the table).
+
 Round trip (``--rtt``): blocking-socket ping-pong of one 64-byte message between two
 endpoints, through nothing (raw TCP echo), one router, one nats-server; ``--rtt-passes``
 passes (5) in which the three take turns, reported as the median of each one's pass medians.
@@ -267,16 +272,54 @@ async def run_rates(args: argparse.Namespace, log_dir: Path) -> list[dict[str, A
             nats = None if args.no_nats else await stack.enter_async_context(
                 NatsChain(hops, log_dir))
             for size in args.sizes:
-                for label, chain, join, flows in chains:
-                    key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
-                    rows.append(await _one_rate("flownet", hops, size, args, log_dir,
-                                                chain.listen[0], chain.listen[-1], chain.cpu,
-                                                key, label, join,
-                                                [p.pid for p in chain.procs], flows))
-                if nats is not None:
-                    rows.append(await _one_rate("nats", hops, size, args, log_dir, nats.first,
-                                                nats.last, nats.cpu))
+                for rnd in range(args.rounds):
+                    for label, chain, join, flows in chains:
+                        key = os.urandom(8).hex() + f"{LSID:08x}" + os.urandom(4).hex()
+                        row = await _one_rate("flownet", hops, size, args, log_dir,
+                                              chain.listen[0], chain.listen[-1], chain.cpu,
+                                              key, label, join,
+                                              [p.pid for p in chain.procs], flows)
+                        rows.append({**row, "round": rnd + 1})
+                    if nats is not None:
+                        row = await _one_rate("nats", hops, size, args, log_dir, nats.first,
+                                              nats.last, nats.cpu)
+                        rows.append({**row, "round": rnd + 1})
     return rows
+
+
+def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per system, hops and size: with ``--rounds`` the median round's rate (and
+    CPU), every round's rate beside it (``round_rates``); rows of one round as they are."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["hops"], r["size"]), []).append(r)
+    out = []
+    for runs in groups.values():
+        if len(runs) == 1:
+            out.append(runs[0])
+            continue
+        ranked = sorted(runs, key=lambda r: r["msg_rate"])
+        mid = ranked[(len(ranked) - 1) // 2]  # the lower median: a real round's row
+        out.append({**mid, "round_rates": [round(r["msg_rate"]) for r in runs]})
+    return out
+
+
+def flow_ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """With ``--flows``: each ``xN`` row's rate over the ``x1`` row's of the same sender
+    kind, hops and size (medians with ``--rounds``), and per round when there were rounds."""
+    lines = []
+    by = {(r["system"], r["hops"], r["size"]): r for r in rows}
+    for (system, hops, size), r in sorted(by.items()):
+        head, _, n = system.rpartition(" x")
+        one = by.get((f"{head} x1", hops, size))
+        if not head or n == "1" or one is None:
+            continue
+        line = (f"{system} / x1, {hops}h {size} B: {r['msg_rate'] / one['msg_rate']:.0%}")
+        if "round_rates" in r and "round_rates" in one:
+            line += " (rounds: " + ", ".join(
+                f"{a / b:.0%}" for a, b in zip(r["round_rates"], one["round_rates"])) + ")"
+        lines.append(line)
+    return lines
 
 
 async def _one_rtt(system: str, args: argparse.Namespace, log_dir: Path, addr: str,
@@ -330,7 +373,7 @@ async def run_rtt(args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any
 
 
 def print_tables(result: dict[str, Any]) -> None:
-    rows = result["rates"]
+    rows = median_rows(result["rates"])
     by = {(r["system"], r["hops"], r["size"]): r for r in rows}
     kinds = sorted({(r["hops"], r["system"]) for r in rows if r["hops"]},
                    key=lambda hk: (hk[0], hk[1] == "nats", hk[1]))
@@ -350,6 +393,13 @@ def print_tables(result: dict[str, Any]) -> None:
     for hops, system in kinds:
         cols.append((f"{system}{hops}cpu", f"cpu/M {system} {hops}h", ">10.2f"))
     say(table(out, cols))
+    for r in rows:
+        if "round_rates" in r:
+            say(f"{r['system']} {r['hops']}h {r['size']} B, each round: "
+                + ", ".join(f"{x:,}" for x in r["round_rates"])
+                + f" (median {r['msg_rate']:,.0f})")
+    for line in flow_ratios(rows):
+        say(line)
     say(f"load average at the start {result['machine'].get('loadavg')}, at the end "
         f"{result.get('loadavg_end')}")
     for r in result.get("rtt", []):
@@ -377,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--no-nats", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure each chain's rows this many times per size, the chains "
+                         "taking turns; the tables give each row's median round (one "
+                         "run of a row on a shared machine moves by 10-20%%)")
     ap.add_argument("--senders", nargs="+", choices=["member", "stranger"],
                     default=["member"],
                     help="flownet publishers: members (joined on the membership band) "
