@@ -420,6 +420,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         return result
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256, 1024, 16384, 65536])
@@ -427,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--no-nats", action="store_true")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=_at_least_one, default=1,
                     help="measure each chain's rows this many times per size, the chains "
                          "taking turns; the tables give each row's median round (one "
                          "run of a row on a shared machine moves by 10-20%%)")

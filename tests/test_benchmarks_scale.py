@@ -73,3 +73,35 @@ def test_fanout_bulk_quick(tmp_path: Path) -> None:
     assert _positive(flow["cpu_us_per_delivery"]), flow
     if nats and not rows["nats"].get("note"):
         assert _positive(rows["nats"]["deliveries_per_s"]), rows["nats"]
+
+
+def test_bulk_rounds_report_the_median_round_and_each_rounds_ratio() -> None:
+    """``bulk.py --rounds``: each row is its median round (a real round's row, the lower
+    one of an even count) with every round's rate beside it, and ``--flows`` rows get their
+    ratio to x1 from the medians and per round; ``--rounds 0`` is refused."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bulk  # it puts benchmarks/ on the path too: all put back below
+    finally:
+        sys.path[:] = saved
+
+    def row(flows: int, rate: float, rnd: int) -> dict[str, Any]:
+        return {"system": f"flownet-stranger x{flows}", "hops": 1, "size": 16,
+                "msg_rate": rate, "round": rnd}
+
+    rows = [row(1, 10.0, 1), row(100, 9.0, 1), row(1, 30.0, 2), row(100, 15.0, 2),
+            row(1, 20.0, 3), row(100, 16.0, 3), row(1, 40.0, 4), row(100, 30.0, 4)]
+    med = {r["system"]: r for r in bulk.median_rows(rows)}
+    assert med["flownet-stranger x1"]["msg_rate"] == 20.0
+    assert med["flownet-stranger x1"]["round_rates"] == [10, 30, 20, 40]
+    assert med["flownet-stranger x100"]["msg_rate"] == 15.0
+    assert med["flownet-stranger x100"]["round"] == 2
+    assert bulk.flow_ratios(list(med.values())) == [
+        "flownet-stranger x100 / x1, 1h 16 B: 75% (rounds: 90%, 50%, 80%, 75%)"]
+    one = [row(1, 10.0, 1), row(100, 8.0, 1)]
+    assert bulk.median_rows(one) == one
+    assert bulk.flow_ratios(one) == ["flownet-stranger x100 / x1, 1h 16 B: 80%"]
+    proc = subprocess.run([sys.executable, str(BENCH / "bulk.py"), "--rounds", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "must be 1 or more, not 0" in proc.stderr
