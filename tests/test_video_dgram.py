@@ -16,8 +16,9 @@ from flowvideo.sources import PatternSource
 from flowvideo.streamer_core import StreamConfig
 from flowvideo.viewer import Viewer
 
+from .dgramnet import one_router
 from .rawep import run
-from .test_dgram_links import ThinPath, one_router
+from .test_dgram_onpath import ThinPath
 from .test_video import streaming, until
 
 
