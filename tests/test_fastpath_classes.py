@@ -213,12 +213,11 @@ def test_counts_survive_growth_and_compaction() -> None:
 @pytest.mark.parametrize(("flows", "churn"), [(740, 300), (6000, 2000)])
 def test_a_packed_hot_table_finds_every_flow_through_churn(flows: int, churn: int) -> None:
     """The hot table is built at most half full and built again at 3/4 (slots in use and
-    tombstones), a probe going on to the next slot until it finds the key or an empty one:
-    nearly full
-    (740 flows in 1,024 slots; 6,000 in 8,192, where reads are looked ahead), with the
-    tombstones of flows that left, lines that overflowed into the next and probes that wrap
-    past the table's end, every flow present is found and forwarded as the twin does, and
-    every key that left or never came is not."""
+    tombstones count), a probe going on to the next slot until it finds the key or an empty
+    one. Close to that limit (740 flows in 1,024 slots; 6,000 in 8,192, where reads are
+    looked ahead), with the tombstones of flows that left, long runs of taken slots and
+    probes that wrap past the table's end, every flow present is found and forwarded as the
+    twin does, and every key that left or never came is not."""
     native, twin = _both()
     rng = random.Random(flows)
     live: list[bytes] = []
