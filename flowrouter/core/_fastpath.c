@@ -490,7 +490,7 @@ static PyMethodDef Engine_methods[] = {
     {"clear", (PyCFunction)Engine_clear, METH_NOARGS, "forget every flow, link and route"},
     {"sizes", (PyCFunction)Engine_sizes, METH_NOARGS, "(flows, links) mirrored"},
     {"hot_stats", (PyCFunction)Engine_hot_stats, METH_NOARGS,
-     "(hot table slots, flows in them, tombstones, slots its longest probe reads)"},
+     "(hot table slots, tombstones, slots its longest probe reads)"},
     {"classes", (PyCFunction)Engine_classes, METH_NOARGS,
      "(routing classes held, the most there may be, flows that found none)"},
     {"one_flow", (PyCFunction)Engine_one_flow, METH_O,

@@ -602,12 +602,11 @@ PyObject *Engine_clear(Engine *e, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-/* hot_stats() -> (slots, flows in them, tombstones, slots the longest probe for a flow
- * reads): how full the lookup table is and how far its worst key is from home, for the
- * router's status (the longest probe only grows until the table is built again) */
+/* hot_stats() -> (slots, tombstones, slots the longest probe for a flow reads): how full
+ * the lookup table is beside sizes()'s flows and how far its worst key is from home, for
+ * the router's status (the longest probe only grows until the table is built again) */
 PyObject *Engine_hot_stats(Engine *e, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("(nnnn)", e->hot_cap, e->nflows, e->hot_filled - e->nflows,
-                         e->hot_longest);
+    return Py_BuildValue("(nnn)", e->hot_cap, e->hot_filled - e->nflows, e->hot_longest);
 }
 
 PyObject *Engine_sizes(Engine *e, PyObject *Py_UNUSED(ignored)) {

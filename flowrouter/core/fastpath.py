@@ -331,8 +331,8 @@ class FastPath:
         hot_stats = getattr(self.engine, "hot_stats", None)
         if hot_stats is not None:
             # its lookup table: slots, how many tombstones wait for the next rebuild, and
-            # how far the worst-placed flow is from home (a few slots; a long run means
+            # how far the worst-placed flow is from home (tens of slots; hundreds mean
             # keys that collide)
-            slots, _, gone, longest = hot_stats()
+            slots, gone, longest = hot_stats()
             out.update(lookup_slots=slots, lookup_tombstones=gone, lookup_longest_probe=longest)
         return out
