@@ -21,9 +21,9 @@ from flowrouter.wire.bands import BAND_MEMBERSHIP
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import HEADER_SIZE, FrameDecoder, parse_header
 
+from .flowlibnet import LSID, FakeConn, FakeRouter, endpoint_link, fake_client
 from .rawep import addr, get, router, run
 from .test_client_protocol import control, events, up_protocol
-from .test_flowlib import LSID, FakeConn, FakeRouter, endpoint_link, fake_client
 
 QUIET: dict[str, Any] = dict(liveness_interval=3600.0, dead_after=7200.0, refresh_interval=3600.0,
                              request_timeout=10)

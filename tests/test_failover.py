@@ -3,7 +3,7 @@ re-joins its flows and re-advertises, reports the gap with a FAILOVER notice on 
 band, and only gives up (ConnectionLost) when every router failed for ``failover_timeout``.
 
 Real routers on loopback (a 5-router overlay where receivers have two routers each), plus the
-scripted fake router of test_flowlib for the gap itself (what send / send_nowait / get do
+scripted fake router of flowlibnet.py for the gap itself (what send / send_nowait / get do
 while no router answers). Synchronisation is on received messages and accepted connections;
 the only sleeps pace a load generator.
 """
@@ -26,9 +26,9 @@ from flowrouter.wire import control as C
 from flowrouter.wire.bands import BAND_FAULT, BAND_MEMBERSHIP
 from flowrouter.wire.header import HEADER_SIZE, parse_header
 
+from .flowlibnet import FakeRouter
 from .ports import free_port
 from .rawep import addr, get, mesh, router, run
-from .test_flowlib import FakeRouter
 
 T = TypeVar("T")
 LSID = 0x10

@@ -1,7 +1,7 @@
 """flowlib's other faces against real routers over loopback: a listener's circular queue,
 the synchronous facade (a plain threaded program), the public exports, the ``flowcat``
 shell tool and the options every entry point takes. The asyncio client itself is tested
-in test_flowlib.py, whose router chain these tests borrow.
+in test_flowlib.py; the router chain these tests borrow is in flowlibnet.py.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from flowlib import (
 from flowlib.queue import Listener
 from flowrouter.net.runtime import RouterNode
 
+from .flowlibnet import LSID, chain
 from .ports import free_port
 from .rawep import addr, get, run
-from .test_flowlib import LSID, chain
 
 T = TypeVar("T")
 
