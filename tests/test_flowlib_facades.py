@@ -1,7 +1,8 @@
 """flowlib's other faces against real routers over loopback: a listener's circular queue,
 the synchronous facade (a plain threaded program), the public exports, the ``flowcat``
 shell tool and the options every entry point takes. The asyncio client itself is tested
-in test_flowlib.py; the router chain these tests borrow is in flowlibnet.py.
+in test_flowlib.py and test_flowlib_faults.py; the router chain these tests borrow is in
+flowlibnet.py.
 """
 
 from __future__ import annotations
