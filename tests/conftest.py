@@ -1,8 +1,12 @@
-"""Shared fixtures: every test keeps flow-creator state in its own directory."""
+"""Shared fixtures: every test keeps flow-creator state in its own directory; the flowtrace
+tests share one SparkSession (``spark``, session-scoped: local[2] bound to 127.0.0.1, no UI, 2
+shuffle partitions, no code generation and no adaptive execution: the data is tiny, so
+compiling and re-planning cost more than they save)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -28,3 +32,22 @@ def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "state"
     monkeypatch.setenv("FLOWNET_STATE_DIR", str(state))
     return state
+
+
+@pytest.fixture(scope="session")
+def spark():
+    pytest.importorskip("pyspark", reason="the Spark job needs pyspark (pip install pyspark)")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("the Spark job needs a Java runtime (17+)")
+
+    from flowtrace.session import build_session
+
+    # the job's own session builder (loopback, no UI, quiet start), with test settings
+    session = build_session("local[2]", app_name="flowtrace-tests", driver_memory="1g",
+                            shuffle_partitions=2, conf=[
+                                ("spark.default.parallelism", "2"),
+                                ("spark.sql.adaptive.enabled", "false"),
+                                ("spark.sql.codegen.wholeStage", "false"),
+                                ("spark.sql.codegen.factoryMode", "NO_CODEGEN")])
+    yield session
+    session.stop()

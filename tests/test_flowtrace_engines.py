@@ -17,7 +17,7 @@ import pytest
 
 from flowtrace import cli, job, synth
 
-from .test_flowtrace import BUCKET, spark, write_traces  # noqa: F401 - the shared session
+from .knowntraces import BUCKET, write_traces
 from .test_flowtrace_exact import AHEAD, BEHIND, RUN_A, RUN_B
 
 pytest.importorskip("pyarrow", reason="the local engine writes Parquet with pyarrow")
@@ -53,7 +53,7 @@ def _canon(v):
 DIFFERENT = {"errors": ("example_line",)}
 
 
-def same_tables(spark, a_dir, b_dir) -> None:  # noqa: F811
+def same_tables(spark, a_dir, b_dir) -> None:
     for name in job.TABLES:
         a = spark.read.parquet(str(a_dir / "tables" / name))
         b = spark.read.parquet(str(b_dir / "tables" / name))
@@ -82,7 +82,7 @@ def report_text(d) -> str:
                      if not ln.startswith(("- date:", "- config:", "- command:")))
 
 
-def both(spark, traces, out, **kw):  # noqa: F811
+def both(spark, traces, out, **kw):
     """Analyse *traces* with each engine; the two results (spark, local)."""
     res = {}
     for engine in ("spark", "local"):
@@ -91,7 +91,7 @@ def both(spark, traces, out, **kw):  # noqa: F811
     return res["spark"], res["local"]
 
 
-def check_same(spark, traces, out, **kw):  # noqa: F811
+def check_same(spark, traces, out, **kw):
     s, loc = both(spark, traces, out, **kw)
     assert s.summary["engine"] == "spark" and loc.summary["engine"] == "local"
     assert loc.summary["header"]["config"]["engine"] == "local"
@@ -103,13 +103,13 @@ def check_same(spark, traces, out, **kw):  # noqa: F811
     return s, loc
 
 
-def test_hand_written_traces_with_bad_lines_and_a_stray_clock(spark, tmp_path):  # noqa: F811
+def test_hand_written_traces_with_bad_lines_and_a_stray_clock(spark, tmp_path):
     traces = write_traces(tmp_path / "traces")
     s, loc = check_same(spark, traces, tmp_path, bucket=BUCKET, max_bad_fraction=0.5)
     assert loc.summary["corrupt"] == 3 and loc.summary["clock_outliers"] == 1
 
 
-def test_clock_offsets_multiple_runs_and_v2_repairs(spark, tmp_path):  # noqa: F811
+def test_clock_offsets_multiple_runs_and_v2_repairs(spark, tmp_path):
     d = tmp_path / "traces"
     d.mkdir()
     (d / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RUN_A + RUN_B))
@@ -119,7 +119,7 @@ def test_clock_offsets_multiple_runs_and_v2_repairs(spark, tmp_path):  # noqa: F
     assert loc.summary["peaks"]["a"]["entries_total"] == 21
 
 
-def test_synthetic_traces_one_run(spark, tmp_path):  # noqa: F811
+def test_synthetic_traces_one_run(spark, tmp_path):
     synth.generate(synth.SynthConfig(routers=30, flows=120, duration=300.0, sample_rate=0.1,
                                      shards=3, seed=7, snapshot_interval=15.0,
                                      out=str(tmp_path / "traces")))
@@ -127,7 +127,7 @@ def test_synthetic_traces_one_run(spark, tmp_path):  # noqa: F811
     assert loc.summary["records"] > 1000 and loc.summary["gc"]["deletions"] > 0
 
 
-def test_synthetic_traces_several_runs_and_a_fit(spark, tmp_path):  # noqa: F811
+def test_synthetic_traces_several_runs_and_a_fit(spark, tmp_path):
     for i, (routers, flows) in enumerate(((12, 30), (20, 60), (30, 90), (16, 80))):
         synth.generate(synth.SynthConfig(routers=routers, flows=flows, duration=200.0,
                                          sample_rate=0.05, shards=1, seed=i + 1,

@@ -2,7 +2,7 @@
 (between bucket ends, before a router's first snapshot), v2 mask repairs that are not new
 links, and the job on a small trace (per-run peaks in the summary and the report).
 
-Shares test_flowtrace.py's session-scoped ``spark`` fixture.
+Shares the session-scoped ``spark`` fixture (conftest.py) with test_flowtrace.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 from flowtrace import cli, peaks, schema, tables
-
-from .test_flowtrace import spark  # noqa: F401 - the shared session fixture
 
 BUCKET = 10.0
 #: Spark jobs one analysis of this small trace may take (63 when this was written; with
@@ -98,7 +96,7 @@ def trace_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def valid(spark, trace_dir):  # noqa: F811 - the fixture imported above
+def valid(spark, trace_dir):
     files = [str(trace_dir / "a.jsonl"), str(trace_dir / "b.jsonl")]
     return tables.prepare(schema.read_records(spark, files), BUCKET).cache()
 
@@ -148,7 +146,7 @@ def test_a_v2_mask_repair_is_not_a_new_link(valid):
 
 
 @pytest.fixture(scope="module")
-def analysis(spark, trace_dir, tmp_path_factory):  # noqa: F811
+def analysis(spark, trace_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("exact") / "report"
     stdout, stderr = io.StringIO(), io.StringIO()
     sc = spark.sparkContext
@@ -165,7 +163,7 @@ def analysis(spark, trace_dir, tmp_path_factory):  # noqa: F811
     return {"summary": json.loads(stdout.getvalue()), "out": out, "jobs": jobs}
 
 
-def test_a_small_trace_takes_few_spark_jobs_and_few_files(analysis, spark):  # noqa: F811
+def test_a_small_trace_takes_few_spark_jobs_and_few_files(analysis, spark):
     # adaptive execution off for a small input: one job per query, not one per stage (was
     # 138 jobs on test_flowtrace's trace); the settings are restored afterwards
     assert analysis["jobs"] <= MAX_JOBS, analysis["jobs"]
