@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from flowrouter.core.tables import Modifiers
@@ -22,6 +22,20 @@ TIMEOUT = 10.0
 
 async def within(aw: Awaitable[T], timeout: float = TIMEOUT) -> T:
     return await asyncio.wait_for(aw, timeout)
+
+
+async def until(cond: Callable[[], object], timeout: float = 20.0, what: str = "",
+                step: float = 0.02) -> None:
+    """Poll *cond*, a condition with no event of its own (a counter, a table, a flag), every
+    *step* seconds (0: only yield to the loop) until it holds. Bounded: an AssertionError after
+    *timeout* seconds, naming *what* was awaited (a caller may bound it tighter, with
+    ``within``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
+        await asyncio.sleep(step)
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:

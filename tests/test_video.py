@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import io
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from PIL import Image
@@ -30,23 +30,12 @@ from flowvideo.streamer import Streamer
 from flowvideo.streamer_core import RateChanged, StreamConfig
 from flowvideo.viewer import Viewer
 
-from .rawep import addr, mesh, run
+from .rawep import addr, mesh, run, until
 
 LSID = 0x10
 HIGH, MID, LOW = Resolution(240, 180), Resolution(120, 90), Resolution(48, 36)
 #: fragments of at most 1000 bytes: every high-resolution picture is several router frames
 FRAGMENT = 1000
-
-
-async def until(pred: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
-    """Wait (bounded) for *pred*, checking every 20 ms."""
-    async def spin() -> None:
-        while not pred():
-            await asyncio.sleep(0.02)
-    try:
-        await asyncio.wait_for(spin(), timeout)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what or pred}") from None
 
 
 def star() -> contextlib.AbstractAsyncContextManager[list[RouterNode]]:

@@ -35,8 +35,8 @@ from flowvideo.streamer import Streamer
 from flowvideo.web import WebViewer
 
 from .ports import free_port
-from .rawep import addr, run
-from .test_video import config, star, until
+from .rawep import addr, run, until
+from .test_video import config, star
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver")

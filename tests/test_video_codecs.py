@@ -32,8 +32,8 @@ from flowvideo.sources import PatternSource
 from flowvideo.streamer_core import StreamConfig
 from flowvideo.viewer import Viewer
 
-from .rawep import addr, run
-from .test_video import star, streaming, until
+from .rawep import addr, run, until
+from .test_video import star, streaming
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
 INTER = [P.CODEC_H264, P.CODEC_VP8]

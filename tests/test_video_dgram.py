@@ -17,9 +17,9 @@ from flowvideo.streamer_core import StreamConfig
 from flowvideo.viewer import Viewer
 
 from .dgramnet import one_router
-from .rawep import run
+from .rawep import run, until
 from .test_dgram_onpath import ThinPath
-from .test_video import streaming, until
+from .test_video import streaming
 
 
 def test_a_viewer_on_a_datagram_link_loses_pictures_instead_of_falling_behind(

@@ -23,8 +23,8 @@ from flowvideo.protocol import Resolution
 from flowvideo.sources import PatternSource
 from flowvideo.web import WebViewer
 
-from .rawep import addr, run
-from .test_video import config, star, streaming, until
+from .rawep import addr, run, until
+from .test_video import config, star, streaming
 from .test_video_browser import CHROMEDRIVER, CHROMIUM, WebDriver
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")

@@ -21,8 +21,8 @@ from flowvideo.streamer_core import Encode, RateChanged, Send, StreamConfig, Str
 from flowvideo.viewer import Viewer
 from flowvideo.viewer_core import SendMsg, Show, ViewerCore
 
-from .rawep import addr, core_and_edge, mesh
-from .test_video import LSID, streaming, until
+from .rawep import addr, core_and_edge, mesh, until
+from .test_video import LSID, streaming
 
 HIGH, LOW = Resolution(320, 240), Resolution(80, 60)
 

@@ -22,8 +22,8 @@ from flowvideo.streamer_core import EncodeAudio, StreamConfig, StreamerCore
 from flowvideo.viewer import Viewer
 from flowvideo.viewer_core import Play, ViewerCore
 
-from .rawep import addr, run
-from .test_video import star, streaming, until
+from .rawep import addr, run, until
+from .test_video import star, streaming
 
 av = pytest.importorskip("av", reason="PyAV is in the test extra (.ci/install)")
 

@@ -22,8 +22,8 @@ from flowvideo.demo import run_demo
 from flowvideo.protocol import Resolution
 from flowvideo.web import WebViewer
 
-from .rawep import addr, run
-from .test_video import LOW, config, star, streaming, until
+from .rawep import addr, run, until
+from .test_video import LOW, config, star, streaming
 
 
 async def http(port: int, request: bytes) -> tuple[int, bytes]:
