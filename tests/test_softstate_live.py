@@ -22,20 +22,12 @@ from flowrouter.wire.control import Role
 
 from .checkout import PYTHONPATH
 from .ports import free_port
-from .rawep import addr, core_and_edge, get, run
+from .rawep import addr, core_and_edge, get, run, until
 
 LSID = 0x10
 ROOT = Path(__file__).resolve().parent.parent
 LIVENESS = dict(liveness_interval=0.5, dead_after=2.0)
 ACCEPT = ["*@127.0.0.1"]  #: routers dialling these test routers are accepted as routers
-
-
-async def until(pred, timeout: float = 20.0, step: float = 0.02) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(step)
 
 
 def peer_up(node: RouterNode, peer: str) -> bool:
@@ -159,4 +151,3 @@ def test_router_liveness_and_rtt_show_in_status() -> None:
             assert edge.links_up(Role.ENDPOINT) == 1
             await app.close()
     run(main())
-

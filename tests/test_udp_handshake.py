@@ -23,8 +23,7 @@ from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.linkauth import AuthError, KeyRing, LinkAuthenticator, ReplayCache
 
 from .ports import free_port
-from .rawep import run
-from .test_softstate_live import until
+from .rawep import run, until
 
 KEY = b"\x11" * 32
 LIVENESS = 0.5  #: the retry interval of the handshake (the liveness interval)
