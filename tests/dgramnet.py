@@ -4,7 +4,6 @@ count of datagrams the listener refused."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import flowlib
@@ -38,10 +37,3 @@ async def arrives_from_tcp(node: RouterNode, flow: Any, lst: Any, payload: bytes
 def refused(node: RouterNode) -> int:
     """Datagrams the router's app_udp listener dropped (any reason)."""
     return sum(v for k, v in node.core.counters.items() if k.startswith("appdgram.refused"))
-
-
-async def until(cond: Any, step: float = 0.02) -> None:
-    """Wait until *cond()* holds, looking every *step* seconds (callers bound it with
-    ``within``)."""
-    while not cond():
-        await asyncio.sleep(step)

@@ -19,7 +19,7 @@ from flowrouter.core.tables import LinkState
 from flowrouter.wire import control as C
 from flowrouter.wire.header import parse_header
 
-from .rawep import RawEndpoint, core_and_edge, run, within
+from .rawep import RawEndpoint, core_and_edge, run, until, within
 
 HOST = "10.0.0.9"
 
@@ -108,7 +108,7 @@ def test_idle_connections_from_a_routers_host_do_not_keep_it_out_after_a_cut() -
                 for lid, lk in list(edge.core.links.items()):
                     if lk.role is C.Role.ROUTER:
                         edge.links[lid].close("cable cut")
-                await within(_until(lambda: core.core.counters["links.down"] >= 2))
+                await within(until(lambda: core.core.counters["links.down"] >= 2))
                 await within(core.wait_peers_up(1))
                 assert edge.links_up() == 1
                 assert core.core.counters["refused.connections-per-host"] == 0
@@ -117,8 +117,3 @@ def test_idle_connections_from_a_routers_host_do_not_keep_it_out_after_a_cut() -
                     w.close()
 
     run(within(main(), 60))
-
-
-async def _until(cond) -> None:  # type: ignore[no-untyped-def]
-    while not cond():
-        await asyncio.sleep(0.01)

@@ -35,8 +35,8 @@ from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 from flowrouter.wire.header import MalformedFrame, pack_header
 from flowrouter.wire.linkrecords import LinkCipher
 
-from .dgramnet import KEY, arrives_from_tcp, one_router, refused, udp, until
-from .rawep import addr, core_and_edge, get, run, within
+from .dgramnet import KEY, arrives_from_tcp, one_router, refused, udp
+from .rawep import addr, core_and_edge, get, run, until, within
 
 
 # ---------------------------------------------------------------- the framing, sans-I/O

@@ -21,8 +21,8 @@ from flowrouter.wire import control as C
 from flowrouter.wire.appdgram import prefix, split_frames
 from flowrouter.wire.header import pack_header
 
-from .dgramnet import KEY, arrives_from_tcp, one_router, udp, until
-from .rawep import addr, get, run, within
+from .dgramnet import KEY, arrives_from_tcp, one_router, udp
+from .rawep import addr, get, run, until, within
 
 
 class OnPath(asyncio.DatagramProtocol):

@@ -25,7 +25,7 @@ from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import pack_header
 
-from .rawep import run, within
+from .rawep import run, until, within
 from .udpsock import NATIVE, cut, drain, udp_sockets
 
 needs_native = pytest.mark.skipif(not NATIVE, reason="flowrouter.net._udpio not built")
@@ -485,11 +485,6 @@ def test_bundles_carry_a_burst_that_single_datagrams_lose(bundle: Any) -> None:
                 return
             assert got < n  # lost in the core's socket: now the count must say so
             pub.send(_frame(b"last"))
-            await within(_until(lambda: core.core.counters["drop.udp-rcvbuf"] > 0))
+            await within(until(lambda: core.core.counters["drop.udp-rcvbuf"] > 0))
             assert core.core.counters["drop.udp-rcvbuf"] >= 1
     run(main())
-
-
-async def _until(cond: Any) -> None:
-    while not cond():
-        await asyncio.sleep(0.02)
