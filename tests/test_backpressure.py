@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +28,7 @@ from flowrouter.net.tcp import TcpLink, reap_stalled_frames
 from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import FrameDecoder, pack_header
 
-from .rawep import RawEndpoint, blocking_member
+from .rawep import RawEndpoint, blocking_member, until
 
 LSID = 0x10
 FLOW = FlowID(0xB1, LSID, 1)
@@ -337,21 +336,13 @@ class _Receiver:
         return seqs
 
 
-async def _until(cond: Any, timeout: float = 20.0) -> None:
-    """Poll a router-internal condition that has no event of its own, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 async def _setup(**extra: Any) -> tuple[RouterNode, FlowID, _Receiver, RawEndpoint]:
     node = RouterNode(NodeConfig("core", listen="127.0.0.1:0", core_lsids=frozenset({LSID}),
                                  default_lsid=LSID, **extra))
     await node.start()
     flow = FlowID(0xB0, LSID, 1)
     rx = _Receiver(node, flow, 40)
-    await _until(lambda: flow.key in node.core.flows and len(node.core.flows[flow.key].down) == 1)
+    await until(lambda: flow.key in node.core.flows and len(node.core.flows[flow.key].down) == 1)
     tx = await RawEndpoint.connect(node, "tx")
     return node, flow, rx, tx
 
@@ -371,7 +362,7 @@ def test_a_receiver_that_stops_reading_holds_the_sender_and_loses_nothing() -> N
                         await tx.writer.drain()
                 await tx.writer.drain()
             sending = asyncio.ensure_future(send())
-            await _until(lambda: node.flow.control.held_inputs())
+            await until(lambda: node.flow.control.held_inputs())
             assert not sending.done(), "the sender should be pushed back"
             queued = sum(link.out.waiting for link in node.links.values()
                          if link.out is not None)
@@ -381,7 +372,7 @@ def test_a_receiver_that_stops_reading_holds_the_sender_and_loses_nothing() -> N
             assert seqs == list(range(n))
             assert node.core.counters["credit.held"] >= 1
             assert not any(k.startswith("drop.") and v for k, v in node.core.counters.items())
-            await _until(lambda: not node.flow.control.held_inputs())
+            await until(lambda: not node.flow.control.held_inputs())
         finally:
             rx.sock.close()
             await tx.close()
@@ -405,7 +396,7 @@ def test_a_hung_receiver_holds_its_sender_no_longer_than_the_stall_time() -> Non
                     await tx.writer.drain()  # returns only because the hold ends
             await tx.writer.drain()
             assert node.core.counters["credit.hold-stalled"] >= 1
-            await _until(lambda: node.links[tx_link(node)].reading)  # type: ignore[union-attr]
+            await until(lambda: node.links[tx_link(node)].reading)  # type: ignore[union-attr]
             got = await asyncio.get_running_loop().run_in_executor(None, rx.read, n, 1.0)
             dropped = node.core.counters["drop.slow-consumer"]
             assert dropped > 0

@@ -7,22 +7,13 @@ name accepts any router that proves itself."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 
-from .rawep import addr, run
+from .rawep import addr, run, until
 
 KEYS = {"site": "hex:" + "7e" * 32}
-
-
-async def _until(cond, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a counter that has no event of its own, with a generous deadline."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def test_a_dialled_router_answering_with_another_name_is_refused() -> None:
@@ -36,7 +27,7 @@ def test_a_dialled_router_answering_with_another_name_is_refused() -> None:
                                        peers=[PeerConfig(addr(impostor), "r2")]))
             await r1.start()
             try:
-                await _until(lambda node=r1: node.core.counters["refused.peer-name"] >= 1)
+                await until(lambda node=r1: node.core.counters["refused.peer-name"] >= 1)
                 assert r1.links_up() == 0
                 assert not [lk for lk in r1.core.links.values() if lk.peer_name == "r9"]
                 alerts = r1.status()["alerts"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -25,7 +24,7 @@ from flowrouter.wire.flowid import FlowID
 from flowrouter.wire.header import HEADER_SIZE
 from flowrouter.wire.linkrecords import GEN_SHIFT
 
-from .rawep import RawEndpoint, run, within
+from .rawep import RawEndpoint, run, until, within
 
 LSID = 0x10
 KEYS = {"site": "hex:" + "3c" * 32}
@@ -160,14 +159,6 @@ async def proxied_pair(attack: Attack) -> AsyncIterator[tuple[RouterNode, Router
         await r2.stop()
 
 
-async def _until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
-    """Poll a counter that has no event of its own, with a generous deadline."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_tampering_with_sealed_records_fails_the_link_and_is_counted(name: str) -> None:
     async def main() -> None:
@@ -186,7 +177,7 @@ def test_tampering_with_sealed_records_fails_the_link_and_is_counted(name: str) 
                 if not proxy.armed:
                     break
             assert proxy.attacks == 1
-            await _until(lambda: r2.core.counters["malformed.bad-record"] >= 1)
+            await until(lambda: r2.core.counters["malformed.bad-record"] >= 1)
             if "update" in name:
                 assert r1.core.counters["auth.rekeys.sent"] >= 1
             for ep in (rx, tx):
@@ -246,7 +237,7 @@ def test_a_flowlib_client_fails_its_link_when_a_record_to_it_is_deleted_at_an_up
                     if not proxy.armed:
                         break
                 assert proxy.attacks == 1
-                await _until(lambda: bool(lost))
+                await until(lambda: bool(lost))
                 assert isinstance(lost[0], flowlib.ConnectionLost)
                 assert "bad sealed record" in str(lost[0]) and "out-of-order" in str(lost[0])
         finally:

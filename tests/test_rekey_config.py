@@ -5,7 +5,6 @@ an encrypted router link, a sender on r1 and a receiver on r2 (the core)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -15,18 +14,10 @@ from flowrouter.tools.cli import format_status
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
 
-from .rawep import RawEndpoint, chain, run
+from .rawep import RawEndpoint, chain, run, until
 
 LSID = 0x10
 KEYS = {"site": "hex:" + "5a" * 32}
-
-
-async def _until(cond, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a counter that has no event of its own, with a generous deadline."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def _carry(r1, r2, flow: FlowID, n: int) -> None:  # type: ignore[no-untyped-def]
@@ -68,8 +59,8 @@ def test_rekeying_by_time_on_an_idle_link() -> None:
         async with chain(2, link_keys=KEYS, link_encrypt=True, link_rekey_seconds=0.05,
                          liveness_interval=0.1, dead_after=2.0) as (r1, r2):
             # only liveness echoes cross the link: the clock alone moves it to new keys
-            await _until(lambda: r1.core.counters["auth.rekeys.sent"] >= 3
-                         and r2.core.counters["auth.rekeys.received"] >= 3)
+            await until(lambda: r1.core.counters["auth.rekeys.sent"] >= 3
+                        and r2.core.counters["auth.rekeys.received"] >= 3)
             assert r1.core.counters["auth.rekeys.sent"] < 1000  # not on every record
             await _carry(r1, r2, FlowID(0x4E, LSID, 2), 50)
             assert r1.links_up() == 1 and r2.links_up() == 1

@@ -15,7 +15,7 @@ from flowrouter.wire import control as C
 from flowrouter.wire.capabilities import Capability, CreatorKey, Policy
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
 
-from .rawep import RawEndpoint, within
+from .rawep import RawEndpoint, until, within
 
 KEY_A = "hex:" + "11" * 32
 KEY_B = "hex:" + "22" * 32
@@ -24,14 +24,6 @@ LSID = 0x10
 
 def addr(node: RouterNode) -> str:
     return "%s:%d" % node.tcp_address
-
-
-async def until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a router-internal condition that has no event of its own, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def run(coro):  # type: ignore[no-untyped-def]

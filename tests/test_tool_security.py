@@ -23,19 +23,14 @@ from flowrouter.net.config import NodeConfig, PeerConfig
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire.capabilities import CreatorKey
 
+from .rawep import until
+
 LSID = 0x10
 KEY = "hex:" + "5a" * 32
 
 
 def addr(node: RouterNode) -> str:
     return "%s:%d" % node.tcp_address
-
-
-async def until(cond, timeout: float = 15.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def run(coro):  # type: ignore[no-untyped-def]

@@ -26,21 +26,13 @@ from flowrouter.wire.capabilities import CreatorKey, Policy
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import FrameDecoder, pack_header
 
-from .rawep import RawEndpoint, blocking_member, within
+from .rawep import RawEndpoint, blocking_member, until, within
 
 LSID = 0x10
 
 
 def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(asyncio.wait_for(coro, 90))
-
-
-async def until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a router-internal condition that has no event of its own, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def _router(name: str = "core", **extra: object) -> RouterNode:

@@ -31,7 +31,7 @@ from flowvideo.streamer_core import (
 )
 from flowvideo.viewer_core import MIN_REQUEST_PERIOD, SendMsg, ViewerCore
 
-from .rawep import addr, mesh, run
+from .rawep import addr, mesh, run, until
 
 HIGH, MID, LOW = Resolution(320, 240), Resolution(160, 120), Resolution(80, 60)
 BANDS = [P.band_of(i) for i in range(3)]
@@ -325,14 +325,6 @@ async def primary(node, c: StreamConfig):
         await client.close()
 
 
-async def _until(pred, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "timed out"
-        await asyncio.sleep(0.02)
-
-
 def _forged_state(stream: int) -> bytes:
     return P.encode_state(P.State(stream, 0xFFFFFFFF, 0, 0.2, (), 0xFFFFFFFF))
 
@@ -347,7 +339,7 @@ def test_on_a_router_a_forged_state_does_not_make_a_keyed_primary_step_down() ->
                 for _ in range(5):
                     await attacker.send(flow, _forged_state(streamer.core.stream),
                                         band=P.BAND_STATE)
-                await _until(lambda: streamer.unauthenticated >= 5)
+                await until(lambda: streamer.unauthenticated >= 5)
                 await asyncio.sleep(0.5)
                 assert streamer.step_downs == 0 and not task.done()
                 assert streamer.role == "primary"
@@ -368,9 +360,9 @@ def test_on_a_router_a_state_with_incarnation_0xffffffff_does_not_crash_the_stre
                                     band=P.BAND_STATE)
                 # unkeyed, the forgery outranks it (documented): it steps down, then takes
                 # the stream back when the "other primary" stays silent, and keeps running
-                await _until(lambda: streamer.step_downs == 1)
-                await _until(lambda: streamer.serving.is_set() and streamer.core is not None
-                             and streamer.core.incarnation == 0xFFFFFFFF)
+                await until(lambda: streamer.step_downs == 1)
+                await until(lambda: streamer.serving.is_set() and streamer.core is not None
+                            and streamer.core.incarnation == 0xFFFFFFFF)
                 await asyncio.sleep(0.5)
                 assert not task.done(), task.exception() if task.done() else None
             finally:
