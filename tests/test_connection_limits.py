@@ -33,14 +33,7 @@ from flowrouter.net.observe import router_source
 from flowrouter.net.runtime import RouterNode
 from flowrouter.wire import control as C
 
-from .rawep import RawEndpoint, addr, run, within
-
-
-async def _until(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    async def wait() -> None:
-        while not cond():
-            await asyncio.sleep(0.01)
-    await within(wait(), timeout)
+from .rawep import RawEndpoint, addr, run, until, within
 
 
 # ---------------------------------------------------------------- the gate on its own
@@ -106,7 +99,7 @@ def test_control_port_caps_connections() -> None:
         try:
             host, port = node.control_address
             idle = [await asyncio.open_connection(host, port) for _ in range(3)]
-            await _until(lambda: node.gate.open_by_port.get(CONTROL) == 3)
+            await until(lambda: node.gate.open_by_port.get(CONTROL) == 3)
             r4, w4 = await asyncio.open_connection(host, port)
             reply = json.loads(await within(r4.readline()))
             assert not reply["ok"] and "3 connections at once" in reply["error"]
@@ -115,7 +108,7 @@ def test_control_port_caps_connections() -> None:
             assert [a["kind"] for a in node.status()["alerts"]] == ["port-connections"]
             for _r, w in idle:  # room again once they go
                 w.close()
-            await _until(lambda: CONTROL not in node.gate.open_by_port)
+            await until(lambda: CONTROL not in node.gate.open_by_port)
             r5, w5 = await asyncio.open_connection(host, port)
             w5.write(b'{"cmd": "ping"}\n')
             assert json.loads(await within(r5.readline()))["name"] == "r"
@@ -139,7 +132,7 @@ def test_idle_control_connections_are_closed() -> None:
                 line = json.loads(await within(r.readline(), 10))
                 assert "idle for 0.3s" in line["error"]
                 assert await within(r.read()) == b""
-            await _until(lambda: CONTROL not in node.gate.open_by_port)
+            await until(lambda: CONTROL not in node.gate.open_by_port)
             assert node.core.counters["closed.idle-control"] == 3
             # a client that keeps talking is not cut off
             r, w = await asyncio.open_connection(host, port)
@@ -171,14 +164,14 @@ def test_http_monitor_caps_connections_and_times_out_idle_ones() -> None:
         try:
             host, port = capped.address
             idle = [await asyncio.open_connection(host, port) for _ in range(4)]
-            await _until(lambda: node.gate.open_by_port.get(HTTP) == 4)
+            await until(lambda: node.gate.open_by_port.get(HTTP) == 4)
             r5, w5 = await asyncio.open_connection(host, port)
             head = await within(r5.read())
             assert head.startswith(b"HTTP/1.1 503") and b"4 connections at once" in head
             assert node.core.counters["refused.port-connections"] == 1
             for _r, w in idle:
                 w.close()
-            await _until(lambda: HTTP not in node.gate.open_by_port)
+            await until(lambda: HTTP not in node.gate.open_by_port)
             r6, w6 = await asyncio.open_connection(host, port)
             w6.write(b"GET /healthz HTTP/1.1\r\n\r\n")
             assert (await within(r6.read())).startswith(b"HTTP/1.1 200")
@@ -218,8 +211,8 @@ def test_descriptor_budget_refuses_applications_and_keeps_room_for_routers() -> 
                 _r, w = await asyncio.open_connection(host, port)
                 idle.append(w)
                 n = len(idle)
-                await _until(lambda n=n: core.core.counters["links.up"] >= 1
-                             and gate.open_by_port.get(f"listen {host}:{port}", 0) >= n)
+                await until(lambda n=n: core.core.counters["links.up"] >= 1
+                            and gate.open_by_port.get(f"listen {host}:{port}", 0) >= n)
             assert core.status()["connections"]["applications_refused"]
             # an application is refused with the reason, after its HELLO
             app = await RawEndpoint.connect(core, "app")
@@ -241,7 +234,7 @@ def test_descriptor_budget_refuses_applications_and_keeps_room_for_routers() -> 
             for lid, lk in list(edge.core.links.items()):
                 if lk.role is C.Role.ROUTER:
                     edge.links[lid].close("cable cut")
-            await _until(lambda: core.core.counters["links.down"] >= 2)
+            await until(lambda: core.core.counters["links.down"] >= 2)
             await within(core.wait_peers_up(1))
         finally:
             for w in idle:
@@ -262,7 +255,7 @@ def test_a_monitor_without_a_gate_caps_connections_itself() -> None:
         await mon.start()
         try:
             idle = [await asyncio.open_connection(*mon.address) for _ in range(2)]
-            await _until(lambda: mon.open == 2)
+            await until(lambda: mon.open == 2)
             r, w = await asyncio.open_connection(*mon.address)
             assert (await within(r.read())).startswith(b"HTTP/1.1 503")
             assert mon.rejected == 1

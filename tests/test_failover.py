@@ -28,7 +28,7 @@ from flowrouter.wire.header import HEADER_SIZE, parse_header
 
 from .flowlibnet import FakeRouter
 from .ports import free_port
-from .rawep import addr, get, mesh, router, run
+from .rawep import addr, get, mesh, router, run, until
 
 T = TypeVar("T")
 LSID = 0x10
@@ -36,14 +36,6 @@ LSID = 0x10
 
 
 
-
-
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Yield to the event loop until *pred* holds (bounded; no fixed sleeps)."""
-    async def spin() -> None:
-        while not pred():
-            await asyncio.sleep(0)
-    await asyncio.wait_for(spin(), timeout)
 
 
 def overlay() -> contextlib.AbstractAsyncContextManager[list[RouterNode]]:
@@ -394,7 +386,7 @@ def test_connection_lost_only_after_failover_timeout() -> None:
         waiting = asyncio.ensure_future(lst.get())
         lost_at = time.perf_counter()
         await r0.stop()
-        await until(lambda: app.failing_over)
+        await until(lambda: app.failing_over, step=0)
         sending = asyncio.ensure_future(app.send(flow, b"never"))
         with pytest.raises(ConnectionLost) as info:
             await asyncio.wait_for(waiting, 10)
@@ -437,7 +429,7 @@ def test_clean_close_and_single_router_do_not_fail_over() -> None:
                                          failover_timeout=30)
             l2 = await app2.listen(flow, "data")
             await r0.stop()
-            await until(lambda: app2.failing_over)
+            await until(lambda: app2.failing_over, step=0)
             await app2.close()
             assert app2.closed and not app2.failing_over
             with pytest.raises(ListenerClosed):

@@ -51,7 +51,7 @@ from flowrouter.wire import control as C
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import pack_header
 
-from .rawep import RawEndpoint, chain
+from .rawep import RawEndpoint, chain, until
 
 T = TypeVar("T")
 REAL_FLOW = FlowID(0xA1, 0x10, 1)
@@ -297,14 +297,6 @@ def test_fuzzing_a_live_router_leaves_it_serving_and_clean() -> None:
 # Regressions for router bugs the fuzzing turned up. They are strict xfails: once the router
 # is fixed they XPASS, which fails the run as a reminder to drop the mark.
 
-async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
-
-
 def test_a_dropped_link_is_counted_once() -> None:
     with LiveOverlay() as ov:
         r2 = ov.nodes[1]
@@ -339,12 +331,12 @@ def test_a_flood_of_ls_routes_does_not_partition_the_overlay() -> None:
                     (0x100000 + 20000 * k + i, 1) for i in range(13000))))
                 fakes.append(f)
             cap = r2.core.p.max_ls_routes
-            await _until(lambda: r2.core.counters["refused.ls-routes"] >= 39000 - cap)
+            await until(lambda: r2.core.counters["refused.ls-routes"] >= 39000 - cap)
             assert len(r2.core.routing.known_lsids()) <= cap + 1  # bounded, and alerted
             assert r2.core.counters["alerts.ls-routes"] >= 1
             member = await RawEndpoint.connect(r1, "member")
             join = asyncio.ensure_future(member.join(REAL_FLOW, 1 << BAND))
-            broken = asyncio.ensure_future(_until(
+            broken = asyncio.ensure_future(until(
                 lambda: r1.core.counters["malformed.oversized"] > 0, 10))
             await asyncio.wait([join, broken], return_when=asyncio.FIRST_COMPLETED)
             for t in (join, broken):

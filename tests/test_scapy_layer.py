@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,7 +33,7 @@ from flowrouter.wire import control as C
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW, FlowID
 from flowrouter.wire.header import HEADER_SIZE, Header, Locality, pack_header, parse_header
 
-from .rawep import RawEndpoint, chain, within
+from .rawep import RawEndpoint, chain, until, within
 
 FLOW = FlowID(0xA1, 0x10, 1)
 
@@ -370,14 +368,6 @@ def _sniffer_available() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
-
-
 def test_live_capture_on_loopback_with_flowlib(tmp_path) -> None:  # type: ignore[no-untyped-def]
     why = _sniffer_available()
     if why is not None:
@@ -427,7 +417,7 @@ def test_live_capture_on_loopback_with_flowlib(tmp_path) -> None:  # type: ignor
                 try:
                     await until(lambda: all(
                         any(m in s for (src, sp, dst, dp), s in streams().items() if sp == r1)
-                        for m in messages))
+                        for m in messages), 10)
                 except (TimeoutError, AssertionError):
                     capture_incomplete.append(True)
                 await rx.close()
