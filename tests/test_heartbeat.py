@@ -6,7 +6,6 @@ heartbeats riding out a router failover.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
@@ -23,7 +22,7 @@ from flowlib.heartbeat import (
 )
 from flowrouter.wire.bands import BAND_HEARTBEAT
 
-from .rawep import addr, chain, run
+from .rawep import addr, chain, run, until
 
 T = TypeVar("T")
 A, S, D, L = PeerState.ALIVE, PeerState.SUSPECTED, PeerState.DEAD, PeerState.LEFT
@@ -151,12 +150,6 @@ def test_real_time_smoke_and_failover() -> None:
     """Real clocks, period 0.1 s: members see each other; a member whose router is killed
     fails over and is never reported dead (the gap is far below a period); a member that
     goes silent is suspected then declared dead after 3 periods."""
-    async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-        async def poll() -> None:
-            while not pred():
-                await asyncio.sleep(0.01)  # polls a condition; not a fixed wait
-        await asyncio.wait_for(poll(), timeout)
-
     async def main() -> None:
         async with chain(3) as (r1, r2, r3):
             ca = await flowlib.connect(addr(r3), name="A")
