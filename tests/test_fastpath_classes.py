@@ -271,3 +271,37 @@ def test_flows_made_to_collide_beforehand_do_not_line_up() -> None:
     slots, gone, longest = native.hot_stats()
     assert (slots, gone, native.sizes()[0]) == (cap, 0, 300)
     assert longest < 100
+
+
+def test_the_tables_shrink_when_most_flows_go() -> None:
+    """A subscriber of thousands of flows leaves: the hot table is built again at the size
+    of the flows left (its tombstones gone), and the flows left are still forwarded and
+    counted as the twin does, through their going and as flows come back."""
+    native, twin = _both()
+    keys = [_key(10_000 + i) for i in range(3 * BIG)]
+    for eng in (native, twin):
+        for k in keys:
+            eng.set_flow(k, 1, [(2, 1 << 40)], 1 << 40)
+    data = b"".join(_frame(k) for k in keys[::7])
+    assert _run(native, 1, data, NO_BUDGET, NO_BUDGET) == _run(twin, 1, data, NO_BUDGET,
+                                                               NO_BUDGET)
+    full = native.hot_stats()[0]
+    kept = keys[::500]
+    for k in keys:
+        if k not in kept:
+            assert native.forget_flow(k) == twin.forget_flow(k)
+    slots, tombstones, _longest = native.hot_stats()
+    assert slots * 16 <= full and slots < 8 * len(kept) and tombstones < slots // 2
+    assert native.sizes() == twin.sizes() == (len(kept), len(LINKS))
+    assert _counts(native, kept) == _counts(twin, kept)
+    data = b"".join(_frame(k) for k in kept + kept[::-1])
+    assert _run(native, 1, data, NO_BUDGET, NO_BUDGET) == _run(twin, 1, data, NO_BUDGET,
+                                                               NO_BUDGET)
+    for eng in (native, twin):  # and it grows back
+        for k in keys[:BIG]:
+            eng.set_flow(k, 1, [(3, 1 << 40)], 1 << 40)
+    data = b"".join(_frame(k) for k in keys[:BIG:3] + kept)
+    assert _run(native, 1, data, NO_BUDGET, NO_BUDGET) == _run(twin, 1, data, NO_BUDGET,
+                                                               NO_BUDGET)
+    assert _counts(native, keys) == _counts(twin, keys)
+    assert native.hot_stats()[0] > BIG

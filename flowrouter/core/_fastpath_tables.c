@@ -5,7 +5,9 @@
  * line; the one downstream link most flows have is inline) and the hot table, 32-byte
  * slots by flow key holding the key, the entry's position, its routing class and recent
  * counters (_fastpath_tables.h), open addressing with tombstones, rebuilt at three
- * quarters full to at most half; a key the core holds no entry for is kept there as absent.
+ * quarters full to at most half and at an eighth full or less to the flows' size (its
+ * memory and building it again: _fastpath_hot.c); a key the core holds no entry for is kept
+ * there as absent.
  * Beside the flows, an array of their counters indexed like them (with the hot slot's,
  * what each took; forget_flow hands it back). Routing classes: _fastpath_classes.c.
  * Routes: an open-addressing table by LSID (a handful), emptied whole. Filled and emptied
@@ -13,7 +15,6 @@
  * behalf.
  */
 #include "_fastpath_tables.h"
-#include <sys/mman.h>
 
 /* ------------------------------------------------------------------ links */
 Py_ssize_t fp_link_find(Engine *e, long id) {
@@ -141,105 +142,6 @@ static void flow_release(Engine *e, Flow *f) {
     }
     f->ndown = 0;
     f->d.one.cls = 0;
-}
-
-/* The hot table's memory: zeroed; a large one (HOT_HUGE bytes or more) in its own mapping
- * advised to use huge pages, so that a lookup in megabytes of slots does not also miss
- * the TLB (measured in a router with 10^5 flows: about 10% more frames a second; the
- * engine alone does not move). Either way it is counted where tracemalloc sees the rest
- * of the engine. */
-#ifndef HOT_HUGE
-#define HOT_HUGE (4 << 20)
-#endif
-#define HUGE_PAGE (2 << 20)
-static Hot *hot_alloc(Py_ssize_t cap) {
-    size_t bytes = (size_t)cap * sizeof(Hot);
-    if (bytes < HOT_HUGE) return PyMem_Calloc((size_t)cap, sizeof(Hot));
-    /* over-map by a huge page and keep the aligned part: only aligned 2 MiB ranges get
-     * huge pages */
-    uint8_t *raw = mmap(NULL, bytes + HUGE_PAGE, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return NULL;
-    uintptr_t at = ((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
-    if (at > (uintptr_t)raw) munmap(raw, at - (uintptr_t)raw);
-    size_t tail = (size_t)((uintptr_t)raw + bytes + HUGE_PAGE - (at + bytes));
-    if (tail) munmap((void *)(at + bytes), tail);
-    madvise((void *)at, bytes, MADV_HUGEPAGE); /* a hint: without THP, plain pages */
-    PyTraceMalloc_Track(0, at, bytes);
-    return (Hot *)at;
-}
-
-static void hot_free(Hot *ht, Py_ssize_t cap) {
-    size_t bytes = (size_t)cap * sizeof(Hot);
-    if (!ht) return;
-    if (bytes < HOT_HUGE) {
-        PyMem_Free(ht);
-        return;
-    }
-    PyTraceMalloc_Untrack(0, (uintptr_t)ht);
-    munmap(ht, bytes);
-}
-
-/* Move every hot slot's counters into its flow's FlowCount (before the slots are built
- * again, or read all at once). */
-static void hot_spill(Engine *e) {
-    for (Py_ssize_t i = 0; i < e->hot_cap; i++) {
-        Hot *s = &e->hot[i];
-        if (s->pos != 0 && s->pos != HOT_GONE && (s->frames || s->bytes)) hot_spill_slot(e, s);
-    }
-}
-
-/* Make *ht* (cap slots, a power of two, zeroed) the hot table, filled from the dense
- * array: the old table's counters must have been spilled into the FlowCounts. */
-static void hot_fill(Engine *e, Hot *ht, Py_ssize_t cap) {
-    Py_ssize_t longest = 0;
-    for (Py_ssize_t j = 0; j < e->nflows; j++) {
-        const Flow *f = &e->flows[j];
-        Py_ssize_t home = hot_home(hash_key(f->key, e->seed), cap);
-        for (Py_ssize_t i = home;; i = (i + 1) & (cap - 1)) {
-            if (ht[i].pos == 0) {
-                memcpy(ht[i].key, f->key, 16);
-                ht[i].pos = (uint32_t)(j + 1);
-                ht[i].cls = flow_cls(f);
-                Py_ssize_t probe = ((i - home) & (cap - 1)) + 1;
-                if (probe > longest) longest = probe;
-                break;
-            }
-        }
-    }
-    hot_free(e->hot, e->hot_cap);
-    e->hot = ht;
-    e->hot_cap = cap;
-    e->hot_filled = e->nflows;
-    e->hot_longest = longest;
-}
-
-/* Build the hot table again at *cap* slots from the dense array. */
-static int hot_rebuild(Engine *e, Py_ssize_t cap) {
-    Hot *ht = hot_alloc(cap);
-    if (!ht) { PyErr_NoMemory(); return -1; }
-    hot_spill(e);
-    hot_fill(e, ht, cap);
-    return 0;
-}
-
-/* How full the hot table may get (slots in use and tombstones, in 16ths) before it is
- * built again, and how full it may be when built. Denser (14/16 and 13/16: 10^5 flows in
- * 4 MB of slots, not 8) was measured in a router with 10^5 flows at 16 B: no faster, a
- * little slower in most runs (a quarter of the keys then sit past their home line, which
- * the scout does not prefetch), with a longest probe of 100-200 slots against about 20. */
-#ifndef HOT_FULL
-#define HOT_FULL 12
-#endif
-#ifndef HOT_BUILT
-#define HOT_BUILT 8
-#endif
-
-/* The hot table's size for n flows. */
-static Py_ssize_t hot_size(Py_ssize_t n) {
-    Py_ssize_t cap = 64;
-    while (n * 16 > cap * HOT_BUILT) cap *= 2;
-    return cap;
 }
 
 static PyObject *MASK64, *SHIFT64;
@@ -427,6 +329,7 @@ PyObject *Engine_forget_flow(Engine *e, PyObject *arg) {
         if (!out) return NULL;
     }
     flow_remove(e, hs);
+    hot_trim(e);
     if (out) return out;
     Py_RETURN_NONE;
 }
@@ -493,6 +396,7 @@ PyObject *Engine_forget_absent(Engine *e, PyObject *Py_UNUSED(ignored)) {
     }
     e->nflows = kept;
     hot_fill(e, ht, cap);
+    hot_trim(e); /* the dense arrays too */
     Py_RETURN_NONE;
 }
 
