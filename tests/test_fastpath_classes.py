@@ -305,3 +305,44 @@ def test_the_tables_shrink_when_most_flows_go() -> None:
                                                                NO_BUDGET)
     assert _counts(native, keys) == _counts(twin, keys)
     assert native.hot_stats()[0] > BIG
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, BIG - 1), min_size=1, max_size=90), st.integers(0, 70),
+       st.lists(st.tuples(st.integers(0, 90), st.integers(0, 70), st.integers(0, 6)),
+                max_size=4),
+       st.integers(0, 40), st.booleans())
+def test_reads_of_one_size_and_then_others_forward_like_the_twin(
+        picks: list[int], size: int, others: list, cut: int, ref: bool) -> None:
+    """With a large table, while every frame of a read has one size, the look-ahead computes
+    where the frame 16 ahead starts from the current frame's size instead of walking to it;
+    from the first frame of another size on it walks. Reads of one size (runs of one flow
+    and flows routed apart among them), with frames of other sizes, of absent keys, of
+    control bands or with TTL 0 put in anywhere, and cut anywhere, are forwarded exactly as
+    the twin forwards them, and every flow is counted alike."""
+    native, twin = _both()
+    keys = [_key(10_000 + i) for i in range(BIG)]
+    for eng in (native, twin):
+        for i, k in enumerate(keys):
+            eng.set_flow(k, *ROUTINGS[0 if i % 11 else i % len(ROUTINGS)])
+        eng.set_absent(_key(7))
+    frames = [_frame(keys[p], size=size) for p in picks]
+    for at, osize, kind in sorted(others, reverse=True):
+        key = _key(7) if kind == 1 else keys[at % BIG]
+        frames.insert(min(at, len(frames)), _frame(key, band=3 if kind == 2 else 40,
+                                                   size=osize, ttl=0 if kind == 3 else 5))
+    data = b"".join(frames)
+    data = data[:len(data) - min(cut, len(data) - 1)]
+    ref_min = 32 if ref else NO_BUDGET
+    for in_link in (1, 2):
+        assert _run(native, in_link, data, NO_BUDGET, NO_BUDGET, ref_min) == _run(
+            twin, in_link, data, NO_BUDGET, NO_BUDGET, ref_min)
+        # and each read from the middle of the buffer, where the look-ahead starts afresh
+        mid = sum(len(f) for f in frames[:len(frames) // 2])
+        if mid < len(data):
+            assert _run_from(native, in_link, data, mid) == _run_from(twin, in_link, data, mid)
+    assert sorted(native.all_flow_counts()) == sorted(twin.all_flow_counts())
+
+
+def _run_from(eng, in_link: int, data: bytes, pos: int) -> tuple:  # type: ignore[no-untyped-def]
+    return eng.forward(in_link, data, pos, NO_BUDGET, NO_BUDGET, 65536)

@@ -202,7 +202,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
     if (in_slot < 0) { stop = STOP_MISS_LINK; goto done; }
     int in_router = e->links[in_slot].router;
     Scout scout; /* prefetches the lookups of the frames ahead (_fastpath_tables.h) */
-    const int scouting = scout_start(&scout, e, pos);
+    const int scouting = scout_start(&scout, e, d, n, pos);
     for (;;) {
         if (n - pos < HEADER) { stop = pos == n ? STOP_END : STOP_PARTIAL; break; }
         const uint8_t *h = d + pos;
@@ -217,7 +217,7 @@ static PyObject *Engine_forward(Engine *e, PyObject *args) {
             stop = STOP_SLOW;
             break;
         }
-        uint32_t slot = scouting ? fp_scout_step(&scout, e, d, n) : UINT32_MAX;
+        uint32_t slot = scouting ? fp_scout_step(&scout, e, d, n, pos, size) : UINT32_MAX;
         if (ttl == 0) {
             if (counts[7] + 1 >= drop_budget) { stop = STOP_SLOW; break; }
             counts[1]++;
