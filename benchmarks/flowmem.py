@@ -18,6 +18,9 @@ publisher sends) against reads of one flow, per payload size: the lookup cost of
 table, taken in CPU time of this thread (``thread_time``), which load from elsewhere on
 the machine moves far less than a rate.
 
+``--mixed`` adds reads whose frames vary in size, which the compiled engine's look-ahead
+must walk (it computes where frames start while they are all of one size).
+
 ``--quick`` is a seconds-long smoke run (10^4 flows); ``--flows`` still overrides it.
 """
 
@@ -39,27 +42,35 @@ import flowtable  # noqa: E402
 from flowrouter.core.fastpath import FastPath, new_engine  # noqa: E402
 from flowrouter.wire.header import pack_header  # noqa: E402
 
+#: ``--mixed``: payload sizes taken in turn, so that no two neighbouring frames match
+MIXED = (16, 24, 40, 16, 100)
 
-def _forward_ns(fast: FastPath, keys: list[bytes], size: int, frames: int) -> float:
-    """CPU ns per frame forwarding *frames* frames cycling over *keys*, in 64 KiB reads
-    (the second of two passes: the first may still fill caches)."""
-    payload = b"p" * size
-    tail = pack_header(b"\0" * 16, size, flowtable.BAND)[16:] + payload
-    per_read = max(1, 65536 // (len(tail) + 16))
-    reads = [b"".join(keys[i % len(keys)] + tail for i in range(at, min(frames, at + per_read)))
-             for at in range(0, frames, per_read)]
+
+def _forward_ns(fast: FastPath, keys: list[bytes], size: int | tuple[int, ...],
+                frames: int, read: int = 65536, in_place: bool = False) -> float:
+    """CPU ns per frame forwarding *frames* frames cycling over *keys*, in reads of *read*
+    bytes (the second of two passes: the first may still fill caches); *size*, or the sizes
+    of a tuple in turn. *in_place*: each read is a bytearray forwarded in place, as the
+    runtime forwards its receive buffer (its frames' headers rewritten where they lie)."""
+    sizes = size if isinstance(size, tuple) else (size,)
+    tails = [pack_header(b"\0" * 16, n, flowtable.BAND)[16:] + b"p" * n for n in sizes]
+    per_read = max(1, read // (sum(map(len, tails)) // len(tails) + 16))
+    reads = [(bytearray if in_place else bytes)(b"".join(
+        keys[i % len(keys)] + tails[i % len(tails)]
+        for i in range(at, min(frames, at + per_read))))
+        for at in range(0, frames, per_read)]
     took = 0.0
     for _ in range(2):
         t0 = time.thread_time()
         for data in reads:
-            pos, _stop, _outs = fast.forward(flowtable.UP, data, 0, 65536)
+            pos, _stop, _outs = fast.forward(flowtable.UP, data, 0, 65536, in_place=in_place)
             assert pos == len(data), "the engine stopped before the end of a read"
         took = time.thread_time() - t0
     return took / frames * 1e9
 
 
-def measure(n: int, build: str, engine: str, sizes: list[int] | None = None
-            ) -> dict[str, Any]:
+def measure(n: int, build: str, engine: str, sizes: list[int | tuple[int, ...]] | None = None,
+            read: int = 65536, in_place: bool = False) -> dict[str, Any]:
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -93,9 +104,11 @@ def measure(n: int, build: str, engine: str, sizes: list[int] | None = None
     if sizes:
         keys = [flowtable.flow_key(i) for i in range(n)]
         frames = max(n, 200_000)
-        row["forward_ns_per_frame"] = {str(size): {
-            "all_flows": _forward_ns(fast, keys, size, frames),
-            "one_flow": _forward_ns(fast, keys[:1], size, frames)} for size in sizes}
+        row["forward_ns_per_frame"] = {"mixed" if isinstance(size, tuple) else str(size): {
+            "all_flows": _forward_ns(fast, keys, size, frames, read, in_place),
+            "one_flow": _forward_ns(fast, keys[:1], size, frames, read, in_place)}
+            for size in sizes}
+        row["forward_read"] = {"bytes": read, "in_place": in_place}
     return row
 
 
@@ -108,14 +121,29 @@ def main() -> int:
     ap.add_argument("--forward", type=int, nargs="*", metavar="SIZE",
                     help="also time the engine forwarding reads that cycle over every flow "
                          "against reads of one flow, per payload size (default 16 1024)")
+    ap.add_argument("--mixed", action="store_true",
+                    help="with --forward, also reads whose frames' payloads vary "
+                         f"({', '.join(map(str, MIXED))} B in turn), which the compiled "
+                         "engine's look-ahead walks instead of computing where frames start")
+    ap.add_argument("--read", type=int, default=65536, metavar="BYTES",
+                    help="with --forward, bytes a read (default 65536; a router under load "
+                         "reads up to its read_buffer, 1 MiB)")
+    ap.add_argument("--in-place", action="store_true",
+                    help="with --forward, forward each read in place (a bytearray), as a "
+                         "router forwards its receive buffer, not into new output bytes")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 10^4 flows, a second or two")
     ap.add_argument("--out", help="write the JSON result here")
     args = ap.parse_args()
     if not args.flows:
         args.flows = [10_000] if args.quick else [100_000, 1_000_000]
-    sizes = None if args.forward is None else (args.forward or [16, 1024])
-    rows = [measure(n, args.build, args.engine, sizes) for n in args.flows]
+    sizes: list[int | tuple[int, ...]] | None = None
+    if args.forward is not None:
+        sizes = [*(args.forward or [16, 1024]), *([MIXED] if args.mixed else [])]
+    if args.read < 64:
+        ap.error(f"--read {args.read}: a read must hold a frame (64 bytes or more)")
+    rows = [measure(n, args.build, args.engine, sizes, args.read, args.in_place)
+            for n in args.flows]
     common.say(common.table(rows, [
         ("flows", "flows", ">,d"), ("engine", "engine", "<"),
         ("core_bytes_per_flow", "core B/flow", ">.0f"),
@@ -123,7 +151,8 @@ def main() -> int:
         ("total_bytes_per_flow", "total B/flow", ">.0f")]))
     for row in rows:
         for size, ns in row.get("forward_ns_per_frame", {}).items():
-            common.say(f"  {row['flows']:,} flows, {size} B: the engine forwards "
+            common.say(f"  {row['flows']:,} flows, {size}{'' if size == 'mixed' else ' B'}: "
+                       "the engine forwards "
                        f"{ns['all_flows']:.0f} ns/frame cycling over all of them, "
                        f"{ns['one_flow']:.0f} ns/frame for one flow")
     result = {"machine": common.machine_info(), "command": " ".join(sys.argv),
