@@ -283,10 +283,11 @@ static inline void hot_count(Engine *e, Hot *s, uint64_t n) {
  * frame. Walking the frames in between instead is a chain of dependent loads (each frame's
  * size says where the next starts) through state kept in memory: the engine alone, 16-byte
  * frames of 10^5 flows in cache, took 7.0 ns a frame walking and 6.3 guessing (one flow:
- * 3.6); a router forwarding them, about 10% more frames a second. From the first frame of
- * another size on, the scout walks (a guess made before it only prefetched a slot for
- * nothing), hashing each key once and skipping runs of frames of one flow: such reads cost
- * what they cost before, or up to 0.3 ns a frame more. */
+ * 3.6); routers forwarding them, about 5% more frames a second, within the spread of a
+ * row (BENCHMARKS.md). From the first frame of another size on, the scout walks (a guess
+ * made before it only prefetched a slot for nothing), hashing each key once and skipping
+ * runs of frames of one flow: such reads cost what they cost before, or up to 0.3 ns a
+ * frame more. */
 #ifndef SCOUT_MIN_FLOWS
 #define SCOUT_MIN_FLOWS 4096
 #endif
