@@ -440,12 +440,27 @@ class RouterChain(ProcessGroup):
                 routes = {r["lsid"]: r for r in st["ls_routes"]}
                 row = routes.get(hex(LSID))
                 if row and (row["core"] or row["link"] is not None):
+                    self._check_engine(i, st)
                     return
                 last = f"no route to LSID {LSID:#x} yet"
             except (ConnectionError, OSError, ValueError) as exc:
                 last = str(exc)
             await asyncio.sleep(0.05)
         raise TimeoutError(f"router r{i + 1} not ready: {last}\n{self.procs[i].log_tail()}")
+
+    def _check_engine(self, i: int, st: dict[str, Any]) -> None:
+        """Refuse a router that lost its fast path by accident (the compiled engine not
+        built in the measured checkout): its rows would measure the Python core, 25-100x
+        slower, under the fast path's name. ``--no-native`` (FLOWNET_NATIVE=0) asks for
+        that on purpose. A one-line error (SystemExit), as for a bad option."""
+        from flowrouter.core.fastpath import fast_path_off
+
+        fast = st.get("fast_path") or {}
+        if fast.get("engine") is None and not fast_path_off():
+            raise SystemExit(f"{Path(sys.argv[0]).name}: router r{i + 1} forwards without a "
+                             f"fast path: {fast.get('why', 'no fast path in its status')} (build "
+                             "the compiled engine in the measured checkout, or pass --no-native "
+                             "to measure the Python core)")
 
     async def counters(self) -> list[dict[str, int]]:
         out = []

@@ -108,3 +108,30 @@ def test_bulk_rounds_report_the_median_round_and_each_rounds_ratio() -> None:
     proc = subprocess.run([sys.executable, str(BENCH / "bulk.py"), "--rounds", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "must be 1 or more, not 0" in proc.stderr
+
+
+def test_bulk_refuses_routers_that_lost_the_compiled_engine(tmp_path: Path) -> None:
+    """A checkout whose engine was never built forwards every frame in Python: its rows
+    would be 25-100x slower under the fast path's name, so the run stops and says why."""
+    for pkg in ("flowrouter", "flowlib"):  # the code the routers run, with no .so in it
+        shutil.copytree(REPO / pkg, tmp_path / pkg,
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    env = dict(os.environ)
+    env.pop("FLOWNET_NATIVE", None)  # this pass may be the Python-only one
+    env["FLOWNET_BENCH_CODE"] = str(tmp_path)
+    env["PYTHONPATH"] = with_checkout(env.get("PYTHONPATH"))
+    argv = [sys.executable, str(BENCH / "bulk.py"), "--sizes", "16", "--hops", "1",
+            "--no-nats", "--duration", "0.2", "--warmup", "0.1", "--out",
+            str(tmp_path / "bulk.json")]
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "forwards without a fast path" in proc.stderr, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    assert "compiled engine not built" in proc.stderr, proc.stderr[-4000:]
+    env["FLOWNET_NATIVE"] = "0"  # asked for: measured, not refused
+    proc = subprocess.run([*argv, "--no-native"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = json.loads((tmp_path / "bulk.json").read_text())["rates"]
+    assert any(r["system"] == "flownet" and r["msg_rate"] > 0 for r in rows), rows

@@ -9,9 +9,11 @@ and control frames interleaved with data in one read.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
+from flowrouter.core.fastpath import engine_choice
 from flowrouter.tools.cli import format_status
 from flowrouter.wire import control as C
 from flowrouter.wire.flowid import FlowID
@@ -51,6 +53,35 @@ def test_python_path_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatc
             assert "FLOWNET_NATIVE=0" in nodes[0].status()["fast_path"]["why"]
             assert "forwarding: fast path off" in format_status(nodes[0].status())
     run(main())
+
+
+def test_a_router_whose_engine_did_not_load_says_so_as_a_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An engine turned off is the operator's choice (info); one that failed to import
+    leaves every frame to the Python core, 25-100x slower, and must not pass unseen."""
+    from flowrouter.net import node
+
+    def broken(env: str | None = None) -> tuple[None, str]:
+        return None, "fast path unavailable: compiled engine not built (test)"
+
+    async def main() -> None:
+        async with chain(1) as nodes:
+            assert nodes[0].fast is None
+
+    monkeypatch.delenv("FLOWNET_NATIVE", raising=False)
+    monkeypatch.setattr(node, "engine_choice", broken)
+    with caplog.at_level(logging.INFO, logger="flowrouter.net.runtime"):
+        run(main())
+    said = [r for r in caplog.records if "forwards with" in r.getMessage()]
+    assert said and all(r.levelno == logging.WARNING for r in said), said
+    assert "not built" in said[0].getMessage()
+    caplog.clear()
+    monkeypatch.setenv("FLOWNET_NATIVE", "0")
+    monkeypatch.setattr(node, "engine_choice", engine_choice)
+    with caplog.at_level(logging.INFO, logger="flowrouter.net.runtime"):
+        run(main())
+    said = [r for r in caplog.records if "forwards with" in r.getMessage()]
+    assert said and all(r.levelno == logging.INFO for r in said), said
 
 
 @pytest.mark.parametrize("engine", ["native", "twin", "0"])

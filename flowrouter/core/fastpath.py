@@ -59,7 +59,8 @@ from flowrouter.wire.flowid import key_lsid
 if TYPE_CHECKING:
     from flowrouter.core.router import Router
 
-__all__ = ["FastPath", "engine_choice", "new_engine", "STOP_END", "STOP_PARTIAL", "STOP_SLOW"]
+__all__ = ["FastPath", "engine_choice", "fast_path_off", "new_engine", "STOP_END", "STOP_PARTIAL",
+           "STOP_SLOW"]
 
 ENV = "FLOWNET_NATIVE"
 #: payloads this large are not copied by the engine: they leave as views of the received
@@ -89,11 +90,19 @@ def _native_engine() -> tuple[Any, str]:
     return _fastpath.Engine, "compiled engine (flowrouter.core._fastpath)"
 
 
+def fast_path_off(env: str | None = None) -> bool:
+    """Whether ``FLOWNET_NATIVE`` (or *env*) turns the fast path off on purpose. A router
+    without it for any other reason (the compiled engine not built) forwards every frame
+    in Python, 25-100x slower, and says so as a warning."""
+    value = os.environ.get(ENV, "") if env is None else env
+    return value.strip().lower() in ("0", "no", "off", "false")
+
+
 def engine_choice(env: str | None = None) -> tuple[Any, str]:
     """(engine class or None, one line saying which and why) for this process."""
     value = os.environ.get(ENV, "") if env is None else env
     value = value.strip().lower()
-    if value in ("0", "no", "off", "false"):
+    if fast_path_off(value):
         return None, f"fast path off ({ENV}={value}); every frame goes through the Python core"
     if value in ("twin", "py", "python"):
         return fastpath_py.Engine, f"pure-Python twin engine ({ENV}={value})"

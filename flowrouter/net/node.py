@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Any
 
-from flowrouter.core.fastpath import FastPath, engine_choice
+from flowrouter.core.fastpath import FastPath, engine_choice, fast_path_off
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
@@ -152,7 +152,11 @@ class RouterNode:
         self.flow = Backpressure(self)  # counting into the new core's counters
         self.gate = self._new_gate()
         self._attach_fast_path()
-        log.info("router %s forwards with: %s", cfg.name, self.fast_path_info)
+        # an engine that failed to import, unlike one turned off, is worth a warning: every
+        # frame then takes the Python core
+        quiet = self.fast is not None or fast_path_off()
+        log.log(logging.INFO if quiet else logging.WARNING, "router %s forwards with: %s",
+                cfg.name, self.fast_path_info)
         if cfg.listen:
             host, port = parse_address(cfg.listen, "listen")
             self._server = await loop.create_server(lambda: TcpLink(self, None), host, port,
