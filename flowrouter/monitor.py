@@ -91,14 +91,15 @@ def render_metrics(source: Monitored) -> bytes:
     return generate_latest(registry)
 
 
-def status_document(source: Monitored) -> dict[str, Any]:
+def status_document(source: Monitored, status: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The common /status fields first (version, kind, name, uptime, health), then the
-    source's own document."""
+    source's own document (*status*, when the caller made it already)."""
     ok, why = source.health()
     doc: dict[str, Any] = {"version": __version__, "kind": source.kind, "name": source.name,
                            "uptime": round(time.time() - source.started, 3),
                            "healthy": ok, "health": why}
-    doc.update(source.status())
+    doc.update(source.status() if status is None else status)
     return doc
 
 

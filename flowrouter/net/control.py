@@ -25,7 +25,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flowrouter.net import listviews
 from flowrouter.net.commandauth import CommandGuard, sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
 from flowrouter.net.connlimits import CONTROL, ConnectionGate
@@ -95,6 +94,7 @@ class Controlled(Protocol):
         """Reload and drain (flowrouter.net.operate)."""
 
     def status(self) -> dict[str, Any]: ...
+    def status_view(self, sort: str | None, limit: Any) -> dict[str, Any]: ...
     def set_emulation(self, peer: str, emu: Emulation | None) -> None: ...
     def set_link(self, peer: str, up: bool) -> int: ...
 
@@ -116,10 +116,9 @@ def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
     """The reply to one control request (raises ConfigError, KeyError, TypeError or
     ValueError for a malformed one)."""
     if cmd == "status":
-        status = node.status()
-        if "sort" in req or "limit" in req:  # flowrouter.net.listviews: as /status?sort=
-            status = listviews.apply(status, req.get("sort"), req.get("limit"))
-        return {"ok": True, "status": status}
+        if "sort" in req or "limit" in req:  # as /status?sort=: only the rows shown rendered
+            return {"ok": True, "status": node.status_view(req.get("sort"), req.get("limit"))}
+        return {"ok": True, "status": node.status()}
     if cmd == "ping":
         guard = node.guard
         return {"ok": True, "name": node.config.name,

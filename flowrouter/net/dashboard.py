@@ -25,6 +25,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from flowrouter.monitor import Handler, Page
+from flowrouter.net import flowviews
 
 if TYPE_CHECKING:
     from flowrouter.net.runtime import RouterNode
@@ -80,7 +81,8 @@ def flow_trees(statuses: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def router_overlay(node: RouterNode) -> dict[str, Any]:
     """A router's own view: itself, its neighbours (linked or configured) and its links."""
-    st = node.status()
+    # flow_trees looks at the first rows only: render no more (flowviews)
+    st = node.status(flowviews.pick_flows(node, None, 10 * MAX_FLOWS_SHOWN))
     me = node.config.name
     routers = {me: {"name": me, "up": True, "flows": st["flow_count"]}}
     links = []

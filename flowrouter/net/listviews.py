@@ -33,7 +33,8 @@ class ViewError(ValueError):
     """A sort field or limit that cannot be used (the reply says which are)."""
 
 
-def _key(field: str) -> Any:
+def sort_key(field: str) -> Any:
+    """The key :func:`view` sorts rows by for *field* (ascending; ``-FIELD`` reverses it)."""
     def key(row: dict[str, Any]) -> tuple[int, Any]:
         value = row.get(field)
         if isinstance(value, dict | list | tuple | set):
@@ -74,7 +75,7 @@ def view(rows: list[dict[str, Any]], sort: str | None, limit: int | None
     if sort:
         field = sort.lstrip("+-")
         if rows and any(field in row for row in rows):
-            rows = sorted(rows, key=_key(field), reverse=sort.startswith("-"))
+            rows = sorted(rows, key=sort_key(field), reverse=sort.startswith("-"))
     return rows if limit is None else rows[:limit]
 
 
@@ -103,4 +104,5 @@ def from_query(query: str) -> tuple[str | None, str | None]:
     return sort, limit
 
 
-__all__ = ["MAX_LIMIT", "SORTABLE", "ViewError", "apply", "check_view", "from_query", "view"]
+__all__ = ["MAX_LIMIT", "SORTABLE", "ViewError", "apply", "check_view", "from_query", "sort_key",
+           "view"]

@@ -21,12 +21,14 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from flowrouter.core.fastpath import FastPath, engine_choice, fast_path_off
 from flowrouter.core.router import Action, Close, Router, Secure, Send
 from flowrouter.core.tables import LinkState
 from flowrouter.core.traces import NULL_TRACER, TraceWriter
+from flowrouter.net import flowviews
 from flowrouter.net.appdgram import AppDatagrams
 from flowrouter.net.backpressure import Backpressure
 from flowrouter.net.commandauth import CommandGuard
@@ -529,9 +531,17 @@ class RouterNode:
     def emulated_peers(self) -> frozenset[str]:
         return frozenset(self._emulation)
 
-    def status(self) -> dict[str, Any]:
+    def status_view(self, sort: str | None, limit: Any) -> dict[str, Any]:
+        """The status document as ``sort`` and ``limit`` show it (the control command's and
+        the HTTP pages' arguments), rendering only the flow rows shown."""
+        return flowviews.status_view(self, sort, limit)
+
+    def status(self, flows: Iterable[bytes] | None = None) -> dict[str, Any]:
+        """The status document; *flows*: the keys whose rows it gives (None: every flow's,
+        which costs about 10 us a flow of the loop's time: a view picks its rows first,
+        :func:`flowrouter.net.flowviews.status_view`)."""
         now = self.now()
-        st = self.core.status(now)
+        st = self.core.status(now, flows)
         for row in st["links"]:
             link = self.links.get(row["id"])
             if link is not None:
@@ -539,7 +549,9 @@ class RouterNode:
                 if link.out is not None:
                     row["output"] = link.out.stats()
         fast = self.fast
-        for row, (key, entry) in zip(st["flows"], self.core.flows.items(), strict=True):
+        table = self.core.flows
+        for row, key in zip(st["flows"], table if flows is None else flows, strict=True):
+            entry = table[key]
             row["members"] = entry.down_count()  # downstream links that joined it
             row["age"] = round(now - entry.created, 3)
             frames, nbytes = fast.flow_counts(key) if fast is not None else (0, 0)

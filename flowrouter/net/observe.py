@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from flowrouter.monitor import Handler, Monitored, Page, status_document
-from flowrouter.net import listviews
+from flowrouter.net import flowviews, listviews
 
 #: flows /metrics has a series for (the ones with the most members): one series per flow
 #: of a million-flow table would swamp any Prometheus
@@ -66,7 +66,7 @@ def router_health(node: RouterNode) -> tuple[bool, str]:
         return False, "draining: applications are asked to move to another router"
     if not node.listening:
         return False, "not listening"
-    rows = peer_rows(node, node.core.status()["links"])
+    rows = peer_rows(node, node.core.status(flows=())["links"])  # no flow rows: probed often
     down = [p["peer"] or p["address"] for p in rows if not p["up"]]
     if rows and len(down) == len(rows):
         return False, f"no configured peer is up (down: {', '.join(down)})"
@@ -83,7 +83,8 @@ def router_live(node: RouterNode) -> tuple[bool, str]:
 
 
 def router_metrics(node: RouterNode) -> Iterable[Metric]:
-    st = node.status()
+    # rows only for the flows named below: a scrape of a large table renders a handful
+    st = node.status(flowviews.metric_flows(node, FLOW_METRICS))
     links = GaugeMetricFamily("flownet_router_links", "links by role and state",
                               labels=["role", "state"])
     count: dict[tuple[str, str], int] = {}
@@ -157,12 +158,13 @@ def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
     whole status document (*name* None) or one of its lists."""
     def page(query: str) -> Page:
         sort, limit = listviews.from_query(query)
-        try:
+        try:  # only the flow rows shown are rendered (flowviews)
             if name is None:
-                doc = listviews.apply(status_document(source), sort, limit)
+                doc = status_document(source, node.status_view(sort, limit))
             else:
-                rows = router_status(node)[name]
-                doc = listviews.apply({name: rows}, sort, limit, (name,))
+                st = node.status_view(sort, limit)
+                doc = {name: st[name], **({f"{name}_total": st[f"{name}_total"]}
+                                          if f"{name}_total" in st else {})}
         except listviews.ViewError as exc:
             return 400, "application/json", json.dumps({"error": str(exc)}).encode() + b"\n"
         return 200, "application/json", json.dumps(doc, indent=1, default=str).encode() + b"\n"
