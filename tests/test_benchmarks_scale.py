@@ -135,3 +135,17 @@ def test_bulk_refuses_routers_that_lost_the_compiled_engine(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = json.loads((tmp_path / "bulk.json").read_text())["rates"]
     assert any(r["system"] == "flownet" and r["msg_rate"] > 0 for r in rows), rows
+
+
+def test_statuscost_quick(tmp_path: Path) -> None:
+    try:
+        from flowrouter.core import _fastpath  # type: ignore[attr-defined]  # noqa: F401
+        engine = "native"
+    except ImportError:  # not built here: the Python twin's mirror holds the counters
+        engine = "twin"
+    data = _run("statuscost.py", tmp_path / "status.json", "--engine", engine)
+    (row,) = data["rows"]
+    assert row["flows"] == 10_000 and data["engine"] == engine
+    for k in ("every_row_s", "limit20_s", "limit20_bytes_s", "limit20_members_s",
+              "metrics_s", "probe_s"):
+        assert _positive(row[k]), row
