@@ -10,6 +10,8 @@ showed.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -31,14 +33,27 @@ JOINED = sum(1 for i in range(FLOWS) if i % 3 or i % 5 == 0)
 assert JOINED > 2 * FLOW_METRICS
 
 
-async def _busy_router() -> tuple[RouterNode, list[Any]]:
+@contextlib.asynccontextmanager
+async def _busy_router() -> AsyncIterator[RouterNode]:
     """One router, FLOWS flows with 0, 1 or 2 members and 0-4 messages on each that has
-    members."""
+    members; stopped, with its applications, after."""
     node = RouterNode(NodeConfig("views", listen="127.0.0.1:0", control="127.0.0.1:0",
                                  core_lsids=frozenset({0x10}), default_lsid=0x10))
     await node.start()
     addr = ["%s:%d" % node.tcp_address]
-    tx, rx1, rx2 = [await within(flowlib.connect(addr, name=n)) for n in ("tx", "rx1", "rx2")]
+    apps: list[Any] = []
+    try:
+        for name in ("tx", "rx1", "rx2"):
+            apps.append(await within(flowlib.connect(addr, name=name)))
+        await _load(node, *apps)
+        yield node
+    finally:
+        for app in apps:
+            await app.close()
+        await node.stop()
+
+
+async def _load(node: RouterNode, tx: Any, rx1: Any, rx2: Any) -> None:
     flows = [await tx.create() for _ in range(FLOWS)]
     for i, f in enumerate(flows):
         if i % 3:
@@ -57,7 +72,6 @@ async def _busy_router() -> tuple[RouterNode, list[Any]]:
     def counted() -> bool:
         return sum(r["frames"] for r in node.status()["flows"]) >= sent
     await until(counted, what="every message counted in the flows' rows")
-    return node, [tx, rx1, rx2]
 
 
 class _Rows:
@@ -79,8 +93,7 @@ class _Rows:
 
 def test_a_view_shows_what_sorting_every_row_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     async def go() -> None:
-        node, apps = await _busy_router()
-        try:
+        async with _busy_router() as node:
             now = node.now()
             monkeypatch.setattr(node, "now", lambda: now)  # ages alike in both documents
             full = node.status()
@@ -95,10 +108,6 @@ def test_a_view_shows_what_sorting_every_row_shows(monkeypatch: pytest.MonkeyPat
                     assert got["links"] == want["links"], (sort, limit)
             with pytest.raises(listviews.ViewError, match="cannot sort by"):
                 node.status_view("nonsense", 3)
-        finally:
-            for app in apps:
-                await app.close()
-            await node.stop()
 
     run(go())
 
@@ -106,9 +115,8 @@ def test_a_view_shows_what_sorting_every_row_shows(monkeypatch: pytest.MonkeyPat
 def test_limited_views_scrapes_and_probes_render_only_what_they_show(
         monkeypatch: pytest.MonkeyPatch) -> None:
     async def go() -> None:
-        node, apps = await _busy_router()
-        rows = _Rows(monkeypatch)
-        try:
+        async with _busy_router() as node:
+            rows = _Rows(monkeypatch)
             ctl = "%s:%d" % node.control_address
             st = (await query_control(ctl, "status", sort="bytes", limit=5))["status"]
             assert len(st["flows"]) == 5 and st["flows_total"] == JOINED
@@ -125,10 +133,6 @@ def test_limited_views_scrapes_and_probes_render_only_what_they_show(
             top = listviews.view(full["flows"], "members", FLOW_METRICS)
             assert named == {r["flow"] for r in top}
             assert f"flownet_router_flows {float(JOINED)}" in metrics
-        finally:
-            for app in apps:
-                await app.close()
-            await node.stop()
 
     run(go())
 
@@ -136,15 +140,10 @@ def test_limited_views_scrapes_and_probes_render_only_what_they_show(
 def test_a_sort_only_a_rendered_row_can_tell_still_renders_them_all(
         monkeypatch: pytest.MonkeyPatch) -> None:
     async def go() -> None:
-        node, apps = await _busy_router()
-        rows = _Rows(monkeypatch)
-        try:
+        async with _busy_router() as node:
+            rows = _Rows(monkeypatch)
             st = node.status_view("aggregate", 2)
             assert len(st["flows"]) == 2 and st["flows_total"] == JOINED
             assert rows.take() == JOINED
-        finally:
-            for app in apps:
-                await app.close()
-            await node.stop()
 
     run(go())
