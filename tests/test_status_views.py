@@ -10,7 +10,11 @@ showed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +27,7 @@ from flowrouter.net import listviews
 from flowrouter.net.config import NodeConfig
 from flowrouter.net.observe import FLOW_METRICS, router_health, router_source
 from flowrouter.net.runtime import RouterNode, query_control
+from flowrouter.tools.cli import TABLE_ROWS
 
 from .rawep import run, until, within
 
@@ -30,7 +35,7 @@ FLOWS = 3 * FLOW_METRICS
 #: the flows with members, which are the router's entries (more than the Prometheus page
 #: names)
 JOINED = sum(1 for i in range(FLOWS) if i % 3 or i % 5 == 0)
-assert JOINED > 2 * FLOW_METRICS
+assert max(2 * FLOW_METRICS, TABLE_ROWS) < JOINED
 
 
 @contextlib.asynccontextmanager
@@ -133,6 +138,29 @@ def test_limited_views_scrapes_and_probes_render_only_what_they_show(
             top = listviews.view(full["flows"], "members", FLOW_METRICS)
             assert named == {r["flow"] for r in top}
             assert f"flownet_router_flows {float(JOINED)}" in metrics
+
+    run(go())
+
+
+def test_the_cli_asks_for_no_more_rows_than_its_tables_show(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def go() -> None:
+        async with _busy_router() as node:
+            rows = _Rows(monkeypatch)
+            ctl = "%s:%d" % node.control_address
+
+            def cli(*extra: str) -> str:
+                out = subprocess.run([sys.executable, "-m", "flowrouter.tools.cli", "status",
+                                      "--control", ctl, *extra], capture_output=True,
+                                     text=True, check=False, timeout=60)
+                assert out.returncode == 0, out.stderr
+                return out.stdout
+
+            shown = await asyncio.to_thread(cli)
+            assert f"({TABLE_ROWS} of {JOINED} flows)" in shown, shown[-2000:]
+            assert rows.take() == TABLE_ROWS
+            raw = json.loads(await asyncio.to_thread(cli, "--json"))
+            assert len(raw["flows"]) == JOINED and rows.take() == JOINED  # everything asked
 
     run(go())
 

@@ -24,6 +24,9 @@ from flowrouter.net.config import ConfigError, NodeConfig, PeerConfig
 from flowrouter.net.configfile import config_from_dict, load_config
 
 log = logging.getLogger("flowrouter")
+#: rows of flows (and of links) ``flowrouter status`` shows in its tables, and asks the
+#: router for when no --limit is given
+TABLE_ROWS = 200
 
 RUN_EPILOG = """\
 examples:
@@ -171,7 +174,8 @@ def build_parser(extra: Sequence[Command] = ()) -> argparse.ArgumentParser:
                          "peer ...; flows by bytes, frames, members, age, flow ...")
     st.add_argument("--limit", type=int, metavar="N",
                     help="show at most N links and N flows (the router says how many there "
-                         "are)")
+                         f"are; default {TABLE_ROWS} for the tables, none with --json: every "
+                         "row costs the router's loop about 11 us, 11 s at 10^6 flows)")
     st.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                     help="give up when the router does not answer within this (default 5)")
 
@@ -332,12 +336,13 @@ def format_status(st: dict[str, Any]) -> str:
                      f"{r['distance']}")
     lines.append("")
     lines.append("FLOWS")
-    for f in st["flows"][:200]:
+    for f in st["flows"][:TABLE_ROWS]:
         down = ", ".join(f"{k}:{v}" for k, v in f["downstream"].items()) or "-"
         lines.append(f"  {f['flow']}  up {f['upstream']}  agg {f['aggregate']}  "
                      f"down {down}{'' if f['joined'] else '  (joining)'}")
-    if len(st["flows"]) > 200:
-        lines.append(f"  ... {len(st['flows']) - 200} more (use --json, or --sort/--limit)")
+    if len(st["flows"]) > TABLE_ROWS:
+        lines.append(f"  ... {len(st['flows']) - TABLE_ROWS} more (use --json, or "
+                     "--sort/--limit)")
     if "flows_total" in st:
         lines.append(f"  ({len(st['flows'])} of {st['flows_total']} flows)")
     lines += _format_limits(st)
@@ -445,6 +450,8 @@ def _command(args: argparse.Namespace, event_loop: str) -> int:
         from flowrouter.net.runtime import query_control
 
         view = {k: v for k, v in (("sort", args.sort), ("limit", args.limit)) if v is not None}
+        if not args.json and args.limit is None:  # no more rows than the tables show: the
+            view["limit"] = TABLE_ROWS  # router renders only those (flowrouter.net.flowviews)
         reply = asyncio.run(query_control(args.control, timeout=args.timeout, **view))
         print(json.dumps(reply["status"], indent=2) if args.json
               else format_status(reply["status"]))
