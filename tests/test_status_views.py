@@ -22,14 +22,15 @@ import pytest
 
 import flowlib
 from flowrouter.core import router as core_router
-from flowrouter.monitor import render_metrics
-from flowrouter.net import listviews
+from flowrouter.monitor import render_metrics, start_monitor
+from flowrouter.net import listviews, observe
 from flowrouter.net.config import NodeConfig
 from flowrouter.net.observe import FLOW_METRICS, router_health, router_source
 from flowrouter.net.runtime import RouterNode, query_control
 from flowrouter.tools.cli import TABLE_ROWS
 
 from .rawep import run, until, within
+from .test_monitor import get
 
 FLOWS = 3 * FLOW_METRICS
 #: the flows with members, which are the router's entries (more than the Prometheus page
@@ -161,6 +162,30 @@ def test_the_cli_asks_for_no_more_rows_than_its_tables_show(
             assert rows.take() == TABLE_ROWS
             raw = json.loads(await asyncio.to_thread(cli, "--json"))
             assert len(raw["flows"]) == JOINED and rows.take() == JOINED  # everything asked
+
+    run(go())
+
+
+def test_http_pages_give_a_page_of_a_large_table_unless_asked_for_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def go() -> None:
+        async with _busy_router() as node:
+            rows = _Rows(monkeypatch)
+            monkeypatch.setattr(observe, "PAGE_ROWS", 50)
+            mon = await start_monitor(router_source(node), "127.0.0.1:0")
+            assert mon is not None
+            try:
+                for path in ("/status", "/flows"):
+                    code, _, body = await get(mon.address, path)
+                    doc = json.loads(body)
+                    assert code == 200 and len(doc["flows"]) == 50, path
+                    assert doc["flows_total"] == JOINED and rows.take() == 50, path
+                code, _, body = await get(mon.address, f"/flows?sort=bytes&limit={JOINED}")
+                doc = json.loads(body)
+                assert len(doc["flows"]) == JOINED and "flows_total" not in doc
+                assert rows.take() == JOINED
+            finally:
+                await mon.stop()
 
     run(go())
 

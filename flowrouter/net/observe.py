@@ -39,6 +39,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from flowrouter.monitor import Handler, Monitored, Page, status_document
 from flowrouter.net import flowviews, listviews
 
+#: rows of each list an HTTP page gives when the query asks for no limit (a row of a flow
+#: costs the router's loop about 11 us; ``?limit=N`` asks for more, up to listviews.MAX_LIMIT)
+PAGE_ROWS = 1024
 #: flows /metrics has a series for (the ones with the most members): one series per flow
 #: of a million-flow table would swamp any Prometheus
 FLOW_METRICS = 100
@@ -155,9 +158,12 @@ def router_metrics(node: RouterNode) -> Iterable[Metric]:
 
 def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
     """A page that answers ``?sort=FIELD&limit=N`` (:mod:`flowrouter.net.listviews`): the
-    whole status document (*name* None) or one of its lists."""
+    whole status document (*name* None) or one of its lists, PAGE_ROWS rows of each list
+    when the query gives no limit."""
     def page(query: str) -> Page:
         sort, limit = listviews.from_query(query)
+        if limit is None:  # as nats-server's /connz: a page of a large table, not all of it
+            limit = PAGE_ROWS
         try:  # only the flow rows shown are rendered (flowviews)
             if name is None:
                 doc = status_document(source, node.status_view(sort, limit))
@@ -185,5 +191,5 @@ def router_source(node: RouterNode, kind: str = "router") -> Monitored:
     return source
 
 
-__all__ = ["list_page", "peer_rows", "router_health", "router_live", "router_metrics",
-           "router_source", "router_status"]
+__all__ = ["FLOW_METRICS", "PAGE_ROWS", "list_page", "peer_rows", "router_health",
+           "router_live", "router_metrics", "router_source", "router_status"]
