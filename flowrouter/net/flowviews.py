@@ -37,22 +37,33 @@ class Viewed(Protocol):
     def status(self, flows: Iterable[bytes] | None = None) -> dict[str, Any]: ...
 
 
-def _value(node: Viewed, field: str) -> Callable[[bytes], Any] | None:
-    """The value of *field* in a flow's row, read without rendering it (None: only a
-    rendered row has it). Must agree with what ``RouterNode.status`` puts in the row."""
+#: the fields of a flow's row the shell adds to the core's (RouterNode.status)
+SHELL_FIELDS = ("members", "age", "frames", "bytes")
+
+
+def shell_values(node: Viewed, now: float) -> dict[str, Callable[[bytes], Any]]:
+    """How to read each of SHELL_FIELDS for a flow's key: its downstream links that joined,
+    its age at *now*, and the frames and bytes it took (the core's entry and the engine's
+    mirror together). One definition for the rows and for choosing them."""
     flows, fast = node.core.flows, node.fast
-    if field == "members":
-        return lambda k: flows[k].down_count()
-    if field == "age":
-        now = node.now()
-        return lambda k: round(now - flows[k].created, 3)
-    if field == "upstream":
-        return lambda k: flows[k].upstream
-    if field in ("frames", "bytes"):
-        i = 0 if field == "frames" else 1
+
+    def counted(i: int) -> Callable[[bytes], int]:
         if fast is None:
             return lambda k: (flows[k].frames, flows[k].bytes)[i]
         return lambda k: (flows[k].frames, flows[k].bytes)[i] + fast.flow_counts(k)[i]
+    return {"members": lambda k: flows[k].down_count(),
+            "age": lambda k: round(now - flows[k].created, 3),
+            "frames": counted(0), "bytes": counted(1)}
+
+
+def _value(node: Viewed, field: str) -> Callable[[bytes], Any] | None:
+    """The value of *field* in a flow's row, read without rendering it (None: only a
+    rendered row has it)."""
+    if field in SHELL_FIELDS:
+        return shell_values(node, node.now())[field]
+    if field == "upstream":
+        flows = node.core.flows
+        return lambda k: flows[k].upstream
     return None
 
 
@@ -96,4 +107,5 @@ def metric_flows(node: Viewed, most: int) -> list[bytes] | None:
     return [k for k in node.core.flows if k in chosen]
 
 
-__all__ = ["Viewed", "metric_flows", "pick_flows", "status_view"]
+__all__ = ["SHELL_FIELDS", "Viewed", "metric_flows", "pick_flows", "shell_values",
+           "status_view"]

@@ -548,14 +548,11 @@ class RouterNode:
                 row["bytes_in"], row["bytes_out"] = link.bytes_in, link.bytes_out
                 if link.out is not None:
                     row["output"] = link.out.stats()
-        fast = self.fast
-        table = self.core.flows
-        for row, key in zip(st["flows"], table if flows is None else flows, strict=True):
-            entry = table[key]
-            row["members"] = entry.down_count()  # downstream links that joined it
-            row["age"] = round(now - entry.created, 3)
-            frames, nbytes = fast.flow_counts(key) if fast is not None else (0, 0)
-            row["frames"], row["bytes"] = entry.frames + frames, entry.bytes + nbytes
+        values = flowviews.shell_values(self, now).items()
+        for row, key in zip(st["flows"], self.core.flows if flows is None else flows,
+                            strict=True):
+            for name, value in values:
+                row[name] = value(key)
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio

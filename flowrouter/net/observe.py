@@ -163,7 +163,7 @@ def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
     def page(query: str) -> Page:
         sort, limit = listviews.from_query(query)
         if limit is None:  # as nats-server's /connz: a page of a large table, not all of it
-            limit = PAGE_ROWS
+            limit = str(PAGE_ROWS)  # as a query gives it
         try:  # only the flow rows shown are rendered (flowviews)
             if name is None:
                 doc = status_document(source, node.status_view(sort, limit))
