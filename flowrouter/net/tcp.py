@@ -57,7 +57,7 @@ class TcpLink(asyncio.BufferedProtocol):
 
     __slots__ = ("node", "peer", "link_id", "transport", "codec", "out", "address",
                  "reading", "frames_in", "partial_since", "only", "rx", "fd", "port",
-                 "counted", "held", "bytes_in", "bytes_out")
+                 "counted", "held", "queued", "bytes_in", "bytes_out")
 
     def __init__(self, node: Node, peer: PeerConfig | None,
                  only: Role | None = None) -> None:
@@ -89,6 +89,9 @@ class TcpLink(asyncio.BufferedProtocol):
         self.counted = True
         #: reading stopped until the next tick: the application's control budget is spent
         self.held = False
+        #: the decoded frames of a copied-out read (the Python-core path, sealed links)
+        #: that wait for that tick; in-place reads leave them in the receive buffer
+        self.queued: list[tuple[memoryview, memoryview]] = []
         #: bytes read from and handed to the connection (status, metrics)
         self.bytes_in = 0
         self.bytes_out = 0
@@ -159,7 +162,20 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def pending(self) -> int:
         """Bytes of an incomplete frame received so far."""
-        return self.codec.pending + self.rx.pending
+        return self.codec.pending + self.unread()[1]
+
+    def unread(self) -> tuple[int, int]:
+        """(whole frames read and not yet handled, bytes of an incomplete frame after them):
+        frames wait whole only for the control budget's next tick (decoded, or in the
+        receive buffer); any other read leaves at most an incomplete frame behind."""
+        rx = self.rx
+        view, pos, end, n = rx.view, rx.start, rx.end, len(self.queued)
+        while end - pos >= HEADER_SIZE:
+            nxt = pos + HEADER_SIZE + int.from_bytes(view[pos + 16:pos + 20], "big")
+            if nxt > end:
+                break
+            pos, n = nxt, n + 1
+        return n, end - pos
 
     def data_received(self, data: bytes) -> None:
         before = self.frames_in
@@ -241,7 +257,7 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def _frames(self, data: bytes) -> None:
         node = self.node
-        if node.fast is not None:
+        if node.fast is not None and not self.queued:
             self._fast_frames(data)
             return
         try:
@@ -252,15 +268,39 @@ class TcpLink(asyncio.BufferedProtocol):
         if not frames:
             return
         self.frames_in += len(frames)
+        if self.held or self.queued:  # held back for the control budget: these wait too
+            self.queued += frames
+            return
+        self._to_core(frames)
+
+    def _to_core(self, frames: list[tuple[memoryview, memoryview]]) -> None:
+        """Decoded frames to the core, one by one, until the application's control budget
+        for this tick is spent: the rest wait, unread, for the next tick (as the fast path
+        leaves them in its receive buffer), so that one read of a flood costs the loop
+        ``control_per_tick`` messages' work, not a whole buffer's."""
+        node = self.node
         core, now, link_id, execute = node.core, node.now(), self.link_id, node.execute
         reads = node.begin_read(link_id)
         try:
-            for header, payload in frames:
+            for i, (header, payload) in enumerate(frames):
                 actions = core.receive(link_id, header, payload, now)
                 if actions:
                     execute(actions)
+                if core.over_control_budget(link_id):
+                    self.queued = frames[i + 1:]
+                    self._hold_until_tick()
+                    break
         finally:
             reads.end()
+
+    def _queue(self, rest: memoryview) -> None:
+        """The rest of a copied-out read once the control budget is spent: its whole frames
+        wait for the next tick (then the core takes them, as :meth:`_to_core` does), an
+        incomplete one in the decoder."""
+        frames = self.codec.frames.feed(bytes(rest))
+        self.frames_in += len(frames)
+        self.queued = frames
+        self._hold_until_tick()
 
     def _fast_frames(self, data: bytes) -> None:
         """One read through the fast path: the engine forwards what it can decide alone in
@@ -281,6 +321,9 @@ class TcpLink(asyncio.BufferedProtocol):
                     self.frames_in += 1
                     self._fast_pass(whole, 0, max_payload, len(whole), True)
             while pos < n and link_id in core.links:
+                if core.over_control_budget(link_id):
+                    self._queue(view[pos:])
+                    break
                 pos, done = self._fast_pass(view, pos, max_payload, n, True)
                 if done:
                     if pos < n:
@@ -378,7 +421,11 @@ class TcpLink(asyncio.BufferedProtocol):
             return
         transport.resume_reading()
         rx = self.rx
-        if rx.pending and not rx.waiting and self.link_id in self.node.core.links:
+        if self.queued:
+            frames, self.queued = self.queued, []
+            if self.link_id in self.node.core.links:
+                self._to_core(frames)
+        elif rx.pending and not rx.waiting and self.link_id in self.node.core.links:
             before = self.frames_in
             self._in_place()
             self._note_partial(before)
@@ -390,14 +437,19 @@ class TcpLink(asyncio.BufferedProtocol):
         node.gate.release(self.port, self.counted)
         self.port = None
         reason = f"connection lost: {exc}" if exc else "connection closed by peer"
+        held, _ = self.unread()
         pending = self.pending()
+        if held and self.link_id in node.core.links:
+            # read, never handled: the link closed while they waited for the next tick
+            node.core.counters["drop.unread-at-close"] += held
+            log.info("%s: %s with %d frames unread (held for its control budget)",
+                     self._describe(), reason, held)
         if pending and self.link_id in node.core.links:  # not yet counted
             node.core.counters["malformed"] += 1
             node.core.counters["malformed.truncated"] += 1
             reason = f"truncated frame ({pending} bytes of an incomplete frame)"
-            link = node.core.links.get(self.link_id)
-            log.warning("%s: malformed input: %s; dropping the link",
-                        link.describe() if link else f"link {self.link_id}", reason)
+            log.warning("%s: malformed input: %s; dropping the link", self._describe(),
+                        reason)
         if self.out is not None:
             self.out.close()
         self.partial_since = None
@@ -405,6 +457,10 @@ class TcpLink(asyncio.BufferedProtocol):
         node.unregister(self.link_id)
         if self.peer is not None:
             node.redial(self.peer, reason)
+
+    def _describe(self) -> str:
+        link = self.node.core.links.get(self.link_id)
+        return link.describe() if link else f"link {self.link_id}"
 
     def pause_writing(self) -> None:
         if self.out is not None:
@@ -470,7 +526,7 @@ class TcpLink(asyncio.BufferedProtocol):
             if self.held:
                 return  # held for its control budget: read again at the next tick
             self.transport.resume_reading()
-            if self.rx.pending and not self.rx.waiting:  # frames left by a budget hold
+            if self.queued or (self.rx.pending and not self.rx.waiting):  # left by a hold
                 self.node.loop.call_soon(self._release_hold)
         else:
             self.transport.pause_reading()
