@@ -14,9 +14,12 @@ path's cost 30.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,26 +35,41 @@ from .rawep import RawEndpoint, addr, run, until
 JOINS = 40
 BUDGET = 4
 KEY = bytes(range(32))
+ENGINES = pytest.mark.parametrize("native", ["0", ""], ids=["python-core", "fast-path"])
 
 
-@pytest.mark.parametrize("native", ["0", ""], ids=["python-core", "fast-path"])
+@contextlib.asynccontextmanager
+async def _router(**extra: Any) -> AsyncIterator[RouterNode]:
+    """A started router whose applications have BUDGET control messages a tick."""
+    node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", http="off",
+                                 core_lsids=frozenset({0x10}), default_lsid=0x10,
+                                 limits={"control_per_tick": BUDGET}, **extra))
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+
+
+def _burst() -> bytes:
+    """JOINS joins of flows nobody else has, request ids 1..JOINS, as one write."""
+    out = b""
+    for i in range(JOINS):
+        body = C.Join(i + 1, 1 << 32).encode()
+        out += pack_header(FlowID(0xF10D, 0x10, i).key, len(body), 0) + body
+    return out
+
+
+@ENGINES
 def test_a_burst_past_the_control_budget_waits_for_the_next_tick(
         native: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLOWNET_NATIVE", native)
 
     async def main() -> None:
-        node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", http="off",
-                                     core_lsids=frozenset({0x10}), default_lsid=0x10,
-                                     limits={"control_per_tick": BUDGET}))
-        await node.start()
-        try:
+        async with _router() as node:
             assert (node.fast is None) == (native == "0")
             ep = await RawEndpoint.connect(node)
-            burst = b""
-            for i in range(JOINS):
-                body = C.Join(i + 1, 1 << 32).encode()
-                burst += pack_header(FlowID(0xF10D, 0x10, i).key, len(body), 0) + body
-            ep.send_raw(burst)  # one write: the router reads it whole
+            ep.send_raw(_burst())  # one write: the router reads it whole
             acks: set[int] = set()
             counters = node.core.counters
 
@@ -72,24 +90,17 @@ def test_a_burst_past_the_control_budget_waits_for_the_next_tick(
             assert len(acks) + dropped == JOINS
             assert counters["work.budget-tripped"] >= 2  # tripped again at later ticks
             await ep.close()
-        finally:
-            await node.stop()
 
     run(main(), 90)
 
 
-@pytest.mark.parametrize("native", ["0", ""], ids=["python-core", "fast-path"])
+@ENGINES
 def test_a_sealed_links_burst_waits_for_the_next_tick_too(
         native: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLOWNET_NATIVE", native)
 
     async def main() -> None:
-        node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", http="off",
-                                     core_lsids=frozenset({0x10}), default_lsid=0x10,
-                                     link_keys={"app": KEY},
-                                     limits={"control_per_tick": BUDGET}))
-        await node.start()
-        try:
+        async with _router(link_keys={"app": KEY}) as node:
             client = await flowlib.connect([addr(node)], name="busy", state_dir=str(tmp_path),
                                            link_key=("app", KEY), encrypt=True)
             assert client.encrypted
@@ -105,13 +116,11 @@ def test_a_sealed_links_burst_waits_for_the_next_tick_too(
                 j.cancel()
             await asyncio.gather(*joins, return_exceptions=True)
             await client.close()
-        finally:
-            await node.stop()
 
     run(main(), 90)
 
 
-@pytest.mark.parametrize("native", ["0", ""], ids=["python-core", "fast-path"])
+@ENGINES
 def test_frames_held_when_the_link_breaks_are_counted_not_called_truncated(
         native: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The application resets its connection while the router holds the rest of its burst:
@@ -120,18 +129,10 @@ def test_frames_held_when_the_link_breaks_are_counted_not_called_truncated(
     monkeypatch.setenv("FLOWNET_NATIVE", native)
 
     async def main() -> None:
-        node = RouterNode(NodeConfig("r", listen="127.0.0.1:0", http="off",
-                                     core_lsids=frozenset({0x10}), default_lsid=0x10,
-                                     limits={"control_per_tick": BUDGET}))
-        await node.start()
-        try:
+        async with _router() as node:
             ep = await RawEndpoint.connect(node)
-            burst = b""
-            for i in range(JOINS):
-                body = C.Join(i + 1, 1 << 32).encode()
-                burst += pack_header(FlowID(0xF10D, 0x10, i).key, len(body), 0) + body
             counters = node.core.counters
-            ep.send_raw(burst)
+            ep.send_raw(_burst())
             await until(lambda: counters["drop.control-budget"] >= 1, 20, "the budget trips")
             sock = ep.writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -143,7 +144,5 @@ def test_frames_held_when_the_link_breaks_are_counted_not_called_truncated(
             # every frame of the burst is accounted for: handled, dropped, or unread
             handled = counters["control.join"] + counters["drop.control-budget"]
             assert handled + unread == JOINS, (handled, unread)
-        finally:
-            await node.stop()
 
     run(main(), 90)
