@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -144,5 +145,48 @@ def test_frames_held_when_the_link_breaks_are_counted_not_called_truncated(
             # every frame of the burst is accounted for: handled, dropped, or unread
             handled = counters["control.join"] + counters["drop.control-budget"]
             assert handled + unread == JOINS, (handled, unread)
+
+    run(main(), 90)
+
+
+@ENGINES
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_data_behind_a_held_burst_arrives_whole_and_in_order(
+        native: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data frames mixed into a burst of JOINs past the budget wait with the JOINs and then
+    reach the flow's member, every one and in the order sent (the budget drops control
+    messages only), in writes cut at random places."""
+    monkeypatch.setenv("FLOWNET_NATIVE", native)
+    rng = random.Random(seed)
+    flow = FlowID(0xDA7A, 0x10, 1)
+
+    async def main() -> None:
+        async with _router() as node:
+            member = await RawEndpoint.connect(node, "member")
+            assert (await member.join(flow, 1 << 32)).status is C.JoinStatus.OK
+            sender = await RawEndpoint.connect(node, "sender")
+            stream, joins, sent = b"", 0, 0
+            for _ in range(60):
+                if rng.random() < 0.4:
+                    joins += 1
+                    body = C.Join(joins, 1 << 32).encode()
+                    stream += pack_header(FlowID(0xF10D, 0x10, joins).key, len(body),
+                                          0) + body
+                else:
+                    payload = sent.to_bytes(4, "big") * rng.randint(1, 64)
+                    stream += pack_header(flow.key, len(payload), 32) + payload
+                    sent += 1
+            cuts = sorted(rng.sample(range(1, len(stream)), 5))
+            for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+                sender.send_raw(stream[a:b])
+                await sender.writer.drain()
+            got = [int.from_bytes(p[:4], "big") for _, p in await member.data(sent, 30)]
+            assert got == list(range(sent))
+            counters = node.core.counters
+            await until(lambda: counters["control.join"] + counters["drop.control-budget"]
+                        >= joins + 1, 20, "every JOIN handled or dropped")
+            assert counters["work.budget-tripped"] >= 1
+            await sender.close()
+            await member.close()
 
     run(main(), 90)
