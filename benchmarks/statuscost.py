@@ -8,12 +8,16 @@ forwarded. This times what each kind of caller costs a router that holds N flows
 * ``limit 20``: ``--limit 20`` unsorted, and sorted by ``bytes`` and by ``members``
   (``flowrouter.net.flowviews`` picks the 20 rows before rendering them);
 * ``metrics``: the rows a Prometheus scrape renders (the 100 flows it names);
-* ``probe``: the link rows a health probe reads (no flow rows).
+* ``probe``: the link rows a health probe reads (no flow rows);
+* ``sliced``: every row again as the control port and the HTTP pages make it now
+  (``status_view_sliced``, then ``slicedjson.dumps``): the longest the loop waited for a
+  turn meanwhile, and the whole time it took, beside ``json.dumps`` of the document at once.
 
 The router and its entries are flowtable.py's (``build_direct``: one application link holds
 every flow), with the compiled engine's mirror beside it for the flows' counters. The node
-is a stand-in with the four things a view reads (``core``, ``fast``, ``now``, ``status``),
-so no socket or event loop is involved.
+is a stand-in with the things a view reads (``core``, ``fast``, ``now``, ``status``,
+``flow_rows``), so no socket is involved; the sliced views run on an event loop of their
+own beside a task that notes how long each of its turns waited.
 
     python3 benchmarks/statuscost.py --flows 100000 1000000
 
@@ -23,6 +27,7 @@ so no socket or event loop is involved.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -36,7 +41,7 @@ import flowtable  # noqa: E402
 
 from flowrouter.core.fastpath import FastPath, new_engine  # noqa: E402
 from flowrouter.core.router import Router  # noqa: E402
-from flowrouter.net import flowviews  # noqa: E402
+from flowrouter.net import flowviews, slicedjson  # noqa: E402
 
 #: flows a Prometheus scrape names (flowrouter.net.observe.FLOW_METRICS)
 METRIC_FLOWS = 100
@@ -54,11 +59,40 @@ class Node:
     def status(self, flows: Iterable[bytes] | None = None) -> dict[str, Any]:
         return self.core.status(0.0, flows)
 
+    def flow_rows(self, keys: list[bytes] | None = None) -> list[dict[str, Any]]:
+        return self.core.flow_rows(keys)
+
 
 def _seconds(call: Callable[[], object]) -> float:
     t = time.perf_counter()
     call()
     return time.perf_counter() - t
+
+
+def _sliced(node: Node) -> dict[str, float]:
+    """Every row as the control port gives it, on a loop beside a ticker: the longest wait
+    for a turn (s) and the time it all took (s); and json.dumps of it at once (s)."""
+    async def run() -> dict[str, float]:
+        longest, done = 0.0, False
+
+        async def ticker() -> None:
+            nonlocal longest
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0)
+                now = time.perf_counter()
+                longest, last = max(longest, now - last), now
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        t = time.perf_counter()
+        doc = await flowviews.status_view_sliced(node, None, None)
+        await slicedjson.dumps({"ok": True, "status": doc})
+        total = time.perf_counter() - t
+        done = True
+        await ticking
+        return {"sliced_longest_s": longest, "sliced_total_s": total,
+                "json_at_once_s": _seconds(lambda: json.dumps(doc))}
+    return asyncio.run(run())
 
 
 def measure(n: int, engine: str) -> dict[str, Any]:
@@ -73,6 +107,7 @@ def measure(n: int, engine: str) -> dict[str, Any]:
         "limit20_members_s": _seconds(lambda: flowviews.status_view(node, "members", 20)),
         "metrics_s": _seconds(lambda: node.status(flowviews.metric_flows(node, METRIC_FLOWS))),
         "probe_s": _seconds(lambda: r.status(0.0, ())),
+        **_sliced(node),
     }
 
 
@@ -94,7 +129,9 @@ def main() -> int:
         ("flows", "flows", ">,d"), ("every_row_s", "every row s", ">.3f"),
         ("limit20_s", "limit 20 s", ">.4f"), ("limit20_bytes_s", "by bytes s", ">.3f"),
         ("limit20_members_s", "by members s", ">.3f"), ("metrics_s", "metrics s", ">.3f"),
-        ("probe_s", "probe s", ">.4f")]))
+        ("probe_s", "probe s", ">.4f"), ("json_at_once_s", "JSON s", ">.3f"),
+        ("sliced_total_s", "sliced s", ">.3f"),
+        ("sliced_longest_s", "longest wait s", ">.4f")]))
     result = {"machine": common.machine_info(), "command": " ".join(sys.argv),
               "quick": args.quick, "engine": args.engine, "rows": rows}
     if args.out:

@@ -84,6 +84,10 @@ class _SourceCollector(Collector):
         yield from self.source.metrics()
 
 
+#: the content type of /metrics (Prometheus's text exposition)
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
 def render_metrics(source: Monitored) -> bytes:
     """The Prometheus text exposition of *source* (a fresh registry per scrape)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -168,7 +172,7 @@ class MonitorServer:
         if path == "/status":
             return _json(200, status_document(source))
         if path == "/metrics":
-            return 200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(source)
+            return 200, METRICS_TYPE, render_metrics(source)
         return _json(404, {"error": f"no page {path}; try /livez, /readyz, /healthz, "
                            "/status, /metrics"
                            + (", " + ", ".join(sorted(source.pages)) if source.pages else "")})
@@ -270,5 +274,5 @@ async def start_monitor(source: Monitored, address: str | tuple[str, int] | None
     return server
 
 
-__all__ = ["MAX_REQUEST_HEAD", "ConnectionCheck", "MonitorServer", "Monitored", "render_metrics",
-           "start_monitor", "status_document"]
+__all__ = ["MAX_REQUEST_HEAD", "METRICS_TYPE", "ConnectionCheck", "MonitorServer", "Monitored",
+           "render_metrics", "start_monitor", "status_document"]

@@ -13,7 +13,8 @@ descriptor budget) and are closed after ``control_idle`` seconds of silence, eac
 one-line error reply saying why.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.net.config`,
-:mod:`flowrouter.net.connlimits`, :mod:`flowrouter.net.commandauth` and :mod:`flowrouter.wire`;
+:mod:`flowrouter.net.connlimits`, :mod:`flowrouter.net.commandauth`,
+:mod:`flowrouter.net.slicedjson` (replies encoded a slice at a time) and :mod:`flowrouter.wire`;
 the node is seen only as :class:`Controlled`, the few things the interface asks of it.
 """
 
@@ -25,6 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flowrouter.net import slicedjson
 from flowrouter.net.commandauth import CommandGuard, sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
 from flowrouter.net.connlimits import CONTROL, ConnectionGate
@@ -93,8 +95,7 @@ class Controlled(Protocol):
     def ops(self) -> Operable:
         """Reload and drain (flowrouter.net.operate)."""
 
-    def status(self) -> dict[str, Any]: ...
-    def status_view(self, sort: str | None, limit: Any) -> dict[str, Any]: ...
+    async def status_view_sliced(self, sort: str | None, limit: Any) -> dict[str, Any]: ...
     def set_emulation(self, peer: str, emu: Emulation | None) -> None: ...
     def set_link(self, peer: str, up: bool) -> int: ...
 
@@ -113,12 +114,8 @@ def knows_peer(node: Controlled, name: str) -> bool:
 
 
 def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
-    """The reply to one control request (raises ConfigError, KeyError, TypeError or
-    ValueError for a malformed one)."""
-    if cmd == "status":
-        if "sort" in req or "limit" in req:  # as /status?sort=: only the rows shown rendered
-            return {"ok": True, "status": node.status_view(req.get("sort"), req.get("limit"))}
-        return {"ok": True, "status": node.status()}
+    """The reply to one control request but ``status`` (:func:`answer`); raises
+    ConfigError, KeyError, TypeError or ValueError for a malformed one."""
     if cmd == "ping":
         guard = node.guard
         return {"ok": True, "name": node.config.name,
@@ -143,6 +140,18 @@ def command(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
     return {"ok": False, "error": f"unknown or malformed command {cmd!r}; send one JSON line "
             '{"cmd": CMD, ARG: VALUE, ...}, CMD one of: '
             + "; ".join(f"{name} {args}".strip() for name, (args, _) in COMMANDS.items())}
+
+
+async def answer(node: Controlled, cmd: Any, req: Any) -> dict[str, Any]:
+    """The reply to one control request: :func:`command`'s, or a status document, made a
+    slice of flow rows at a time (the loop forwards in between: every row of a large table
+    is seconds of work) and, with ``sort`` or ``limit``, only of the rows shown (as
+    ``/status?sort=``)."""
+    if cmd == "status":
+        return {"ok": True, "status": await node.status_view_sliced(req.get("sort"),
+                                                                    req.get("limit"))}
+    return command(node, cmd, req)
+
 
 async def serve_client(node: Controlled, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter) -> None:
@@ -198,10 +207,10 @@ async def serve_client(node: Controlled, reader: asyncio.StreamReader,
                                 node.config.name, cmd, refusal)
                     reply = {"ok": False, "error": refusal}
                 else:
-                    reply = command(node, cmd, req)
+                    reply = await answer(node, cmd, req)
             except (ConfigError, KeyError, TypeError, ValueError) as exc:
                 reply = {"ok": False, "error": f"bad {cmd} command: {exc}"}
-            writer.write(json.dumps(reply).encode() + b"\n")
+            writer.write((await slicedjson.dumps(reply)).encode() + b"\n")
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass

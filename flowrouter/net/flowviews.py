@@ -10,7 +10,9 @@ Here the rows a view shows are chosen from values that cost next to nothing to r
 ``heapq`` picks the first N in the order :mod:`flowrouter.net.listviews` sorts by, ties in
 table order as its stable sort leaves them. Only those rows are then rendered. A sort by a
 field only a rendered row has (a flow's name or masks) and a view with no limit render
-every row, as before.
+every row; :func:`status_view_sliced` (what the control port and the HTTP pages use)
+renders them ROWS_SLICE at a time and lets the loop run in between, so that a document of
+every row of a million flows (11.7 s of rows) does not stop forwarding for its making.
 
 Imports the standard library and :mod:`flowrouter.net.listviews`; the node is reached
 through :class:`Viewed`.
@@ -18,12 +20,15 @@ through :class:`Viewed`.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Generator, Iterable
+from typing import Any, Protocol, TypeVar
 
 from flowrouter.net import listviews
+
+T = TypeVar("T")
 
 
 class Viewed(Protocol):
@@ -35,8 +40,16 @@ class Viewed(Protocol):
     def fast(self) -> Any: ...
     def now(self) -> float: ...
     def status(self, flows: Iterable[bytes] | None = None) -> dict[str, Any]: ...
+    def flow_rows(self, keys: list[bytes] | None = None) -> list[dict[str, Any]]: ...
 
 
+#: flow rows rendered between two turns of the router's loop (about 11 ms of its time)
+ROWS_SLICE = 1024
+#: entries a sorted view reads between two turns (about 1 us each), and how many slices'
+#: worth of rows it may show and still keep only its best rows as it goes (past that it
+#: keeps every entry read and sorts them at the end, at once)
+PICK_SLICE = 16384
+PICK_RUNS = 4
 #: the fields of a flow's row the shell adds to the core's (RouterNode.status)
 SHELL_FIELDS = ("members", "age", "frames", "bytes")
 
@@ -67,9 +80,12 @@ def _value(node: Viewed, field: str) -> Callable[[bytes], Any] | None:
     return None
 
 
-def pick_flows(node: Viewed, sort: str | None, limit: int | None) -> list[bytes] | None:
-    """The keys of the flow rows that *sort* (checked) and *limit* show, in the order shown;
-    None when every row must be rendered to tell."""
+def _pick_steps(node: Viewed, sort: str | None, limit: int | None
+                ) -> Generator[None, None, list[bytes] | None]:
+    """:func:`pick_flows`, one step per PICK_SLICE entries read: the best rows so far are
+    kept, decorated with their place in the table so that ties fall as a stable sort
+    leaves them (a sort by -FIELD too, as ``heapq.nlargest`` does). A view of more rows
+    than PICK_RUNS slices' worth sorts what it read at once, at the end."""
     if limit is None:
         return None
     flows = node.core.flows
@@ -80,32 +96,104 @@ def pick_flows(node: Viewed, sort: str | None, limit: int | None) -> list[bytes]
     if value is None:
         return None
     key = listviews.sort_key(field)
-    pick = heapq.nlargest if sort and sort.startswith("-") else heapq.nsmallest
-    return pick(limit, flows, key=lambda k: key({field: value(k)}))
+    largest = bool(sort and sort.startswith("-"))
+    sign = -1 if largest else 1
+    keys = list(flows)  # the table may change between two steps: gone keys are skipped
+    best: list[tuple[Any, int, bytes]] = []
+    for at in range(0, len(keys), PICK_SLICE):
+        if at:
+            yield
+        best += [(key({field: value(k)}), sign * i, k)
+                 for i, k in enumerate(keys[at:at + PICK_SLICE], at) if k in flows]
+        if limit <= PICK_RUNS * PICK_SLICE:
+            best = (heapq.nlargest if largest else heapq.nsmallest)(limit, best)
+    return [k for _, _, k in sorted(best, reverse=largest)[:limit]]
 
 
-def status_view(node: Viewed, sort: str | None, limit: Any) -> dict[str, Any]:
-    """The status document sorted and limited as :func:`flowrouter.net.listviews.apply`
-    does it (``flows_total`` included), rendering only the flow rows it shows."""
+def pick_flows(node: Viewed, sort: str | None, limit: int | None) -> list[bytes] | None:
+    """The keys of the flow rows that *sort* (checked) and *limit* show, in the order shown;
+    None when every row must be rendered to tell."""
+    return _done(_pick_steps(node, sort, limit))
+
+
+def _view_steps(node: Viewed, sort: str | None, limit: Any
+                ) -> Generator[None, None, dict[str, Any]]:
+    """The view's making, one step per slice of entries read to pick the rows and per
+    ROWS_SLICE rows rendered; its value the document. Rows of flows gone between two steps
+    are left out; the rest of the document is as of the last step."""
     sort, lim = listviews.check_view(sort, limit)
-    st = node.status(pick_flows(node, sort, lim))
+    keys = yield from _pick_steps(node, sort, lim)
+    flows = node.core.flows
+    if keys is None:
+        keys = list(flows)
+    rows: list[dict[str, Any]] = []
+    for at in range(0, len(keys), ROWS_SLICE):
+        if at:
+            yield
+        rows += node.flow_rows([k for k in keys[at:at + ROWS_SLICE] if k in flows])
+    st = node.status(())
+    st["flows"] = rows
     out = listviews.apply(st, sort, lim)
     if lim is not None and st["flow_count"] > lim:
         out["flows_total"] = st["flow_count"]
     return out
 
 
-def metric_flows(node: Viewed, most: int) -> list[bytes] | None:
-    """The flows the Prometheus page names: the *most* with the most members and the *most*
-    with the most bytes, in table order (each list's ties fall as a full sort leaves them)."""
+def status_view(node: Viewed, sort: str | None, limit: Any) -> dict[str, Any]:
+    """The status document sorted and limited as :func:`flowrouter.net.listviews.apply`
+    does it (``flows_total`` included), rendering only the flow rows it shows, at once."""
+    return _done(_view_steps(node, sort, limit))
+
+
+async def status_view_sliced(node: Viewed, sort: str | None, limit: Any) -> dict[str, Any]:
+    """:func:`status_view`, the loop let run between its steps: a document of every row of
+    a large table (``flowrouter status --json``, the control command with no limit) once
+    stopped forwarding for its whole making, 11.7 s at 10^6 flows, and a sorted view for
+    its reading of every entry, 1.1 s."""
+    return await _sliced(_view_steps(node, sort, limit))
+
+
+def _metric_steps(node: Viewed, most: int) -> Generator[None, None, list[bytes] | None]:
     chosen: set[bytes] = set()
     for field in ("members", "bytes"):
-        keys = pick_flows(node, field, most)
+        keys = yield from _pick_steps(node, field, most)
         if keys is None:
             return None
         chosen.update(keys)
     return [k for k in node.core.flows if k in chosen]
 
 
-__all__ = ["SHELL_FIELDS", "Viewed", "metric_flows", "pick_flows", "shell_values",
-           "status_view"]
+def metric_flows(node: Viewed, most: int) -> list[bytes] | None:
+    """The flows the Prometheus page names: the *most* with the most members and the *most*
+    with the most bytes, in table order (each list's ties fall as a full sort leaves them)."""
+    return _done(_metric_steps(node, most))
+
+
+async def metric_flows_sliced(node: Viewed, most: int) -> list[bytes] | None:
+    """:func:`metric_flows`, the loop let run after each PICK_SLICE entries read (a scrape
+    of 10^6 flows read them all twice at once: 1.9 s)."""
+    return await _sliced(_metric_steps(node, most))
+
+
+def _done(steps: Generator[None, None, T]) -> T:
+    """What *steps* make, made at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+
+async def _sliced(steps: Generator[None, None, T]) -> T:
+    """What *steps* make, the loop let run after each."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
+
+
+__all__ = ["PICK_SLICE", "ROWS_SLICE", "SHELL_FIELDS", "Viewed", "metric_flows",
+           "metric_flows_sliced", "pick_flows", "shell_values", "status_view",
+           "status_view_sliced"]

@@ -536,23 +536,24 @@ class RouterNode:
         the HTTP pages' arguments), rendering only the flow rows shown."""
         return flowviews.status_view(self, sort, limit)
 
+    async def status_view_sliced(self, sort: str | None, limit: Any) -> dict[str, Any]:
+        """:meth:`status_view` with its flow rows rendered a slice at a time, forwarding
+        going on in between (what the control port and the HTTP pages answer with)."""
+        return await flowviews.status_view_sliced(self, sort, limit)
+
     def status(self, flows: Iterable[bytes] | None = None) -> dict[str, Any]:
         """The status document; *flows*: the keys whose rows it gives (None: every flow's,
         which costs about 11 us a flow of the loop's time: a view picks its rows first,
         :func:`flowrouter.net.flowviews.status_view`)."""
-        now = self.now()
-        st = self.core.status(now, flows)
+        keys = None if flows is None else list(flows)
+        st = self.core.status(self.now(), ())
         for row in st["links"]:
             link = self.links.get(row["id"])
             if link is not None:
                 row["bytes_in"], row["bytes_out"] = link.bytes_in, link.bytes_out
                 if link.out is not None:
                     row["output"] = link.out.stats()
-        values = flowviews.shell_values(self, now).items()
-        for row, key in zip(st["flows"], self.core.flows if flows is None else flows,
-                            strict=True):
-            for name, value in values:
-                row[name] = value(key)
+        st["flows"] = self.flow_rows(keys)
         st["fast_path"] = (self.fast.status() if self.fast is not None
                            else {"engine": None, "why": self.fast_path_info})
         st["event_loop"] = type(self._loop).__module__.split(".")[0]  # uvloop or asyncio
@@ -569,6 +570,16 @@ class RouterNode:
         st["link_auth"] = link_auth_status(self.config, self.links)
         st["connections"] = self.gate.status()
         return st
+
+    def flow_rows(self, keys: list[bytes] | None = None) -> list[dict[str, Any]]:
+        """The flow table's status rows for *keys* (None: every flow's): the core's, with
+        what the shell knows of each (:data:`flowviews.SHELL_FIELDS`)."""
+        rows = self.core.flow_rows(keys)
+        values = flowviews.shell_values(self, self.now()).items()
+        for row, key in zip(rows, self.core.flows if keys is None else keys, strict=True):
+            for name, value in values:
+                row[name] = value(key)
+        return rows
 
     def peer_rows(self, links: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every configured peer: up or down, why, and how its re-dialling goes."""

@@ -30,14 +30,22 @@ Every process also exports ``flownet_info`` and ``flownet_uptime_seconds``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from flowrouter.monitor import Handler, Monitored, Page, status_document
-from flowrouter.net import flowviews, listviews
+from flowrouter.monitor import (
+    METRICS_TYPE,
+    Handler,
+    Monitored,
+    Page,
+    render_metrics,
+    status_document,
+)
+from flowrouter.net import flowviews, listviews, slicedjson
 
 #: rows of each list an HTTP page gives when the query asks for no limit (a row of a flow
 #: costs the router's loop about 11 us; ``?limit=N`` asks for more, up to listviews.MAX_LIMIT)
@@ -85,9 +93,11 @@ def router_live(node: RouterNode) -> tuple[bool, str]:
     return True, "alive"
 
 
-def router_metrics(node: RouterNode) -> Iterable[Metric]:
-    # rows only for the flows named below: a scrape of a large table renders a handful
-    st = node.status(flowviews.metric_flows(node, FLOW_METRICS))
+def router_metrics(node: RouterNode, named: list[bytes] | None = None) -> Iterable[Metric]:
+    """The router's metric families; *named*: the flows with a series of their own, as
+    :func:`flowviews.metric_flows` picks them (picked here when not given)."""
+    # rows only for the flows named: a scrape of a large table renders a handful
+    st = node.status(flowviews.metric_flows(node, FLOW_METRICS) if named is None else named)
     links = GaugeMetricFamily("flownet_router_links", "links by role and state",
                               labels=["role", "state"])
     count: dict[tuple[str, str], int] = {}
@@ -160,20 +170,20 @@ def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
     """A page that answers ``?sort=FIELD&limit=N`` (:mod:`flowrouter.net.listviews`): the
     whole status document (*name* None) or one of its lists, PAGE_ROWS rows of each list
     when the query gives no limit."""
-    def page(query: str) -> Page:
+    async def page(query: str) -> Page:
         sort, limit = listviews.from_query(query)
         if limit is None:  # as nats-server's /connz: a page of a large table, not all of it
             limit = str(PAGE_ROWS)  # as a query gives it
-        try:  # only the flow rows shown are rendered (flowviews)
-            if name is None:
-                doc = status_document(source, node.status_view(sort, limit))
-            else:
-                st = node.status_view(sort, limit)
-                doc = {name: st[name], **({f"{name}_total": st[f"{name}_total"]}
-                                          if f"{name}_total" in st else {})}
+        try:  # only the flow rows shown are rendered (flowviews), a slice at a time
+            st = await node.status_view_sliced(sort, limit)
         except listviews.ViewError as exc:
             return 400, "application/json", json.dumps({"error": str(exc)}).encode() + b"\n"
-        return 200, "application/json", json.dumps(doc, indent=1, default=str).encode() + b"\n"
+        if name is None:
+            doc = status_document(source, st)
+        else:
+            doc = {name: st[name], **({f"{name}_total": st[f"{name}_total"]}
+                                      if f"{name}_total" in st else {})}
+        return 200, "application/json", (await slicedjson.dumps(doc, 1)).encode() + b"\n"
     return page
 
 
@@ -186,6 +196,13 @@ def router_source(node: RouterNode, kind: str = "router") -> Monitored:
                        health=lambda: router_health(node), live=lambda: router_live(node),
                        pages=dashboard_pages(lambda: router_overlay(node)))
     source.pages["/status"] = list_page(node, source, None)
+
+    async def metrics_page(query: str) -> Page:
+        # the flows named are picked a slice of the table at a time (the loop runs between)
+        named = await flowviews.metric_flows_sliced(node, FLOW_METRICS)
+        scrape = dataclasses.replace(source, metrics=lambda: router_metrics(node, named))
+        return 200, METRICS_TYPE, render_metrics(scrape)
+    source.pages["/metrics"] = metrics_page
     for name in ("links", "flows", "peers"):
         source.pages[f"/{name}"] = list_page(node, source, name)
     return source
