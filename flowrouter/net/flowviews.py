@@ -10,9 +10,10 @@ Here the rows a view shows are chosen from values that cost next to nothing to r
 ``heapq`` picks the first N in the order :mod:`flowrouter.net.listviews` sorts by, ties in
 table order as its stable sort leaves them. Only those rows are then rendered. A sort by a
 field only a rendered row has (a flow's name or masks) and a view with no limit render
-every row; :func:`status_view_sliced` (what the control port and the HTTP pages use)
-renders them ROWS_SLICE at a time and lets the loop run in between, so that a document of
-every row of a million flows (11.7 s of rows) does not stop forwarding for its making.
+every row. Views made by :func:`status_view_sliced` and :func:`metric_flows_sliced` (what
+the control port, the HTTP pages and /metrics use) read the entries PICK_SLICE at a time
+and render the rows ROWS_SLICE at a time, letting the loop run in between, so that no view
+of a million flows (11.7 s of rows, a second of reading) stops forwarding for its making.
 
 Imports the standard library and :mod:`flowrouter.net.listviews`; the node is reached
 through :class:`Viewed`.
