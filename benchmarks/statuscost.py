@@ -9,9 +9,10 @@ forwarded. This times what each kind of caller costs a router that holds N flows
   (``flowrouter.net.flowviews`` picks the 20 rows before rendering them);
 * ``metrics``: the rows a Prometheus scrape renders (the 100 flows it names);
 * ``probe``: the link rows a health probe reads (no flow rows);
-* ``sliced``: every row again as the control port and the HTTP pages make it now
-  (``status_view_sliced``, then ``slicedjson.dumps``): the longest the loop waited for a
-  turn meanwhile, and the whole time it took, beside ``json.dumps`` of the document at once.
+* ``sliced``: every row again as the control port makes it now (``status_view_sliced``,
+  then ``slicedjson.pieces``, each piece encoded): the longest the loop waited for a turn
+  meanwhile, and the whole time it took, beside ``json.dumps`` of the document at once;
+  and the longest waits of ``limit 20`` by bytes and of a scrape's picking, made so.
 
 The router and its entries are flowtable.py's (``build_direct``: one application link holds
 every flow), with the compiled engine's mirror beside it for the flows' counters. The node
@@ -31,7 +32,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,10 @@ def _seconds(call: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def _sliced(node: Node) -> dict[str, float]:
-    """Every row as the control port gives it, on a loop beside a ticker: the longest wait
-    for a turn (s) and the time it all took (s); and json.dumps of it at once (s)."""
-    async def run() -> dict[str, float]:
+def _longest_wait(work: Callable[[], Awaitable[object]]) -> tuple[float, float]:
+    """(the longest a ticker beside *work* waited for a turn of the loop, the time *work*
+    took), in seconds."""
+    async def run() -> tuple[float, float]:
         longest, done = 0.0, False
 
         async def ticker() -> None:
@@ -85,14 +86,33 @@ def _sliced(node: Node) -> dict[str, float]:
         ticking = asyncio.ensure_future(ticker())
         await asyncio.sleep(0)
         t = time.perf_counter()
-        doc = await flowviews.status_view_sliced(node, None, None)
-        await slicedjson.dumps({"ok": True, "status": doc})
+        await work()
         total = time.perf_counter() - t
         done = True
         await ticking
-        return {"sliced_longest_s": longest, "sliced_total_s": total,
-                "json_at_once_s": _seconds(lambda: json.dumps(doc))}
+        return longest, total
     return asyncio.run(run())
+
+
+def _sliced(node: Node) -> dict[str, float]:
+    """Every row as the control port gives it: the longest wait for a turn and the time it
+    all took; json.dumps of the document at once; the longest waits of a sorted view and of
+    a scrape's picking, as the control port and /metrics make them."""
+    async def every_row() -> None:
+        with flowviews.collector_paused():  # as the control port makes its reply
+            doc = await flowviews.status_view_sliced(node, None, None)
+            parts = await slicedjson.pieces({"ok": True, "status": doc}, consume=True)
+        for piece in parts:
+            piece.encode()  # as the control port writes it
+            await asyncio.sleep(0)
+    longest, total = _longest_wait(every_row)
+    doc = flowviews.status_view(node, None, None)
+    return {"sliced_longest_s": longest, "sliced_total_s": total,
+            "json_at_once_s": _seconds(lambda: json.dumps(doc)),
+            "sliced_bytes_longest_s": _longest_wait(
+                lambda: flowviews.status_view_sliced(node, "bytes", 20))[0],
+            "sliced_metrics_longest_s": _longest_wait(
+                lambda: flowviews.metric_flows_sliced(node, METRIC_FLOWS))[0]}
 
 
 def measure(n: int, engine: str) -> dict[str, Any]:
@@ -131,7 +151,9 @@ def main() -> int:
         ("limit20_members_s", "by members s", ">.3f"), ("metrics_s", "metrics s", ">.3f"),
         ("probe_s", "probe s", ">.4f"), ("json_at_once_s", "JSON s", ">.3f"),
         ("sliced_total_s", "sliced s", ">.3f"),
-        ("sliced_longest_s", "longest wait s", ">.4f")]))
+        ("sliced_longest_s", "longest wait s", ">.4f"),
+        ("sliced_bytes_longest_s", "by bytes wait s", ">.4f"),
+        ("sliced_metrics_longest_s", "metrics wait s", ">.4f")]))
     result = {"machine": common.machine_info(), "command": " ".join(sys.argv),
               "quick": args.quick, "engine": args.engine, "rows": rows}
     if args.out:

@@ -14,7 +14,8 @@ one-line error reply saying why.
 
 May import :mod:`flowrouter.core`, :mod:`flowrouter.net.config`,
 :mod:`flowrouter.net.connlimits`, :mod:`flowrouter.net.commandauth`,
-:mod:`flowrouter.net.slicedjson` (replies encoded a slice at a time) and :mod:`flowrouter.wire`;
+:mod:`flowrouter.net.slicedjson` (replies encoded a slice at a time),
+:mod:`flowrouter.net.flowviews` (its collector pause) and :mod:`flowrouter.wire`;
 the node is seen only as :class:`Controlled`, the few things the interface asks of it.
 """
 
@@ -26,7 +27,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flowrouter.net import slicedjson
+from flowrouter.net import flowviews, slicedjson
 from flowrouter.net.commandauth import CommandGuard, sign_command
 from flowrouter.net.config import ConfigError, Emulation, parse_address
 from flowrouter.net.connlimits import CONTROL, ConnectionGate
@@ -200,17 +201,23 @@ async def serve_client(node: Controlled, reader: asyncio.StreamReader,
             cmd = req.get("cmd")
             refusal = (node.guard.authorise(req, time.time())
                        if node.guard is not None else None)
-            try:
-                if refusal is not None:
-                    node.core.counters["refused.command"] += 1
-                    log.warning("router %s: control command %r refused: %s",
-                                node.config.name, cmd, refusal)
-                    reply = {"ok": False, "error": refusal}
-                else:
-                    reply = await answer(node, cmd, req)
-            except (ConfigError, KeyError, TypeError, ValueError) as exc:
-                reply = {"ok": False, "error": f"bad {cmd} command: {exc}"}
-            writer.write((await slicedjson.dumps(reply)).encode() + b"\n")
+            with flowviews.collector_paused():  # a large status is a million rows
+                try:
+                    if refusal is not None:
+                        node.core.counters["refused.command"] += 1
+                        log.warning("router %s: control command %r refused: %s",
+                                    node.config.name, cmd, refusal)
+                        reply = {"ok": False, "error": refusal}
+                    else:
+                        reply = await answer(node, cmd, req)
+                except (ConfigError, KeyError, TypeError, ValueError) as exc:
+                    reply = {"ok": False, "error": f"bad {cmd} command: {exc}"}
+                parts = await slicedjson.pieces(reply, consume=True)
+                del reply
+            for piece in parts:  # a large reply is never copied whole: piece by piece,
+                writer.write(piece.encode())  # as the peer reads
+                await writer.drain()
+            writer.write(b"\n")
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass

@@ -174,16 +174,19 @@ def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
         sort, limit = listviews.from_query(query)
         if limit is None:  # as nats-server's /connz: a page of a large table, not all of it
             limit = str(PAGE_ROWS)  # as a query gives it
-        try:  # only the flow rows shown are rendered (flowviews), a slice at a time
-            st = await node.status_view_sliced(sort, limit)
-        except listviews.ViewError as exc:
-            return 400, "application/json", json.dumps({"error": str(exc)}).encode() + b"\n"
-        if name is None:
-            doc = status_document(source, st)
-        else:
-            doc = {name: st[name], **({f"{name}_total": st[f"{name}_total"]}
-                                      if f"{name}_total" in st else {})}
-        return 200, "application/json", (await slicedjson.dumps(doc, 1)).encode() + b"\n"
+        with flowviews.collector_paused():  # ?limit= may ask for a million rows
+            try:  # only the flow rows shown are rendered (flowviews), a slice at a time
+                st = await node.status_view_sliced(sort, limit)
+            except listviews.ViewError as exc:
+                return 400, "application/json", (json.dumps({"error": str(exc)}).encode()
+                                                 + b"\n")
+            if name is None:
+                doc = status_document(source, st)
+            else:
+                doc = {name: st[name], **({f"{name}_total": st[f"{name}_total"]}
+                                          if f"{name}_total" in st else {})}
+            text = "".join(await slicedjson.pieces(doc, 1, consume=True))
+        return 200, "application/json", text.encode() + b"\n"
     return page
 
 
