@@ -223,6 +223,6 @@ async def _sliced(steps: Generator[None, None, T]) -> T:
             await asyncio.sleep(0)
 
 
-__all__ = ["PICK_SLICE", "ROWS_SLICE", "SHELL_FIELDS", "Viewed", "collector_paused", "metric_flows",
-           "metric_flows_sliced", "pick_flows", "shell_values", "status_view",
+__all__ = ["PICK_SLICE", "ROWS_SLICE", "SHELL_FIELDS", "Viewed", "collector_paused",
+           "metric_flows", "metric_flows_sliced", "pick_flows", "shell_values", "status_view",
            "status_view_sliced"]
