@@ -55,3 +55,14 @@ def test_a_long_list_lets_the_loop_run_between_slices() -> None:
 
     assert asyncio.run(main()) == json.dumps(doc, default=str)
     assert turns >= 4  # 9 rows in slices of 2: the loop ran after each slice
+
+
+@settings(max_examples=100, deadline=None)
+@given(doc=DOCS, indent=st.sampled_from([None, 1]))
+def test_consuming_gives_the_same_text_and_drops_the_long_lists_items(
+        doc: Any, indent: int | None) -> None:
+    wrapped = {"status": {"flows": [doc, doc, doc, doc, doc]}}  # a long list, then dropped
+    want = json.dumps(wrapped, indent=indent, default=str)
+    got = "".join(asyncio.run(slicedjson.pieces(wrapped, indent, consume=True)))
+    assert got == want
+    assert wrapped["status"]["flows"] == [None] * 5
