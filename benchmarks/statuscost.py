@@ -12,7 +12,9 @@ forwarded. This times what each kind of caller costs a router that holds N flows
 * ``sliced``: every row again as the control port makes it now (``status_view_sliced``,
   then ``slicedjson.pieces``, each piece encoded): the longest the loop waited for a turn
   meanwhile, and the whole time it took, beside ``json.dumps`` of the document at once;
-  and the longest waits of ``limit 20`` by bytes and of a scrape's picking, made so.
+  and the longest waits of ``limit 20`` by bytes, of a scrape's picking, of every row
+  sorted by ``flow`` and of every row sorted by ``-bytes`` with a limit of the table's
+  size, made so.
 
 The router and its entries are flowtable.py's (``build_direct``: one application link holds
 every flow), with the compiled engine's mirror beside it for the flows' counters. The node
@@ -98,21 +100,26 @@ def _sliced(node: Node) -> dict[str, float]:
     """Every row as the control port gives it: the longest wait for a turn and the time it
     all took; json.dumps of the document at once; the longest waits of a sorted view and of
     a scrape's picking, as the control port and /metrics make them."""
-    async def every_row() -> None:
-        with flowviews.collector_paused():  # as the control port makes its reply
-            doc = await flowviews.status_view_sliced(node, None, None)
-            parts = await slicedjson.pieces({"ok": True, "status": doc}, consume=True)
-        for piece in parts:
-            piece.encode()  # as the control port writes it
-            await asyncio.sleep(0)
-    longest, total = _longest_wait(every_row)
+    def control(sort: str | None, limit: int | None) -> Callable[[], Awaitable[None]]:
+        async def reply() -> None:  # what the control port does for a status command
+            with flowviews.collector_paused():
+                doc = await flowviews.status_view_sliced(node, sort, limit)
+                parts = await slicedjson.pieces({"ok": True, "status": doc}, consume=True)
+                del doc
+            for piece in parts:
+                piece.encode()  # written piece by piece
+                await asyncio.sleep(0)
+        return reply
+    longest, total = _longest_wait(control(None, None))
     doc = flowviews.status_view(node, None, None)
     return {"sliced_longest_s": longest, "sliced_total_s": total,
             "json_at_once_s": _seconds(lambda: json.dumps(doc)),
-            "sliced_bytes_longest_s": _longest_wait(
-                lambda: flowviews.status_view_sliced(node, "bytes", 20))[0],
+            "sliced_bytes_longest_s": _longest_wait(control("bytes", 20))[0],
             "sliced_metrics_longest_s": _longest_wait(
-                lambda: flowviews.metric_flows_sliced(node, METRIC_FLOWS))[0]}
+                lambda: flowviews.metric_flows_sliced(node, METRIC_FLOWS))[0],
+            "sliced_by_flow_longest_s": _longest_wait(control("flow", None))[0],
+            "sliced_bytes_all_longest_s": _longest_wait(
+                control("-bytes", len(node.core.flows)))[0]}
 
 
 def measure(n: int, engine: str) -> dict[str, Any]:
@@ -153,7 +160,9 @@ def main() -> int:
         ("sliced_total_s", "sliced s", ">.3f"),
         ("sliced_longest_s", "longest wait s", ">.4f"),
         ("sliced_bytes_longest_s", "by bytes wait s", ">.4f"),
-        ("sliced_metrics_longest_s", "metrics wait s", ">.4f")]))
+        ("sliced_metrics_longest_s", "metrics wait s", ">.4f"),
+        ("sliced_by_flow_longest_s", "by flow wait s", ">.4f"),
+        ("sliced_bytes_all_longest_s", "all by bytes wait s", ">.4f")]))
     result = {"machine": common.machine_info(), "command": " ".join(sys.argv),
               "quick": args.quick, "engine": args.engine, "rows": rows}
     if args.out:

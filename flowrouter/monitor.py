@@ -43,7 +43,9 @@ REQUEST_TIMEOUT = 10.0
 #: connections served at once (without a ConnectionCheck)
 MAX_CONNECTIONS = 64
 
-Page = tuple[int, str, bytes]  #: status code, content type, body
+#: status code, content type, body (or its pieces, written one after the other: a large
+#: body is never joined whole)
+Page = tuple[int, str, bytes | list[bytes]]
 #: on every response: pages load script, style and data from this server only and nothing
 #: inline, so a name that slipped into markup still could not run script
 CONTENT_SECURITY_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -206,16 +208,20 @@ class MonitorServer:
 
     async def _reply(self, writer: asyncio.StreamWriter, page: Page, head_only: bool) -> None:
         code, ctype, body = page
+        pieces = body if isinstance(body, list) else [body]
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
                   408: "Request Timeout", 431: "Request Header Fields Too Large",
                   500: "Internal Server Error", 503: "Service Unavailable"}.get(code, "OK")
         head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nCache-Control: no-store\r\n"
+                f"Content-Length: {sum(map(len, pieces))}\r\nCache-Control: no-store\r\n"
                 f"Content-Security-Policy: {CONTENT_SECURITY_POLICY}\r\n"
                 "X-Content-Type-Options: nosniff\r\n"
                 "Connection: close\r\n\r\n").encode()
         try:
-            writer.write(head if head_only else head + body)
+            writer.write(head)
+            for piece in () if head_only else pieces:
+                writer.write(piece)
+                await writer.drain()
             await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
             pass  # gone, or the process stops (as above)

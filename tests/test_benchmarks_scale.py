@@ -148,7 +148,8 @@ def test_statuscost_quick(tmp_path: Path) -> None:
     assert row["flows"] == 10_000 and data["engine"] == engine
     for k in ("every_row_s", "limit20_s", "limit20_bytes_s", "limit20_members_s",
               "metrics_s", "probe_s", "sliced_longest_s", "sliced_total_s", "json_at_once_s",
-              "sliced_bytes_longest_s", "sliced_metrics_longest_s"):
+              "sliced_bytes_longest_s", "sliced_metrics_longest_s", "sliced_by_flow_longest_s",
+              "sliced_bytes_all_longest_s"):
         assert _positive(row[k]), row
     # the sliced document's longest stop is a fraction of making it all
     assert row["sliced_longest_s"] < row["sliced_total_s"], row

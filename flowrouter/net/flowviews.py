@@ -11,9 +11,11 @@ Here the rows a view shows are chosen from values that cost next to nothing to r
 table order as its stable sort leaves them. Only those rows are then rendered. A sort by a
 field only a rendered row has (a flow's name or masks) and a view with no limit render
 every row. Views made by :func:`status_view_sliced` and :func:`metric_flows_sliced` (what
-the control port, the HTTP pages and /metrics use) read the entries PICK_SLICE at a time
-and render the rows ROWS_SLICE at a time, letting the loop run in between, so that no view
-of a million flows (11.7 s of rows, a second of reading) stops forwarding for its making.
+the control port, the HTTP pages and /metrics use) read the entries PICK_SLICE at a time,
+render the rows ROWS_SLICE at a time (each slice sorted, then the slices merged a slice of
+rows at a time, when the rows themselves are to be sorted), letting the loop run in
+between, so that no view of a million flows (11.7 s of rows, a second of reading, seconds
+of sorting) stops forwarding for its making.
 
 Imports the standard library and :mod:`flowrouter.net.listviews`; the node is reached
 through :class:`Viewed`.
@@ -50,7 +52,7 @@ class Viewed(Protocol):
 ROWS_SLICE = 1024
 #: entries a sorted view reads between two turns (about 1 us each), and how many slices'
 #: worth of rows it may show and still keep only its best rows as it goes (past that it
-#: keeps every entry read and sorts them at the end, at once)
+#: keeps every slice, sorted, and merges them at the end, a slice at a time)
 PICK_SLICE = 16384
 PICK_RUNS = 4
 #: the fields of a flow's row the shell adds to the core's (RouterNode.status)
@@ -88,7 +90,8 @@ def _pick_steps(node: Viewed, sort: str | None, limit: int | None
     """:func:`pick_flows`, one step per PICK_SLICE entries read: the best rows so far are
     kept, decorated with their place in the table so that ties fall as a stable sort
     leaves them (a sort by -FIELD too, as ``heapq.nlargest`` does). A view of more rows
-    than PICK_RUNS slices' worth sorts what it read at once, at the end."""
+    than PICK_RUNS slices' worth keeps every slice, sorted, and merges them a slice at a
+    time."""
     if limit is None:
         return None
     flows = node.core.flows
@@ -102,15 +105,30 @@ def _pick_steps(node: Viewed, sort: str | None, limit: int | None
     largest = bool(sort and sort.startswith("-"))
     sign = -1 if largest else 1
     keys = list(flows)  # the table may change between two steps: gone keys are skipped
+    keep = limit <= PICK_RUNS * PICK_SLICE  # the best so far, else every slice, sorted
     best: list[tuple[Any, int, bytes]] = []
+    runs: list[list[tuple[Any, int, bytes]]] = []
     for at in range(0, len(keys), PICK_SLICE):
         if at:
             yield
-        best += [(key({field: value(k)}), sign * i, k)
-                 for i, k in enumerate(keys[at:at + PICK_SLICE], at) if k in flows]
-        if limit <= PICK_RUNS * PICK_SLICE:
-            best = (heapq.nlargest if largest else heapq.nsmallest)(limit, best)
-    return [k for _, _, k in sorted(best, reverse=largest)[:limit]]
+        part = [(key({field: value(k)}), sign * i, k)
+                for i, k in enumerate(keys[at:at + PICK_SLICE], at) if k in flows]
+        if keep:
+            best = (heapq.nlargest if largest else heapq.nsmallest)(limit, best + part)
+        else:
+            part.sort(reverse=largest)
+            runs.append(part)
+    if keep:
+        return [k for _, _, k in best]  # in order: as nsmallest and nlargest give them
+    picked: list[bytes] = []
+    merged = heapq.merge(*runs, reverse=largest)  # the slices merged a slice at a time
+    while len(picked) < limit:
+        yield
+        chunk = list(itertools.islice(merged, min(PICK_SLICE, limit - len(picked))))
+        if not chunk:
+            break
+        picked += [k for _, _, k in chunk]
+    return picked
 
 
 def pick_flows(node: Viewed, sort: str | None, limit: int | None) -> list[bytes] | None:
@@ -127,16 +145,38 @@ def _view_steps(node: Viewed, sort: str | None, limit: Any
     sort, lim = listviews.check_view(sort, limit)
     keys = yield from _pick_steps(node, sort, lim)
     flows = node.core.flows
+    field = sort.lstrip("+-") if sort else ""
+    # rows to sort here: none were picked (a sort by a field only a rendered row has, or
+    # no limit) and the sort is by one of a flow row's fields
+    by = listviews.sort_key(field) if keys is None and field in listviews.SORTABLE[
+        "flows"] else None
+    largest = bool(sort and sort.startswith("-"))
     if keys is None:
         keys = list(flows)
-    rows: list[dict[str, Any]] = []
+    parts: list[list[dict[str, Any]]] = []
     for at in range(0, len(keys), ROWS_SLICE):
         if at:
             yield
-        rows += node.flow_rows([k for k in keys[at:at + ROWS_SLICE] if k in flows])
+        part = node.flow_rows([k for k in keys[at:at + ROWS_SLICE] if k in flows])
+        if by is not None:
+            part.sort(key=by, reverse=largest)  # each slice sorted, then merged
+        parts.append(part)
+    rows: list[dict[str, Any]] = []
+    if by is not None and len(parts) > 1:
+        # heapq.merge takes ties from the earlier slice first: a stable sort's order
+        merged = heapq.merge(*parts, key=by, reverse=largest)
+        while lim is None or len(rows) < lim:
+            yield
+            chunk = list(itertools.islice(merged, ROWS_SLICE))
+            if not chunk:
+                break
+            rows += chunk
+    else:
+        rows = [row for part in parts for row in part]
+    del parts
     st = node.status(())
-    st["flows"] = rows
-    out = listviews.apply(st, sort, lim)
+    out = listviews.apply(st, sort, lim, ("links", "peers"))
+    out["flows"] = rows if lim is None else rows[:lim]
     if lim is not None and st["flow_count"] > lim:
         out["flows_total"] = st["flow_count"]
     return out

@@ -30,6 +30,7 @@ Every process also exports ``flownet_info`` and ``flownet_uptime_seconds``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Iterable
@@ -185,8 +186,12 @@ def list_page(node: RouterNode, source: Monitored, name: str | None) -> Handler:
             else:
                 doc = {name: st[name], **({f"{name}_total": st[f"{name}_total"]}
                                           if f"{name}_total" in st else {})}
-            text = "".join(await slicedjson.pieces(doc, 1, consume=True))
-        return 200, "application/json", text.encode() + b"\n"
+            parts = await slicedjson.pieces(doc, 1, consume=True)
+        body = []  # the pieces written one after the other: never joined whole
+        for part in parts:
+            body.append(part.encode())
+            await asyncio.sleep(0)
+        return 200, "application/json", [*body, b"\n"]
     return page
 
 
