@@ -29,7 +29,7 @@ def _small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
 @settings(max_examples=300, deadline=None)
 @given(doc=DOCS, indent=st.sampled_from([None, 1, 2]))
 def test_the_text_is_json_dumps_text(doc: Any, indent: int | None) -> None:
-    got = asyncio.run(slicedjson.dumps(doc, indent))
+    got = "".join(asyncio.run(slicedjson.pieces(doc, indent)))
     assert got == json.dumps(doc, indent=indent, default=str)
 
 
@@ -48,7 +48,7 @@ def test_a_long_list_lets_the_loop_run_between_slices() -> None:
                 turns += 1
                 await asyncio.sleep(0)
         counter = asyncio.ensure_future(count())
-        text = await slicedjson.dumps(doc)
+        text = "".join(await slicedjson.pieces(doc))
         done = True
         await counter
         return text

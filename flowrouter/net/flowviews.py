@@ -148,8 +148,8 @@ def _view_steps(node: Viewed, sort: str | None, limit: Any
     field = sort.lstrip("+-") if sort else ""
     # rows to sort here: none were picked (a sort by a field only a rendered row has, or
     # no limit) and the sort is by one of a flow row's fields
-    by = listviews.sort_key(field) if keys is None and field in listviews.SORTABLE[
-        "flows"] else None
+    sorting = keys is None and field in listviews.SORTABLE["flows"]
+    by = listviews.sort_key(field) if sorting else None
     largest = bool(sort and sort.startswith("-"))
     if keys is None:
         keys = list(flows)

@@ -4,7 +4,7 @@ A router's status document with every flow row of a large table is large (about 
 a flow: 250 MB at 10^6 flows), and ``json.dumps`` of it held the router's loop for seconds.
 :func:`pieces` gives the text of ``json.dumps(value, indent=indent, default=str)``, byte
 for byte, in pieces to write one after the other, encoding the items of any long list SLICE
-at a time and letting the loop run after each slice; :func:`dumps` joins them. Only lists
+at a time and letting the loop run after each slice. Only lists
 are sliced, at the top or inside objects whose keys are all strings (a status document's
 shape); anything else, a long list's items among them, is encoded by ``json.dumps`` whole.
 Imports the standard library only.
@@ -34,11 +34,6 @@ async def pieces(value: Any, indent: int | None = None, consume: bool = False) -
     out: list[str] = []
     await _encode(value, indent, 0, out, consume)
     return out
-
-
-async def dumps(value: Any, indent: int | None = None) -> str:
-    """``json.dumps(value, indent=indent, default=str)``, long lists a slice at a time."""
-    return "".join(await pieces(value, indent))
 
 
 async def _encode(value: Any, indent: int | None, depth: int, out: list[str],
@@ -88,4 +83,4 @@ def _nested(text: str, indent: int | None, depth: int) -> str:
     return text.replace("\n", "\n" + " " * (indent * depth))
 
 
-__all__ = ["SLICE", "dumps", "pieces"]
+__all__ = ["SLICE", "pieces"]

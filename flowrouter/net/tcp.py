@@ -40,7 +40,13 @@ from flowrouter.net.streamio import RecvBuffer, write_gathered
 from flowrouter.wire import control as C
 from flowrouter.wire.control import Role
 from flowrouter.wire.flowid import LINK_LOCAL_FLOW
-from flowrouter.wire.header import HEADER_SIZE, MalformedFrame, pack_header, validate_header
+from flowrouter.wire.header import (
+    HEADER_SIZE,
+    OFF_SIZE,
+    MalformedFrame,
+    pack_header,
+    validate_header,
+)
 from flowrouter.wire.linkrecords import SecureStream
 from flowrouter.wire.streamcodec import Phase, StreamCodec
 
@@ -160,10 +166,6 @@ class TcpLink(asyncio.BufferedProtocol):
         """The record layer once the handshake installed keys (None on a plain link)."""
         return self.codec.sealed
 
-    def pending(self) -> int:
-        """Bytes of an incomplete frame received so far."""
-        return self.codec.pending + self.unread()[1]
-
     def unread(self) -> tuple[int, int]:
         """(whole frames read and not yet handled, bytes of an incomplete frame after them):
         frames wait whole only for the control budget's next tick (decoded, or in the
@@ -171,7 +173,8 @@ class TcpLink(asyncio.BufferedProtocol):
         rx = self.rx
         view, pos, end, n = rx.view, rx.start, rx.end, len(self.queued)
         while end - pos >= HEADER_SIZE:
-            nxt = pos + HEADER_SIZE + int.from_bytes(view[pos + 16:pos + 20], "big")
+            nxt = pos + HEADER_SIZE + int.from_bytes(view[pos + OFF_SIZE:pos + OFF_SIZE + 4],
+                                                     "big")
             if nxt > end:
                 break
             pos, n = nxt, n + 1
@@ -185,7 +188,7 @@ class TcpLink(asyncio.BufferedProtocol):
     def _note_partial(self, before: int) -> None:
         """Start or stop the frame progress clock (*before*: frames_in before the read)."""
         codec = self.codec
-        pending = (codec.frames.pending or self.rx.pending  # (self.pending(), one call less)
+        pending = (codec.frames.pending or self.rx.pending  # a frame not yet whole
                    or (codec.sealed is not None and codec.pending_record))
         if not pending:
             self.partial_since = None
@@ -257,7 +260,7 @@ class TcpLink(asyncio.BufferedProtocol):
 
     def _frames(self, data: bytes) -> None:
         node = self.node
-        if node.fast is not None and not self.queued:
+        if node.fast is not None and not (self.held or self.queued):
             self._fast_frames(data)
             return
         try:
@@ -437,8 +440,8 @@ class TcpLink(asyncio.BufferedProtocol):
         node.gate.release(self.port, self.counted)
         self.port = None
         reason = f"connection lost: {exc}" if exc else "connection closed by peer"
-        held, _ = self.unread()
-        pending = self.pending()
+        held, tail = self.unread()
+        pending = self.codec.pending + tail  # bytes of an incomplete frame
         if held and self.link_id in node.core.links:
             # read, never handled: the link closed while they waited for the next tick
             node.core.counters["drop.unread-at-close"] += held
