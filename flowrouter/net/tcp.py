@@ -166,6 +166,10 @@ class TcpLink(asyncio.BufferedProtocol):
         """The record layer once the handshake installed keys (None on a plain link)."""
         return self.codec.sealed
 
+    def pending(self) -> int:
+        """Bytes of an incomplete frame received so far."""
+        return self.codec.pending + self.unread()[1]
+
     def unread(self) -> tuple[int, int]:
         """(whole frames read and not yet handled, bytes of an incomplete frame after them):
         frames wait whole only for the control budget's next tick (decoded, or in the
